@@ -1,0 +1,105 @@
+"""graphc plan | explain | diff. Exit codes: 0 fits (or plans equal), 1 does not fit (or plans
+differ), 2 invalid input."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from graphc.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_INVALID, DoesNotFit, GraphcError, InvalidInput
+from graphc.units import parse_bytes
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own errors are invalid input too
+        self.print_usage(sys.stderr)
+        print(f"error: {message}\nFix: see `{self.prog} --help`", file=sys.stderr)
+        sys.exit(EXIT_INVALID)
+
+
+def _bytes(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a size (e.g. 80GiB, 512MiB, 85000000000)") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="graphc", description="Compile a declared multimodal model into a checked serving plan.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    pl = sub.add_parser("plan", help="plan a model for a target", description="Plan MODEL.py for a target GPU.")
+    pl.add_argument("model", help="a model file defining declare(preset)")
+    pl.add_argument("--gpu", required=True, help="target: h100, h200, a100-80gb, a100-40gb, l40s, b200, b300, cpu")
+    pl.add_argument("--gpus", type=int, default=1, help="number of devices (default 1)")
+    pl.add_argument("--preset", default=None, help="the model file's preset (default: its declare() default)")
+    pl.add_argument("-o", "--output", default=None, help="plan file to write (default: <model>.<gpu>x<N>.plan)")
+    pl.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a setting, e.g. walks.prefill.budget.tokens=256 (repeatable)")
+    pl.add_argument("--config", default=None, metavar="FILE.yaml", help="overrides from a YAML file (--set wins)")
+    pl.add_argument("--fit", action="store_true", help="when over budget, apply trims until it fits and record them")
+    pl.add_argument("--memory-cap", type=_bytes, default=None, help="emulate a smaller card, e.g. 80GiB")
+    pl.add_argument("--headroom", type=_bytes, default=None, help="bytes kept free per device (default 1%% of a GPU)")
+    pl.add_argument("--no-remedies", action="store_true", help="refuse without re-planning remedies (faster)")
+    pl.add_argument("-q", "--quiet", action="store_true", help="print only the output path")
+    ex = sub.add_parser("explain", help="where each ledger number came from, why each rung exists")
+    ex.add_argument("plan")
+    ex.add_argument("--device", type=int, default=None, help="only this device's ledger")
+    df = sub.add_parser("diff", help="what changed between two plans (exit 1 when they differ)")
+    df.add_argument("a")
+    df.add_argument("b")
+    return p
+
+
+def cmd_plan(args) -> int:
+    from graphc.overrides import load_config, merge, parse_set
+    from graphc.pipeline import _Failed, compile_model, load_model
+    from graphc.report import plan_summary, refusal
+
+    overrides = merge(load_config(args.config) if args.config else {}, parse_set(args.sets))
+    source = load_model(args.model, args.preset)
+    try:
+        compiled = compile_model(source, args.gpu, args.gpus, overrides, fit=args.fit, memory_cap=args.memory_cap,
+                                 headroom=args.headroom, remedies=not args.no_remedies)
+    except DoesNotFit as e:
+        cause = e.__cause__
+        if isinstance(cause, _Failed):
+            print(refusal(source.model.name, cause.result, e.remedies), file=sys.stderr, end="")
+        else:
+            print(f"error: {e}", file=sys.stderr)
+        return EXIT_DOES_NOT_FIT
+    out = args.output or f"{source.model.name}.{args.gpu}x{args.gpus}.plan"
+    compiled.plan.save(out)
+    print(out if args.quiet else plan_summary(compiled.plan, out), end="" if not args.quiet else "\n")
+    return EXIT_FITS
+
+
+def cmd_explain(args) -> int:
+    from graphc.plan import load_plan
+    from graphc.report import explain
+
+    plan = load_plan(args.plan)
+    if args.device is not None and not 0 <= args.device < len(plan.devices):
+        raise InvalidInput(f"--device {args.device} is not in the plan", f"it has devices 0..{len(plan.devices) - 1}")
+    print(explain(plan, args.device), end="")
+    return EXIT_FITS
+
+
+def cmd_diff(args) -> int:
+    from graphc.plan import load_plan
+    from graphc.plandiff import diff_plans
+
+    changes = diff_plans(load_plan(args.a), load_plan(args.b))
+    print("\n".join(changes) if changes else "plans are equivalent")
+    return 1 if changes else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"plan": cmd_plan, "explain": cmd_explain, "diff": cmd_diff}[args.cmd](args)
+    except GraphcError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

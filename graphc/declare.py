@@ -1,0 +1,199 @@
+"""The declaration types a model file builds: Model, Node, Port, Edge, Walk, Budget, RequestKind."""
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import Field, SerializeAsAny, field_validator, model_validator
+
+from graphc.strict import Strict
+from resources.base import ResourceSpec
+
+AXES: tuple[str, ...] = ("tokens", "seqs", "windows", "patches", "frames")
+Axis = Literal["tokens", "seqs", "windows", "patches", "frames"]
+DType = Literal["float32", "bfloat16", "float16", "int64", "int32", "bool", "uint8"]
+FloatDType = Literal["float32", "bfloat16", "float16"]
+WalkKind = Literal["decode", "prefill", "mixed", "encode", "chunk"]
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "uint8": 1}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                "int64": torch.int64, "int32": torch.int32, "bool": torch.bool, "uint8": torch.uint8}
+
+_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_DIM = re.compile(r"^(?P<axis>[a-z]+)((?P<op>[*/])(?P<k>[1-9][0-9]*))?$")
+
+
+def parse_dim(dim: int | str) -> tuple[str | None, int, int]:
+    """A port dimension -> (axis, mul, div): an int, 'axis', 'axis*K' or 'axis/K' (ceil)."""
+    if isinstance(dim, int):
+        return None, dim, 1
+    m = _DIM.match(dim)
+    if not m or m["axis"] not in AXES:
+        raise ValueError(f"dimension '{dim}' is neither an int nor AXIS, AXIS*K or AXIS/K with AXIS in {AXES}")
+    k = int(m["k"] or 1)
+    return (m["axis"], k, 1) if m["op"] != "/" else (m["axis"], 1, k)
+
+
+def dim_size(dim: int | str, sizes: dict[str, int]) -> int:
+    axis, mul, div = parse_dim(dim)
+    return mul if axis is None else -(-sizes[axis] * mul // div)
+
+
+class Port(Strict):
+    """A typed tensor input or output of a node; symbolic dims name a capture axis."""
+
+    shape: tuple[int | str, ...]
+    dtype: DType
+    optional: str | None = None   # optional group: its ports are fed together on walks that feed one
+
+    @field_validator("shape")
+    @classmethod
+    def _dims(cls, shape: tuple) -> tuple:
+        for d in shape:
+            if isinstance(d, int) and d < 1:
+                raise ValueError(f"dimension {d} must be >= 1")
+            parse_dim(d)
+        return shape
+
+    def axes(self) -> set[str]:
+        return {parse_dim(d)[0] for d in self.shape} - {None}
+
+    def concrete(self, sizes: dict[str, int]) -> tuple[int, ...]:
+        return tuple(dim_size(d, sizes) for d in self.shape)
+
+    def nbytes(self, sizes: dict[str, int]) -> int:
+        n = DTYPE_BYTES[self.dtype]
+        for d in self.concrete(sizes):
+            n *= d
+        return n
+
+
+class Budget(Strict):
+    """The most one step of a walk may carry, per axis."""
+
+    tokens: int | None = Field(None, ge=1)
+    seqs: int | None = Field(None, ge=1)
+    windows: int | None = Field(None, ge=1)
+    patches: int | None = Field(None, ge=1)
+    frames: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _some_axis(self) -> "Budget":
+        if not self.axes():
+            raise ValueError(f"a budget needs at least one axis of {AXES}")
+        return self
+
+    def axes(self) -> dict[str, int]:
+        return {a: getattr(self, a) for a in AXES if getattr(self, a) is not None}
+
+
+class Node(Strict):
+    """One module on one device with typed ports and the resources it calls by role."""
+
+    name: str = Field(pattern=_NAME)
+    module: Any
+    config: Any = None
+    inputs: dict[str, Port]
+    outputs: dict[str, Port]
+    resources: dict[str, str] = {}
+    dtype: FloatDType = "bfloat16"
+    weight_prefix: str = ""
+    device: int | None = Field(None, ge=0)
+
+    @field_validator("module")
+    @classmethod
+    def _is_module(cls, module: Any) -> Any:
+        if not (isinstance(module, type) and issubclass(module, torch.nn.Module)):
+            raise ValueError(f"module must be a torch.nn.Module subclass, got {module!r}")
+        return module
+
+    def build(self) -> torch.nn.Module:
+        """The node's module, built on the current default device."""
+        return self.module(self.config) if self.config is not None else self.module()
+
+
+class Edge(Strict):
+    """A dataflow edge 'node.port' -> 'node.port'."""
+
+    src: str = Field(pattern=r"^[A-Za-z_]\w*\.[A-Za-z_]\w*$")
+    dst: str = Field(pattern=r"^[A-Za-z_]\w*\.[A-Za-z_]\w*$")
+
+    def ends(self) -> tuple[tuple[str, str], tuple[str, str]]:
+        s, d = self.src.split("."), self.dst.split(".")
+        return (s[0], s[1]), (d[0], d[1])
+
+
+class Walk(Strict):
+    """What one engine step runs: a path through nodes, a kind of work and a budget."""
+
+    name: str = Field(pattern=_NAME)
+    kind: WalkKind
+    path: tuple[str, ...] = Field(min_length=1)
+    budget: Budget
+    capture: bool = True
+    ladder: tuple[int, ...] | None = None
+    axes: dict[str, Axis] = {}
+    capture_limit: dict[str, int] = {}
+
+    @field_validator("ladder")
+    @classmethod
+    def _ladder(cls, ladder: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if ladder is not None:
+            if not ladder or any(r < 1 for r in ladder) or list(ladder) != sorted(set(ladder)):
+                raise ValueError(f"ladder {list(ladder)} must be strictly increasing positive ints")
+        return ladder
+
+
+class RequestKind(Strict):
+    """A request kind is a sequence of stages; a stage is one walk or walks that run side by side."""
+
+    name: str = Field(pattern=_NAME)
+    stages: tuple[str | tuple[str, ...], ...] = Field(min_length=1)
+
+    def walks(self) -> list[str]:
+        return [w for s in self.stages for w in ((s,) if isinstance(s, str) else s)]
+
+
+class Model(Strict):
+    """A whole declared model: what `declare()` in a model file returns."""
+
+    KINDS: ClassVar[tuple[str, ...]] = ("nodes", "resources", "walks", "requests")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
+    nodes: tuple[Node, ...] = Field(min_length=1)
+    resources: tuple[SerializeAsAny[ResourceSpec], ...] = ()
+    edges: tuple[Edge, ...] = ()
+    walks: tuple[Walk, ...] = Field(min_length=1)
+    requests: tuple[RequestKind, ...] = ()
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "Model":
+        for kind in self.KINDS:
+            names = [x.name for x in getattr(self, kind)]
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"duplicate {kind} names: {', '.join(dupes)}")
+        return self
+
+    def node(self, name: str) -> Node:
+        return _lookup(self.nodes, name, "node")
+
+    def walk(self, name: str) -> Walk:
+        return _lookup(self.walks, name, "walk")
+
+    def resource(self, name: str) -> ResourceSpec:
+        return _lookup(self.resources, name, "resource")
+
+
+def _lookup(items: tuple, name: str, what: str) -> Any:
+    for x in items:
+        if x.name == name:
+            return x
+    from graphc.errors import InvalidInput
+    from graphc.strict import closest
+
+    names = [x.name for x in items]
+    hint = closest(name, names)
+    raise InvalidInput(f"unknown {what} '{name}'", f"declared {what}s: {', '.join(names)}",
+                       f"use '{hint}'" if hint else f"use one of: {', '.join(names)}")

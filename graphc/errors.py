@@ -1,0 +1,40 @@
+"""Errors that the CLI turns into exit codes: every one says what, why and how to fix it."""
+from __future__ import annotations
+
+EXIT_FITS = 0
+EXIT_DOES_NOT_FIT = 1
+EXIT_INVALID = 2
+
+
+class GraphcError(Exception):
+    """Base: a message in three parts, what went wrong, why, and the fix."""
+
+    exit_code = EXIT_INVALID
+
+    def __init__(self, what: str, why: str = "", fix: str = ""):
+        self.what, self.why, self.fix = what, why, fix
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        parts = [self.what]
+        if self.why:
+            parts.append(self.why)
+        if self.fix:
+            parts.append(f"Fix: {self.fix}")
+        return "\n".join(parts)
+
+
+class InvalidInput(GraphcError):
+    """A declaration, override, plan file or request that is malformed or impossible."""
+
+    exit_code = EXIT_INVALID
+
+
+class DoesNotFit(GraphcError):
+    """The model, as declared and overridden, does not fit the target; carries ranked remedies."""
+
+    exit_code = EXIT_DOES_NOT_FIT
+
+    def __init__(self, what: str, why: str = "", fix: str = "", remedies: list | None = None):
+        self.remedies = remedies or []
+        super().__init__(what, why, fix)

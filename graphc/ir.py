@@ -1,0 +1,143 @@
+"""The typed IR the passes share: a declared model, resolved against a target, as a graph.
+
+Built once from a (possibly overridden) declaration; passes read it and hand their own typed
+results onward (graphc/passes/*). The networkx graph holds nodes and port-level edges.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import networkx as nx
+
+from graphc.declare import Model, Node, Port, Walk, parse_dim
+from graphc.errors import InvalidInput
+from graphc.targets import Target
+
+PHASE = {"decode": "decode", "prefill": "prefill", "mixed": "prefill", "encode": "prefill", "chunk": "prefill"}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One node as one walk runs it: the axis it is captured along, its budget, the ports fed."""
+
+    node: str
+    walk: str
+    kind: str
+    axis: str
+    budget: int
+    sizes: tuple[tuple[str, int], ...]     # every axis size at the walk's budget (tokens alias in decode)
+    inputs: tuple[str, ...]                # input ports fed on this walk
+    groups: tuple[str, ...]                # optional input groups fed on this walk
+    capture: bool
+    capture_limit: int | None
+    ladder: tuple[int, ...] | None
+
+    @property
+    def phase(self) -> str:
+        return PHASE[self.kind]
+
+    @property
+    def family(self) -> str:
+        """Steps of one node with the same family share captured graphs (their rungs are unioned)."""
+        return f"{self.phase}:{self.axis}" + "".join(f"+{g}" for g in self.groups)
+
+    def sizes_at(self, rung: int) -> dict[str, int]:
+        """Axis sizes of a step at one rung: the capture axis takes the rung, the others their budget."""
+        sizes = dict(self.sizes)
+        sizes[self.axis] = rung
+        if self.kind == "decode":
+            sizes["tokens"] = sizes["seqs"]
+        if self.axis == "tokens" and "seqs" in sizes:
+            sizes["seqs"] = min(sizes["seqs"], rung)
+        return sizes
+
+
+@dataclass
+class IR:
+    model: Model
+    target: Target
+    num_devices: int
+    graph: nx.MultiDiGraph = field(repr=False)
+    steps: tuple[Step, ...]
+
+    def node(self, name: str) -> Node:
+        return self.model.node(name)
+
+    def steps_of(self, node: str) -> list[Step]:
+        return [s for s in self.steps if s.node == node]
+
+    @cached_property
+    def users(self) -> dict[str, list[tuple[str, str]]]:
+        """resource -> [(node, role)] that call it."""
+        out: dict[str, list[tuple[str, str]]] = {r.name: [] for r in self.model.resources}
+        for n in self.model.nodes:
+            for role, res in n.resources.items():
+                out.setdefault(res, []).append((n.name, role))
+        return out
+
+    def check(self) -> None:
+        """Structural invariants every pass may rely on (verified on entry and exit)."""
+        names = {n.name for n in self.model.nodes}
+        assert set(self.graph.nodes) == names, "IR graph nodes differ from the declaration"
+        for s in self.steps:
+            assert s.node in names and s.budget >= 1, f"bad step {s}"
+        assert 1 <= self.num_devices, "at least one device"
+
+
+def capture_axis(node: Node, walk: Walk) -> str:
+    """A node is captured along its first input's leading axis unless the walk says otherwise;
+    decode walks budget sequences, one token each, so 'tokens' becomes 'seqs' there."""
+    if node.name in walk.axes:
+        return walk.axes[node.name]
+    first = next(iter(node.inputs.values()), None)
+    axis = parse_dim(first.shape[0])[0] if first is not None and first.shape else None
+    if axis is None:
+        raise InvalidInput(f"node '{node.name}' has no symbolic leading dimension on its first input",
+                           "the compiler captures a node along its first input's leading axis",
+                           f"give {node.name}'s first input a leading axis, or set walks.{walk.name}.axes.{node.name}")
+    return "seqs" if walk.kind == "decode" and axis == "tokens" else axis
+
+
+def fed_inputs(model: Model, node: Node, walk: Walk) -> tuple[str, ...]:
+    """Required inputs, plus each optional group that an edge from a node on this walk feeds."""
+    on_walk = set(walk.path)
+    groups = set()
+    for e in model.edges:
+        (src, _), (dst, port) = e.ends()
+        if dst == node.name and src in on_walk and node.inputs[port].optional:
+            groups.add(node.inputs[port].optional)
+    return tuple(p for p, port in node.inputs.items() if port.optional is None or port.optional in groups)
+
+
+def walk_sizes(walk: Walk) -> dict[str, int]:
+    sizes = dict(walk.budget.axes())
+    if walk.kind == "decode" and "seqs" in sizes:
+        sizes["tokens"] = sizes["seqs"]
+    return sizes
+
+
+def build_ir(model: Model, target: Target, num_devices: int) -> IR:
+    graph = nx.MultiDiGraph()
+    for n in model.nodes:
+        graph.add_node(n.name)
+    for e in model.edges:
+        (src, sp), (dst, dp) = e.ends()
+        graph.add_edge(src, dst, src_port=sp, dst_port=dp)
+    steps = []
+    for w in model.walks:
+        sizes = walk_sizes(w)
+        for name in w.path:
+            node = model.node(name)
+            axis = capture_axis(node, w)
+            budget = sizes.get(axis)
+            steps.append(Step(node=name, walk=w.name, kind=w.kind, axis=axis, budget=budget or 0,
+                              sizes=tuple(sorted(sizes.items())), inputs=fed_inputs(model, node, w),
+                              groups=tuple(sorted({node.inputs[p].optional for p in fed_inputs(model, node, w)} - {None})),
+                              capture=w.capture and target.capture, capture_limit=w.capture_limit.get(name),
+                              ladder=w.ladder))
+    return IR(model=model, target=target, num_devices=num_devices, graph=graph, steps=tuple(steps))
+
+
+def port_axes(ports: dict[str, Port], names: tuple[str, ...]) -> set[str]:
+    return set().union(*(ports[p].axes() for p in names)) if names else set()

@@ -1,0 +1,51 @@
+"""Building a node's module the same way in the compiler (meta / fake) and the runtime (real).
+
+Parameters take the node's dtype; buffers keep the dtype the module gave them (rotary tables stay
+fp32). Weights live in one arena per node: every tensor 256-byte aligned, one allocation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from graphc.declare import TORCH_DTYPES, Node
+from graphc.units import round_up
+
+ARENA_ALIGN = 256
+
+
+def build_module(node: Node, device: str | torch.device = "meta") -> torch.nn.Module:
+    with torch.device(device):
+        module = node.build()
+    dtype = TORCH_DTYPES[node.dtype]
+    for p in module.parameters():
+        if p.is_floating_point():
+            p.data = p.data.to(dtype)
+    return module.eval()
+
+
+@dataclass(frozen=True)
+class WeightSizes:
+    params: int          # raw parameter bytes (tied weights once)
+    num_params: int
+    buffers: int         # raw buffer bytes (persistent and not)
+    arena: int           # params + buffers, each aligned to ARENA_ALIGN: one allocation
+    num_tensors: int
+
+
+def tensors_for_arena(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Parameters (deduplicated) then buffers, in a fixed order the runtime lays out identically."""
+    out = list(module.named_parameters())
+    out += [(n, b) for n, b in module.named_buffers()]
+    return out
+
+
+def weight_sizes(module: torch.nn.Module) -> WeightSizes:
+    params = list(module.parameters())
+    p_bytes = sum(p.numel() * p.element_size() for p in params)
+    b_bytes = sum(b.numel() * b.element_size() for b in module.buffers())
+    tensors = tensors_for_arena(module)
+    arena = sum(round_up(t.numel() * t.element_size(), ARENA_ALIGN) for _, t in tensors)
+    return WeightSizes(params=p_bytes, num_params=sum(p.numel() for p in params), buffers=b_bytes,
+                       arena=arena, num_tensors=len(tensors))

@@ -1,0 +1,1 @@
+"""Compiler passes, one per file, named verb_object; pipeline.py runs them in order."""

@@ -1,0 +1,74 @@
+"""Write the Plan: placement, ledgers with their sources, buckets, backends, walks, requests."""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from graphc.plan import FORMAT, Plan, PlanDevice, PlanModel, PlanNode, PlanResource, PlanTarget, PlanTrim, \
+    PlanWalk, PlanWalkBuckets, fingerprint
+from graphc.passes.place_nodes import Placement
+from graphc.passes.tally_ledger import Sizing
+from resources.paged_kv import PagedKVSpec
+
+VERSION = "0.1.0"
+
+
+def graph_id(key: tuple[str, str, int]) -> str:
+    return f"{key[0]}/{key[1]}/{key[2]}"
+
+
+def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, trimmed: list) -> Plan:
+    ir, a = s.ir, placement.assignment
+    devices = [PlanDevice(index=d.index, nodes=d.nodes, ledger={i.component: i.bytes for i in d.items},
+                          sources={i.component: f"{i.source}: {i.detail}" for i in d.items},
+                          total_bytes=d.total, capacity_bytes=d.capacity, free_bytes=d.free, kv_pages=d.kv_pages,
+                          capture_order=[graph_id(k) for k in d.capture_order])
+               for d in placement.devices]
+    nodes = {}
+    for n in ir.model.nodes:
+        w = s.weights.per_node[n.name]
+        buckets = {}
+        for st in ir.steps_of(n.name):
+            cap = s.buckets.captured.get((n.name, st.family), [])
+            rungs = s.buckets.walk_rungs[(n.name, st.walk)]
+            buckets[st.walk] = PlanWalkBuckets(axis=st.axis, budget=st.budget, rungs=rungs,
+                                               captured=[r for r in rungs if r in cap],
+                                               eager_above=max([r for r in rungs if r in cap], default=0)
+                                               if (n.name, st.walk) in s.buckets.eager else None,
+                                               why=s.buckets.why[(n.name, st.walk)])
+        nodes[n.name] = PlanNode(device=a[n.name], module=f"{n.module.__module__}.{n.module.__qualname__}",
+                                 dtype=n.dtype, weights_bytes=w.params, num_params=w.num_params, arena_bytes=w.arena,
+                                 resources=dict(n.resources), buckets=buckets,
+                                 graphs={fam: rs for (nn, fam), rs in s.buckets.captured.items() if nn == n.name})
+    resources = {}
+    for r in ir.model.resources:
+        users = ir.users.get(r.name, [])
+        devs = sorted({a[u] for u, _ in users} | {a[u] for o in ir.model.resources
+                                                   if getattr(o, "workspace", None) == r.name
+                                                   for u, _ in ir.users.get(o.name, [])})
+        entry = dict(kind=r.kind, backend=s.backends.chosen.get(r.name), devices=devs, bytes=0,
+                     why=s.backends.why.get(r.name, ""), workspace=getattr(r, "workspace", None))
+        if isinstance(r, PagedKVSpec):
+            pages = {d.index: d.kv_pages[r.name] for d in placement.devices if r.name in d.kv_pages}
+            entry.update(pages=pages, page_bytes=r.page_bytes, max_seq_len=r.max_seq_len, min_pages=r.min_pages,
+                         bytes=sum(p * r.page_bytes for p in pages.values()))
+        ws = s.resources.workspaces.get(r.name)
+        if ws is not None:
+            entry["bytes"] += ws.bytes * len(devs)
+            entry["why"] = (entry["why"] + "; " if entry["why"] else "") + f"float workspace need: {ws.need.formula}"
+        resources[r.name] = PlanResource(**entry)
+    walks = {w.name: PlanWalk(kind=w.kind, path=list(w.path), budget=w.budget.axes(), capture=w.capture)
+             for w in ir.model.walks}
+    requests = {r.name: [st if isinstance(st, str) else list(st) for st in r.stages] for r in ir.model.requests}
+    target = PlanTarget(gpu=ir.target.name, count=ir.num_devices, arch=ir.target.arch,
+                        capacity_bytes=ir.target.memory_bytes, memory_source=ir.target.memory_source,
+                        num_sms=ir.target.num_sms)
+    body = dict(format=FORMAT, model=PlanModel(**source), target=target,
+                versions={"graphc": VERSION, "torch": torch.__version__.split("+")[0],
+                          "python": f"{sys.version_info.major}.{sys.version_info.minor}"},
+                overrides=overrides, trimmed=[PlanTrim(change=t.change, freed_bytes=t.freed, why=t.why) for t in trimmed],
+                placement=placement.why, devices=devices, nodes=nodes, resources=resources, walks=walks,
+                requests=requests)
+    draft = Plan(**body, fingerprint="")
+    return draft.model_copy(update={"fingerprint": fingerprint(draft.body())})

@@ -1,0 +1,145 @@
+"""Place nodes on N devices and size the KV pools.
+
+Pins are honoured and nodes that share a KV pool stay together. Every other assignment is scored
+(exhaustively up to MAX_CANDIDATES, device labels deduplicated): a feasible one must hold its
+fixed pools and, in each fill pool, the pages of the longest allowed request; among those the one
+whose worst fill pool holds the most longest-requests wins, then fewer cross-device edges. Fill
+pools take what their device has left (split by fill_share); fixed pools take their page count.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from graphc.errors import InvalidInput
+from graphc.passes.tally_ledger import DeviceLedger, Sizing, device_resources, tally_ledger
+from graphc.targets import calibration
+from resources.paged_kv import PagedKVSpec
+
+MAX_CANDIDATES = 20000
+
+
+@dataclass(frozen=True)
+class Placement:
+    assignment: dict[str, int]
+    devices: list[DeviceLedger]
+    why: str
+
+    def check(self, s: Sizing) -> None:
+        assert set(self.assignment) == {n.name for n in s.ir.model.nodes}
+        for d in self.devices:
+            assert d.total == sum(i.bytes for i in d.items)
+
+
+def _kv_groups(s: Sizing) -> list[set[str]]:
+    """Nodes that must share a device because they share a KV pool."""
+    groups: list[set[str]] = []
+    for res, users in s.ir.users.items():
+        if isinstance(s.ir.model.resource(res), PagedKVSpec) and len(users) > 1:
+            groups.append({n for n, _ in users})
+    return groups
+
+
+def _candidates(s: Sizing):
+    nodes = [n.name for n in s.ir.model.nodes]
+    n_dev = s.ir.num_devices
+    pinned = {n.name: n.device for n in s.ir.model.nodes if n.device is not None}
+    groups = _kv_groups(s)
+    free = [n for n in nodes if n not in pinned]
+    symmetric = not pinned
+    for combo in itertools.product(range(n_dev), repeat=len(free)):
+        if symmetric and any(d > max(combo[:i], default=-1) + 1 for i, d in enumerate(combo)):
+            continue   # the same split with device labels permuted
+        a = dict(pinned)
+        a.update(zip(free, combo))
+        if all(len({a[n] for n in g}) == 1 for g in groups):
+            yield a
+
+
+def _fixed_cost(s: Sizing, nodes: list[str]) -> int:
+    """A quick additive estimate of everything but fill pools (the ledger makes it exact)."""
+    total = sum(s.weights.per_node[n].arena for n in nodes)
+    for res in device_resources(s, nodes):
+        spec = s.ir.model.resource(res)
+        if isinstance(spec, PagedKVSpec):
+            total += (spec.pages or 0) * spec.page_bytes
+        ws = s.resources.workspaces.get(res)
+        total += ws.bytes if ws else 0
+    total += sum(b for (n, _), bufs in s.acts.io.items() if n in nodes for _, b in bufs)
+    total += sum(b for k, bufs in s.resources.wrappers.items() if k[0] in nodes for _, _, b in bufs)
+    total += max((t.peak_bytes for k, (_, t) in s.acts.graphs.items() if k[0] in nodes), default=0)
+    total += max((t.peak_bytes for k, t in s.acts.eager.items() if k[0] in nodes), default=0)
+    if s.ir.target.is_gpu:
+        cal = calibration(s.ir.target)
+        total += cal.context_bytes + cal.library_bytes + int(0.01 * s.ir.target.memory_bytes)
+    return total
+
+
+def _fill_pools(s: Sizing, nodes: list[str]) -> list[PagedKVSpec]:
+    return [s.ir.model.resource(r) for r in device_resources(s, nodes)
+            if isinstance(s.ir.model.resource(r), PagedKVSpec) and s.ir.model.resource(r).pages is None]
+
+
+def _score(s: Sizing, a: dict[str, int]) -> tuple:
+    cap = s.ir.target.memory_bytes
+    feasible, worst, overflow = True, float("inf"), 0
+    for d in range(s.ir.num_devices):
+        nodes = [n for n in a if a[n] == d]
+        pools = _fill_pools(s, nodes)
+        left = cap - _fixed_cost(s, nodes)
+        need = sum(p.min_pages * p.page_bytes for p in pools)
+        if left < need:
+            feasible, overflow = False, overflow + need - left
+        shares = sum(p.fill_share for p in pools)
+        for p in pools:
+            pages = left * p.fill_share / shares / p.page_bytes
+            worst = min(worst, pages / p.min_pages)
+    cross = sum(1 for e in s.ir.model.edges if a[e.ends()[0][0]] != a[e.ends()[1][0]])
+    used = len(set(a.values()))
+    return (feasible, -overflow, worst if worst != float("inf") else 0, -cross, used)
+
+
+def fill_pages(s: Sizing, index: int, nodes: list[str]) -> DeviceLedger:
+    """The device's ledger with every fill pool sized to what is left (each at least 0 pages)."""
+    pools = _fill_pools(s, nodes)
+    fixed = {r: s.ir.model.resource(r).pages for r in device_resources(s, nodes)
+             if isinstance(s.ir.model.resource(r), PagedKVSpec) and s.ir.model.resource(r).pages}
+    pages = dict(fixed, **{p.name: 0 for p in pools})
+    ledger = tally_ledger(s, index, nodes, pages)
+    if not pools:
+        return ledger
+    left = ledger.free
+    shares = sum(p.fill_share for p in pools)
+    for p in pools:
+        pages[p.name] = max(0, int(left * p.fill_share / shares) // p.page_bytes)
+    for _ in range(8):   # the pools' own rounding can push the total over; shave until it fits
+        ledger = tally_ledger(s, index, nodes, pages)
+        if ledger.free >= 0 or all(pages[p.name] == 0 for p in pools):
+            break
+        over = -ledger.free
+        for p in pools:
+            pages[p.name] = max(0, pages[p.name] - int(over * p.fill_share / shares) // p.page_bytes - 1)
+    return ledger
+
+
+def place_nodes(s: Sizing) -> Placement:
+    cands = list(itertools.islice(_candidates(s), MAX_CANDIDATES))
+    if not cands:
+        raise InvalidInput("no placement honours the pins and keeps each KV pool's users together",
+                           f"pins: { {n.name: n.device for n in s.ir.model.nodes if n.device is not None} }",
+                           "pin the users of one KV pool to the same device")
+    ranked = sorted(cands, key=lambda a: _score(s, a), reverse=True)
+    best = None
+    for a in ranked[:8]:
+        devices = [fill_pages(s, d, [n for n in a if a[n] == d]) for d in range(s.ir.num_devices)]
+        if best is None:
+            best = (a, devices)
+        if all(dv.free >= 0 for dv in devices):
+            best = (a, devices)
+            break
+    a, devices = best
+    why = (f"{len(cands)} placement(s) scored; chosen: each fill KV pool holds the most longest-requests at its worst,"
+           f" then fewest cross-device edges" if s.ir.num_devices > 1 else "one device")
+    out = Placement(a, devices, why)
+    out.check(s)
+    return out

@@ -1,0 +1,93 @@
+"""Size what resources hold: float workspaces (formula per backend, checked against declared
+ones) and the fixed buffers of every captured wrapper. KV pools are sized at placement."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphc.errors import InvalidInput
+from graphc.ir import IR
+from graphc.passes.choose_buckets import Buckets
+from graphc.passes.select_backends import Backends
+from graphc.units import MiB, fmt_bytes, round_up
+from resources.base import Sized
+from resources.workspace import WorkspaceSpec
+
+
+@dataclass(frozen=True)
+class Workspace:
+    name: str            # a declared WorkspaceSpec, or '<resource>' for one the compiler sized
+    bytes: int           # total (all slots)
+    users: tuple[str, ...]
+    need: Sized          # the largest need of any user at any step
+    declared: bool
+
+
+@dataclass(frozen=True)
+class ResourceSizes:
+    workspaces: dict[str, Workspace]
+    wrappers: dict[tuple[str, str, int], list[tuple[str, str, int]]]   # graph -> [(resource, buffer, bytes)]
+
+    def check(self, ir: IR) -> None:
+        for ws in self.workspaces.values():
+            assert ws.bytes >= ws.need.bytes, f"workspace {ws.name} smaller than its need"
+
+
+def _shapes(ir: IR, buckets: Buckets, res: str):
+    """Every (step, size) at which a node calls this resource: captured rungs and eager steps."""
+    for s in ir.steps:
+        if res not in ir.node(s.node).resources.values():
+            continue
+        cap = set(buckets.captured.get((s.node, s.family), []))
+        for r in buckets.walk_rungs[(s.node, s.walk)]:
+            if r in cap or (s.node, s.walk) in buckets.eager:
+                yield s, r
+
+
+def size_resources(ir: IR, backends: Backends, buckets: Buckets) -> ResourceSizes:
+    needs: dict[str, tuple[Sized, str]] = {}
+    for r in ir.model.resources:
+        if not r.is_attention:
+            continue
+        backend = backends.chosen[r.name]
+        best = Sized(0, f"{backend}: no float workspace")
+        where = ""
+        for s, rung in _shapes(ir, buckets, r.name):
+            need = r.float_workspace(backend, r.step_shape(s.axis, s.sizes_at(rung), s.phase), ir.target.num_sms)
+            if need.bytes > best.bytes:
+                best, where = need, f"{s.node} on {s.walk} at {s.axis}={rung}"
+        needs[r.name] = (best, where)
+    workspaces = _workspaces(ir, backends, needs)
+    wrappers: dict[tuple[str, str, int], list[tuple[str, str, int]]] = {}
+    for (node, fam, rung) in buckets.graphs():
+        step = next(s for s in ir.steps if s.node == node and s.family == fam)
+        bufs = []
+        for role, res in ir.node(node).resources.items():
+            spec = ir.model.resource(res)
+            shape = spec.step_shape(step.axis, step.sizes_at(rung), step.phase)
+            bufs += [(res, name, n) for name, n in spec.wrapper_allocs(backends.chosen[res], shape)]
+        wrappers[(node, fam, rung)] = bufs
+    out = ResourceSizes(workspaces, wrappers)
+    out.check(ir)
+    return out
+
+
+def _workspaces(ir: IR, backends: Backends, needs: dict) -> dict[str, Workspace]:
+    out = {}
+    for r in ir.model.resources:
+        if isinstance(r, WorkspaceSpec):
+            users = tuple(u.name for u in ir.model.resources if getattr(u, "workspace", None) == r.name)
+            need, where = max((needs[u] for u in users), key=lambda nw: nw[0].bytes)
+            if r.bytes < need.bytes:
+                user = next(u for u in users if needs[u][0].bytes == need.bytes)
+                raise InvalidInput(
+                    f"workspace '{r.name}' holds {fmt_bytes(r.bytes)} per slot; '{user}' needs {fmt_bytes(need.bytes)}",
+                    f"the {backends.chosen[user]} backend at {where} keeps {need.formula}; this would fail at capture",
+                    f"--set resources.{r.name}.bytes={round_up(need.bytes, MiB)}, or lower that walk's budget,"
+                    f" or pick a backend that needs none (fa3 on sm_90)")
+            out[r.name] = Workspace(r.name, r.total_bytes, users, need, declared=True)
+    for r in ir.model.resources:
+        if r.is_attention and getattr(r, "workspace", None) is None:
+            need, _ = needs[r.name]
+            out[r.name] = Workspace(r.name, round_up(need.bytes, MiB) if need.bytes else 0, (r.name,), need,
+                                    declared=False)
+    return out

@@ -1,0 +1,21 @@
+"""Exact weight bytes per node, from its module built on the meta device."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphc.ir import IR
+from graphc.modules import WeightSizes, build_module, weight_sizes
+
+
+@dataclass(frozen=True)
+class Weights:
+    per_node: dict[str, WeightSizes]
+
+    def check(self, ir: IR) -> None:
+        assert set(self.per_node) == {n.name for n in ir.model.nodes}
+
+
+def size_weights(ir: IR) -> Weights:
+    out = Weights({n.name: weight_sizes(build_module(n, "meta")) for n in ir.model.nodes})
+    out.check(ir)
+    return out

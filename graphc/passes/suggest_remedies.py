@@ -1,0 +1,144 @@
+"""When a plan does not fit: concrete changes, each re-planned to measure the bytes it frees,
+ranked (those that fit alone first, then by bytes freed). With --fit, apply trims greedily."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from graphc.errors import GraphcError
+from graphc.overrides import merge
+from graphc.passes.choose_buckets import rungs_for
+from graphc.units import MiB, fmt_bytes, round_up
+from resources.paged_kv import PagedKVSpec
+from resources.workspace import WorkspaceSpec
+
+ENCODER_AXES = ("windows", "patches", "frames")
+
+
+@dataclass(frozen=True)
+class Remedy:
+    change: str              # the --set form (or a flag)
+    overrides: dict          # what it adds to the overrides ({} for a flag)
+    flag: dict               # extra compile arguments (e.g. {'num_devices': 3})
+    freed: int               # bytes freed on the devices that were over (re-planned)
+    fits: bool               # whether this change alone makes the plan fit
+    why: str
+    trim: int | None         # --fit applies trims in this order (lower first); None: never automatic
+
+
+def _set(path: str, value) -> dict:
+    out: dict = {}
+    node = out
+    parts = path.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+    return out
+
+
+# --fit's order: free wins first, then DESIGN.md's rule (the largest encoder rungs go first).
+TRIM_WORKSPACE, TRIM_ENCODER_RUNGS, TRIM_FIXED_PAGES, TRIM_ENCODER_BUDGET, TRIM_SEQ_LEN = range(5)
+
+
+def candidates(result) -> list[tuple[str, dict, dict, str, int | None]]:
+    """(change, overrides, flags, why, trim order) worth re-planning for a failing result."""
+    s, fit = result.sizing, result.fit
+    bad = {p.device for p in fit.problems}
+    on_bad = {n for n, d in result.placement.assignment.items() if d in bad}
+    out = []
+    for st in s.ir.steps:
+        if st.node not in on_bad:
+            continue
+        rungs = s.buckets.walk_rungs[(st.node, st.walk)]
+        cap = [r for r in rungs if r in s.buckets.captured.get((st.node, st.family), [])]
+        encoder = st.axis in ENCODER_AXES
+        if len(cap) > 1 and s.ir.target.capture:
+            lim = cap[-2]
+            out.append((f"walks.{st.walk}.capture_limit.{st.node}={lim}",
+                        _set(f"walks.{st.walk}.capture_limit.{st.node}", lim), {},
+                        f"capture {st.node} on {st.walk} up to {st.axis}={lim}; larger steps run eagerly",
+                        TRIM_ENCODER_RUNGS if encoder else None))
+        below = [r for r in rungs_for(st.budget, st.ladder) if r < st.budget]
+        if below:
+            new = below[-1]
+            out.append((f"walks.{st.walk}.budget.{st.axis}={new}", _set(f"walks.{st.walk}.budget.{st.axis}", new), {},
+                        f"lower {st.walk}'s {st.axis} budget from {st.budget} to {new}"
+                        + ("; larger inputs are refused" if encoder else "; steps are cut smaller"),
+                        TRIM_ENCODER_BUDGET if encoder else None))
+    for d in result.placement.devices:
+        if d.index not in bad:
+            continue
+        over = max(0, -d.free)
+        for res, pages in d.kv_pages.items():
+            spec = s.ir.model.resource(res)
+            if spec.pages is not None:
+                new = max(spec.min_pages, pages - -(-over // spec.page_bytes))
+                if new < pages:
+                    out.append((f"resources.{res}.pages={new}", _set(f"resources.{res}.pages", new), {},
+                                f"shrink fixed pool {res} from {pages} to {new} pages", TRIM_FIXED_PAGES))
+            if pages < spec.min_pages and pages > 0:
+                tokens = pages * spec.page_size
+                out.append((f"resources.{res}.max_seq_len={tokens}", _set(f"resources.{res}.max_seq_len", tokens), {},
+                            f"allow requests up to {tokens:,} tokens in {res} (from {spec.max_seq_len:,})", TRIM_SEQ_LEN))
+    for ws in s.resources.workspaces.values():
+        spec = s.ir.model.resource(ws.name)
+        if ws.declared and isinstance(spec, WorkspaceSpec):
+            need = round_up(ws.need.bytes, MiB)
+            if need < spec.bytes:
+                out.append((f"resources.{ws.name}.bytes={need}", _set(f"resources.{ws.name}.bytes", need), {},
+                            f"shrink workspace {ws.name} from {fmt_bytes(spec.bytes)} to its need {fmt_bytes(need)}",
+                            TRIM_WORKSPACE))
+    if s.ir.target.is_gpu and s.ir.num_devices < 8:
+        n = s.ir.num_devices + 1
+        out.append((f"--gpus {n}", {}, {"num_devices": n}, f"spread the nodes over {n} GPUs", None))
+    seen, unique = set(), []
+    for c in out:
+        if c[0] not in seen:
+            seen.add(c[0])
+            unique.append(c)
+    return unique
+
+
+def _over(result) -> int:
+    return sum(max(0, -d.free) for d in result.placement.devices)
+
+
+def _kv_short(result) -> int:
+    return sum(1 for p in result.fit.problems if p.over_bytes == 0)
+
+
+def evaluate(result, overrides: dict, replan: Callable) -> list[Remedy]:
+    """Re-plan each candidate and measure it."""
+    base_total = sum(d.total for d in result.placement.devices if d.free < 0)
+    bad = {d.index for d in result.placement.devices if d.free < 0}
+    remedies = []
+    for change, extra, flags, why, trim in candidates(result):
+        try:
+            new = replan(merge(overrides, extra), **flags)
+        except GraphcError:
+            continue
+        if flags:
+            freed = _over(result) - _over(new)
+        else:
+            freed = base_total - sum(d.total for d in new.placement.devices if d.index in bad)
+        improves = _over(new) < _over(result) or _kv_short(new) < _kv_short(result)
+        if new.fit.fits or improves:
+            remedies.append(Remedy(change, extra, flags, freed, new.fit.fits, why, trim))
+    remedies.sort(key=lambda r: (not r.fits, -r.freed))
+    return remedies
+
+
+def apply_trims(result, overrides: dict, replan: Callable, max_steps: int = 24):
+    """--fit: take the trim that frees the most, re-plan, repeat until the plan fits."""
+    trimmed = []
+    for _ in range(max_steps):
+        if result.fit.fits:
+            break
+        options = [r for r in evaluate(result, overrides, replan) if r.trim is not None]
+        if not options:
+            break
+        best = min(options, key=lambda r: (r.trim, not r.fits, -r.freed))
+        overrides = merge(overrides, best.overrides)
+        result = replan(overrides)
+        trimmed.append(best)
+    return result, overrides, trimmed

@@ -1,0 +1,173 @@
+"""Tally every byte one device will hold, component by component, with where each came from.
+
+The runtime allocates in the order listed here (weight arenas, KV pools, workspaces, static graph
+buffers, captured wrappers' buffers), warms eager steps, then captures graphs largest first into
+one private pool; the allocator model replays exactly that order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graphc.allocator import Allocator
+from graphc.ir import IR
+from graphc.passes.choose_buckets import Buckets
+from graphc.passes.select_backends import Backends
+from graphc.passes.simulate_steps import Activations
+from graphc.passes.size_resources import ResourceSizes
+from graphc.passes.size_weights import Weights
+from graphc.targets import calibration
+from graphc.units import fmt_bytes
+from resources.paged_kv import PagedKVSpec
+
+HEADROOM_FRACTION = 0.01   # default policy: keep 1% of a GPU free for what nothing here models
+
+
+@dataclass(frozen=True)
+class Item:
+    component: str
+    bytes: int
+    source: str      # exact | formula | simulated | calibrated | policy
+    detail: str
+
+
+@dataclass
+class DeviceLedger:
+    index: int
+    capacity: int
+    nodes: list[str]
+    items: list[Item]
+    kv_pages: dict[str, int]
+    capture_order: list[tuple[str, str, int]] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(i.bytes for i in self.items)
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.total
+
+    def get(self, component: str) -> int:
+        return sum(i.bytes for i in self.items if i.component == component)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """Everything the earlier passes computed, handed to placement and the ledger."""
+
+    ir: IR
+    backends: Backends
+    buckets: Buckets
+    weights: Weights
+    acts: Activations
+    resources: ResourceSizes
+    headroom: int | None = None   # bytes; None: the default policy
+
+
+def device_resources(s: Sizing, nodes: list[str]) -> list[str]:
+    """Resources a device holds: those its nodes bind, and the workspaces those name."""
+    used = []
+    for n in nodes:
+        for res in s.ir.node(n).resources.values():
+            if res not in used:
+                used.append(res)
+    for res in list(used):
+        ws = getattr(s.ir.model.resource(res), "workspace", None)
+        if ws is not None and ws not in used:
+            used.append(ws)
+    return used
+
+
+def persistent_allocs(s: Sizing, nodes: list[str], kv_pages: dict[str, int]) -> list[tuple[str, str, int, str]]:
+    """(component, buffer, bytes, source) in the runtime's allocation order."""
+    out = []
+    for n in nodes:
+        out.append((f"weights.{n}", "arena", s.weights.per_node[n].arena, "exact"))
+    for res in device_resources(s, nodes):
+        spec = s.ir.model.resource(res)
+        if isinstance(spec, PagedKVSpec) and kv_pages.get(res):
+            out.append((f"kv.{res}", "pool", kv_pages[res] * spec.page_bytes, "exact"))
+        ws = s.resources.workspaces.get(res)
+        if ws is not None and ws.bytes:
+            slots = getattr(spec, "slots", 1)
+            out += [(f"workspace.{res}", f"slot{i}", ws.bytes // slots, "formula") for i in range(slots)]
+    for (n, fam), bufs in s.acts.io.items():
+        if n in nodes:
+            out += [(f"graph_io.{n}", f"{fam}.{b}", size, "exact") for b, size in bufs]
+    for key, bufs in s.resources.wrappers.items():
+        if key[0] in nodes:
+            out += [(f"wrappers.{res}", f"{key[1]}@{key[2]}.{b}", size, "formula") for res, b, size in bufs]
+    return out
+
+
+def capture_order(s: Sizing, nodes: list[str]) -> list[tuple[str, str, int]]:
+    """Largest simulated peak first, so later, smaller graphs reuse the pool's freed blocks."""
+    keys = [k for k in s.acts.graphs if k[0] in nodes]
+    return sorted(keys, key=lambda k: (-s.acts.graphs[k][1].peak_bytes, k[0], k[1], -k[2]))
+
+
+def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, int]) -> DeviceLedger:
+    target = s.ir.target
+    allocs = persistent_allocs(s, nodes, kv_pages)
+    items: dict[str, list] = {}
+    for comp, buf, size, source in allocs:
+        items.setdefault(comp, [0, source, 0])
+        items[comp][0] += size
+        items[comp][2] += 1
+    ledger = [Item(c, b, src, _detail(s, c, b, n, kv_pages)) for c, (b, src, n) in items.items()]
+    eager = sorted((k for k in s.acts.eager if k[0] in nodes), key=lambda k: -s.acts.eager[k].peak_bytes)
+    order = capture_order(s, nodes) if target.capture else []
+    if target.is_gpu:
+        general = Allocator()
+        for i, (comp, buf, size, _) in enumerate(allocs):
+            general.malloc(("persistent", i), size)
+        persistent_reserved = general.reserved
+        for k in eager:
+            general.replay(list(s.acts.eager[k].events), tag=k)
+        pool = Allocator()
+        for k in order:
+            pool.replay(list(s.acts.graphs[k][1].events), tag=k)
+        raw = sum(a[2] for a in allocs)
+        cal = calibration(target)
+        ledger += [
+            Item("capture_pool", pool.reserved, "simulated",
+                 f"{len(order)} graphs captured largest first into one pool; allocator model of their traces"),
+            Item("activations", general.reserved - persistent_reserved, "simulated",
+                 f"{len(eager)} eager step(s) at their budgets: " + ", ".join(f"{n}@{w}" for n, w in eager)
+                 if eager else "no eager steps"),
+            Item("allocator", persistent_reserved - raw, "simulated",
+                 f"caching-allocator rounding and segment tails of {len(allocs)} persistent allocations"),
+            Item("context", cal.context_bytes, "calibrated", f"CUDA context and torch init; {cal.source}"),
+            Item("library", cal.library_bytes, "calibrated", f"cuBLAS workspaces; {cal.source}"),
+        ]
+    else:
+        peak = max((s.acts.eager[k].peak_bytes for k in eager), default=0)
+        ledger.append(Item("activations", peak, "simulated",
+                           f"largest eager step's live bytes ({len(eager)} eager steps)"))
+    headroom = s.headroom if s.headroom is not None else (int(target.memory_bytes * HEADROOM_FRACTION)
+                                                          if target.is_gpu else 0)
+    ledger.append(Item("headroom", headroom, "policy",
+                       "--headroom" if s.headroom is not None else
+                       f"default: {HEADROOM_FRACTION:.0%} of the device kept free" if target.is_gpu else "none on cpu"))
+    return DeviceLedger(index, target.memory_bytes, list(nodes), [i for i in ledger if i.bytes or i.component
+                                                                   in ("headroom",)], dict(kv_pages), order)
+
+
+def _detail(s: Sizing, comp: str, nbytes: int, count: int, kv_pages: dict[str, int]) -> str:
+    kind, _, name = comp.partition(".")
+    if kind == "weights":
+        w = s.weights.per_node[name]
+        return (f"{w.num_params:,} params = {w.params:,} B, buffers {w.buffers:,} B, in one arena of {w.num_tensors}"
+                f" tensors aligned to 256 B")
+    if kind == "kv":
+        spec = s.ir.model.resource(name)
+        return f"{kv_pages[name]} pages x {spec.page_bytes:,} B ({spec.page_formula()})"
+    if kind == "workspace":
+        ws = s.resources.workspaces[name]
+        src = "declared" if ws.declared else "sized by formula"
+        return f"{src}: {fmt_bytes(ws.bytes)}; largest need {fmt_bytes(ws.need.bytes)} = {ws.need.formula}"
+    if kind == "graph_io":
+        return f"{count} static input/output buffers at each captured family's largest rung"
+    if kind == "wrappers":
+        return f"{count} fixed buffers of captured {s.backends.chosen.get(name, '')} wrappers (int workspace, indptrs)"
+    return ""

@@ -1,0 +1,176 @@
+"""The compiler: a straight list of passes over a typed IR, verified between passes.
+
+    verify_graph -> select_backends -> choose_buckets -> size_weights -> simulate_steps
+    -> size_resources -> place_nodes -> check_fit -> [suggest_remedies] -> emit_plan
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from graphc.declare import Model
+from graphc.errors import DoesNotFit, GraphcError, InvalidInput
+from graphc.overrides import apply_overrides
+from graphc.passes.check_fit import Fit, check_fit
+from graphc.passes.choose_buckets import choose_buckets
+from graphc.passes.emit_plan import emit_plan
+from graphc.passes.place_nodes import Placement, place_nodes
+from graphc.passes.select_backends import select_backends
+from graphc.passes.simulate_steps import simulate_steps
+from graphc.passes.size_resources import size_resources
+from graphc.passes.size_weights import size_weights
+from graphc.passes.suggest_remedies import Remedy, apply_trims, evaluate
+from graphc.passes.tally_ledger import Sizing
+from graphc.passes.verify_graph import verify_graph
+from graphc.plan import Plan, file_sha256
+from graphc.strict import explain_validation
+from graphc.targets import Target, get_target
+
+PASSES = ("verify_graph", "select_backends", "choose_buckets", "size_weights", "simulate_steps",
+          "size_resources", "place_nodes", "check_fit", "suggest_remedies", "emit_plan")
+
+
+@dataclass
+class Result:
+    sizing: Sizing
+    placement: Placement
+    fit: Fit
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _timed(timings: dict, name: str, fn, *args):
+    t0 = time.perf_counter()
+    out = fn(*args)
+    timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
+    return out
+
+
+def run_passes(model: Model, target: Target, num_devices: int, headroom: int | None = None) -> Result:
+    """Every pass up to the fit decision; raises InvalidInput for a bad declaration."""
+    t: dict[str, float] = {}
+    ir = _timed(t, "verify_graph", verify_graph, model, target, num_devices)
+    backends = _timed(t, "select_backends", select_backends, ir)
+    ir.check()
+    buckets = _timed(t, "choose_buckets", choose_buckets, ir)
+    weights = _timed(t, "size_weights", size_weights, ir)
+    acts = _timed(t, "simulate_steps", simulate_steps, ir, buckets)
+    ir.check()
+    sizes = _timed(t, "size_resources", size_resources, ir, backends, buckets)
+    s = Sizing(ir, backends, buckets, weights, acts, sizes, headroom)
+    placement = _timed(t, "place_nodes", place_nodes, s)
+    fit = _timed(t, "check_fit", check_fit, s, placement)
+    ir.check()
+    return Result(s, placement, fit, t)
+
+
+@dataclass
+class ModelSource:
+    file: str
+    preset: str
+    model: Model
+
+    def record(self) -> dict:
+        return {"name": self.model.name, "file": self.file, "sha256": file_sha256(self.file), "preset": self.preset}
+
+
+def load_model(path: str, preset: str | None = None) -> ModelSource:
+    """Import a model file and call its declare(preset)."""
+    p = Path(path)
+    if not p.is_file():
+        raise InvalidInput(f"model file {path} does not exist", "", "pass the path of a model .py file")
+    name = f"graphc_model_{abs(hash(str(p.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, p)
+    mod = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(mod)
+    except GraphcError:
+        raise
+    except Exception as e:
+        raise InvalidInput(f"model file {path} failed to import", f"{type(e).__name__}: {e}",
+                           "fix the model file") from e
+    declare = getattr(mod, "declare", None)
+    if not callable(declare):
+        raise InvalidInput(f"model file {path} has no declare() function",
+                           "a model file defines declare(preset: str = ...) -> graphc.Model", "add it")
+    try:
+        model = declare(preset) if preset is not None else declare()
+    except ValidationError as e:
+        raise explain_validation(e, f"the declaration in {path}") from None
+    except (ValueError, KeyError) as e:
+        raise InvalidInput(f"{path}: declare({preset!r}) failed", str(e).strip("'\""),
+                           "pick a preset the model file offers") from None
+    if not isinstance(model, Model):
+        raise InvalidInput(f"{path}: declare() returned {type(model).__name__}", "it must return a graphc.Model")
+    if preset is None:
+        import inspect
+        preset = inspect.signature(declare).parameters["preset"].default if "preset" in \
+            inspect.signature(declare).parameters else "default"
+    rel = os.path.relpath(p.resolve(), Path.cwd()) if p.resolve().is_relative_to(Path.cwd()) else str(p.resolve())
+    return ModelSource(rel, str(preset), model)
+
+
+@dataclass
+class Compiled:
+    plan: Plan | None
+    result: Result
+    remedies: list[Remedy]
+    trimmed: list[Remedy]
+
+
+def compile_model(source: ModelSource, gpu: str, num_devices: int = 1, overrides: dict | None = None,
+                  fit: bool = False, memory_cap: int | None = None, headroom: int | None = None,
+                  remedies: bool = True) -> Compiled:
+    """Plan a model for a target. Raises DoesNotFit (with ranked remedies) unless it fits or fit=True
+    trims it until it does; raises InvalidInput for bad input."""
+    overrides = overrides or {}
+    target = get_target(gpu, memory_cap)
+
+    def replan(ov: dict, num_devices: int = num_devices) -> Result:
+        return run_passes(apply_overrides(source.model, ov), target, num_devices, headroom)
+
+    result = replan(overrides)
+    trimmed: list[Remedy] = []
+    if not result.fit.fits and fit:
+        result, overrides, trimmed = apply_trims(result, overrides, replan)
+    if not result.fit.fits:
+        found = evaluate(result, overrides, replan) if remedies else []
+        raise DoesNotFit(
+            f"{source.model.name} does not fit {num_devices} x {target.name}:",
+            "\n".join(f"  {p.text}" for p in result.fit.problems),
+            _remedy_text(found) if found else "no single change found; try a larger --gpu or more --gpus",
+            remedies=found) from _attach(result)
+    plan = emit_plan(result.sizing, result.placement, source.record(), overrides, trimmed)
+    return Compiled(plan, result, [], trimmed)
+
+
+class _Failed(Exception):
+    """Carries the failing Result to callers that want to report it (DoesNotFit.__cause__)."""
+
+    def __init__(self, result: Result):
+        super().__init__("plan does not fit")
+        self.result = result
+
+
+def _attach(result: Result) -> _Failed:
+    return _Failed(result)
+
+
+def _remedy_text(remedies: list[Remedy]) -> str:
+    from graphc.units import fmt_bytes
+
+    lines = ["ranked remedies (each re-planned):"]
+    for i, r in enumerate(remedies, 1):
+        verdict = "fits" if r.fits else "helps"
+        lines.append(f"  {i}. {r.change}  ({verdict}; frees {fmt_bytes(r.freed)}): {r.why}")
+    lines.append("apply one with --set/--gpus, or pass --fit to apply the trims automatically")
+    return "\n".join(lines)
+
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    raise RuntimeError("graphc needs Python 3.11+")

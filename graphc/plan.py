@@ -1,0 +1,145 @@
+"""The Plan: what `graphc plan` writes and `graphc run` boots. YAML, strictly validated on load;
+loading never executes code from the file. The fingerprint covers everything else in it."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from graphc.errors import InvalidInput
+from graphc.strict import Strict, explain_validation
+
+FORMAT = "graphc.plan/1"
+
+
+class PlanModel(Strict):
+    name: str
+    file: str
+    sha256: str
+    preset: str
+
+
+class PlanTarget(Strict):
+    gpu: str
+    count: int
+    arch: str
+    capacity_bytes: int
+    memory_source: str
+    num_sms: int
+
+
+class PlanDevice(Strict):
+    index: int
+    nodes: list[str]
+    ledger: dict[str, int]
+    sources: dict[str, str]
+    total_bytes: int
+    capacity_bytes: int
+    free_bytes: int
+    kv_pages: dict[str, int]
+    capture_order: list[str]
+
+
+class PlanWalkBuckets(Strict):
+    axis: str
+    budget: int
+    rungs: list[int]
+    captured: list[int]
+    eager_above: int | None
+    why: str
+
+
+class PlanNode(Strict):
+    device: int
+    module: str
+    dtype: str
+    weights_bytes: int
+    num_params: int
+    arena_bytes: int
+    resources: dict[str, str]
+    buckets: dict[str, PlanWalkBuckets]
+    graphs: dict[str, list[int]]
+
+
+class PlanResource(Strict):
+    kind: str
+    backend: str | None
+    devices: list[int]
+    bytes: int
+    why: str
+    pages: dict[int, int] | None = None
+    page_bytes: int | None = None
+    max_seq_len: int | None = None
+    min_pages: int | None = None
+    workspace: str | None = None
+
+
+class PlanWalk(Strict):
+    kind: str
+    path: list[str]
+    budget: dict[str, int]
+    capture: bool
+
+
+class PlanTrim(Strict):
+    change: str
+    freed_bytes: int
+    why: str
+
+
+class Plan(Strict):
+    format: str
+    model: PlanModel
+    target: PlanTarget
+    versions: dict[str, str]
+    overrides: dict[str, Any]
+    trimmed: list[PlanTrim]
+    placement: str
+    devices: list[PlanDevice]
+    nodes: dict[str, PlanNode]
+    resources: dict[str, PlanResource]
+    walks: dict[str, PlanWalk]
+    requests: dict[str, list[str | list[str]]]
+    fingerprint: str
+
+    def body(self) -> dict:
+        data = self.model_dump(mode="json")
+        data.pop("fingerprint")
+        return data
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, width=120)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_yaml())
+
+
+def fingerprint(body: dict) -> str:
+    return hashlib.sha256(yaml.safe_dump(body, sort_keys=True).encode()).hexdigest()
+
+
+def load_plan(path: str | Path) -> Plan:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise InvalidInput(f"cannot read plan {path}", str(e), "check the path") from None
+    except yaml.YAMLError as e:
+        raise InvalidInput(f"plan {path} is not valid YAML", str(e), "regenerate it with graphc plan") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        got = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise InvalidInput(f"{path} is not a {FORMAT} plan", f"its format is {got!r}", "regenerate it with graphc plan")
+    try:
+        plan = Plan.model_validate(data)
+    except ValidationError as e:
+        raise explain_validation(e, f"plan {path}") from None
+    if fingerprint(plan.body()) != plan.fingerprint:
+        raise InvalidInput(f"plan {path} was edited after it was compiled", "its fingerprint does not match its content",
+                           "regenerate it with graphc plan (use --set/--config to change settings)")
+    return plan
+
+
+def file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

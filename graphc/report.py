@@ -1,0 +1,35 @@
+"""Human reports rendered from templates/: the plan summary, refusals, explain and diff."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import jinja2
+
+from graphc.units import fmt_bytes
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.PackageLoader("graphc", "templates"), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=False, keep_trailing_newline=True)
+    env.globals["b"] = fmt_bytes
+    return env
+
+
+def render(template: str, **context) -> str:
+    return _env().get_template(template).render(**context)
+
+
+def plan_summary(plan, out: str | None = None) -> str:
+    return render("plan.txt.j2", plan=plan, out=out)
+
+
+def explain(plan, device: int | None = None) -> str:
+    return render("explain.txt.j2", plan=plan, device=device)
+
+
+def refusal(model_name: str, result, remedies: list) -> str:
+    t = result.sizing.ir.target
+    return render("refusal.txt.j2", name=model_name, count=result.sizing.ir.num_devices, gpu=t.name,
+                  capacity=t.memory_bytes, problems=result.fit.problems, devices=result.placement.devices,
+                  remedies=remedies)

@@ -1,0 +1,30 @@
+"""What a node's forward receives besides its tensors: the resources bound for this step."""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+
+class StepContext:
+    """Role name -> the resource bound for this step (a backend with its step metadata, or a fake)."""
+
+    def __init__(self, bindings: dict[str, Any]):
+        self._bindings = dict(bindings)
+
+    def __getitem__(self, role: str) -> Any:
+        try:
+            return self._bindings[role]
+        except KeyError:
+            raise KeyError(f"no resource bound for role '{role}'; bound: {sorted(self._bindings)}") from None
+
+
+class NodeModule(torch.nn.Module):
+    """Base of every node's module.
+
+    ROLES names the resources the module calls and their kind, e.g. {"attn": "ragged_attention"};
+    a Node binds each role to a declared resource. forward(ctx, **inputs) returns a dict of the
+    node's declared outputs.
+    """
+
+    ROLES: ClassVar[dict[str, str]] = {}

@@ -1,0 +1,102 @@
+"""The target catalog: each GPU's memory, arch and SM count, plus `cpu`; calibrated reserves."""
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources as ilr
+
+import yaml
+from pydantic import Field
+
+from graphc.errors import InvalidInput
+from graphc.strict import Strict, closest
+from graphc.units import GiB
+
+
+class Target(Strict):
+    """One device kind as the compiler sees it (all devices of a plan are the same kind)."""
+
+    name: str
+    arch: str                      # 'sm_90', ..., or 'cpu'
+    memory_bytes: int = Field(gt=0)  # what cudaMemGetInfo reports as total on this card
+    num_sms: int = Field(ge=0)
+    memory_source: str
+    capture: bool = True           # CUDA graphs exist on this target
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.arch != "cpu"
+
+
+def _gib(x: float) -> int:
+    return int(round(x * GiB))
+
+
+# Totals are what torch reports for the card (cudaMemGetInfo total, 0.01 GiB resolution), which is
+# less than the marketing figure and than nvidia-smi's total: the driver keeps the rest.
+CATALOG: dict[str, Target] = {t.name: t for t in [
+    Target(name="h100", arch="sm_90", memory_bytes=_gib(79.18), num_sms=132,
+           memory_source="H100 SXM 80GB HBM3: torch reports 79.18 GiB total (public OOM reports)"),
+    Target(name="h200", arch="sm_90", memory_bytes=_gib(139.80), num_sms=132,
+           memory_source="H200 SXM 141GB: torch reports 139.80 GiB total (public OOM reports)"),
+    Target(name="a100-80gb", arch="sm_80", memory_bytes=_gib(79.15), num_sms=108,
+           memory_source="A100 SXM 80GB: torch reports 79.15 GiB total (public OOM reports)"),
+    Target(name="a100-40gb", arch="sm_80", memory_bytes=_gib(39.39), num_sms=108,
+           memory_source="A100 40GB: torch reports 39.39 GiB total (public OOM reports)"),
+    Target(name="l40s", arch="sm_89", memory_bytes=_gib(44.39), num_sms=142,
+           memory_source="L40S 48GB with ECC: torch reports 44.39 GiB total (public OOM reports)"),
+    Target(name="b200", arch="sm_100", memory_bytes=_gib(178.35), num_sms=148,
+           memory_source="B200 180GB: torch reports 178.35 GiB total (public OOM reports)"),
+    Target(name="b300", arch="sm_103", memory_bytes=_gib(267.69), num_sms=148,
+           memory_source="B300 SXM6 288GB: torch reports 267.69 GiB total (public OOM reports)"),
+    Target(name="cpu", arch="cpu", memory_bytes=16 * GiB, num_sms=0, capture=False,
+           memory_source="cpu: a 16 GiB default host budget; set another with --memory-cap"),
+]}
+
+
+def get_target(name: str, memory_cap: int | None = None) -> Target:
+    """A catalog target, optionally capped to emulate a smaller card (the cap must be smaller)."""
+    key = name.lower()
+    if key not in CATALOG:
+        hint = closest(key, list(CATALOG))
+        raise InvalidInput(f"unknown target GPU '{name}'", f"the catalog has: {', '.join(CATALOG)}",
+                           f"use --gpu {hint}" if hint else "pick one of the catalog's names")
+    target = CATALOG[key]
+    if memory_cap is None:
+        return target
+    if memory_cap <= 0:
+        raise InvalidInput(f"--memory-cap {memory_cap} must be positive")
+    if target.is_gpu and memory_cap > target.memory_bytes:
+        raise InvalidInput(
+            f"--memory-cap {memory_cap / GiB:.2f} GiB is more than {name}'s {target.memory_bytes / GiB:.2f} GiB",
+            "a cap emulates a smaller card; it cannot add memory",
+            f"use a cap below {target.memory_bytes} bytes or a larger --gpu")
+    return target.model_copy(update={
+        "memory_bytes": memory_cap,
+        "memory_source": f"capped by --memory-cap to {memory_cap / GiB:.2f} GiB ({target.memory_source})"})
+
+
+class Calibration(Strict):
+    context_bytes: int
+    library_bytes: int
+    source: str
+
+
+@lru_cache(maxsize=None)
+def _calibration_table() -> dict:
+    text = ilr.files("graphc").joinpath("calibration.yaml").read_text()
+    return yaml.safe_load(text)["entries"]
+
+
+def calibration(target: Target) -> Calibration:
+    """The calibrated reserves for a target's arch, with where they were measured."""
+    table = _calibration_table()
+    entry = table.get(target.arch)
+    note = ""
+    if entry is None:
+        entry = table["sm_90"]
+        note = f"not measured on {target.arch}; using the sm_90 measurement. "
+    m = entry["measured"]
+    source = note + f"measured on {m['device']} on {m['date']}" + (
+        f" (driver {m['driver']}, torch {m['torch']})" if "driver" in m else "") + f": {m['how']}"
+    return Calibration(context_bytes=entry["context_bytes"], library_bytes=entry["library_bytes"],
+                       source=source)

@@ -1,0 +1,1 @@
+"""Model declarations (one file per model) and the torch components they share."""

@@ -1,0 +1,108 @@
+"""The dense Qwen3 decoder (qk-norm, rotary, SwiGLU) as a serving node over a paged KV resource.
+
+Used by Qwen3-ASR's text model and by the tiny models. Weight names follow HF's Qwen3:
+model.embed_tokens, model.layers.N.{self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, mlp.*,
+input_layernorm, post_attention_layernorm}, model.norm, lm_head.
+"""
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from graphc.step import NodeModule, StepContext
+from graphc.strict import Strict
+from models.components.layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
+
+
+class Qwen3Config(Strict):
+    vocab_size: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    num_layers: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    num_kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=2)
+    intermediate_size: int = Field(ge=1)
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+
+
+class Qwen3Attention(nn.Module):
+    def __init__(self, cfg: Qwen3Config, layer: int):
+        super().__init__()
+        self.layer, self.h, self.kv, self.d = layer, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> torch.Tensor:
+        t = x.shape[0]
+        q = apply_rope(self.q_norm(self.q_proj(x).view(t, self.h, self.d)), cos, sin)   # [T, H, D]
+        k = apply_rope(self.k_norm(self.k_proj(x).view(t, self.kv, self.d)), cos, sin)  # [T, KV, D]
+        v = self.v_proj(x).view(t, self.kv, self.d)
+        o = kv(self.layer, q, k, v)                                                     # [T, H, D]
+        return self.o_proj(o.reshape(t, self.h * self.d))
+
+
+class Qwen3DecoderLayer(nn.Module):
+    def __init__(self, cfg: Qwen3Config, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Qwen3Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3Body(nn.Module):
+    def __init__(self, cfg: Qwen3Config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Qwen3LM(NodeModule):
+    """Node: token ids (+ optional spliced encoder rows) -> logits of the rows to sample.
+
+    Inputs: token_ids [T], positions [T], sample_rows [S]; optional group 'mm': mm_embeds [M, D]
+    (an encoder's output rows) and mm_rows [T] (index into mm_embeds, -1 for text rows).
+    Output: logits [S, V] in fp32.
+    """
+
+    ROLES = {"kv": "paged_kv"}
+
+    def __init__(self, cfg: Qwen3Config):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Qwen3Body(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
+
+    def embed(self, token_ids: torch.Tensor, mm_embeds: torch.Tensor | None, mm_rows: torch.Tensor | None
+              ) -> torch.Tensor:
+        x = self.model.embed_tokens(token_ids)                         # [T, D]
+        if mm_embeds is None:
+            return x
+        spliced = mm_embeds.to(x.dtype).index_select(0, mm_rows.clamp(min=0))
+        return torch.where((mm_rows >= 0)[:, None], spliced, x)
+
+    def forward(self, ctx: StepContext, token_ids: torch.Tensor, positions: torch.Tensor,
+                sample_rows: torch.Tensor, mm_embeds: torch.Tensor | None = None,
+                mm_rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        kv = ctx["kv"]
+        x = self.embed(token_ids, mm_embeds, mm_rows)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, kv)
+        x = self.model.norm(x.index_select(0, sample_rows))             # [S, D]
+        return {"logits": self.lm_head(x).float()}

@@ -1,0 +1,65 @@
+"""A tiny audio-to-text model: a window encoder spliced into a dense Qwen3 decoder.
+
+Small enough to plan in well under a second and to run on a CPU; shaped like Qwen3-Omni's audio
+path (windows of an encoder packed by cu_seqlens, a paged-KV decoder, audio rows spliced into a
+prefill chunk). Presets: 'tiny' (default) and 'small' (wider, for multi-target tests).
+"""
+from __future__ import annotations
+
+import graphc as gc
+from models.components.encoder import EncoderConfig, WindowEncoder
+from models.components.qwen3_dense import Qwen3Config, Qwen3LM
+from resources import PagedKVSpec, RaggedAttentionSpec
+
+WINDOW = 16       # encoder rows per window (Qwen3-Omni: 104)
+FEATURES = 32     # encoder input features per row
+
+PRESETS = {
+    "tiny": dict(enc_hidden=64, enc_layers=2, enc_heads=4, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16,
+                 ffn=128, vocab=512, max_seq_len=1024, pages=256),
+    "small": dict(enc_hidden=256, enc_layers=4, enc_heads=4, hidden=512, layers=4, heads=8, kv_heads=2, head_dim=64,
+                  ffn=1024, vocab=4096, max_seq_len=4096, pages=None),
+}
+
+
+def declare(preset: str = "tiny") -> gc.Model:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset '{preset}'; presets: {', '.join(PRESETS)}")
+    p = PRESETS[preset]
+    enc = EncoderConfig(input_dim=FEATURES, hidden_size=p["enc_hidden"], num_layers=p["enc_layers"],
+                        num_heads=p["enc_heads"], ffn_dim=4 * p["enc_hidden"], output_dim=p["hidden"])
+    lm = Qwen3Config(vocab_size=p["vocab"], hidden_size=p["hidden"], num_layers=p["layers"], num_heads=p["heads"],
+                     num_kv_heads=p["kv_heads"], head_dim=p["head_dim"], intermediate_size=p["ffn"])
+    d = p["hidden"]
+    return gc.Model(
+        name=f"tiny_omni-{preset}",
+        nodes=[
+            gc.Node(name="encoder", module=WindowEncoder, config=enc, weight_prefix="encoder.",
+                    inputs={"features": gc.Port(shape=(f"windows*{WINDOW}", FEATURES), dtype="bfloat16")},
+                    outputs={"embeds": gc.Port(shape=(f"windows*{WINDOW}", d), dtype="bfloat16")},
+                    resources={"attn": "encoder_attn"}),
+            gc.Node(name="decoder", module=Qwen3LM, config=lm, weight_prefix="decoder.",
+                    inputs={"token_ids": gc.Port(shape=("tokens",), dtype="int64"),
+                            "positions": gc.Port(shape=("tokens",), dtype="int64"),
+                            "sample_rows": gc.Port(shape=("seqs",), dtype="int64"),
+                            "mm_embeds": gc.Port(shape=(f"windows*{WINDOW}", d), dtype="bfloat16", optional="mm"),
+                            "mm_rows": gc.Port(shape=("tokens",), dtype="int64", optional="mm")},
+                    outputs={"logits": gc.Port(shape=("seqs", p["vocab"]), dtype="float32")},
+                    resources={"kv": "decoder_kv"}),
+        ],
+        resources=[
+            RaggedAttentionSpec(name="encoder_attn", num_heads=p["enc_heads"], head_dim=p["enc_hidden"] // p["enc_heads"],
+                                max_segment=WINDOW),
+            PagedKVSpec(name="decoder_kv", num_layers=p["layers"], num_qo_heads=p["heads"], num_kv_heads=p["kv_heads"],
+                        head_dim=p["head_dim"], page_size=16, max_seq_len=p["max_seq_len"], pages=p["pages"]),
+        ],
+        edges=[gc.Edge(src="encoder.embeds", dst="decoder.mm_embeds")],
+        walks=[
+            gc.Walk(name="decode", kind="decode", path=("decoder",), budget=gc.Budget(seqs=16)),
+            gc.Walk(name="prefill", kind="prefill", path=("decoder",), budget=gc.Budget(tokens=128, seqs=4)),
+            gc.Walk(name="audio_prefill", kind="prefill", path=("encoder", "decoder"),
+                    budget=gc.Budget(windows=4, tokens=128, seqs=4)),
+        ],
+        requests=[gc.RequestKind(name="t2t", stages=("prefill", "decode")),
+                  gc.RequestKind(name="a2t", stages=("audio_prefill", "decode"))],
+    )

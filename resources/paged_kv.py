@@ -1,0 +1,171 @@
+"""Paged KV cache attention for the LLM nodes: chunked causal prefill, decode and mixed steps.
+
+One pool per resource: [num_layers, num_pages, 2 (K, V), page_size, num_kv_heads, head_dim], a
+single allocation. Backends: FlashInfer's paged prefill/decode wrappers on GPU; torch on the CPU.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+
+from graphc.units import ceil_div
+from resources import flashinfer_sizes as fis
+from resources.base import ResourceSpec, Sized, StepShape
+from resources.capabilities import USES_FLOAT_WORKSPACE
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
+
+
+class PagedKVSpec(ResourceSpec):
+    kind: ClassVar[str] = "paged_kv"
+    num_layers: int = Field(ge=1)
+    num_qo_heads: int = Field(ge=1)
+    num_kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    page_size: int = Field(16, ge=1)
+    dtype: str = "bfloat16"
+    max_seq_len: int = Field(ge=1)        # the longest request this cache must hold
+    pages: int | None = Field(None, ge=1)  # None: fill what the device has left
+    fill_share: float = Field(1.0, gt=0)   # split of the leftover between fill pools on a device
+    backend: str = "auto"
+    workspace: str | None = None
+    int_workspace_bytes: int = Field(fis.DEFAULT_INT_WORKSPACE, ge=4096)
+
+    @model_validator(mode="after")
+    def _check(self) -> "PagedKVSpec":
+        if self.dtype not in _DTYPE_BYTES:
+            raise ValueError(f"dtype '{self.dtype}' is not one of {sorted(_DTYPE_BYTES)}")
+        if self.num_qo_heads % self.num_kv_heads:
+            raise ValueError(f"num_qo_heads {self.num_qo_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
+        return self
+
+    @property
+    def is_attention(self) -> bool:
+        return True
+
+    @property
+    def page_bytes(self) -> int:
+        """K and V of one page for every layer."""
+        return 2 * self.num_layers * self.page_size * self.num_kv_heads * self.head_dim * _DTYPE_BYTES[self.dtype]
+
+    def page_formula(self) -> str:
+        return (f"2 (K,V) x {self.num_layers} layers x {self.page_size} tokens x {self.num_kv_heads} kv heads"
+                f" x {self.head_dim} dims x {_DTYPE_BYTES[self.dtype]} B = {self.page_bytes} B per page")
+
+    def pages_for(self, seq_len: int) -> int:
+        return ceil_div(seq_len, self.page_size)
+
+    @property
+    def min_pages(self) -> int:
+        """Pages the longest allowed request needs."""
+        return self.pages_for(self.max_seq_len)
+
+    def step_shape(self, axis: str, sizes: dict[str, int], phase: str) -> StepShape:
+        rows = sizes.get("tokens", sizes[axis])
+        return StepShape(rows=rows, seqs=min(rows, sizes.get("seqs", 1)), kv_len=self.max_seq_len, phase=phase)
+
+    def float_workspace(self, backend: str, shape: StepShape, num_sms: int) -> Sized:
+        if backend not in USES_FLOAT_WORKSPACE:
+            return Sized(0, f"{backend} keeps no split-KV partials in the float workspace")
+        if shape.phase == "decode":
+            return fis.fa2_decode_float_workspace(self.num_qo_heads, self.num_kv_heads, self.head_dim, num_sms)
+        return fis.fa2_prefill_float_workspace(shape.rows, shape.seqs, self.num_qo_heads, self.num_kv_heads,
+                                               self.head_dim, num_sms)
+
+    def wrapper_allocs(self, backend: str, shape: StepShape) -> list[tuple[str, int]]:
+        """Fixed buffers of one captured wrapper: int workspace, indptrs, page indices, last-page lengths."""
+        if backend == "torch":
+            return []
+        max_pages = shape.seqs * self.pages_for(shape.kv_len)
+        return [("int_workspace", self.int_workspace_bytes), ("qo_indptr", 4 * (shape.seqs + 1)),
+                ("kv_indptr", 4 * (shape.seqs + 1)), ("kv_indices", 4 * max_pages),
+                ("kv_last_page_len", 4 * shape.seqs)]
+
+    def fake(self, shape: StepShape) -> "FakePaged":
+        return FakePaged()
+
+
+class FakePaged:
+    """The simulation's stand-in: the append writes in place; attention returns one new tensor."""
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return q.new_empty(q.shape[:-1] + (v.shape[-1],))
+
+
+class PageAllocator:
+    """Free-list of pages with query/act pairs: can_allocate(n) before allocate(n)."""
+
+    def __init__(self, num_pages: int):
+        self.num_pages = num_pages
+        self._free = list(range(num_pages - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def can_allocate(self, n: int) -> bool:
+        return 0 <= n <= len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if not self.can_allocate(n):
+            raise RuntimeError(f"asked for {n} pages with {len(self._free)} free; call can_allocate first")
+        return [self._free.pop() for _ in range(n)]
+
+    def free(self, pages: list[int]) -> None:
+        self._free.extend(reversed(pages))
+
+
+def new_cache(spec: PagedKVSpec, num_pages: int, device: str | torch.device = "cpu") -> torch.Tensor:
+    dtype = getattr(torch, spec.dtype)
+    return torch.zeros(spec.num_layers, num_pages, 2, spec.page_size, spec.num_kv_heads, spec.head_dim,
+                       dtype=dtype, device=device)
+
+
+class PagedTorch:
+    """CPU backend: appends this step's K/V into pages, then causal SDPA per sequence.
+
+    qo_lens[i] new rows of sequence i sit at the end of its kv_lens[i] positions; page_tables[i]
+    lists its pages in order.
+    """
+
+    def __init__(self, spec: PagedKVSpec, cache: torch.Tensor, qo_lens: list[int], kv_lens: list[int],
+                 page_tables: list[list[int]]):
+        for q, kv, table in zip(qo_lens, kv_lens, page_tables, strict=True):
+            if not 0 <= q <= kv or spec.pages_for(kv) > len(table):
+                raise ValueError(f"sequence with {q} new rows of {kv} needs {spec.pages_for(kv)} pages, has {len(table)}")
+        self.spec, self.cache = spec, cache
+        self.qo_lens, self.kv_lens, self.tables = qo_lens, kv_lens, page_tables
+        ps = spec.page_size
+        slots = []
+        for q, kv, table in zip(qo_lens, kv_lens, page_tables):
+            slots += [table[p // ps] * ps + p % ps for p in range(kv - q, kv)]
+        self.slots = torch.tensor(slots, dtype=torch.long, device=cache.device)
+
+    def _positions(self, kv: int, table: list[int]) -> torch.Tensor:
+        ps = self.spec.page_size
+        return torch.tensor([table[p // ps] * ps + p % ps for p in range(kv)], dtype=torch.long,
+                            device=self.cache.device)
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q [T, Hq, D], k/v [T, Hkv, D]; cache[layer] [pages, 2, page, Hkv, D]
+        flat = self.cache[layer].transpose(0, 1).reshape(2, -1, self.spec.num_kv_heads, self.spec.head_dim)
+        flat[0, self.slots] = k.to(flat.dtype)
+        flat[1, self.slots] = v.to(flat.dtype)
+        group = q.shape[1] // k.shape[1]
+        out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+        start = 0
+        for qn, kv, table in zip(self.qo_lens, self.kv_lens, self.tables):
+            if qn == 0:
+                continue
+            pos = self._positions(kv, table)
+            ks = flat[0, pos].to(q.dtype).transpose(0, 1).repeat_interleave(group, 0)
+            vs = flat[1, pos].to(q.dtype).transpose(0, 1).repeat_interleave(group, 0)
+            qs = q[start:start + qn].transpose(0, 1)
+            rows = torch.arange(kv - qn, kv, device=q.device)[:, None]
+            mask = torch.arange(kv, device=q.device)[None, :] <= rows
+            out[start:start + qn] = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask).transpose(0, 1)
+            start += qn
+        return out
