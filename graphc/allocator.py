@@ -30,7 +30,7 @@ def segment_size(size: int) -> int:
     return -(-size // ROUND_LARGE) * ROUND_LARGE
 
 
-@dataclass
+@dataclass(eq=False)   # blocks are found by identity
 class _Block:
     seg: int
     offset: int

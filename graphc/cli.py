@@ -93,7 +93,10 @@ def cmd_diff(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:          # --help, or a malformed command line (exit 2)
+        return int(e.code or 0)
     try:
         return {"plan": cmd_plan, "explain": cmd_explain, "diff": cmd_diff}[args.cmd](args)
     except GraphcError as e:

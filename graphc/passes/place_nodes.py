@@ -100,26 +100,28 @@ def _score(s: Sizing, a: dict[str, int]) -> tuple:
 
 
 def fill_pages(s: Sizing, index: int, nodes: list[str]) -> DeviceLedger:
-    """The device's ledger with every fill pool sized to what is left (each at least 0 pages)."""
+    """The device's ledger with its fill pools as large as fits (binary search on the bytes they
+    share, since allocator rounding makes the total a step function of the page count)."""
     pools = _fill_pools(s, nodes)
     fixed = {r: s.ir.model.resource(r).pages for r in device_resources(s, nodes)
              if isinstance(s.ir.model.resource(r), PagedKVSpec) and s.ir.model.resource(r).pages}
-    pages = dict(fixed, **{p.name: 0 for p in pools})
-    ledger = tally_ledger(s, index, nodes, pages)
-    if not pools:
-        return ledger
-    left = ledger.free
     shares = sum(p.fill_share for p in pools)
-    for p in pools:
-        pages[p.name] = max(0, int(left * p.fill_share / shares) // p.page_bytes)
-    for _ in range(8):   # the pools' own rounding can push the total over; shave until it fits
-        ledger = tally_ledger(s, index, nodes, pages)
-        if ledger.free >= 0 or all(pages[p.name] == 0 for p in pools):
-            break
-        over = -ledger.free
-        for p in pools:
-            pages[p.name] = max(0, pages[p.name] - int(over * p.fill_share / shares) // p.page_bytes - 1)
-    return ledger
+
+    def ledger_with(budget: int) -> DeviceLedger:
+        pages = dict(fixed, **{p.name: max(0, int(budget * p.fill_share / shares) // p.page_bytes) for p in pools})
+        return tally_ledger(s, index, nodes, pages)
+
+    empty = ledger_with(0)
+    if not pools or empty.free <= 0:
+        return empty
+    lo, hi = 0, empty.free + 1          # ledger_with(lo) fits; ledger_with(hi) does not
+    while hi - lo > min(p.page_bytes for p in pools):
+        mid = (lo + hi) // 2
+        if ledger_with(mid).free >= 0:
+            lo = mid
+        else:
+            hi = mid
+    return ledger_with(lo)
 
 
 def place_nodes(s: Sizing) -> Placement:

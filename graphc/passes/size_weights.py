@@ -15,7 +15,17 @@ class Weights:
         assert set(self.per_node) == {n.name for n in ir.model.nodes}
 
 
+_CACHE: dict[tuple, WeightSizes] = {}
+
+
+def _sizes(node) -> WeightSizes:
+    key = (node.module, repr(node.config), node.dtype)
+    if key not in _CACHE:
+        _CACHE[key] = weight_sizes(build_module(node, "meta"))
+    return _CACHE[key]
+
+
 def size_weights(ir: IR) -> Weights:
-    out = Weights({n.name: weight_sizes(build_module(n, "meta")) for n in ir.model.nodes})
+    out = Weights({n.name: _sizes(n) for n in ir.model.nodes})
     out.check(ir)
     return out

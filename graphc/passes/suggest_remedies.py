@@ -13,6 +13,7 @@ from resources.paged_kv import PagedKVSpec
 from resources.workspace import WorkspaceSpec
 
 ENCODER_AXES = ("windows", "patches", "frames")
+MAX_SHOWN = 10
 
 
 @dataclass(frozen=True)
@@ -52,15 +53,16 @@ def candidates(result) -> list[tuple[str, dict, dict, str, int | None]]:
         rungs = s.buckets.walk_rungs[(st.node, st.walk)]
         cap = [r for r in rungs if r in s.buckets.captured.get((st.node, st.family), [])]
         encoder = st.axis in ENCODER_AXES
-        if len(cap) > 1 and s.ir.target.capture:
-            lim = cap[-2]
-            out.append((f"walks.{st.walk}.capture_limit.{st.node}={lim}",
-                        _set(f"walks.{st.walk}.capture_limit.{st.node}", lim), {},
-                        f"capture {st.node} on {st.walk} up to {st.axis}={lim}; larger steps run eagerly",
-                        TRIM_ENCODER_RUNGS if encoder else None))
+        if cap and s.ir.target.capture:
+            # the largest rung first (DESIGN.md), then half the ladder, then none at all
+            for lim in sorted({cap[-2] if len(cap) > 1 else 0, cap[(len(cap) - 1) // 2] if len(cap) > 2 else 0, 0},
+                              reverse=True):
+                what = f"up to {st.axis}={lim}; larger steps run eagerly" if lim else "not at all (eager steps)"
+                out.append((f"walks.{st.walk}.capture_limit.{st.node}={lim}",
+                            _set(f"walks.{st.walk}.capture_limit.{st.node}", lim), {},
+                            f"capture {st.node} on {st.walk} {what}", TRIM_ENCODER_RUNGS if encoder else None))
         below = [r for r in rungs_for(st.budget, st.ladder) if r < st.budget]
-        if below:
-            new = below[-1]
+        for new in sorted({below[-1], below[(len(below) - 1) // 2]} if below else set(), reverse=True):
             out.append((f"walks.{st.walk}.budget.{st.axis}={new}", _set(f"walks.{st.walk}.budget.{st.axis}", new), {},
                         f"lower {st.walk}'s {st.axis} budget from {st.budget} to {new}"
                         + ("; larger inputs are refused" if encoder else "; steps are cut smaller"),
@@ -76,6 +78,9 @@ def candidates(result) -> list[tuple[str, dict, dict, str, int | None]]:
                 if new < pages:
                     out.append((f"resources.{res}.pages={new}", _set(f"resources.{res}.pages", new), {},
                                 f"shrink fixed pool {res} from {pages} to {new} pages", TRIM_FIXED_PAGES))
+            if spec.pages is not None and spec.pages < spec.min_pages:
+                out.append((f"resources.{res}.pages={spec.min_pages}", _set(f"resources.{res}.pages", spec.min_pages),
+                            {}, f"grow fixed pool {res} to the {spec.min_pages} pages the longest request needs", None))
             if pages < spec.min_pages and pages > 0:
                 tokens = pages * spec.page_size
                 out.append((f"resources.{res}.max_seq_len={tokens}", _set(f"resources.{res}.max_seq_len", tokens), {},
@@ -109,8 +114,8 @@ def _kv_short(result) -> int:
 
 def evaluate(result, overrides: dict, replan: Callable) -> list[Remedy]:
     """Re-plan each candidate and measure it."""
-    base_total = sum(d.total for d in result.placement.devices if d.free < 0)
-    bad = {d.index for d in result.placement.devices if d.free < 0}
+    bad = {p.device for p in result.fit.problems}
+    base_total = sum(d.total for d in result.placement.devices if d.index in bad)
     remedies = []
     for change, extra, flags, why, trim in candidates(result):
         try:
@@ -125,7 +130,7 @@ def evaluate(result, overrides: dict, replan: Callable) -> list[Remedy]:
         if new.fit.fits or improves:
             remedies.append(Remedy(change, extra, flags, freed, new.fit.fits, why, trim))
     remedies.sort(key=lambda r: (not r.fits, -r.freed))
-    return remedies
+    return remedies[:MAX_SHOWN]
 
 
 def apply_trims(result, overrides: dict, replan: Callable, max_steps: int = 24):

@@ -106,6 +106,35 @@ def capture_order(s: Sizing, nodes: list[str]) -> list[tuple[str, str, int]]:
     return sorted(keys, key=lambda k: (-s.acts.graphs[k][1].peak_bytes, k[0], k[1], -k[2]))
 
 
+_POOLS: dict[tuple, int] = {}
+_GENERAL: dict[tuple, tuple[int, int]] = {}
+
+
+def capture_pool_bytes(traces: list) -> int:
+    """Reserved bytes of one private pool after capturing these traces in order (memoized)."""
+    key = tuple(id(t) for t in traces)
+    if key not in _POOLS:
+        pool = Allocator()
+        for i, t in enumerate(traces):
+            pool.replay(list(t.events), tag=i)
+        _POOLS[key] = pool.reserved
+    return _POOLS[key]
+
+
+def general_pool_bytes(sizes: list[int], eager: list) -> tuple[int, int]:
+    """(reserved after the persistent allocations, reserved after the eager steps too), memoized."""
+    key = (tuple(sizes), tuple(id(t) for t in eager))
+    if key not in _GENERAL:
+        general = Allocator()
+        for i, size in enumerate(sizes):
+            general.malloc(("persistent", i), size)
+        persistent = general.reserved
+        for i, t in enumerate(eager):
+            general.replay(list(t.events), tag=i)
+        _GENERAL[key] = (persistent, general.reserved)
+    return _GENERAL[key]
+
+
 def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, int]) -> DeviceLedger:
     target = s.ir.target
     allocs = persistent_allocs(s, nodes, kv_pages)
@@ -118,21 +147,15 @@ def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, in
     eager = sorted((k for k in s.acts.eager if k[0] in nodes), key=lambda k: -s.acts.eager[k].peak_bytes)
     order = capture_order(s, nodes) if target.capture else []
     if target.is_gpu:
-        general = Allocator()
-        for i, (comp, buf, size, _) in enumerate(allocs):
-            general.malloc(("persistent", i), size)
-        persistent_reserved = general.reserved
-        for k in eager:
-            general.replay(list(s.acts.eager[k].events), tag=k)
-        pool = Allocator()
-        for k in order:
-            pool.replay(list(s.acts.graphs[k][1].events), tag=k)
+        persistent_reserved, general_reserved = general_pool_bytes([a[2] for a in allocs],
+                                                                   [s.acts.eager[k] for k in eager])
+        pool_reserved = capture_pool_bytes([s.acts.graphs[k][1] for k in order])
         raw = sum(a[2] for a in allocs)
         cal = calibration(target)
         ledger += [
-            Item("capture_pool", pool.reserved, "simulated",
+            Item("capture_pool", pool_reserved, "simulated",
                  f"{len(order)} graphs captured largest first into one pool; allocator model of their traces"),
-            Item("activations", general.reserved - persistent_reserved, "simulated",
+            Item("activations", general_reserved - persistent_reserved, "simulated",
                  f"{len(eager)} eager step(s) at their budgets: " + ", ".join(f"{n}@{w}" for n, w in eager)
                  if eager else "no eager steps"),
             Item("allocator", persistent_reserved - raw, "simulated",
@@ -149,8 +172,7 @@ def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, in
     ledger.append(Item("headroom", headroom, "policy",
                        "--headroom" if s.headroom is not None else
                        f"default: {HEADROOM_FRACTION:.0%} of the device kept free" if target.is_gpu else "none on cpu"))
-    return DeviceLedger(index, target.memory_bytes, list(nodes), [i for i in ledger if i.bytes or i.component
-                                                                   in ("headroom",)], dict(kv_pages), order)
+    return DeviceLedger(index, target.memory_bytes, list(nodes), ledger, dict(kv_pages), order)
 
 
 def _detail(s: Sizing, comp: str, nbytes: int, count: int, kv_pages: dict[str, int]) -> str:

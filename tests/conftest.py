@@ -1,0 +1,34 @@
+"""Shared fixtures: the tiny model loaded once, and a helper to compile it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "models" / "tiny_omni.py")
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    from graphc.pipeline import load_model
+
+    return load_model(TINY)
+
+
+@pytest.fixture(scope="session")
+def tiny_small():
+    from graphc.pipeline import load_model
+
+    return load_model(TINY, "small")
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

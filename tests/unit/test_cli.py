@@ -1,0 +1,60 @@
+"""The CLI's exit codes and files, run in-process."""
+import yaml
+
+from graphc.cli import main
+from graphc.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_INVALID
+from tests.conftest import TINY
+
+
+def test_plan_writes_a_plan_and_exits_0(tmp_path, capsys):
+    out = tmp_path / "t.plan"
+    assert main(["plan", TINY, "--gpu", "h100", "-o", str(out)]) == EXIT_FITS
+    assert "FITS" in capsys.readouterr().out
+    data = yaml.safe_load(out.read_text())
+    assert data["format"] == "graphc.plan/1" and data["target"]["gpu"] == "h100"
+
+
+def test_explain_and_diff(tmp_path, capsys):
+    a, b = tmp_path / "a.plan", tmp_path / "b.plan"
+    assert main(["plan", TINY, "--gpu", "h100", "-o", str(a), "-q"]) == EXIT_FITS
+    assert main(["plan", TINY, "--gpu", "h100", "-o", str(b), "-q", "--set", "walks.decode.budget.seqs=8"]) == EXIT_FITS
+    capsys.readouterr()
+    assert main(["explain", str(a)]) == 0
+    text = capsys.readouterr().out
+    assert "calibrated: CUDA context" in text and "why each rung exists" in text and "capture order" in text
+    assert main(["diff", str(a), str(a)]) == 0
+    assert "equivalent" in capsys.readouterr().out
+    assert main(["diff", str(a), str(b)]) == 1
+    assert "node decoder walk decode: budget 16 -> 8" in capsys.readouterr().out
+
+
+def test_does_not_fit_exits_1_with_remedies(tmp_path, capsys):
+    rc = main(["plan", TINY, "--gpu", "h100", "-o", str(tmp_path / "x.plan"),
+               "--set", "resources.decoder_kv.pages=10"])
+    err = capsys.readouterr().err
+    assert rc == EXIT_DOES_NOT_FIT and "does NOT fit" in err and "resources.decoder_kv.pages=64" in err
+    assert not (tmp_path / "x.plan").exists()
+
+
+def test_invalid_input_exits_2(tmp_path, capsys):
+    assert main(["plan", TINY, "--gpu", "h10"]) == EXIT_INVALID
+    assert "use --gpu h100" in capsys.readouterr().err
+    assert main(["plan", TINY, "--gpu", "h100", "--set", "walks.decode.budgt.seqs=2"]) == EXIT_INVALID
+    assert "use 'budget'" in capsys.readouterr().err
+    assert main(["plan", str(tmp_path / "none.py"), "--gpu", "h100"]) == EXIT_INVALID
+    assert main(["plan", TINY, "--gpu", "h100", "--preset", "huge"]) == EXIT_INVALID
+    assert "unknown preset 'huge'" in capsys.readouterr().err
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("walks: [1, 2]\n")
+    assert main(["plan", TINY, "--gpu", "h100", "--config", str(cfg)]) == EXIT_INVALID
+    assert main(["plan", TINY, "--gpu", "h100", "--memory-cap", "lots"]) == EXIT_INVALID
+
+
+def test_config_file_and_set_combine(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("walks:\n  decode:\n    budget: {seqs: 8}\n  prefill:\n    budget: {tokens: 64}\n")
+    out = tmp_path / "p.plan"
+    assert main(["plan", TINY, "--gpu", "cpu", "--config", str(cfg), "--set", "walks.decode.budget.seqs=4",
+                 "-o", str(out), "-q"]) == EXIT_FITS
+    plan = yaml.safe_load(out.read_text())
+    assert plan["walks"]["decode"]["budget"] == {"seqs": 4} and plan["walks"]["prefill"]["budget"]["tokens"] == 64

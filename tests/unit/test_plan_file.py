@@ -1,0 +1,46 @@
+import pytest
+
+from graphc.errors import InvalidInput
+from graphc.pipeline import compile_model
+from graphc.plan import load_plan
+
+
+def test_plan_round_trips(tmp_path, tiny):
+    plan = compile_model(tiny, "h100").plan
+    path = tmp_path / "t.plan"
+    plan.save(path)
+    again = load_plan(path)
+    assert again == plan and again.fingerprint == plan.fingerprint
+
+
+def test_edited_plan_is_refused(tmp_path, tiny):
+    path = tmp_path / "t.plan"
+    compile_model(tiny, "h100").plan.save(path)
+    path.write_text(path.read_text().replace("budget: 16", "budget: 32", 1))
+    with pytest.raises(InvalidInput, match="edited after it was compiled"):
+        load_plan(path)
+
+
+def test_not_a_plan_is_refused(tmp_path):
+    path = tmp_path / "x.plan"
+    path.write_text("format: something/else\n")
+    with pytest.raises(InvalidInput, match="is not a graphc.plan/1 plan"):
+        load_plan(path)
+    path.write_text("!!python/object:os.system ['true']\n")
+    with pytest.raises(InvalidInput, match="not valid YAML"):
+        load_plan(path)
+
+
+def test_unknown_key_in_a_plan_is_refused(tmp_path, tiny):
+    import yaml
+
+    from graphc.plan import fingerprint
+
+    data = compile_model(tiny, "h100").plan.model_dump(mode="json")
+    data["devices"][0]["ledgre"] = {}
+    data.pop("fingerprint")
+    data["fingerprint"] = fingerprint(data)
+    path = tmp_path / "t.plan"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(InvalidInput, match="unknown key 'ledgre'.*did you mean 'ledger'"):
+        load_plan(path)
