@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--memory-cap", type=_bytes, default=None, help="emulate a smaller card, e.g. 80GiB")
     pl.add_argument("--headroom", type=_bytes, default=None, help="bytes kept free per device (default 1%% of a GPU)")
     pl.add_argument("--no-remedies", action="store_true", help="refuse without re-planning remedies (faster)")
+    pl.add_argument("--html", default=None, metavar="FILE", help="also write an HTML report")
     pl.add_argument("-q", "--quiet", action="store_true", help="print only the output path")
     ex = sub.add_parser("explain", help="where each ledger number came from, why each rung exists")
     ex.add_argument("plan")
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_plan(args) -> int:
     from graphc.overrides import load_config, merge, parse_set
     from graphc.pipeline import _Failed, compile_model, load_model
-    from graphc.report import plan_summary, refusal
+    from graphc.report import plan_html, plan_summary, refusal
 
     overrides = merge(load_config(args.config) if args.config else {}, parse_set(args.sets))
     source = load_model(args.model, args.preset)
@@ -68,6 +69,9 @@ def cmd_plan(args) -> int:
         return EXIT_DOES_NOT_FIT
     out = args.output or f"{source.model.name}.{args.gpu}x{args.gpus}.plan"
     compiled.plan.save(out)
+    if args.html:
+        with open(args.html, "w") as f:
+            f.write(plan_html(compiled.plan))
     print(out if args.quiet else plan_summary(compiled.plan, out), end="" if not args.quiet else "\n")
     return EXIT_FITS
 

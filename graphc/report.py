@@ -24,6 +24,10 @@ def plan_summary(plan, out: str | None = None) -> str:
     return render("plan.txt.j2", plan=plan, out=out)
 
 
+def plan_html(plan) -> str:
+    return render("plan.html.j2", plan=plan)
+
+
 def explain(plan, device: int | None = None) -> str:
     return render("explain.txt.j2", plan=plan, device=device)
 

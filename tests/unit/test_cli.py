@@ -7,9 +7,10 @@ from tests.conftest import TINY
 
 
 def test_plan_writes_a_plan_and_exits_0(tmp_path, capsys):
-    out = tmp_path / "t.plan"
-    assert main(["plan", TINY, "--gpu", "h100", "-o", str(out)]) == EXIT_FITS
+    out, html = tmp_path / "t.plan", tmp_path / "t.html"
+    assert main(["plan", TINY, "--gpu", "h100", "-o", str(out), "--html", str(html)]) == EXIT_FITS
     assert "FITS" in capsys.readouterr().out
+    assert "capture_pool" in html.read_text() and "<table>" in html.read_text()
     data = yaml.safe_load(out.read_text())
     assert data["format"] == "graphc.plan/1" and data["target"]["gpu"] == "h100"
 
