@@ -1,6 +1,24 @@
-"""graphc: the public declaration API, nothing else."""
-from graphc.declare import (AXES, Budget, Edge, Model, Node, Port, RequestKind, Walk)
-from graphc.step import NodeModule, StepContext
+"""graphc: the public declaration API, nothing else.
 
-__all__ = ["AXES", "Budget", "Edge", "Model", "Node", "NodeModule", "Port", "RequestKind", "StepContext",
-           "Walk"]
+    import graphc as gc
+    gc.Model, gc.Node, gc.Port, gc.Edge, gc.Walk, gc.Budget, gc.RequestKind, gc.AXES,
+    gc.NodeModule, gc.StepContext
+
+Names resolve on first use, so `resources` (which builds on graphc.strict) and `graphc` can import
+each other in either order.
+"""
+from __future__ import annotations
+
+import importlib
+
+_API = {"AXES": "graphc.declare", "Budget": "graphc.declare", "Edge": "graphc.declare", "Model": "graphc.declare",
+        "Node": "graphc.declare", "Port": "graphc.declare", "RequestKind": "graphc.declare", "Walk": "graphc.declare",
+        "NodeModule": "graphc.step", "StepContext": "graphc.step"}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str):
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'graphc' has no attribute '{name}'")

@@ -1,7 +1,10 @@
-"""Ragged attention for encoders: many short segments packed by cu_seqlens, no KV cache.
+"""Ragged attention: many short segments packed by cu_seqlens, no persistent KV cache.
 
-Audio windows (104 tokens, bidirectional), one segment per image or frame group (vision).
-Backends: FlashInfer's ragged prefill wrapper on GPU; torch SDPA per segment on the CPU.
+Audio windows (104 tokens, bidirectional), one segment per image or frame group (vision), and
+Code2Wav's causal sliding window (72 keys including the query's own) over each chunk.
+Query and key segments may differ in length (keys of a short in-step cache); causal masks then
+align the queries with the last keys. Backends: FlashInfer's ragged prefill wrapper on GPU; torch
+SDPA per segment on the CPU.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ class RaggedAttentionSpec(ResourceSpec):
     num_kv_heads: int | None = Field(None, ge=1)
     max_segment: int = Field(ge=1)   # the longest segment a step may hold (e.g. 104-token windows)
     causal: bool = False
+    window: int | None = Field(None, ge=1)   # causal sliding window: keys seen per query, itself included
     backend: str = "auto"
     workspace: str | None = None     # a WorkspaceSpec to share; None: the compiler sizes one
     int_workspace_bytes: int = Field(fis.DEFAULT_INT_WORKSPACE, ge=4096)
@@ -31,6 +35,8 @@ class RaggedAttentionSpec(ResourceSpec):
     def _heads(self) -> "RaggedAttentionSpec":
         if self.num_heads % self.kv_heads:
             raise ValueError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.kv_heads}")
+        if self.window is not None and not self.causal:
+            raise ValueError("a sliding window needs causal=True")
         return self
 
     @property
@@ -76,26 +82,49 @@ class FakeRagged:
         return q.new_empty(q.shape[:-1] + (v.shape[-1],))  # [T, Hq, Dv]
 
 
-class RaggedTorch:
-    """CPU backend (and GPU reference): SDPA over each segment of cu_seqlens."""
+def _check_cu(cu: list[int], what: str) -> list[int]:
+    cu = [int(x) for x in cu]
+    if not cu or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
+        raise ValueError(f"{what} must start at 0 and never decrease: {cu}")
+    return cu
 
-    def __init__(self, spec: RaggedAttentionSpec, cu_seqlens: list[int]):
-        if cu_seqlens[0] != 0 or any(b < a for a, b in zip(cu_seqlens, cu_seqlens[1:])):
-            raise ValueError(f"cu_seqlens must start at 0 and never decrease: {cu_seqlens}")
-        self.spec, self.cu = spec, list(cu_seqlens)
+
+class RaggedTorch:
+    """CPU backend (and GPU reference): SDPA over each segment.
+
+    cu_seqlens splits the query rows; cu_seqlens_k the key rows (default: the same). With causal
+    masks, a segment's last query sees its last key; a window limits each query to that many keys.
+    """
+
+    def __init__(self, spec: RaggedAttentionSpec, cu_seqlens: list[int], cu_seqlens_k: list[int] | None = None):
+        self.spec = spec
+        self.cu = _check_cu(cu_seqlens, "cu_seqlens")
+        self.cu_k = _check_cu(cu_seqlens_k, "cu_seqlens_k") if cu_seqlens_k is not None else self.cu
+        if len(self.cu_k) != len(self.cu):
+            raise ValueError(f"{len(self.cu) - 1} query segments but {len(self.cu_k) - 1} key segments")
+
+    def _mask(self, qn: int, kn: int, device) -> torch.Tensor | None:
+        if not self.spec.causal:
+            return None
+        rows = torch.arange(kn - qn, kn, device=device)[:, None]     # each query's position among the keys
+        cols = torch.arange(kn, device=device)[None, :]
+        mask = cols <= rows
+        if self.spec.window is not None:
+            mask &= cols > rows - self.spec.window
+        return mask
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # q [T, Hq, D], k/v [T, Hkv, D]
+        # q [Tq, Hq, D], k/v [Tk, Hkv, D]
         group = q.shape[1] // k.shape[1]
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
-        for start, end in zip(self.cu, self.cu[1:]):
-            if end == start:
+        for (qs, qe), (ks, ke) in zip(zip(self.cu, self.cu[1:]), zip(self.cu_k, self.cu_k[1:])):
+            if qe == qs:
                 continue
-            qs = q[start:end].transpose(0, 1)
-            ks = k[start:end].transpose(0, 1).repeat_interleave(group, 0)
-            vs = v[start:end].transpose(0, 1).repeat_interleave(group, 0)
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=self.spec.causal)
-            out[start:end] = o.transpose(0, 1)
+            qq = q[qs:qe].transpose(0, 1)
+            kk = k[ks:ke].transpose(0, 1).repeat_interleave(group, 0)
+            vv = v[ks:ke].transpose(0, 1).repeat_interleave(group, 0)
+            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=self._mask(qe - qs, ke - ks, q.device))
+            out[qs:qe] = o.transpose(0, 1)
         return out
 
 

@@ -1,0 +1,1 @@
+"""The small runtime: boot a plan (build, load, allocate, capture), schedule steps, serve."""
