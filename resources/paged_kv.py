@@ -150,10 +150,10 @@ class PagedTorch:
                             device=self.cache.device)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # q [T, Hq, D], k/v [T, Hkv, D]; cache[layer] [pages, 2, page, Hkv, D]
-        flat = self.cache[layer].transpose(0, 1).reshape(2, -1, self.spec.num_kv_heads, self.spec.head_dim)
-        flat[0, self.slots] = k.to(flat.dtype)
-        flat[1, self.slots] = v.to(flat.dtype)
+        # q [T, Hq, D], k/v [T, Hkv, D]; cache[layer] [pages, 2, page, Hkv, D], written in place
+        cache, ps = self.cache[layer], self.spec.page_size
+        cache[self.slots // ps, 0, self.slots % ps] = k.to(cache.dtype)
+        cache[self.slots // ps, 1, self.slots % ps] = v.to(cache.dtype)
         group = q.shape[1] // k.shape[1]
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
         start = 0
@@ -161,8 +161,8 @@ class PagedTorch:
             if qn == 0:
                 continue
             pos = self._positions(kv, table)
-            ks = flat[0, pos].to(q.dtype).transpose(0, 1).repeat_interleave(group, 0)
-            vs = flat[1, pos].to(q.dtype).transpose(0, 1).repeat_interleave(group, 0)
+            ks = cache[pos // ps, 0, pos % ps].to(q.dtype).transpose(0, 1).repeat_interleave(group, 0)
+            vs = cache[pos // ps, 1, pos % ps].to(q.dtype).transpose(0, 1).repeat_interleave(group, 0)
             qs = q[start:start + qn].transpose(0, 1)
             rows = torch.arange(kv - qn, kv, device=q.device)[:, None]
             mask = torch.arange(kv, device=q.device)[None, :] <= rows

@@ -1,0 +1,83 @@
+"""The checkpoint loader: per-expert tensors fuse; missing, unexpected and mis-shaped are named."""
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from graphc.errors import InvalidInput
+from graphc.runtime.checkpoint import load_weights
+
+
+class Experts(torch.nn.Module):
+    def __init__(self, e=3, h=4, i=2):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Parameter(torch.zeros(e, 2 * i, h))
+        self.down_proj = torch.nn.Parameter(torch.zeros(e, h, i))
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.Linear(4, 4, bias=False)
+        self.mlp = torch.nn.Module()
+        self.mlp.experts = Experts()
+
+
+def per_expert(prefix="m."):
+    torch.manual_seed(0)
+    t = {f"{prefix}norm.weight": torch.randn(4, 4)}
+    for e in range(3):
+        for n, shape in (("gate_proj", (2, 4)), ("up_proj", (2, 4)), ("down_proj", (4, 2))):
+            t[f"{prefix}mlp.experts.{e}.{n}.weight"] = torch.randn(*shape)
+    return t
+
+
+def test_per_expert_tensors_fuse_gate_then_up(tmp_path):
+    t = per_expert()
+    save_file(t, tmp_path / "model.safetensors")
+    b = Block()
+    rep = load_weights(b, tmp_path, prefix="m.")
+    assert rep.fused == 2 and rep.loaded == 3
+    assert torch.equal(b.mlp.experts.gate_up_proj[1], torch.cat([t["m.mlp.experts.1.gate_proj.weight"],
+                                                                  t["m.mlp.experts.1.up_proj.weight"]]))
+    assert torch.equal(b.mlp.experts.down_proj[2], t["m.mlp.experts.2.down_proj.weight"])
+
+
+def test_fused_tensors_load_as_they_are(tmp_path):
+    b = Block()
+    fused = {k: torch.randn_like(v) for k, v in b.state_dict().items()}
+    save_file(fused, tmp_path / "a.safetensors")
+    load_weights(b, tmp_path / "a.safetensors")
+    assert torch.equal(b.mlp.experts.down_proj, fused["mlp.experts.down_proj"])
+
+
+def test_shards_through_the_index(tmp_path):
+    import json
+
+    t = per_expert()
+    first = {k: v for k, v in t.items() if "experts.2" not in k}
+    second = {k: v for k, v in t.items() if "experts.2" in k}
+    save_file(first, tmp_path / "model-00001-of-00002.safetensors")
+    save_file(second, tmp_path / "model-00002-of-00002.safetensors")
+    index = {"weight_map": {**{k: "model-00001-of-00002.safetensors" for k in first},
+                            **{k: "model-00002-of-00002.safetensors" for k in second}}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert load_weights(Block(), tmp_path, prefix="m.").fused == 2
+
+
+def test_missing_unexpected_and_misshaped_are_named(tmp_path):
+    t = per_expert()
+    del t["m.mlp.experts.1.up_proj.weight"]
+    t["m.norm.weight"] = torch.randn(4, 5)
+    t["m.extra.bias"] = torch.randn(3)
+    save_file(t, tmp_path / "model.safetensors")
+    with pytest.raises(InvalidInput) as e:
+        load_weights(Block(), tmp_path, prefix="m.")
+    msg = str(e.value)
+    assert "m.norm.weight: on disk [4, 5], module wants [4, 4]" in msg
+    assert "m.mlp.experts.gate_up_proj: missing (nor per-expert m.mlp.experts.1.up_proj.weight)" in msg
+    assert "unexpected: m.extra.bias" in msg
+
+
+def test_no_checkpoint(tmp_path):
+    with pytest.raises(InvalidInput, match="no .safetensors files"):
+        load_weights(Block(), tmp_path)
