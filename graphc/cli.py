@@ -1,5 +1,5 @@
-"""graphc plan | explain | diff. Exit codes: 0 fits (or plans equal), 1 does not fit (or plans
-differ), 2 invalid input."""
+"""graphc plan | explain | diff | check. Exit codes: 0 fits (plans equal; check passed), 1 does not
+fit (plans differ; check failed), 2 invalid input."""
 from __future__ import annotations
 
 import argparse
@@ -44,6 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("explain", help="where each ledger number came from, why each rung exists")
     ex.add_argument("plan")
     ex.add_argument("--device", type=int, default=None, help="only this device's ledger")
+    ck = sub.add_parser("check", help="boot a plan, capture every graph, report planned vs measured bytes")
+    ck.add_argument("plan")
+    ck.add_argument("--device", type=int, action="append", default=None,
+                    help="boot only this plan device (repeatable; a 2-GPU plan is checked device by device)")
+    ck.add_argument("--checkpoint", default=None, help="safetensors folder (default: seeded random weights)")
+    ck.add_argument("--seed", type=int, default=0)
+    ck.add_argument("--emulate", action="store_true", help="cap this GPU to the plan's card (same arch)")
+    ck.add_argument("--force", action="store_true", help="boot even if the model file or target differ")
+    ck.add_argument("--tolerance", type=float, default=0.02, help="allowed measured/planned excess (default 0.02)")
     df = sub.add_parser("diff", help="what changed between two plans (exit 1 when they differ)")
     df.add_argument("a")
     df.add_argument("b")
@@ -87,6 +96,19 @@ def cmd_explain(args) -> int:
     return EXIT_FITS
 
 
+def cmd_check(args) -> int:
+    from graphc.plan import load_plan
+    from graphc.report import render
+    from graphc.runtime.boot import boot_plan
+    from graphc.runtime.check import compare
+
+    plan = load_plan(args.plan)
+    boots = boot_plan(plan, args.device, args.checkpoint, args.seed, args.emulate, args.force)
+    checks = [compare(b, args.tolerance) for b in boots]
+    print(render("check.txt.j2", plan=plan, checks=checks, tolerance=args.tolerance), end="")
+    return EXIT_FITS if all(c.ok for c in checks) else EXIT_DOES_NOT_FIT
+
+
 def cmd_diff(args) -> int:
     from graphc.plan import load_plan
     from graphc.plandiff import diff_plans
@@ -102,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:          # --help, or a malformed command line (exit 2)
         return int(e.code or 0)
     try:
-        return {"plan": cmd_plan, "explain": cmd_explain, "diff": cmd_diff}[args.cmd](args)
+        return {"plan": cmd_plan, "explain": cmd_explain, "diff": cmd_diff, "check": cmd_check}[args.cmd](args)
     except GraphcError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

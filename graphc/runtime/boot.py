@@ -1,0 +1,202 @@
+"""Boot a plan on its device(s): check it is the plan's, build nodes, load or fill weights, allocate
+KV pools, workspaces and static buffers in the ledger's order, warm up, capture every planned graph
+largest first into one pool, and measure each ledger component as it is created.
+
+CPU plans boot too: nothing is captured, and every rung of every walk runs once eagerly.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from graphc.errors import InvalidInput
+from graphc.ir import IR, Step
+from graphc.overrides import apply_overrides
+from graphc.passes.verify_graph import verify_graph
+from graphc.pipeline import load_model
+from graphc.plan import Plan, file_sha256
+from graphc.runtime.build import fill_seeded, materialize
+from graphc.runtime.checkpoint import Shards, load_weights
+from graphc.runtime.steps import paged_layout, ragged_layout, synthetic_inputs
+from graphc.step import StepContext
+from graphc.targets import get_target
+from resources.paged_kv import PageAllocator, PagedKVSpec, PagedTorch
+from resources.ragged_attention import RaggedAttentionSpec, RaggedTorch
+from resources.workspace import WorkspaceSpec
+
+GPU_NAMES = {"H100": "h100", "H200": "h200", "A100-SXM4-80GB": "a100-80gb", "A100-SXM4-40GB": "a100-40gb",
+             "L40S": "l40s", "B200": "b200", "B300": "b300"}
+
+
+@dataclass
+class DeviceBoot:
+    """One plan device, booted: what it holds and what was measured."""
+
+    plan: Plan
+    index: int
+    device: torch.device
+    ir: IR
+    modules: dict[str, torch.nn.Module] = field(default_factory=dict)
+    arenas: dict[str, torch.Tensor] = field(default_factory=dict)
+    caches: dict[str, torch.Tensor] = field(default_factory=dict)
+    pages: dict[str, PageAllocator] = field(default_factory=dict)
+    measured: dict[str, int] = field(default_factory=dict)
+    graphs: dict[str, object] = field(default_factory=dict)
+    ran: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def nodes(self) -> list[str]:
+        return self.plan.devices[self.index].nodes
+
+    def steps(self) -> list[Step]:
+        return [s for s in self.ir.steps if s.node in self.nodes]
+
+
+def check_plan_source(plan: Plan, force: bool) -> None:
+    path = Path(plan.model.file)
+    if not path.is_file():
+        raise InvalidInput(f"the plan's model file {plan.model.file} is not here", "boot rebuilds nodes from it",
+                           "run from the directory the plan was compiled in")
+    now = file_sha256(path)
+    if now != plan.model.sha256 and not force:
+        raise InvalidInput(f"{plan.model.file} changed since the plan was compiled",
+                           f"plan sha256 {plan.model.sha256[:12]}, file now {now[:12]}",
+                           "regenerate the plan (graphc plan ...), or pass --force to boot it anyway")
+
+
+def local_gpu() -> tuple[str | None, str, int]:
+    """(catalog name or None, arch, total bytes) of cuda:0."""
+    props = torch.cuda.get_device_properties(0)
+    name = next((v for k, v in GPU_NAMES.items() if k in props.name), None)
+    return name, f"sm_{props.major}{props.minor}", props.total_memory
+
+
+def check_target(plan: Plan, emulate: bool, force: bool) -> torch.device:
+    if plan.target.arch == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise InvalidInput(f"the plan targets {plan.target.gpu} and this machine has no CUDA device",
+                           "", "boot it on the GPU the plan names, or plan for --gpu cpu")
+    name, arch, total = local_gpu()
+    if arch != plan.target.arch and not force:
+        raise InvalidInput(f"the plan targets {plan.target.gpu} ({plan.target.arch}); this GPU is {arch}",
+                           "its kernels and capability table differ", "plan for this GPU, or pass --force")
+    if name != plan.target.gpu and not (emulate or force):
+        raise InvalidInput(f"the plan targets {plan.target.gpu}; this GPU is {name or 'unknown'}",
+                           "a plan is a promise for one card", "plan for this GPU, or pass --emulate to cap "
+                           "this one to the plan's memory (same arch only)")
+    if plan.target.capacity_bytes > total:
+        raise InvalidInput(f"the plan needs a {plan.target.capacity_bytes / 2**30:.2f} GiB device; this one has "
+                           f"{total / 2**30:.2f} GiB", "", "plan for this GPU")
+    return torch.device("cuda", 0)
+
+
+def plan_ir(plan: Plan) -> IR:
+    src = load_model(plan.model.file, plan.model.preset)
+    model = apply_overrides(src.model, plan.overrides)
+    base = get_target(plan.target.gpu)
+    cap = None if plan.target.capacity_bytes == base.memory_bytes else plan.target.capacity_bytes
+    target = get_target(plan.target.gpu, cap)
+    return verify_graph(model, target, plan.target.count)
+
+
+class Binder:
+    """Resource bindings for one step: torch backends on the CPU (FlashInfer's on GPU: issue 4)."""
+
+    def __init__(self, boot: DeviceBoot):
+        self.boot = boot
+
+    def bind(self, step: Step, rung: int) -> dict:
+        node = self.boot.ir.node(step.node)
+        out = {}
+        for role, res in node.resources.items():
+            spec = self.boot.ir.model.resource(res)
+            if isinstance(spec, RaggedAttentionSpec):
+                lay = ragged_layout(spec, step, rung)
+                out[role] = RaggedTorch(spec, lay.cu_q, lay.cu_k)
+            elif isinstance(spec, PagedKVSpec):
+                lay = paged_layout(spec, step, rung, self.boot.plan.devices[self.boot.index].kv_pages[res])
+                out[role] = PagedTorch(spec, self.boot.caches[res], lay.qo_lens, lay.kv_lens, lay.page_tables)
+            else:
+                raise InvalidInput(f"resource kind {spec.kind} has no runtime binding")
+        return out
+
+
+def _progress(total: int, desc: str):
+    return tqdm(total=total, desc=desc, unit="graph", file=sys.stderr, disable=None, leave=False)
+
+
+def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
+    """Weights, KV pools and workspaces in the ledger's order."""
+    shards = Shards(checkpoint) if checkpoint else None
+    for name in boot.nodes:
+        node = boot.ir.node(name)
+        module, arena = materialize(node, boot.device)
+        if shards is not None:
+            load_weights(module, shards, node.weight_prefix)
+        else:
+            fill_seeded(module, seed)
+        boot.modules[name], boot.arenas[name] = module, arena
+        boot.measured[f"weights.{name}"] = arena.numel()
+    dev_plan = boot.plan.devices[boot.index]
+    for res, pages in dev_plan.kv_pages.items():
+        spec = boot.ir.model.resource(res)
+        raw = torch.empty(pages * spec.page_bytes, dtype=torch.uint8, device=boot.device)
+        boot.caches[res] = raw.view(getattr(torch, spec.dtype)).view(
+            spec.num_layers, pages, 2, spec.page_size, spec.num_kv_heads, spec.head_dim)
+        boot.pages[res] = PageAllocator(pages)
+        boot.measured[f"kv.{res}"] = raw.numel()
+    for comp, nbytes in dev_plan.ledger.items():
+        if comp.startswith("workspace."):
+            name = comp.split(".", 1)[1]
+            spec = boot.ir.model.resource(name)
+            slots = spec.slots if isinstance(spec, WorkspaceSpec) else 1
+            ws = [torch.empty(nbytes // slots, dtype=torch.uint8, device=boot.device) for _ in range(slots)]
+            boot.measured[comp] = sum(w.numel() for w in ws)
+
+
+def run_every_rung(boot: DeviceBoot) -> None:
+    """Eagerly run one synthetic step of every walk at every rung (the CPU boot's check)."""
+    binder = Binder(boot)
+    todo = [(s, r) for s in boot.steps() for r in boot.plan.nodes[s.node].buckets[s.walk].rungs]
+    with _progress(len(todo), "running rungs") as bar, torch.inference_mode():
+        for step, rung in todo:
+            node = boot.ir.node(step.node)
+            inputs = synthetic_inputs(node, step, rung, boot.device)
+            out = boot.modules[step.node](StepContext(binder.bind(step, rung)), **inputs)
+            sizes = step.sizes_at(rung)
+            for name, port in node.outputs.items():
+                if tuple(out[name].shape) != port.concrete(sizes):
+                    raise RuntimeError(f"{step.node} on {step.walk} at {rung}: output {name} is "
+                                       f"{list(out[name].shape)}, planned {list(port.concrete(sizes))}")
+                if out[name].is_floating_point() and not torch.isfinite(out[name]).all():
+                    raise RuntimeError(f"{step.node} on {step.walk} at {rung}: output {name} is not finite")
+            boot.ran.append(f"{step.node}/{step.walk}/{rung}")
+            bar.update(1)
+
+
+def boot_plan(plan: Plan, devices: list[int] | None = None, checkpoint: str | None = None, seed: int = 0,
+              emulate: bool = False, force: bool = False) -> list[DeviceBoot]:
+    check_plan_source(plan, force)
+    device = check_target(plan, emulate, force)
+    ir = plan_ir(plan)
+    wanted = devices if devices is not None else list(range(len(plan.devices)))
+    for d in wanted:
+        if not 0 <= d < len(plan.devices):
+            raise InvalidInput(f"device {d} is not in the plan", f"it has devices 0..{len(plan.devices) - 1}")
+    if device.type == "cuda":
+        from graphc.runtime.gpu import boot_gpu_device
+
+        return [boot_gpu_device(DeviceBoot(plan, d, device, ir), checkpoint, seed) for d in wanted]
+    boots = []
+    for d in wanted:
+        boot = DeviceBoot(plan, d, device, ir)
+        allocate(boot, checkpoint, seed)
+        run_every_rung(boot)
+        boots.append(boot)
+    return boots

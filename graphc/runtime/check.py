@@ -1,0 +1,54 @@
+"""Planned against measured, per device and ledger component; the verdict `graphc check` exits with."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphc.runtime.boot import DeviceBoot
+
+TOLERANCE = 0.02   # measured peak may exceed planned by at most 2% (issue 5's bar)
+
+
+@dataclass(frozen=True)
+class Row:
+    component: str
+    planned: int
+    measured: int | None     # None: not measured on this device kind (e.g. headroom, a CPU's context)
+
+    @property
+    def diff(self) -> int | None:
+        return None if self.measured is None else self.measured - self.planned
+
+
+@dataclass(frozen=True)
+class DeviceCheck:
+    index: int
+    rows: list[Row]
+    planned_total: int
+    measured_total: int | None
+    graphs_planned: list[str]
+    graphs_captured: list[str]
+    steps_run: list[str]
+    tolerance: float
+    notes: list[str]
+
+    @property
+    def missing_graphs(self) -> list[str]:
+        return [g for g in self.graphs_planned if g not in self.graphs_captured]
+
+    @property
+    def over(self) -> bool:
+        return self.measured_total is not None and self.measured_total > self.planned_total * (1 + self.tolerance)
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing_graphs and not self.over
+
+
+def compare(boot: DeviceBoot, tolerance: float = TOLERANCE) -> DeviceCheck:
+    dev = boot.plan.devices[boot.index]
+    rows = [Row(c, b, boot.measured.get(c)) for c, b in dev.ledger.items()]
+    rows += [Row(c, 0, b) for c, b in boot.measured.items() if c not in dev.ledger and not c.startswith("_")]
+    planned = dev.total_bytes - dev.ledger.get("headroom", 0)
+    measured = boot.measured.get("_device_used")
+    return DeviceCheck(boot.index, rows, planned, measured, list(dev.capture_order), list(boot.graphs),
+                       list(boot.ran), tolerance, list(boot.notes))

@@ -1,0 +1,239 @@
+"""Qwen3-Omni's vision tower (thinker.visual) as a serving node over packed patches.
+
+A step carries P patches of several images / video slices, packed in HF's 2x2 merge-block order
+(models/components/vision_inputs.py builds them). Everything that depends on the image grids
+(pos-embed interpolation taps, rotary positions, attention segments) arrives as tensors or is bound
+into the attention resource, so the forward has static shapes for a given P and can be captured.
+
+Weight names are the checkpoint's minus 'thinker.visual.': patch_embed.proj (Conv3d-shaped),
+pos_embed, blocks.N.{norm1, attn.qkv, attn.proj, norm2, mlp.linear_fc1, mlp.linear_fc2},
+merger.{ln_q, mlp.0, mlp.2}, merger_list.K.{ln_q, mlp.0, mlp.2}.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+from torch import nn
+
+import graphc as gc
+from graphc.step import NodeModule, StepContext
+from graphc.strict import Strict
+from models.components.layers import apply_rope, rope_inv_freq
+
+TAPS = 4   # bilinear interpolation reads 2x2 rows of the learned position grid per patch
+
+
+class VisionConfig(Strict):
+    """Field names follow HF's Qwen3OmniMoeVisionEncoderConfig (rope_theta is its rope_parameters')."""
+
+    depth: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    intermediate_size: int = Field(ge=1)
+    out_hidden_size: int = Field(ge=1)
+    num_position_embeddings: int = Field(ge=1)
+    deepstack_visual_indexes: tuple[int, ...] = Field(min_length=1)
+    in_channels: int = Field(3, ge=1)
+    patch_size: int = Field(16, ge=1)
+    temporal_patch_size: int = Field(2, ge=1)
+    spatial_merge_size: int = Field(2, ge=1)
+    hidden_act: Literal["gelu_pytorch_tanh"] = "gelu_pytorch_tanh"   # the blocks' MLP; the mergers use erf GELU
+    rope_theta: float = 10_000.0
+    layer_norm_eps: float = 1e-6
+
+    @model_validator(mode="after")
+    def _shapes(self) -> "VisionConfig":
+        if self.hidden_size % self.num_heads or self.head_dim % 4:
+            raise ValueError(f"hidden_size {self.hidden_size} / num_heads {self.num_heads} must be a multiple of 4 "
+                             "(2-D rotary: a quarter of each head's dims per axis, sin and cos)")
+        if math.isqrt(self.num_position_embeddings) ** 2 != self.num_position_embeddings:
+            raise ValueError(f"num_position_embeddings {self.num_position_embeddings} must be a square grid")
+        idx = list(self.deepstack_visual_indexes)
+        if idx != sorted(set(idx)) or idx[0] < 0 or idx[-1] >= self.depth:
+            raise ValueError(f"deepstack_visual_indexes {idx} must increase strictly within 0..{self.depth - 1}")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patch_dim(self) -> int:
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    @property
+    def merge_unit(self) -> int:
+        return self.spatial_merge_size ** 2
+
+    @property
+    def grid_side(self) -> int:
+        return math.isqrt(self.num_position_embeddings)
+
+    @classmethod
+    def from_hf(cls, vision_config: dict) -> "VisionConfig":
+        """From a checkpoint's thinker_config.vision_config (or HF's config.to_dict()); keys that do not
+        change the tower's math (initializer_range, image_size, ...) are dropped."""
+        keys = set(cls.model_fields) - {"rope_theta", "layer_norm_eps"}
+        fields = {k: v for k, v in vision_config.items() if k in keys}
+        rope = vision_config.get("rope_parameters") or {}
+        if "rope_theta" in rope:
+            fields["rope_theta"] = rope["rope_theta"]
+        return cls(**fields)
+
+
+class PatchEmbed(nn.Module):
+    """Conv3d with kernel == stride over one patch each: a single GEMM over flattened patches.
+
+    The parameter keeps the checkpoint's Conv3d shape [hidden, C, T, p, p]; its row-major flattening
+    is the patch layout the processor emits (C, T, p, p)."""
+
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        kernel = (cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
+        self.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, kernel_size=kernel, stride=kernel, bias=True)
+
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        w = self.proj.weight
+        return F.linear(patches.to(w.dtype), w.view(w.shape[0], -1), self.proj.bias)   # [P, D]
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.h, self.d = cfg.num_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=True)
+        self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=True)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv(x).view(t, 3, self.h, self.d).unbind(1)   # each [P, H, D]
+        # HF rotates in fp32 and casts back: bf16 rotary would drift from the reference.
+        q = apply_rope(q.float(), cos, sin).to(x.dtype)
+        k = apply_rope(k.float(), cos, sin).to(x.dtype)
+        return self.proj(attn(q, k, v).reshape(t, self.h * self.d))
+
+
+class VisionMLP(nn.Module):
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.linear_fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=True)
+        self.linear_fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(F.gelu(self.linear_fc1(x), approximate="tanh"))   # gelu_pytorch_tanh
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.attn = VisionAttention(cfg)
+        self.norm2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.mlp = VisionMLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, attn)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nn.Module):
+    """m x m neighbouring patches -> one LLM token. The final merger normalises each patch before
+    grouping (ln_q over hidden); the deepstack mergers group first (ln_q over m*m*hidden)."""
+
+    def __init__(self, cfg: VisionConfig, postshuffle_norm: bool):
+        super().__init__()
+        self.grouped = cfg.hidden_size * cfg.merge_unit
+        self.postshuffle_norm = postshuffle_norm
+        self.ln_q = nn.LayerNorm(self.grouped if postshuffle_norm else cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.mlp = nn.Sequential(nn.Linear(self.grouped, self.grouped), nn.GELU(),
+                                 nn.Linear(self.grouped, cfg.out_hidden_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.postshuffle_norm:
+            x = self.ln_q(x.view(-1, self.grouped))           # [P/4, 4D]
+        else:
+            x = self.ln_q(x).view(-1, self.grouped)
+        return self.mlp(x)                                    # [P/4, out]
+
+
+class VisionEncoder(NodeModule):
+    """Node: packed patches of images / video slices -> merged tokens and deepstack features.
+
+    Inputs (P patches; host-built, see vision_inputs.build_step):
+      pixel_patches [P, C*T*p*p]  normalised pixels, one row per patch, in merge-block order
+      pos_index     [P, 4] int64  rows of pos_embed each patch interpolates (bilinear taps)
+      pos_weight    [P, 4] fp32   their weights
+      rope_pos      [P, 2] int64  (row, col) of each patch in its frame, for the 2-D rotary
+    Attention segments (one per image / per temporal slice of a video) are bound into role 'attn'.
+    Outputs: embeds [ceil(P/4), out_hidden_size]; deepstack [len(deepstack_visual_indexes),
+    ceil(P/4), out_hidden_size], level k taken after block deepstack_visual_indexes[k] (the thinker
+    adds level k after its decoder layer k). Merged row r comes from patches 4r..4r+3.
+    """
+
+    ROLES = {"attn": "ragged_attention"}
+
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.patch_embed = PatchEmbed(cfg)
+        self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size)
+        self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
+        self.merger = PatchMerger(cfg, postshuffle_norm=False)
+        self.merger_list = nn.ModuleList(PatchMerger(cfg, postshuffle_norm=True)
+                                         for _ in cfg.deepstack_visual_indexes)
+        # Each spatial axis rotates a quarter of the head's dims: head_dim/4 frequencies over head_dim/2.
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim // 2, cfg.rope_theta), persistent=False)
+
+    def rotary(self, rope_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """rope_pos [P, 2] -> cos, sin [P, 1, head_dim] fp32: (row freqs | col freqs) twice."""
+        freqs = (rope_pos.float()[:, :, None] * self.inv_freq.float()).flatten(1)   # [P, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]                           # [P, 1, D]
+        return emb.cos(), emb.sin()
+
+    def embed(self, pixel_patches: torch.Tensor, pos_index: torch.Tensor, pos_weight: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(pixel_patches)                                   # [P, D]
+        # The taps are summed with fp32 weights, as HF does, and only then cast to the activations.
+        pos = (self.pos_embed(pos_index) * pos_weight[:, :, None]).sum(1)     # [P, D]
+        return x + pos.to(x.dtype)
+
+    def grouped(self, x: torch.Tensor) -> torch.Tensor:
+        """Pad the rows to whole merge groups: a step's P need not be a multiple of 4."""
+        short = -x.shape[0] % self.cfg.merge_unit
+        return F.pad(x, (0, 0, 0, short)) if short else x
+
+    def forward(self, ctx: StepContext, pixel_patches: torch.Tensor, pos_index: torch.Tensor,
+                pos_weight: torch.Tensor, rope_pos: torch.Tensor) -> dict[str, torch.Tensor]:
+        attn = ctx["attn"]
+        x = self.embed(pixel_patches, pos_index, pos_weight)
+        cos, sin = self.rotary(rope_pos)
+        levels = self.cfg.deepstack_visual_indexes
+        rows = -(-x.shape[0] // self.cfg.merge_unit)
+        deepstack = x.new_empty(len(levels), rows, self.cfg.out_hidden_size)   # filled level by level
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, attn)
+            if i in levels:
+                k = levels.index(i)
+                deepstack[k] = self.merger_list[k](self.grouped(x))
+        return {"embeds": self.merger(self.grouped(x)), "deepstack": deepstack}
+
+
+def vision_node(cfg: VisionConfig, *, name: str = "vision", attn: str = "vision_attn",
+                dtype: str = "bfloat16", weight_prefix: str = "thinker.visual.") -> gc.Node:
+    """The tower's declaration on the 'patches' axis; `attn` names a RaggedAttentionSpec with
+    num_heads=cfg.num_heads, head_dim=cfg.head_dim and max_segment = the largest frame's h*w."""
+    merged = f"patches/{cfg.merge_unit}"
+    return gc.Node(
+        name=name, module=VisionEncoder, config=cfg, dtype=dtype, weight_prefix=weight_prefix,
+        inputs={"pixel_patches": gc.Port(shape=("patches", cfg.patch_dim), dtype=dtype),
+                "pos_index": gc.Port(shape=("patches", TAPS), dtype="int64"),
+                "pos_weight": gc.Port(shape=("patches", TAPS), dtype="float32"),
+                "rope_pos": gc.Port(shape=("patches", 2), dtype="int64")},
+        outputs={"embeds": gc.Port(shape=(merged, cfg.out_hidden_size), dtype=dtype),
+                 "deepstack": gc.Port(shape=(len(cfg.deepstack_visual_indexes), merged, cfg.out_hidden_size),
+                                      dtype=dtype)},
+        resources={"attn": attn},
+    )
