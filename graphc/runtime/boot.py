@@ -131,18 +131,41 @@ def _progress(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="graph", file=sys.stderr, disable=None, leave=False)
 
 
+def owner(name: str, prefixes: dict[str, str]) -> str | None:
+    """The node whose weight_prefix is the longest prefix of a checkpoint tensor name."""
+    best = None
+    for node, prefix in prefixes.items():
+        if name.startswith(prefix) and (best is None or len(prefix) > len(prefixes[best])):
+            best = node
+    return best
+
+
+def check_unused(shards: Shards, used: set[str], boot: DeviceBoot) -> None:
+    """Nodes may share a prefix (thinker.audio_tower. inside thinker.), so each node loads leniently
+    and what nobody on this device used is refused here, by owner."""
+    prefixes = {n.name: n.weight_prefix for n in boot.ir.model.nodes}
+    stray = sorted(n for n in shards.where if n not in used and owner(n, prefixes) in boot.nodes)
+    if stray:
+        raise InvalidInput(f"checkpoint has {len(stray)} tensor(s) under this device's nodes that nothing loads",
+                           "\n".join(f"  unexpected: {n}" for n in stray[:8]),
+                           "check the checkpoint against the model's preset and the nodes' weight_prefix")
+
+
 def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
     """Weights, KV pools and workspaces in the ledger's order."""
     shards = Shards(checkpoint) if checkpoint else None
+    used: set[str] = set()
     for name in boot.nodes:
         node = boot.ir.node(name)
         module, arena = materialize(node, boot.device)
         if shards is not None:
-            load_weights(module, shards, node.weight_prefix)
+            used |= load_weights(module, shards, node.weight_prefix, strict=False).used
         else:
             fill_seeded(module, seed)
         boot.modules[name], boot.arenas[name] = module, arena
         boot.measured[f"weights.{name}"] = arena.numel()
+    if shards is not None:
+        check_unused(shards, used, boot)
     dev_plan = boot.plan.devices[boot.index]
     for res, pages in dev_plan.kv_pages.items():
         spec = boot.ir.model.resource(res)
