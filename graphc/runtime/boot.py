@@ -169,7 +169,8 @@ def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
     dev_plan = boot.plan.devices[boot.index]
     for res, pages in dev_plan.kv_pages.items():
         spec = boot.ir.model.resource(res)
-        raw = torch.empty(pages * spec.page_bytes, dtype=torch.uint8, device=boot.device)
+        # zeroed: synthetic steps read history no request wrote (and a memset is cheap)
+        raw = torch.zeros(pages * spec.page_bytes, dtype=torch.uint8, device=boot.device)
         boot.caches[res] = raw.view(getattr(torch, spec.dtype)).view(
             spec.num_layers, pages, 2, spec.page_size, spec.num_kv_heads, spec.head_dim)
         boot.pages[res] = PageAllocator(pages)
