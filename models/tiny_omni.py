@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import graphc as gc
 from models.components.encoder import EncoderConfig, WindowEncoder
-from models.components.qwen3_dense import Qwen3Config, Qwen3LM
+from models.components.qwen3_dense import Qwen3Config, Qwen3LM, lm_ports
 from resources import PagedKVSpec, RaggedAttentionSpec
 
 WINDOW = 16       # encoder rows per window (Qwen3-Omni: 104)
@@ -31,6 +31,7 @@ def declare(preset: str = "tiny") -> gc.Model:
     lm = Qwen3Config(vocab_size=p["vocab"], hidden_size=p["hidden"], num_layers=p["layers"], num_heads=p["heads"],
                      num_kv_heads=p["kv_heads"], head_dim=p["head_dim"], intermediate_size=p["ffn"])
     d = p["hidden"]
+    lm_in, lm_out = lm_ports(lm, f"windows*{WINDOW}")
     return gc.Model(
         name=f"tiny_omni-{preset}",
         nodes=[
@@ -39,12 +40,7 @@ def declare(preset: str = "tiny") -> gc.Model:
                     outputs={"embeds": gc.Port(shape=(f"windows*{WINDOW}", d), dtype="bfloat16")},
                     resources={"attn": "encoder_attn"}),
             gc.Node(name="decoder", module=Qwen3LM, config=lm, weight_prefix="decoder.",
-                    inputs={"token_ids": gc.Port(shape=("tokens",), dtype="int64"),
-                            "positions": gc.Port(shape=("tokens",), dtype="int64"),
-                            "sample_rows": gc.Port(shape=("seqs",), dtype="int64"),
-                            "mm_embeds": gc.Port(shape=(f"windows*{WINDOW}", d), dtype="bfloat16", optional="mm"),
-                            "mm_rows": gc.Port(shape=("tokens",), dtype="int64", optional="mm")},
-                    outputs={"logits": gc.Port(shape=("seqs", p["vocab"]), dtype="float32")},
+                    inputs=lm_in, outputs=lm_out,
                     resources={"kv": "decoder_kv"}),
         ],
         resources=[

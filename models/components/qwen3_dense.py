@@ -10,6 +10,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from graphc.declare import Port
 from graphc.step import NodeModule, StepContext
 from graphc.strict import Strict
 from models.components.layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
@@ -106,3 +107,14 @@ class Qwen3LM(NodeModule):
             x = layer(x, cos, sin, kv)
         x = self.model.norm(x.index_select(0, sample_rows))             # [S, D]
         return {"logits": self.lm_head(x).float()}
+
+
+def lm_ports(cfg: Qwen3Config, mm_rows: str, dtype: str = "bfloat16") -> tuple[dict[str, Port], dict[str, Port]]:
+    """Qwen3LM's (inputs, outputs): tokens of a step, sample rows, and the optional 'mm' group that
+    splices an encoder's output rows (mm_rows: that encoder's row axis, e.g. 'windows*104')."""
+    inputs = {"token_ids": Port(shape=("tokens",), dtype="int64"),
+              "positions": Port(shape=("tokens",), dtype="int64"),
+              "sample_rows": Port(shape=("seqs",), dtype="int64"),
+              "mm_embeds": Port(shape=(mm_rows, cfg.hidden_size), dtype=dtype, optional="mm"),
+              "mm_rows": Port(shape=("tokens",), dtype="int64", optional="mm")}
+    return inputs, {"logits": Port(shape=("seqs", cfg.vocab_size), dtype="float32")}

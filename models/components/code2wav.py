@@ -1,0 +1,341 @@
+"""Qwen3-Omni's Code2Wav vocoder as a serving node: codec codes -> 24 kHz waveform.
+
+Pipeline (HF Qwen3OmniMoeCode2Wav): embed code + codebook_size*q in one table and average over
+the quantizers; a causal sliding-window transformer (RMSNorm, rotary, LayerScale on both
+residual branches, SwiGLU); 2 x (ConvTranspose k=s=r, ConvNeXt) upsampling; a decoder of
+CausalConv k7, 4 blocks of (SnakeBeta, ConvTranspose k=2r s=r, 3 dilated residual units),
+SnakeBeta, CausalConv -> 1 channel, clamp to [-1, 1]. Weight names are the checkpoint's minus
+the 'code2wav.' prefix.
+
+Step layout. The capture axis "frames" counts codec frames; a step decodes frames/chunk_frames
+chunks ("slots") of exactly chunk_frames frames each, packed slot after slot:
+  codes [frames, num_quantizers] int  ->  wav [frames/chunk_frames, samples_per_chunk] fp32
+The transformer runs on the packed rows [frames, hidden] with one attention segment per slot
+(cu_seqlens = 0, F, 2F, ...), rotary positions restarting at 0 in each slot; the convolutions
+run on [slots, channels, time], so nothing leaks between slots (each is zero-padded on its own,
+like a separate HF call). A walk on this node needs ladder rungs that are multiples of
+chunk_frames, and a seqs budget of frames/chunk_frames so the attention is sized per slot.
+
+Chunked decoding (HF chunked_decode: 300 new frames with 25 frames of left context) maps onto
+slots of chunk_frames = 325: plan_chunks() gives, per slot, which code frames fill it and which
+samples of its output row are new audio. Right-padding a slot does not change its real samples:
+every stage is causal except that the transposed convolutions look one input frame ahead, and
+their right trim removes exactly the samples that would (HF's output for n frames is
+samples(n) = U*n - tail long, U = 1920, tail = 555 for the real rates). So a slot with n real
+frames reproduces HF's call on those n frames in its first samples(n) samples.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+from torch import nn
+
+import graphc as gc
+from graphc.step import NodeModule, StepContext
+from graphc.strict import Strict
+from models.components.layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
+from resources.ragged_attention import RaggedAttentionSpec
+
+
+class Code2WavConfig(Strict):
+    """HF's Qwen3OmniMoeCode2WavConfig fields; defaults are the released 30B-A3B values."""
+
+    codebook_size: int = Field(2048, ge=1)
+    num_quantizers: int = Field(16, ge=1)
+    hidden_size: int = Field(1024, ge=1)
+    num_hidden_layers: int = Field(8, ge=1)
+    num_attention_heads: int = Field(16, ge=1)
+    num_key_value_heads: int = Field(16, ge=1)
+    intermediate_size: int = Field(3072, ge=1)
+    sliding_window: int | None = Field(72, ge=1)   # keys per query, itself included; None: full causal
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    upsampling_ratios: tuple[int, ...] = (2, 2)
+    upsample_rates: tuple[int, ...] = (8, 5, 4, 3)
+    decoder_dim: int = Field(1536, ge=1)
+    chunk_frames: int = Field(325, ge=1)           # frames per slot, left context included
+    left_context: int = Field(25, ge=0)            # context frames before each chunk's new frames
+
+    @model_validator(mode="after")
+    def _shapes(self) -> "Code2WavConfig":
+        if self.hidden_size % self.num_attention_heads or (self.hidden_size // self.num_attention_heads) % 2:
+            raise ValueError(f"hidden_size {self.hidden_size} must split into {self.num_attention_heads} even heads")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.decoder_dim % 2 ** len(self.upsample_rates):
+            raise ValueError(f"decoder_dim {self.decoder_dim} must halve {len(self.upsample_rates)} times")
+        if self.left_context >= self.chunk_frames:
+            raise ValueError(f"left_context {self.left_context} leaves no new frames "
+                             f"in a {self.chunk_frames}-frame slot")
+        if any(r < 1 for r in self.upsampling_ratios + self.upsample_rates):
+            raise ValueError("upsampling ratios and rates must be >= 1")
+        if self.samples(1) < 1:
+            raise ValueError("these upsample rates leave no samples for a one-frame chunk")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def total_upsample(self) -> int:
+        """Samples per codec frame (1920 for the real model: 24 kHz at 12.5 Hz)."""
+        return math.prod(self.upsampling_ratios + self.upsample_rates)
+
+    def samples(self, frames: int) -> int:
+        """Waveform length HF produces for `frames` codec frames: each k=2r, s=r transposed conv
+        trims r samples at both ends, so L -> (L - 1) * r."""
+        n = frames * math.prod(self.upsampling_ratios)
+        for r in self.upsample_rates:
+            n = (n - 1) * r
+        return n
+
+    @property
+    def samples_per_chunk(self) -> int:
+        return self.samples(self.chunk_frames)
+
+
+# ---- the pre-transformer --------------------------------------------------------------------------
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+class Code2WavAttention(nn.Module):
+    def __init__(self, cfg: Code2WavConfig):
+        super().__init__()
+        self.h, self.kv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.h * self.d, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.kv * self.d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.kv * self.d, bias=False)
+        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn) -> torch.Tensor:
+        t = x.shape[0]
+        q = apply_rope(self.q_proj(x).view(t, self.h, self.d), cos, sin)    # [R, H, D]
+        k = apply_rope(self.k_proj(x).view(t, self.kv, self.d), cos, sin)   # [R, KV, D]
+        v = self.v_proj(x).view(t, self.kv, self.d)
+        return self.o_proj(attn(q, k, v).reshape(t, self.h * self.d))
+
+
+class Code2WavLayer(nn.Module):
+    def __init__(self, cfg: Code2WavConfig):
+        super().__init__()
+        d = cfg.hidden_size
+        self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+        self.self_attn = Code2WavAttention(cfg)
+        self.self_attn_layer_scale = LayerScale(d)
+        self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(d, cfg.intermediate_size)
+        self.mlp_layer_scale = LayerScale(d)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn) -> torch.Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, attn))
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+
+
+class Code2WavTransformer(nn.Module):
+    def __init__(self, cfg: Code2WavConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(Code2WavLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
+        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)         # [R, 1, D]
+        for layer in self.layers:
+            x = layer(x, cos, sin, attn)
+        return self.norm(x)
+
+
+# ---- convolutions on [slots, channels, time] ------------------------------------------------------
+
+class CausalConv(nn.Module):
+    """Stride-1 conv padded (k-1)*dilation zeros on the left only: output length = input length."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1):
+        super().__init__()
+        self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups)
+        self.pad = (kernel - 1) * dilation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.pad(x, (self.pad, 0)))
+
+
+class CausalTransConv(nn.Module):
+    """ConvTranspose (kernel k, stride s) trimmed k-s samples at both ends, as HF does."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int):
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
+        self.trim = kernel - stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return y[..., self.trim: y.shape[-1] - self.trim]
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dwconv = CausalConv(dim, dim, 7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.dwconv(x).transpose(1, 2))                       # [B, T, C]
+        y = self.gamma * self.pwconv2(F.gelu(self.pwconv1(y)))
+        return x + y.transpose(1, 2)
+
+
+class SnakeBeta(nn.Module):
+    """x + 1/exp(beta) * sin^2(x * exp(alpha)), per channel (log-scale parameters)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(dim))
+        self.beta = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha = self.alpha.exp()[None, :, None]
+        beta = self.beta.exp()[None, :, None]
+        return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)     # HF's epsilon and op order
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int):
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv(dim, dim, 7, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv2(self.act2(self.conv1(self.act1(x))))
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, rate: int):
+        super().__init__()
+        self.block = nn.Sequential(SnakeBeta(cin), CausalTransConv(cin, cout, 2 * rate, rate),
+                                   *(ResidualUnit(cout, d) for d in (1, 3, 9)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+
+def _decoder(cfg: Code2WavConfig) -> nn.Sequential:
+    dims = [cfg.decoder_dim // 2 ** i for i in range(len(cfg.upsample_rates) + 1)]   # 1536 -> ... -> 96
+    blocks = [DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(cfg.upsample_rates)]
+    return nn.Sequential(CausalConv(cfg.hidden_size, dims[0], 7), *blocks,
+                         SnakeBeta(dims[-1]), CausalConv(dims[-1], 1, 7))
+
+
+# ---- the node -------------------------------------------------------------------------------------
+
+class Code2Wav(NodeModule):
+    """Node: codes [frames, Q] packed by slot of chunk_frames -> wav [frames/chunk_frames, S] fp32.
+
+    S = cfg.samples_per_chunk. The attention role is a causal ragged attention with window
+    sliding_window and one segment per slot (see attention_spec and cu_seqlens).
+    """
+
+    ROLES = {"attn": "ragged_attention"}
+
+    def __init__(self, cfg: Code2WavConfig):
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.code_embedding = nn.Embedding(cfg.codebook_size * cfg.num_quantizers, h)
+        self.register_buffer("code_offset", torch.arange(cfg.num_quantizers) * cfg.codebook_size, persistent=False)
+        self.pre_transformer = Code2WavTransformer(cfg)
+        self.upsample = nn.ModuleList(nn.Sequential(CausalTransConv(h, h, r, r), ConvNeXtBlock(h))
+                                      for r in cfg.upsampling_ratios)
+        self.decoder = _decoder(cfg)
+
+    def forward(self, ctx: StepContext, codes: torch.Tensor) -> dict[str, torch.Tensor]:
+        rows, chunk = codes.shape[0], self.cfg.chunk_frames
+        if rows % chunk:
+            raise ValueError(f"{rows} code frames do not fill whole {chunk}-frame slots; "
+                             "the walk's ladder must step in multiples of chunk_frames")
+        slots = rows // chunk
+        x = self.code_embedding(codes + self.code_offset).mean(1)          # [R, Q, H] -> [R, H]
+        positions = torch.arange(chunk, device=codes.device).repeat(slots)  # every slot starts at 0
+        x = self.pre_transformer(x, positions, ctx["attn"])                 # [R, H]
+        x = x.view(slots, chunk, -1).transpose(1, 2)                        # [B, H, F]
+        for up in self.upsample:
+            x = up(x)                                                       # [B, H, F * prod(ratios)]
+        wav = self.decoder(x)                                               # [B, 1, S]
+        return {"wav": wav[:, 0].clamp(-1, 1).float()}
+
+
+def attention_spec(cfg: Code2WavConfig, name: str, **kw) -> RaggedAttentionSpec:
+    """The resource the node's "attn" role binds: causal, sliding window, segments of one slot.
+
+    RaggedAttentionSpec's window counts the keys a query sees including itself, the same as HF's
+    sliding_window (a key is seen when q - window < k <= q)."""
+    return RaggedAttentionSpec(name=name, num_heads=cfg.num_attention_heads, head_dim=cfg.head_dim,
+                               num_kv_heads=cfg.num_key_value_heads, max_segment=cfg.chunk_frames,
+                               causal=True, window=cfg.sliding_window, **kw)
+
+
+def ports(cfg: Code2WavConfig, codes_dtype: str = "int64") -> tuple[dict[str, gc.Port], dict[str, gc.Port]]:
+    """The node's inputs and outputs on the "frames" axis (frames = slots * chunk_frames)."""
+    inputs = {"codes": gc.Port(shape=("frames", cfg.num_quantizers), dtype=codes_dtype)}
+    outputs = {"wav": gc.Port(shape=(f"frames/{cfg.chunk_frames}", cfg.samples_per_chunk), dtype="float32")}
+    return inputs, outputs
+
+
+# ---- host side: how a runtime fills slots and trims their output ----------------------------------
+
+def cu_seqlens(cfg: Code2WavConfig, slots: int) -> list[int]:
+    """Attention segments of a step of `slots` slots: one per slot (padding slots included)."""
+    return [i * cfg.chunk_frames for i in range(slots + 1)]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One chunk of a request: code frames [start, start + frames) fill the slot's first rows (the
+    rest is padding); samples [keep_start, keep_stop) of the slot's wav row are new audio."""
+
+    start: int
+    frames: int
+    keep_start: int
+    keep_stop: int
+
+
+def plan_chunks(cfg: Code2WavConfig, num_frames: int) -> list[Slot]:
+    """HF chunked_decode's chunks (chunk_frames - left_context new frames, up to left_context of
+    context) as slots; concatenating each slot's kept samples equals HF's chunked_decode output.
+    Like HF, this drops the last samples(n)-vs-U*n tail (555 samples, 23 ms) at every chunk end."""
+    new = cfg.chunk_frames - cfg.left_context
+    out, start = [], 0
+    while start < num_frames:
+        end = min(start + new, num_frames)
+        context = cfg.left_context if start - cfg.left_context > 0 else start   # HF's rule, verbatim
+        out.append(Slot(start=start - context, frames=end - start + context,
+                        keep_start=context * cfg.total_upsample, keep_stop=cfg.samples(end - start + context)))
+        start = end
+    return out
+
+
+def pack_slots(cfg: Code2WavConfig, filled: list[tuple[torch.Tensor, Slot]], total_slots: int) -> torch.Tensor:
+    """(codes [Q, T] of a request, one of its slots) per slot, any mix of requests -> the step
+    input [total_slots * chunk_frames, Q]. Unfilled rows hold code 0: in a filled slot they only
+    feed samples past keep_stop, and unfilled slots are dropped."""
+    step = torch.zeros(total_slots * cfg.chunk_frames, cfg.num_quantizers, dtype=torch.int64)
+    for i, (codes, s) in enumerate(filled):
+        row = i * cfg.chunk_frames
+        step[row: row + s.frames] = codes[:, s.start: s.start + s.frames].T
+    return step

@@ -1,0 +1,158 @@
+"""Code2Wav parity vs HF's Qwen3OmniMoeCode2Wav (the reference), on a tiny config in fp32.
+
+The reference keeps the real upsampling structure (ratios 2, 2; rates 8, 5, 4, 3: 1920 samples
+per frame) with narrow channels. Weights are re-drawn with a fixed seed so that every part
+matters (HF's init leaves LayerScale at 0.01 and ConvNeXt's gamma at 1e-6), saved with
+save_pretrained and loaded by name with load_weights.
+"""
+import math
+
+import pytest
+import torch
+from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
+
+import graphc as gc
+from graphc.errors import InvalidInput
+from graphc.runtime.checkpoint import load_weights
+from graphc.simulate import FakeNode
+from graphc.step import StepContext
+from models.components.code2wav import (Code2Wav, Code2WavConfig, attention_spec, cu_seqlens, pack_slots,
+                                        plan_chunks, ports)
+from resources.ragged_attention import RaggedTorch
+
+CHUNK, CONTEXT, WINDOW = 8, 2, 4       # slots of 8 frames, 2 of them left context; the window is smaller
+TINY = dict(codebook_size=32, num_quantizers=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=64, sliding_window=WINDOW, decoder_dim=32)
+CFG = Code2WavConfig(**TINY, chunk_frames=CHUNK, left_context=CONTEXT)
+
+
+def hf_model(sliding_window: int = WINDOW) -> Qwen3OmniMoeCode2Wav:
+    cfg = Qwen3OmniMoeCode2WavConfig(**{**TINY, "sliding_window": sliding_window}, attn_implementation="sdpa")
+    return Qwen3OmniMoeCode2Wav(cfg).eval()
+
+
+def redraw(model: torch.nn.Module) -> None:
+    """LayerScale/gamma near 1, small biases, unit-gain weights except in the decoder: at unit gain
+    its Snake stack turns fp32 rounding (1e-7) into 6e-5 of waveform; at gain 0.5 only about 5x.
+    The last conv is scaled so that about 1% of the samples reach the clamp."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if p.dim() >= 2:
+                gain = 20.0 if name.startswith("decoder.6.") else 0.5 if name.startswith("decoder.") else 1.0
+                p.copy_(noise * gain / math.sqrt(p[0].numel()))
+            elif name.endswith((".alpha", ".beta")):
+                p.copy_(0.1 * noise)
+            elif name.endswith((".scale", ".gamma")) or "norm" in name and name.endswith(".weight"):
+                p.copy_(1 + 0.1 * noise)
+            else:
+                p.copy_(0.01 * noise)
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    torch.manual_seed(0)
+    model = hf_model()
+    redraw(model)
+    path = tmp_path_factory.mktemp("code2wav")
+    model.save_pretrained(path)
+    return model, path
+
+
+def ours(path, cfg: Code2WavConfig = CFG) -> Code2Wav:
+    module = Code2Wav(cfg).eval()
+    load_weights(module, path)
+    return module
+
+
+def decode(module: Code2Wav, packed: torch.Tensor) -> torch.Tensor:
+    cfg = module.cfg
+    slots = packed.shape[0] // cfg.chunk_frames
+    attn = RaggedTorch(attention_spec(cfg, "code2wav_attn"), cu_seqlens(cfg, slots))
+    with torch.no_grad():
+        return module(StepContext({"attn": attn}), codes=packed)["wav"]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def random_codes(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, CFG.codebook_size, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_two_chunks_in_one_packed_step_match_hf(hf):
+    model, path = hf
+    codes = random_codes(2, 16, CHUNK, seed=1)                   # HF layout [B, Q, F]
+    with torch.no_grad():
+        want = model(codes)[:, 0]                                # [2, S]
+    got = decode(ours(path), codes.transpose(1, 2).reshape(2 * CHUNK, 16))
+    assert got.shape == want.shape == (2, CFG.samples_per_chunk) == (2, 1920 * CHUNK - 555)
+    assert 0 < (want.abs() >= 1).float().mean() < 0.2           # the clamp is exercised, not everywhere
+    assert rel(got[0], got[1]) > 0.5                            # the two chunks differ
+    assert rel(got, want) < 1e-5
+
+
+def test_chunked_decode_of_two_requests_matches_hf(hf):
+    """HF's chunked_decode (new = CHUNK - CONTEXT frames per chunk, CONTEXT frames of left context)
+    for two requests, as slots of one step (plus an unfilled slot), trimmed by the plan."""
+    model, path = hf
+    requests = [random_codes(16, 17, seed=2), random_codes(16, 5, seed=3)]
+    filled = [(codes, slot) for codes in requests for slot in plan_chunks(CFG, codes.shape[1])]
+    assert [(s.start, s.frames) for _, s in filled] == [(0, 6), (4, 8), (10, 7), (0, 5)]
+    wav = decode(ours(path), pack_slots(CFG, filled, total_slots=len(filled) + 1))
+    for codes in requests:
+        got = torch.cat([wav[i, s.keep_start:s.keep_stop] for i, (c, s) in enumerate(filled) if c is codes])
+        with torch.no_grad():
+            want = model.chunked_decode(codes[None], chunk_size=CHUNK - CONTEXT, left_context_size=CONTEXT)[0, 0]
+        assert got.shape == want.shape
+        assert rel(got, want) < 1e-5
+
+
+def test_sliding_window_matters_and_counts_keys_like_hf(hf):
+    """A full-causal module differs from the windowed one, and equals HF with a window wider than
+    the slot; off-by-one windows miss HF: RaggedAttentionSpec's window is HF's sliding_window."""
+    model, path = hf
+    codes = random_codes(2, 16, CHUNK, seed=4)
+    packed = codes.transpose(1, 2).reshape(2 * CHUNK, 16)
+    with torch.no_grad():
+        want = model(codes)[:, 0]
+        full_hf = hf_model(sliding_window=4 * CHUNK)
+        full_hf.load_state_dict(model.state_dict())
+        want_full = full_hf(codes)[:, 0]
+    windowed = decode(ours(path), packed)
+    full = decode(ours(path, CFG.model_copy(update={"sliding_window": None})), packed)
+    assert rel(windowed, want) < 1e-5 and rel(full, want_full) < 1e-5
+    assert rel(full, windowed) > 0.1
+    for w in (WINDOW - 1, WINDOW + 1):
+        assert rel(decode(ours(path, CFG.model_copy(update={"sliding_window": w})), packed), want) > 1e-2
+
+
+def real_node() -> gc.Node:
+    cfg = Code2WavConfig()
+    inputs, outputs = ports(cfg)
+    return gc.Node(name="code2wav", module=Code2Wav, config=cfg, inputs=inputs, outputs=outputs,
+                   resources={"attn": "code2wav_attn"}, dtype="float32", weight_prefix="code2wav.")
+
+
+def test_real_config_shapes_and_weight_count():
+    cfg = Code2WavConfig()
+    assert cfg.total_upsample == 1920 and cfg.samples(300) == 1920 * 300 - 555
+    with torch.device("meta"):
+        module = Code2Wav(cfg)
+    assert len(module.state_dict()) == 230                                  # the checkpoint's code2wav tensors
+    assert sum(p.numel() for p in module.parameters()) == 216_016_577
+
+
+def test_forward_traces_on_meta_tensors():
+    node = real_node()
+    spec = attention_spec(node.config, "code2wav_attn")
+    sizes = {"frames": 2 * node.config.chunk_frames, "seqs": 2}
+    fake = spec.fake(spec.step_shape("frames", sizes, "chunk"))
+    trace = FakeNode(node).trace(node.inputs, sizes, {"attn": fake}, "code2wav")
+    assert trace.output_bytes == 2 * node.config.samples_per_chunk * 4
+    assert trace.retained_bytes == 0 and trace.peak_bytes > trace.output_bytes
+    with pytest.raises(InvalidInput, match="whole 325-frame slots"):
+        FakeNode(node).trace(node.inputs, {"frames": 300, "seqs": 1}, {"attn": fake}, "code2wav")
