@@ -1,0 +1,71 @@
+"""Sparse mixture-of-experts feed-forward (Qwen3-MoE style), as Qwen3-Omni's thinker and talker use it.
+
+Router: gate.weight [E, H]; softmax in fp32 over all E experts, top-k, optionally renormalised, cast back
+to the hidden dtype (HF's order of casts). Experts are fused in memory for grouped GEMM:
+experts.gate_up_proj [E, 2I, H] (gate rows, then up rows) and experts.down_proj [E, H, I]; the checkpoint
+loader fuses the on-disk per-expert tensors. Optional shared expert (the talker's): shared_expert.{gate,up,
+down}_proj scaled by sigmoid(shared_expert_gate [1, H]).
+
+Every shape is static for a given row count: the T*k token-expert pairs are sorted by expert and the
+per-expert end offsets are found on device with searchsorted, so a step captures as one CUDA graph.
+torch's grouped_mm runs fp32 and bf16 on the CPU (bf16 rows 16-byte aligned); its meta kernel takes bf16
+only, so the compiler's fake-tensor simulation of an MoE node needs the node dtype bfloat16.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.components.layers import SwiGLU
+
+
+class Experts(nn.Module):
+    def __init__(self, num_experts: int, hidden: int, intermediate: int):
+        super().__init__()
+        self.num_experts = num_experts
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+
+    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [T, H], experts/weights [T, k] -> [T, H]: each row's k expert outputs, weighted and summed."""
+        t, k = experts.shape
+        order, rows = torch.sort(experts.reshape(-1))                            # [T*k] pairs by expert
+        ends = torch.searchsorted(order, torch.arange(1, self.num_experts + 1, device=x.device),
+                                  out_int32=True)                                 # [E] end of each expert's rows
+        xs = x.index_select(0, rows // k)                                        # [T*k, H]
+        gate, up = F.grouped_mm(xs, self.gate_up_proj.transpose(-2, -1), offs=ends).chunk(2, dim=-1)
+        y = F.grouped_mm(F.silu(gate) * up, self.down_proj.transpose(-2, -1), offs=ends)   # [T*k, H]
+        y = y * weights.reshape(-1).index_select(0, rows)[:, None]
+        pairs = torch.empty_like(y)
+        pairs[rows] = y                                                          # back to (token, slot) order
+        return pairs.view(t, k, -1).sum(dim=1)
+
+
+class SparseMoE(nn.Module):
+    """Qwen3-MoE block: router + routed experts (+ a gated shared expert when shared_intermediate > 0)."""
+
+    def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, norm_topk_prob: bool,
+                 shared_intermediate: int = 0):
+        super().__init__()
+        self.top_k, self.norm_topk_prob, self.shared = top_k, norm_topk_prob, shared_intermediate > 0
+        self.gate = nn.Linear(hidden, num_experts, bias=False)
+        self.experts = Experts(num_experts, hidden, intermediate)
+        if self.shared:
+            self.shared_expert = SwiGLU(hidden, shared_intermediate)
+            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] -> (experts [T, k] int64, weights [T, k] in x's dtype)."""
+        logits = self.gate(x)                                                    # [T, E]
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return experts, weights.to(logits.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.experts(x, *self.route(x))
+        if self.shared:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out

@@ -1,0 +1,259 @@
+"""Qwen3-Omni's talker and its code predictor as one serving node: one forward emits whole codec frames.
+
+A forward runs the talker's MoE layers (shared expert, M-RoPE, paged role "kv") over packed rows, then
+for each sampled row: final norm -> codec_head -> code 0 -> the code predictor's 15 sequential steps ->
+codes 1..15, and the next talker input embedding (the 16 code embeddings summed, plus the projected text
+the row speaks next). HF runs the code predictor at the start of the *next* talker step; doing it at the
+end of this one gives the same frames and keeps prefill and decode to one capturable forward each.
+
+Weight names (minus the node's weight_prefix, 'talker.' in the real checkpoint): model.codec_embedding,
+model.layers.N.{input_layernorm, self_attn.*, post_attention_layernorm, mlp.gate, mlp.experts.*,
+mlp.shared_expert.{gate,up,down}_proj, mlp.shared_expert_gate}, model.norm, codec_head,
+{text,hidden}_projection.linear_fc{1,2}, code_predictor.model.{layers.N.*, norm, codec_embedding.{0..14}},
+code_predictor.lm_head.{0..14}.
+
+Talker input rows are additive, so prompt and decode rows mix in one step:
+  row = embeds + [codec_embedding(codec_ids) if >= 0] + [text_projection(thinker_embeds) if prompt_kind 1,
+        hidden_projection(thinker_hidden) if prompt_kind 2]
+Decode rows feed the previous step's next_embeds as embeds and leave the optional 'prompt' group out; a
+step that feeds the group runs both projections on all its rows (static shapes).
+Prompt rows, as HF's Qwen3OmniMoeForConditionalGeneration.generate builds them (thinker rows of the
+sequence; thinker_embeds of a text row is its token's thinker embedding, thinker_hidden the thinker's
+'hidden' output at layer accept_hidden_layer):
+  user turns:   multimodal rows kind 2, text rows kind 1 (codec_ids -1);
+  assistant:    its first 3 tokens kind 1; 4 rows of tts_pad then 1 of tts_bos (kind 1 with the thinker
+                embedding of those ids); the first generated text token (kind 1); codec_ids on the last 6 of
+                those 9 rows: nothink, think_bos, think_eos, speaker, codec_pad, codec_bos.
+trailing_text [S, Ht]: for each sampled row, the thinker embedding of the text it speaks next (generated
+token k+1 at frame k, then tts_eos, then tts_pad). Positions: mrope.rope_index over the talker's ids (the
+user turns' thinker ids, then tts_pad for the 9 assistant rows) with the talker's media ids when the
+request has media, else 1-D; decode rows continue at index + delta.
+
+Selection is greedy (argmax) for code 0 and the 15 residual codes. Code 0 is restricted to the codebook
+(ids < code predictor vocab_size) plus codec_eos, which for the real config (3072 ids, codebook 2048) is
+HF's suppress_tokens. Sampling plugs in at `select`: a device-side sampler (temperature, top-k/top-p,
+repetition penalty) fed per-step random numbers as an extra input stays capturable.
+
+The code predictor's short cache lives inside the forward: per layer, G = num_code_groups slots per
+sampled row for q, k and v. Its attention goes through role "cp_attn" (a causal ragged_attention with
+max_segment >= G) bound with cu_seqlens = cu_seqlens_k = [0, G, 2G, ..., S*G] (`code_predictor_cu_seqlens`):
+every step attends all S*G slots in that one fixed layout; under the causal mask the real query at slot p
+sees exactly keys 0..p, and the other slots' outputs are discarded. One binding serves all 15 steps.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from graphc.step import NodeModule, StepContext
+from graphc.strict import Strict
+from models.components.layers import RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
+from models.components.thinker import Attend, Attention, DecoderLayer, MoETextConfig, MRope, moe_layer
+
+
+class TalkerTextConfig(MoETextConfig):
+    """HF's talker text_config; intermediate_size is the width of the two thinker->talker ResizeMLPs."""
+
+    intermediate_size: int = Field(ge=1)
+    shared_expert_intermediate_size: int = Field(ge=1)
+
+
+class CodePredictorConfig(Strict):
+    vocab_size: int = Field(ge=1)          # codebook size of codes 1..G-1
+    hidden_size: int = Field(ge=1)
+    intermediate_size: int = Field(ge=1)
+    num_hidden_layers: int = Field(ge=1)
+    num_attention_heads: int = Field(ge=1)
+    num_key_value_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=2)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+
+
+class TalkerConfig(Strict):
+    text_config: TalkerTextConfig
+    code_predictor_config: CodePredictorConfig
+    thinker_hidden_size: int = Field(ge=1)
+    num_code_groups: int = Field(16, ge=2)
+    codec_eos_token_id: int = Field(2150, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "TalkerConfig":
+        text, cp = self.text_config, self.code_predictor_config
+        if cp.hidden_size != text.hidden_size:
+            raise ValueError(f"code predictor hidden_size {cp.hidden_size} != talker hidden_size {text.hidden_size}")
+        if cp.num_attention_heads % cp.num_key_value_heads:
+            raise ValueError("code predictor num_attention_heads must be a multiple of num_key_value_heads")
+        if not cp.vocab_size <= text.vocab_size or self.codec_eos_token_id >= text.vocab_size:
+            raise ValueError(f"need codebook {cp.vocab_size} <= codec vocab {text.vocab_size} and "
+                             f"codec_eos_token_id {self.codec_eos_token_id} inside the codec vocab")
+        return self
+
+
+# Qwen/Qwen3-Omni-30B-A3B-Instruct's talker and code predictor (the fact sheet's sections 1d and 1e)
+TALKER_30B_A3B = TalkerConfig(
+    text_config=TalkerTextConfig(vocab_size=3072, hidden_size=1024, num_hidden_layers=20, num_attention_heads=16,
+                                 num_key_value_heads=2, head_dim=128, moe_intermediate_size=384, num_experts=128,
+                                 num_experts_per_tok=6, norm_topk_prob=True, intermediate_size=2048,
+                                 shared_expert_intermediate_size=768),
+    code_predictor_config=CodePredictorConfig(vocab_size=2048, hidden_size=1024, intermediate_size=3072,
+                                              num_hidden_layers=5, num_attention_heads=16, num_key_value_heads=8,
+                                              head_dim=128),
+    thinker_hidden_size=2048, num_code_groups=16, codec_eos_token_id=2150)
+
+
+def code_predictor_cu_seqlens(num_seqs: int, num_code_groups: int) -> list[int]:
+    """The cp_attn binding's cu_seqlens (= cu_seqlens_k) for a step with num_seqs sampled rows."""
+    return [i * num_code_groups for i in range(num_seqs + 1)]
+
+
+def select(logits: torch.Tensor) -> torch.Tensor:
+    """logits [S, V] -> codes [S] int64. Greedy; a capturable sampler replaces this."""
+    return logits.argmax(dim=-1)
+
+
+class ResizeMLP(nn.Module):
+    """Thinker width -> talker width: linear_fc2(silu(linear_fc1(x))), both with bias."""
+
+    def __init__(self, inp: int, hidden: int, out: int):
+        super().__init__()
+        self.linear_fc1 = nn.Linear(inp, hidden)
+        self.linear_fc2 = nn.Linear(hidden, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(nn.functional.silu(self.linear_fc1(x)))
+
+
+class FrameCache:
+    """The code predictor's q/k/v slots of one frame: [layers, S, G, heads, D], written step by step."""
+
+    def __init__(self, attn, cfg: CodePredictorConfig, seqs: int, groups: int, like: torch.Tensor):
+        n, d = cfg.num_hidden_layers, cfg.head_dim
+        self.attn, self.s, self.g = attn, seqs, groups
+        # zeros, not empty: masked slots still enter softmax(.) @ V, and 0 x NaN would poison the output
+        self.q = like.new_zeros(n, seqs, groups, cfg.num_attention_heads, d)
+        self.k = like.new_zeros(n, seqs, groups, cfg.num_key_value_heads, d)
+        self.v = like.new_zeros(n, seqs, groups, cfg.num_key_value_heads, d)
+
+    def attend(self, layer: int, slots: slice, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [S, n, H, D], k/v [S, n, KV, D] at slots -> attention output of those slots [S, n, H, D]."""
+        self.q[layer, :, slots] = q
+        self.k[layer, :, slots] = k
+        self.v[layer, :, slots] = v
+        o = self.attn(self.q[layer].flatten(0, 1), self.k[layer].flatten(0, 1), self.v[layer].flatten(0, 1))
+        return o.view(self.s, self.g, *o.shape[1:])[:, slots]
+
+
+class CodePredictorBody(nn.Module):
+    def __init__(self, cfg: CodePredictorConfig, groups: int):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg.hidden_size, Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                                                    cfg.head_dim, cfg.rms_norm_eps),
+                         SwiGLU(cfg.hidden_size, cfg.intermediate_size), cfg.rms_norm_eps)
+            for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.codec_embedding = nn.ModuleList(nn.Embedding(cfg.vocab_size, cfg.hidden_size) for _ in range(groups - 1))
+
+
+class CodePredictor(nn.Module):
+    """Residual codes 1..G-1 of a frame from the talker's hidden state and code 0's embedding."""
+
+    def __init__(self, cfg: CodePredictorConfig, groups: int):
+        super().__init__()
+        self.cfg, self.groups = cfg, groups
+        self.model = CodePredictorBody(cfg, groups)
+        self.lm_head = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(groups - 1))
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
+
+    def run(self, x: torch.Tensor, slots: slice, cos: torch.Tensor, sin: torch.Tensor, cache: FrameCache
+            ) -> torch.Tensor:
+        """x [S, n, H] at positions slots -> the last slot's final-normed hidden [S, H]."""
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos[slots], sin[slots], partial(cache.attend, i, slots))
+        return self.model.norm(x[:, -1])
+
+    def forward(self, hidden: torch.Tensor, code0_embed: torch.Tensor, attn: Attend
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden, code0_embed [S, H] -> codes [S, G-1] int64, their embeddings [S, G-1, H]."""
+        s, g = hidden.shape[0], self.groups
+        cache = FrameCache(attn, self.cfg, s, g, hidden)
+        positions = torch.arange(g, device=hidden.device)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, hidden.dtype)        # [G, 1, D]
+        x = torch.stack((hidden, code0_embed), dim=1)                           # [S, 2, H]: HF's 2-row prefill
+        codes, embeds = [], []
+        for j in range(g - 1):
+            slots = slice(0, 2) if j == 0 else slice(j + 1, j + 2)
+            code = select(self.lm_head[j](self.run(x, slots, cos, sin, cache)))  # [S]
+            e = self.model.codec_embedding[j](code)                             # [S, H]
+            codes.append(code)
+            embeds.append(e)
+            x = e[:, None]                                                      # next step's one row
+        return torch.stack(codes, dim=1), torch.stack(embeds, dim=1)
+
+
+class TalkerBody(nn.Module):
+    def __init__(self, cfg: TalkerTextConfig):
+        super().__init__()
+        self.codec_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(moe_layer(cfg, cfg.shared_expert_intermediate_size)
+                                    for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Talker(NodeModule):
+    """Node: talker rows -> whole codec frames for the sampled rows, and their next input embeddings.
+
+    Inputs: embeds [T, H], positions [3, T] int64, sample_rows [S] int64, trailing_text [S, Ht];
+    optional group 'prompt': codec_ids [T] int64, thinker_embeds [T, Ht], thinker_hidden [T, Ht],
+    prompt_kind [T] int64. Outputs: logits [S, vocab] fp32 (codec_head, before suppression),
+    codes [S, G] int64, next_embeds [S, H].
+    """
+
+    ROLES = {"kv": "paged_kv", "cp_attn": "ragged_attention"}
+
+    def __init__(self, cfg: TalkerConfig):
+        super().__init__()
+        text, cp = cfg.text_config, cfg.code_predictor_config
+        self.cfg = cfg
+        self.model = TalkerBody(text)
+        self.codec_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.text_projection = ResizeMLP(cfg.thinker_hidden_size, text.intermediate_size, text.hidden_size)
+        self.hidden_projection = ResizeMLP(cfg.thinker_hidden_size, text.intermediate_size, text.hidden_size)
+        self.code_predictor = CodePredictor(cp, cfg.num_code_groups)
+        self.rope = MRope(text.head_dim, text.rope_theta, text.mrope_section)
+        suppress = torch.arange(text.vocab_size) >= cp.vocab_size
+        suppress[cfg.codec_eos_token_id] = False
+        self.register_buffer("suppress", suppress, persistent=False)
+
+    def prompt_rows(self, codec_ids: torch.Tensor, thinker_embeds: torch.Tensor, thinker_hidden: torch.Tensor,
+                    prompt_kind: torch.Tensor) -> torch.Tensor:
+        """[T, H]: the projected thinker side plus the codec side of prompt rows."""
+        text = self.text_projection(thinker_embeds)
+        mm = self.hidden_projection(thinker_hidden)
+        side = torch.where((prompt_kind == 2)[:, None], mm, torch.where((prompt_kind == 1)[:, None], text, 0.0))
+        codec = self.model.codec_embedding(codec_ids.clamp(min=0))
+        return side + torch.where((codec_ids >= 0)[:, None], codec, 0.0)
+
+    def forward(self, ctx: StepContext, embeds: torch.Tensor, positions: torch.Tensor, sample_rows: torch.Tensor,
+                trailing_text: torch.Tensor, codec_ids: torch.Tensor | None = None,
+                thinker_embeds: torch.Tensor | None = None, thinker_hidden: torch.Tensor | None = None,
+                prompt_kind: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        kv = ctx["kv"]
+        x = embeds
+        if codec_ids is not None:
+            x = x + self.prompt_rows(codec_ids, thinker_embeds, thinker_hidden, prompt_kind)
+        cos, sin = self.rope(positions, x.dtype)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, partial(kv, i))
+        h = self.model.norm(x.index_select(0, sample_rows))                      # [S, H]
+        logits = self.codec_head(h).float()                                      # [S, V]
+        code0 = select(logits.masked_fill(self.suppress, float("-inf")))
+        e0 = self.model.codec_embedding(code0)                                   # [S, H]
+        residual, residual_embeds = self.code_predictor(h, e0, ctx["cp_attn"])
+        frame = torch.cat((e0[:, None], residual_embeds), dim=1)                # [S, G, H]
+        next_embeds = frame.sum(dim=1) + self.text_projection(trailing_text)
+        return {"logits": logits, "codes": torch.cat((code0[:, None], residual), dim=1), "next_embeds": next_embeds}

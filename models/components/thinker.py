@@ -1,0 +1,204 @@
+"""Qwen3-Omni's thinker text model as a serving node: MoE decoder, M-RoPE, encoder splice, deepstack.
+
+Weight names (minus the node's weight_prefix, 'thinker.' in the real checkpoint): model.embed_tokens,
+model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, post_attention_layernorm,
+mlp.gate, mlp.experts.{gate_up_proj, down_proj}}, model.norm, lm_head. The real checkpoint also holds
+thinker.audio_tower.* and thinker.visual.* under the same prefix: those belong to the encoder nodes.
+
+One step carries packed rows of several sequences (prefill chunks and decode rows alike); attention goes
+through the paged role "kv". Encoder rows enter through index inputs, so shapes stay static:
+  audio group:  audio_embeds [A, H] (the audio encoder's rows), audio_rows [T] = row of audio_embeds
+                for each token row, -1 for rows that keep their token embedding;
+  visual group: visual_embeds [V, H] (image and video merger rows, in any order), visual_rows [T] likewise,
+                deepstack [K, V, H] (the K deepstack mergers' rows, aligned with visual_embeds), added to the
+                visual rows after decoder layers 0..K-1 (HF's deepstack; images and videos share one mask).
+Host-side metadata (positions from mrope.rope_index, row indices, sample_rows) is computed outside forward.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from graphc.step import NodeModule, StepContext
+from graphc.strict import Strict
+from models.components.layers import RMSNorm, apply_rope, rope_inv_freq
+from models.components.moe import SparseMoE
+from models.components.mrope import mrope_cos_sin, mrope_slots
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class MoETextConfig(Strict):
+    """The fields Qwen3-Omni's thinker and talker text models share (HF names)."""
+
+    vocab_size: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    num_hidden_layers: int = Field(ge=1)
+    num_attention_heads: int = Field(ge=1)
+    num_key_value_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=2)
+    moe_intermediate_size: int = Field(ge=1)
+    num_experts: int = Field(ge=1)
+    num_experts_per_tok: int = Field(ge=1)
+    norm_topk_prob: bool = True
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    mrope_section: tuple[int, int, int] = (24, 20, 20)
+
+    @model_validator(mode="after")
+    def _check_text(self) -> "MoETextConfig":
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads {self.num_attention_heads} must be a multiple of "
+                             f"num_key_value_heads {self.num_key_value_heads}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"num_experts_per_tok {self.num_experts_per_tok} > num_experts {self.num_experts}")
+        mrope_slots(self.head_dim, self.mrope_section)
+        return self
+
+
+class ThinkerConfig(MoETextConfig):
+    """accept_hidden_layer (the talker's, 24 for the real model): when set, the node also outputs 'embeds'
+    (the spliced input embeddings) and 'hidden' (the output of that decoder layer, before any deepstack
+    addition), which the talker's projections read. HF's hidden_states[k] for 1 <= k < num_hidden_layers."""
+
+    accept_hidden_layer: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _check_accept(self) -> "ThinkerConfig":
+        if self.accept_hidden_layer is not None and self.accept_hidden_layer >= self.num_hidden_layers:
+            raise ValueError(f"accept_hidden_layer {self.accept_hidden_layer} must be < num_hidden_layers "
+                             f"{self.num_hidden_layers} (HF's last hidden state is the normed one)")
+        return self
+
+
+# Qwen/Qwen3-Omni-30B-A3B-Instruct's thinker text model (the fact sheet's section 1c)
+THINKER_30B_A3B = ThinkerConfig(vocab_size=152064, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
+                                num_key_value_heads=4, head_dim=128, moe_intermediate_size=768, num_experts=128,
+                                num_experts_per_tok=8, norm_topk_prob=True, accept_hidden_layer=24)
+
+
+class Attention(nn.Module):
+    """Qwen3 attention with RMS qk-norm over head_dim; rows may carry any leading shape ([T] or [S, n])."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float):
+        super().__init__()
+        self.h, self.kv, self.d = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        rows = x.shape[:-1]
+        q = apply_rope(self.q_norm(self.q_proj(x).view(*rows, self.h, self.d)), cos, sin)   # [..., H, D]
+        k = apply_rope(self.k_norm(self.k_proj(x).view(*rows, self.kv, self.d)), cos, sin)  # [..., KV, D]
+        v = self.v_proj(x).view(*rows, self.kv, self.d)
+        return self.o_proj(attend(q, k, v).reshape(*rows, self.h * self.d))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: attention, then the given feed-forward (sparse MoE or SwiGLU)."""
+
+    def __init__(self, hidden: int, attn: Attention, mlp: nn.Module, eps: float):
+        super().__init__()
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.self_attn = attn
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.mlp = mlp
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def moe_layer(cfg: MoETextConfig, shared_intermediate: int = 0) -> DecoderLayer:
+    attn = Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                     cfg.rms_norm_eps)
+    mlp = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
+                    cfg.norm_topk_prob, shared_intermediate)
+    return DecoderLayer(cfg.hidden_size, attn, mlp, cfg.rms_norm_eps)
+
+
+def splice(x: torch.Tensor, embeds: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x [T, H] with the rows where rows >= 0 replaced by embeds[rows] (embeds [N, H], N >= 1)."""
+    picked = embeds.to(x.dtype).index_select(0, rows.clamp(min=0))        # [T, H]
+    return torch.where((rows >= 0)[:, None], picked, x)
+
+
+def add_at(x: torch.Tensor, embeds: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x [T, H] plus embeds[rows] where rows >= 0 (the deepstack addition)."""
+    picked = embeds.to(x.dtype).index_select(0, rows.clamp(min=0))
+    return x + torch.where((rows >= 0)[:, None], picked, 0.0)
+
+
+class MRope(nn.Module):
+    """Interleaved M-RoPE tables: non-persistent fp32 inverse frequencies and the slot-to-axis map."""
+
+    def __init__(self, head_dim: int, theta: float, mrope_section: tuple[int, int, int]):
+        super().__init__()
+        self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta), persistent=False)
+        self.register_buffer("slots", mrope_slots(head_dim, mrope_section), persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return mrope_cos_sin(positions, self.inv_freq, self.slots, dtype)
+
+
+class ThinkerBody(nn.Module):
+    def __init__(self, cfg: ThinkerConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(moe_layer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Thinker(NodeModule):
+    """Node: token rows (+ spliced encoder rows) -> logits of the rows to sample.
+
+    Inputs: token_ids [T] int64, positions [3, T] int64, sample_rows [S] int64; optional group 'audio':
+    audio_embeds [A, H], audio_rows [T] int64; optional group 'visual': visual_embeds [V, H],
+    visual_rows [T] int64, deepstack [K, V, H]. Outputs: logits [S, vocab] fp32; with accept_hidden_layer
+    set, also embeds [T, H] and hidden [T, H] in the node's dtype.
+    """
+
+    ROLES = {"kv": "paged_kv"}
+
+    def __init__(self, cfg: ThinkerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = ThinkerBody(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rope = MRope(cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
+
+    def embed(self, token_ids: torch.Tensor, audio_embeds: torch.Tensor | None, audio_rows: torch.Tensor | None,
+              visual_embeds: torch.Tensor | None, visual_rows: torch.Tensor | None) -> torch.Tensor:
+        x = self.model.embed_tokens(token_ids)                                 # [T, H]
+        if audio_embeds is not None:
+            x = splice(x, audio_embeds, audio_rows)
+        if visual_embeds is not None:
+            x = splice(x, visual_embeds, visual_rows)
+        return x
+
+    def forward(self, ctx: StepContext, token_ids: torch.Tensor, positions: torch.Tensor,
+                sample_rows: torch.Tensor, audio_embeds: torch.Tensor | None = None,
+                audio_rows: torch.Tensor | None = None, visual_embeds: torch.Tensor | None = None,
+                visual_rows: torch.Tensor | None = None, deepstack: torch.Tensor | None = None
+                ) -> dict[str, torch.Tensor]:
+        kv = ctx["kv"]
+        x = self.embed(token_ids, audio_embeds, audio_rows, visual_embeds, visual_rows)
+        out = {"embeds": x} if self.cfg.accept_hidden_layer is not None else {}
+        cos, sin = self.rope(positions, x.dtype)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, partial(kv, i))
+            if i + 1 == self.cfg.accept_hidden_layer:
+                out["hidden"] = x
+            if deepstack is not None and i < deepstack.shape[0]:
+                x = add_at(x, deepstack[i], visual_rows)
+        x = self.model.norm(x.index_select(0, sample_rows))                   # [S, H]
+        out["logits"] = self.lm_head(x).float()
+        return out

@@ -1,0 +1,254 @@
+"""The Qwen3-Omni talker node (talker MoE + code predictor in one forward) against HF's
+Qwen3OmniMoeTalkerForConditionalGeneration.generate (transformers 5.24), loaded through graphc's checkpoint
+loader from the safetensors HF wrote.
+
+Two sequences are packed per step through PagedTorch (prefill chunks mixed with decode rows), the code
+predictor attends through RaggedTorch; every frame's 16 (here 5) greedy codes and the codec_head logits must
+equal HF's. One prompt carries an image, so its positions are 3-D (mrope.rope_index vs HF's).
+"""
+import pytest
+import torch
+from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeTalkerConfig
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeTalkerForConditionalGeneration
+
+import graphc as gc
+from graphc.runtime.checkpoint import load_weights
+from graphc.simulate import FakeNode
+from graphc.step import StepContext
+from models.components.mrope import MediaTokens, rope_index
+from models.components.talker import (TALKER_30B_A3B, CodePredictorConfig, Talker, TalkerConfig, TalkerTextConfig,
+                                      code_predictor_cu_seqlens)
+from resources import PagedKVSpec, RaggedAttentionSpec
+from resources.paged_kv import PageAllocator, PagedTorch, new_cache
+from resources.ragged_attention import RaggedTorch
+
+IMAGE, VISION_START, VISION_END, TTS_PAD = 121, 124, 126, 127
+MEDIA = MediaTokens(audio_token_id=120, image_token_id=IMAGE, video_token_id=122, audio_start_token_id=123,
+                    vision_start_token_id=VISION_START, position_id_per_seconds=13, spatial_merge_size=2)
+GROUPS, THINKER_H = 5, 24
+CFG = TalkerConfig(
+    text_config=TalkerTextConfig(vocab_size=80, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, head_dim=16, moe_intermediate_size=24, num_experts=8,
+                                 num_experts_per_tok=3, norm_topk_prob=True, mrope_section=(4, 2, 2),
+                                 intermediate_size=48, shared_expert_intermediate_size=40),
+    code_predictor_config=CodePredictorConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                              num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    thinker_hidden_size=THINKER_H, num_code_groups=GROUPS, codec_eos_token_id=70)
+SUPPRESS = [i for i in range(64, 80) if i != 70]     # HF's suppress_tokens: beyond the codebook, except eos
+
+
+def hf_config() -> Qwen3OmniMoeTalkerConfig:
+    t, cp = CFG.text_config, CFG.code_predictor_config
+    text = dict(vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+                num_hidden_layers=t.num_hidden_layers, num_attention_heads=t.num_attention_heads,
+                num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim,
+                moe_intermediate_size=t.moe_intermediate_size, num_experts=t.num_experts,
+                num_experts_per_tok=t.num_experts_per_tok, norm_topk_prob=True,
+                shared_expert_intermediate_size=t.shared_expert_intermediate_size,
+                rope_parameters={"rope_type": "default", "rope_theta": t.rope_theta,
+                                 "mrope_section": list(t.mrope_section), "interleaved": True})
+    predictor = dict(vocab_size=cp.vocab_size, hidden_size=cp.hidden_size, intermediate_size=cp.intermediate_size,
+                     num_hidden_layers=cp.num_hidden_layers, num_attention_heads=cp.num_attention_heads,
+                     num_key_value_heads=cp.num_key_value_heads, head_dim=cp.head_dim, num_code_groups=GROUPS,
+                     rope_parameters={"rope_type": "default", "rope_theta": cp.rope_theta})
+    return Qwen3OmniMoeTalkerConfig(text_config=text, code_predictor_config=predictor, num_code_groups=GROUPS,
+                                    thinker_hidden_size=THINKER_H, codec_eos_token_id=CFG.codec_eos_token_id,
+                                    spatial_merge_size=2, accept_hidden_layer=2, audio_token_id=120,
+                                    image_token_id=IMAGE, video_token_id=122, vision_start_token_id=VISION_START,
+                                    audio_start_token_id=123, position_id_per_seconds=13)
+
+
+def rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    torch.manual_seed(0)
+    hf = Qwen3OmniMoeTalkerForConditionalGeneration(hf_config()).eval()
+    with torch.no_grad():      # HF's _init_weights skips the talker's experts (left torch.empty) and router (zeros)
+        for name, w in hf.named_parameters():
+            if "norm" not in name:
+                w.normal_(0.0, 0.05)
+    path = tmp_path_factory.mktemp("talker")
+    hf.save_pretrained(path)
+    ours = Talker(CFG).eval()
+    load_weights(ours, path)                          # strict: every tensor on disk is used
+    t, cp = CFG.text_config, CFG.code_predictor_config
+    kv = PagedKVSpec(name="kv", num_layers=t.num_hidden_layers, num_qo_heads=t.num_attention_heads,
+                     num_kv_heads=t.num_key_value_heads, head_dim=t.head_dim, page_size=4, max_seq_len=64,
+                     dtype="float32")
+    cp_attn = RaggedAttentionSpec(name="cp_attn", num_heads=cp.num_attention_heads, num_kv_heads=cp.num_key_value_heads,
+                                  head_dim=cp.head_dim, max_segment=GROUPS, causal=True)
+    return hf, ours, kv, cp_attn
+
+
+class Prompt:
+    """A talker prompt as HF's generate builds it: user rows (text or multimodal) then the 9 assistant rows."""
+
+    def __init__(self, gen: torch.Generator, ids: list[int], trailing: int, grid=None):
+        n = len(ids)
+        mm = [i == IMAGE for i in ids]
+        self.ids = ids + [TTS_PAD] * 9                                      # HF's talker_input_ids
+        self.kind = [2 if m else 1 for m in mm] + [1] * 9
+        self.codec = [-1] * (n + 3) + torch.randint(64, 80, (6,), generator=gen).tolist()
+        self.thinker_embeds = torch.randn(n + 9, THINKER_H, generator=gen)
+        self.thinker_hidden = torch.randn(n + 9, THINKER_H, generator=gen)
+        self.trailing = torch.randn(trailing, THINKER_H, generator=gen)    # text still to speak, then tts_eos
+        self.pad = torch.randn(THINKER_H, generator=gen)                     # the thinker embedding of tts_pad
+        self.grid = grid
+        kw = dict(image_grid_thw=[grid]) if grid else {}
+        self.positions, self.delta = rope_index(self.ids, MEDIA, **kw)
+
+    def trailing_at(self, frame: int) -> torch.Tensor:
+        return self.trailing[frame] if frame < len(self.trailing) else self.pad
+
+    def position(self, index: int) -> torch.Tensor:
+        if index < len(self.ids):
+            return self.positions[:, index]
+        return torch.full((3,), index + self.delta)
+
+
+def hf_generate(hf, p: Prompt, frames: int):
+    """HF's own talker loop, greedy: code 0 per step, every complete frame, and the raw codec logits."""
+    with torch.no_grad():
+        text = hf.text_projection(p.thinker_embeds)
+        mm = hf.hidden_projection(p.thinker_hidden)
+        kind = torch.tensor(p.kind)[:, None]
+        emb = torch.where(kind == 2, mm, text)
+        codec = torch.tensor(p.codec)
+        emb = emb + torch.where((codec >= 0)[:, None], hf.model.codec_embedding(codec.clamp(min=0)), 0.0)
+        kw = dict(image_grid_thw=torch.tensor([p.grid])) if p.grid else {}
+        out = hf.generate(inputs_embeds=emb[None], attention_mask=torch.ones(1, len(p.ids), dtype=torch.long),
+                          talker_input_ids=torch.tensor([p.ids]),
+                          trailing_text_hidden=hf.text_projection(p.trailing)[None],
+                          tts_pad_embed=hf.text_projection(p.pad)[None, None], max_new_tokens=frames, do_sample=False,
+                          suppress_tokens=SUPPRESS, eos_token_id=None, repetition_penalty=1.0,
+                          output_hidden_states=True, output_logits=True, return_dict_in_generate=True, **kw)
+    code0 = out.sequences[0, -frames:].tolist()
+    full = [h[-1][0].tolist() for h in out.hidden_states if h[-1] is not None]
+    return code0, full, torch.stack([lg[0] for lg in out.logits])
+
+
+class Engine:
+    """Packed talker steps: prompt chunks and decode rows of several sequences, one frame per sampled row."""
+
+    def __init__(self, model, kv, cp_attn):
+        self.model, self.kv, self.cp_attn = model, kv, cp_attn
+        self.cache = new_cache(kv, 64)
+        self.alloc = PageAllocator(64)
+        self.tables, self.lens, self.frames, self.next = {}, {}, {}, {}
+
+    def step(self, prompts: dict[int, Prompt], chunks: dict[int, int]) -> dict[int, dict[str, torch.Tensor]]:
+        h = CFG.text_config.hidden_size
+        rows = dict(embeds=[], positions=[], codec_ids=[], thinker_embeds=[], thinker_hidden=[], prompt_kind=[])
+        qo, kvl, tables, sample, trailing, sampled, has_prompt = [], [], [], [], [], [], False
+        for sid, n in chunks.items():
+            p, start = prompts[sid], self.lens.get(sid, 0)
+            has_prompt |= start < len(p.ids)
+            table = self.tables.setdefault(sid, [])
+            table += self.alloc.allocate(self.kv.pages_for(start + n) - len(table))
+            for i in range(start, start + n):
+                prompt_row = i < len(p.ids)
+                rows["embeds"].append(torch.zeros(h) if prompt_row else self.next[sid])
+                rows["positions"].append(p.position(i))
+                rows["codec_ids"].append(p.codec[i] if prompt_row else -1)
+                rows["thinker_embeds"].append(p.thinker_embeds[i] if prompt_row else torch.zeros(THINKER_H))
+                rows["thinker_hidden"].append(p.thinker_hidden[i] if prompt_row else torch.zeros(THINKER_H))
+                rows["prompt_kind"].append(p.kind[i] if prompt_row else 0)
+            self.lens[sid] = start + n
+            qo.append(n), kvl.append(start + n), tables.append(table)
+            # every sequence samples its last row (one row per sequence, as captured steps have);
+            # only a sequence whose prompt is complete keeps the frame
+            done = self.lens[sid] >= len(p.ids)
+            sample.append(sum(qo) - 1)
+            trailing.append(p.trailing_at(self.frames.get(sid, 0)) if done else torch.zeros(THINKER_H))
+            sampled.append(sid if done else None)
+        inputs = dict(embeds=torch.stack(rows["embeds"]), positions=torch.stack(rows["positions"], dim=1),
+                      sample_rows=torch.tensor(sample), trailing_text=torch.stack(trailing))
+        if has_prompt:
+            inputs.update(codec_ids=torch.tensor(rows["codec_ids"]), prompt_kind=torch.tensor(rows["prompt_kind"]),
+                          thinker_embeds=torch.stack(rows["thinker_embeds"]),
+                          thinker_hidden=torch.stack(rows["thinker_hidden"]))
+        cu = code_predictor_cu_seqlens(len(sample), GROUPS)
+        ctx = StepContext({"kv": PagedTorch(self.kv, self.cache, qo, kvl, tables),
+                           "cp_attn": RaggedTorch(self.cp_attn, cu, cu)})
+        with torch.no_grad():
+            out = self.model(ctx, **inputs)
+        result = {}
+        for k, sid in enumerate(sampled):
+            if sid is None:
+                continue
+            self.frames[sid] = self.frames.get(sid, 0) + 1
+            self.next[sid] = out["next_embeds"][k]
+            result[sid] = {name: t[k] for name, t in out.items()}
+        return result
+
+
+def test_frames_match_hf_generate_with_packed_prefill_and_decode(pair):
+    hf, ours, kv, cp_attn = pair
+    gen = torch.Generator().manual_seed(1)
+    user_a = torch.randint(0, 120, (5,), generator=gen).tolist()
+    user_b = (torch.randint(0, 120, (2,), generator=gen).tolist() + [VISION_START] + [IMAGE] * 6 + [VISION_END]
+              + torch.randint(0, 120, (2,), generator=gen).tolist())
+    prompts = {0: Prompt(gen, user_a, trailing=3), 1: Prompt(gen, user_b, trailing=2, grid=(1, 4, 6))}
+    assert prompts[1].delta < 0                                          # the image compresses positions
+    frames = 6
+    eng = Engine(ours, kv, cp_attn)
+    got = {0: [], 1: []}
+    la, lb = len(prompts[0].ids), len(prompts[1].ids)
+    # prompt chunks mix with decode rows: A prefills in two chunks, then decodes while B's prompt finishes
+    plan = [{0: 6}, {0: la - 6, 1: 8}, {0: 1, 1: lb - 8}] + [{0: 1, 1: 1}] * (frames - 1)
+    for chunks in plan:
+        for sid, frame in eng.step(prompts, chunks).items():
+            got[sid].append(frame)
+    for sid in (0, 1):
+        code0, full, logits = hf_generate(hf, prompts[sid], frames)
+        ours_frames = got[sid][:frames]
+        assert [int(f["codes"][0]) for f in ours_frames] == code0
+        assert [f["codes"].tolist() for f in ours_frames[:frames - 1]] == full     # HF completes frame k at step k+1
+        assert rel(torch.stack([f["logits"] for f in ours_frames]), logits) < 1e-5
+        assert all(0 <= c < 64 for f in ours_frames for c in f["codes"][1:].tolist())
+
+
+def test_code0_is_restricted_to_the_codebook_and_eos(pair):
+    ours = pair[1]
+    assert ours.suppress.nonzero().flatten().tolist() == SUPPRESS
+
+
+def talker_node() -> gc.Node:
+    h, v = CFG.text_config.hidden_size, CFG.text_config.vocab_size
+    return gc.Node(
+        name="talker", module=Talker, config=CFG, weight_prefix="talker.",
+        inputs={"embeds": gc.Port(shape=("tokens", h), dtype="bfloat16"),
+                "positions": gc.Port(shape=(3, "tokens"), dtype="int64"),
+                "sample_rows": gc.Port(shape=("seqs",), dtype="int64"),
+                "trailing_text": gc.Port(shape=("seqs", THINKER_H), dtype="bfloat16"),
+                "codec_ids": gc.Port(shape=("tokens",), dtype="int64", optional="prompt"),
+                "thinker_embeds": gc.Port(shape=("tokens", THINKER_H), dtype="bfloat16", optional="prompt"),
+                "thinker_hidden": gc.Port(shape=("tokens", THINKER_H), dtype="bfloat16", optional="prompt"),
+                "prompt_kind": gc.Port(shape=("tokens",), dtype="int64", optional="prompt")},
+        outputs={"logits": gc.Port(shape=("seqs", v), dtype="float32"),
+                 "codes": gc.Port(shape=("seqs", GROUPS), dtype="int64"),
+                 "next_embeds": gc.Port(shape=("seqs", h), dtype="bfloat16")},
+        resources={"kv": "talker_kv", "cp_attn": "cp_attn"})
+
+
+@pytest.mark.parametrize("groups", [(), ("prompt",)], ids=["decode", "prefill"])
+def test_node_traces_on_meta_tensors(pair, groups):
+    kv, cp_attn = pair[2:]
+    node = talker_node()
+    kv = kv.model_copy(update={"name": "talker_kv", "dtype": "bfloat16"})
+    sizes = {"tokens": 12, "seqs": 3}
+    ports = {k: p for k, p in node.inputs.items() if p.optional is None or p.optional in groups}
+    bindings = {"kv": kv.fake(kv.step_shape("tokens", sizes, "prefill")),
+                "cp_attn": cp_attn.fake(cp_attn.step_shape("seqs", sizes, "prefill"))}
+    t = FakeNode(node).trace(ports, sizes, bindings, "talker")
+    assert t.retained_bytes == 0 and t.peak_bytes > 0
+    assert t.output_bytes == 3 * (CFG.text_config.vocab_size * 4 + GROUPS * 8 + CFG.text_config.hidden_size * 2)
+
+
+def test_real_config_holds_the_checkpoint_parameter_count():
+    with torch.device("meta"):
+        model = Talker(TALKER_30B_A3B)
+    assert sum(p.numel() for p in model.parameters()) == 3_183_026_176 + 141_570_304   # talker + code predictor
