@@ -45,7 +45,7 @@ def declare(preset: str = "tiny") -> gc.Model:
         ],
         resources=[
             RaggedAttentionSpec(name="encoder_attn", num_heads=p["enc_heads"], head_dim=p["enc_hidden"] // p["enc_heads"],
-                                max_segment=WINDOW),
+                                max_segment=WINDOW, rows_per_segment=WINDOW),
             PagedKVSpec(name="decoder_kv", num_layers=p["layers"], num_qo_heads=p["heads"], num_kv_heads=p["kv_heads"],
                         head_dim=p["head_dim"], page_size=16, max_seq_len=p["max_seq_len"], pages=p["pages"]),
         ],

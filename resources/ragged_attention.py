@@ -25,6 +25,10 @@ class RaggedAttentionSpec(ResourceSpec):
     head_dim: int = Field(ge=1)
     num_kv_heads: int | None = Field(None, ge=1)
     max_segment: int = Field(ge=1)   # the longest segment a step may hold (e.g. 104-token windows)
+    # When every unit of the node's capture axis is one segment of exactly this many rows (an audio
+    # window is 104 rows; the code predictor's frame is 16): rows = units x rows_per_segment.
+    rows_per_segment: int | None = Field(None, ge=1)
+    segment_axis: str | None = None  # the axis that counts those segments (default: the capture axis)
     causal: bool = False
     window: int | None = Field(None, ge=1)   # causal sliding window: keys seen per query, itself included
     backend: str = "auto"
@@ -37,6 +41,8 @@ class RaggedAttentionSpec(ResourceSpec):
             raise ValueError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.kv_heads}")
         if self.window is not None and not self.causal:
             raise ValueError("a sliding window needs causal=True")
+        if self.rows_per_segment is not None and self.rows_per_segment > self.max_segment:
+            raise ValueError(f"rows_per_segment {self.rows_per_segment} exceeds max_segment {self.max_segment}")
         return self
 
     @property
@@ -48,10 +54,12 @@ class RaggedAttentionSpec(ResourceSpec):
         return self.num_kv_heads or self.num_heads
 
     def step_shape(self, axis: str, sizes: dict[str, int], phase: str) -> StepShape:
-        """Windows carry max_segment rows each and one segment each; other axes count rows and
-        take their segment count from the walk's seqs budget (one image or frame group each)."""
-        if axis == "windows":
-            return StepShape(rows=sizes["windows"] * self.max_segment, seqs=sizes["windows"], kv_len=self.max_segment)
+        """With rows_per_segment, each unit of the capture axis is one segment of that many rows
+        (audio windows, code-predictor frames); otherwise the axis counts rows and the walk's seqs
+        budget counts segments (one image or frame group each)."""
+        if self.rows_per_segment is not None:
+            units = sizes[self.segment_axis or axis]
+            return StepShape(rows=units * self.rows_per_segment, seqs=units, kv_len=self.rows_per_segment)
         rows = sizes[axis]
         return StepShape(rows=rows, seqs=min(rows, sizes.get("seqs", 1)), kv_len=min(rows, self.max_segment))
 

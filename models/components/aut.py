@@ -227,4 +227,4 @@ def node_ports(cfg: AuTConfig, dtype: str) -> tuple[dict[str, Port], dict[str, P
 def attention_spec(cfg: AuTConfig, name: str, **kw) -> RaggedAttentionSpec:
     """The bidirectional window attention the node's "attn" role binds to."""
     return RaggedAttentionSpec(name=name, num_heads=cfg.encoder_attention_heads, head_dim=cfg.head_dim,
-                               max_segment=cfg.window_tokens, **kw)
+                               max_segment=cfg.window_tokens, rows_per_segment=cfg.window_tokens, **kw)

@@ -1,0 +1,186 @@
+"""Qwen3-Omni-30B-A3B as a graphc model: audio and vision encoders spliced into the MoE thinker,
+the talker (with its code predictor) and Code2Wav for speech.
+
+Real shapes from the fact sheet (shared/reference/qwen3_omni.md); weight names are the public
+checkpoint's (thinker.audio_tower.*, thinker.visual.*, thinker.model.*, thinker.lm_head,
+talker.*, code2wav.*). Presets: '30b-a3b' (default) and 'tiny' (runs on a CPU in seconds).
+
+Walks (one engine step each) and their budgets (the most one step carries):
+  thinker_decode   thinker                      seqs
+  thinker_prefill  thinker                      tokens per chunk (and sequences)
+  thinker_mixed    thinker                      a prefill chunk beside decode rows: tokens, seqs
+  audio_prefill    audio_encoder -> thinker     windows (104 tokens each) spliced into a chunk
+  image_prefill    vision_encoder -> thinker    patches (4 per LLM token), images per step
+  video_prefill    vision_encoder -> thinker    patches, frame groups per step
+  talker_prefill   talker                       the talker's prompt rows
+  talker_decode    talker (+ code predictor)    sequences, one 16-code frame each
+  code2wav_chunk   code2wav                     frames (slots of 325 = 300 + 25 left context)
+"""
+from __future__ import annotations
+
+import graphc as gc
+from models.components import code2wav as c2w
+from models.components.aut import QWEN3_OMNI_AUT, AuTConfig, AuTEncoder, attention_spec, node_ports
+from models.components.talker import TALKER_30B_A3B, CodePredictorConfig, Talker, TalkerConfig, TalkerTextConfig
+from models.components.thinker import THINKER_30B_A3B, Thinker, ThinkerConfig
+from models.components.vision import VisionConfig, vision_node
+from resources import PagedKVSpec, RaggedAttentionSpec
+
+VISION_30B_A3B = VisionConfig(depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304, out_hidden_size=2048,
+                              num_position_embeddings=2304, deepstack_visual_indexes=(8, 16, 24))
+
+REAL = dict(
+    aut=QWEN3_OMNI_AUT, vision=VISION_30B_A3B, thinker=THINKER_30B_A3B, talker=TALKER_30B_A3B,
+    code2wav=c2w.Code2WavConfig(),
+    decode_seqs=64, prefill_tokens=2048, prefill_seqs=8, mixed_tokens=1024, windows=16, patches=8192,
+    images=4, frame_groups=16, max_frame_patches=8192, talker_tokens=1024, talker_seqs=32, code2wav_slots=8,
+    thinker_len=32768, talker_len=32768, page_size=16,
+)
+
+TINY = dict(
+    aut=AuTConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128, output_dim=64,
+                  downsample_hidden_size=16),
+    vision=VisionConfig(depth=4, hidden_size=32, num_heads=4, intermediate_size=64, out_hidden_size=64,
+                        num_position_embeddings=64, deepstack_visual_indexes=(1, 2, 3)),
+    thinker=ThinkerConfig(vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=16, moe_intermediate_size=32, num_experts=8,
+                          num_experts_per_tok=2, mrope_section=(4, 2, 2), accept_hidden_layer=2),
+    talker=TalkerConfig(
+        text_config=TalkerTextConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, head_dim=16, moe_intermediate_size=16, num_experts=8,
+                                     num_experts_per_tok=2, mrope_section=(4, 2, 2), intermediate_size=64,
+                                     shared_expert_intermediate_size=32),
+        code_predictor_config=CodePredictorConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                                  num_hidden_layers=2, num_attention_heads=4,
+                                                  num_key_value_heads=2, head_dim=16),
+        thinker_hidden_size=64, num_code_groups=4, codec_eos_token_id=80),
+    code2wav=c2w.Code2WavConfig(codebook_size=64, num_quantizers=4, hidden_size=32, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=4, intermediate_size=64, sliding_window=8,
+                                upsampling_ratios=(2, 2), upsample_rates=(2, 2, 2, 2), decoder_dim=64,
+                                chunk_frames=24, left_context=4),
+    decode_seqs=8, prefill_tokens=128, prefill_seqs=4, mixed_tokens=64, windows=2, patches=256, images=2,
+    frame_groups=4, max_frame_patches=128, talker_tokens=64, talker_seqs=4, code2wav_slots=2,
+    thinker_len=1024, talker_len=1024, page_size=16, thinker_pages=256, talker_pages=256,
+)
+
+PRESETS = {"30b-a3b": REAL, "tiny": TINY}
+
+
+def thinker_node(p: dict) -> gc.Node:
+    cfg, h = p["thinker"], p["thinker"].hidden_size
+    merged, rows = f"patches/{p['vision'].merge_unit}", f"windows*{p['aut'].window_tokens}"
+    deep = len(p["vision"].deepstack_visual_indexes)
+    return gc.Node(
+        name="thinker", module=Thinker, config=cfg, weight_prefix="thinker.", resources={"kv": "thinker_kv"},
+        inputs={"token_ids": gc.Port(shape=("tokens",), dtype="int64"),
+                "positions": gc.Port(shape=(3, "tokens"), dtype="int64"),
+                "sample_rows": gc.Port(shape=("seqs",), dtype="int64"),
+                "audio_embeds": gc.Port(shape=(rows, h), dtype="bfloat16", optional="audio"),
+                "audio_rows": gc.Port(shape=("tokens",), dtype="int64", optional="audio"),
+                "visual_embeds": gc.Port(shape=(merged, h), dtype="bfloat16", optional="visual"),
+                "visual_rows": gc.Port(shape=("tokens",), dtype="int64", optional="visual"),
+                "deepstack": gc.Port(shape=(deep, merged, h), dtype="bfloat16", optional="visual")},
+        outputs={"logits": gc.Port(shape=("seqs", cfg.vocab_size), dtype="float32"),
+                 "embeds": gc.Port(shape=("tokens", h), dtype="bfloat16"),
+                 "hidden": gc.Port(shape=("tokens", h), dtype="bfloat16")})
+
+
+def talker_node(p: dict) -> gc.Node:
+    cfg = p["talker"]
+    h, th, groups = cfg.text_config.hidden_size, cfg.thinker_hidden_size, cfg.num_code_groups
+    return gc.Node(
+        name="talker", module=Talker, config=cfg, weight_prefix="talker.",
+        resources={"kv": "talker_kv", "cp_attn": "code_predictor_attn"},
+        inputs={"embeds": gc.Port(shape=("tokens", h), dtype="bfloat16"),
+                "positions": gc.Port(shape=(3, "tokens"), dtype="int64"),
+                "sample_rows": gc.Port(shape=("seqs",), dtype="int64"),
+                "trailing_text": gc.Port(shape=("seqs", th), dtype="bfloat16"),
+                "codec_ids": gc.Port(shape=("tokens",), dtype="int64", optional="prompt"),
+                "thinker_embeds": gc.Port(shape=("tokens", th), dtype="bfloat16", optional="prompt"),
+                "thinker_hidden": gc.Port(shape=("tokens", th), dtype="bfloat16", optional="prompt"),
+                "prompt_kind": gc.Port(shape=("tokens",), dtype="int64", optional="prompt")},
+        outputs={"logits": gc.Port(shape=("seqs", cfg.text_config.vocab_size), dtype="float32"),
+                 "codes": gc.Port(shape=("seqs", groups), dtype="int64"),
+                 "next_embeds": gc.Port(shape=("seqs", h), dtype="bfloat16")})
+
+
+def resources(p: dict) -> list:
+    th, tk, cp = p["thinker"], p["talker"].text_config, p["talker"].code_predictor_config
+    v, c = p["vision"], p["code2wav"]
+    groups = p["talker"].num_code_groups
+    return [
+        attention_spec(p["aut"], "audio_attn"),
+        RaggedAttentionSpec(name="vision_attn", num_heads=v.num_heads, head_dim=v.head_dim,
+                            max_segment=p["max_frame_patches"]),
+        PagedKVSpec(name="thinker_kv", num_layers=th.num_hidden_layers, num_qo_heads=th.num_attention_heads,
+                    num_kv_heads=th.num_key_value_heads, head_dim=th.head_dim, page_size=p["page_size"],
+                    max_seq_len=p["thinker_len"], pages=p.get("thinker_pages"), fill_share=5.0),
+        PagedKVSpec(name="talker_kv", num_layers=tk.num_hidden_layers, num_qo_heads=tk.num_attention_heads,
+                    num_kv_heads=tk.num_key_value_heads, head_dim=tk.head_dim, page_size=p["page_size"],
+                    max_seq_len=p["talker_len"], pages=p.get("talker_pages"), fill_share=1.0),
+        # the code predictor's 16-code frame per sampled row: one causal segment of 16 rows each
+        RaggedAttentionSpec(name="code_predictor_attn", num_heads=cp.num_attention_heads,
+                            num_kv_heads=cp.num_key_value_heads, head_dim=cp.head_dim, max_segment=groups,
+                            causal=True, rows_per_segment=groups, segment_axis="seqs"),
+        c2w.attention_spec(c, "code2wav_attn"),
+    ]
+
+
+def walks(p: dict) -> list[gc.Walk]:
+    c = p["code2wav"]
+    slots = [s for s in (1, 2, 4, 8, 16, 32) if s < p["code2wav_slots"]] + [p["code2wav_slots"]]
+    return [
+        gc.Walk(name="thinker_decode", kind="decode", path=("thinker",), budget=gc.Budget(seqs=p["decode_seqs"])),
+        gc.Walk(name="thinker_prefill", kind="prefill", path=("thinker",),
+                budget=gc.Budget(tokens=p["prefill_tokens"], seqs=p["prefill_seqs"])),
+        gc.Walk(name="thinker_mixed", kind="mixed", path=("thinker",),
+                budget=gc.Budget(tokens=p["mixed_tokens"], seqs=p["decode_seqs"])),
+        gc.Walk(name="audio_prefill", kind="prefill", path=("audio_encoder", "thinker"),
+                budget=gc.Budget(windows=p["windows"], tokens=p["prefill_tokens"], seqs=p["prefill_seqs"])),
+        gc.Walk(name="image_prefill", kind="prefill", path=("vision_encoder", "thinker"),
+                budget=gc.Budget(patches=p["patches"], tokens=p["prefill_tokens"], seqs=p["images"])),
+        gc.Walk(name="video_prefill", kind="prefill", path=("vision_encoder", "thinker"),
+                budget=gc.Budget(patches=p["patches"], tokens=p["prefill_tokens"], seqs=p["frame_groups"])),
+        gc.Walk(name="talker_prefill", kind="prefill", path=("talker",),
+                budget=gc.Budget(tokens=p["talker_tokens"], seqs=p["talker_seqs"])),
+        gc.Walk(name="talker_decode", kind="decode", path=("talker",), budget=gc.Budget(seqs=p["talker_seqs"])),
+        gc.Walk(name="code2wav_chunk", kind="chunk", path=("code2wav",),
+                budget=gc.Budget(frames=p["code2wav_slots"] * c.chunk_frames, seqs=p["code2wav_slots"]),
+                ladder=tuple(s * c.chunk_frames for s in slots)),
+    ]
+
+
+SPEECH = ("thinker_decode", "talker_prefill", "talker_decode", "code2wav_chunk")
+
+
+def declare(preset: str = "30b-a3b") -> gc.Model:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset '{preset}'; presets: {', '.join(PRESETS)}")
+    p = PRESETS[preset]
+    enc_in, enc_out = node_ports(p["aut"], "bfloat16")
+    c_in, c_out = c2w.ports(p["code2wav"])
+    return gc.Model(
+        name=f"qwen3_omni-{preset}",
+        nodes=[
+            gc.Node(name="audio_encoder", module=AuTEncoder, config=p["aut"], weight_prefix="thinker.audio_tower.",
+                    inputs=enc_in, outputs=enc_out, resources={"attn": "audio_attn"}),
+            vision_node(p["vision"], name="vision_encoder", attn="vision_attn"),
+            thinker_node(p),
+            talker_node(p),
+            gc.Node(name="code2wav", module=c2w.Code2Wav, config=p["code2wav"], weight_prefix="code2wav.",
+                    inputs=c_in, outputs=c_out, resources={"attn": "code2wav_attn"}),
+        ],
+        resources=resources(p),
+        edges=[gc.Edge(src="audio_encoder.embeds", dst="thinker.audio_embeds"),
+               gc.Edge(src="vision_encoder.embeds", dst="thinker.visual_embeds"),
+               gc.Edge(src="vision_encoder.deepstack", dst="thinker.deepstack")],
+        walks=walks(p),
+        requests=[
+            gc.RequestKind(name="t2t", stages=("thinker_prefill", "thinker_decode")),
+            gc.RequestKind(name="a2t", stages=("audio_prefill", "thinker_decode")),
+            gc.RequestKind(name="i2t", stages=("image_prefill", "thinker_decode")),
+            gc.RequestKind(name="v2t", stages=("video_prefill", "thinker_decode")),
+            gc.RequestKind(name="t2s", stages=("thinker_prefill", SPEECH)),
+            gc.RequestKind(name="a2s", stages=("audio_prefill", SPEECH)),
+        ],
+    )
