@@ -5,7 +5,7 @@ results onward (graphc/passes/*). The networkx graph holds nodes and port-level 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import networkx as nx
@@ -67,6 +67,9 @@ class IR:
     def steps_of(self, node: str) -> list[Step]:
         return [s for s in self.steps if s.node == node]
 
+    def family(self, node: str, family: str) -> Step:
+        return family_step([s for s in self.steps if s.node == node and s.family == family])
+
     @cached_property
     def users(self) -> dict[str, list[tuple[str, str]]]:
         """resource -> [(node, role)] that call it."""
@@ -83,6 +86,17 @@ class IR:
         for s in self.steps:
             assert s.node in names and s.budget >= 1, f"bad step {s}"
         assert 1 <= self.num_devices, "at least one device"
+
+
+def family_step(steps: list[Step]) -> Step:
+    """One step standing for every walk of a graph family: each axis at its largest budget (the
+    family's captured graphs and static buffers are sized by it)."""
+    sizes: dict[str, int] = {}
+    for s in steps:
+        for axis, n in s.sizes:
+            sizes[axis] = max(sizes.get(axis, 0), n)
+    return replace(steps[0], walk="+".join(s.walk for s in steps), budget=max(s.budget for s in steps),
+                   sizes=tuple(sorted(sizes.items())))
 
 
 def capture_axis(node: Node, walk: Walk) -> str:

@@ -59,7 +59,7 @@ def run_passes(model: Model, target: Target, num_devices: int, headroom: int | N
     ir.check()
     buckets = _timed(t, "choose_buckets", choose_buckets, ir)
     weights = _timed(t, "size_weights", size_weights, ir)
-    acts = _timed(t, "simulate_steps", simulate_steps, ir, buckets)
+    acts = _timed(t, "simulate_steps", simulate_steps, ir, buckets, backends)
     ir.check()
     sizes = _timed(t, "size_resources", size_resources, ir, backends, buckets)
     s = Sizing(ir, backends, buckets, weights, acts, sizes, headroom)

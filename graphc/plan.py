@@ -75,6 +75,8 @@ class PlanResource(Strict):
     max_seq_len: int | None = None
     min_pages: int | None = None
     workspace: str | None = None
+    decode_backend: str | None = None
+    run_head_dim: int | None = None     # set when the kernels run the head dim zero-padded
 
 
 class PlanWalk(Strict):

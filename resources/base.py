@@ -41,5 +41,5 @@ class ResourceSpec(Strict):
     def is_attention(self) -> bool:
         return False
 
-    def fake(self, shape: StepShape) -> Any:  # pragma: no cover - overridden
+    def fake(self, shape: StepShape, run_head_dim: int | None = None) -> Any:  # pragma: no cover - overridden
         raise NotImplementedError(f"{type(self).__name__} has no fake path")

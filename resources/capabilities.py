@@ -20,7 +20,7 @@ TABLE: dict[str, dict[str, tuple[str, ...]]] = {
         "sm_103": ("cutlass", "fa2", "cudnn"),
         "cpu": ("torch",),
     },
-    "paged_kv": {
+    "paged_kv": {            # prefill and mixed steps
         "sm_80": ("fa2",),
         "sm_89": ("fa2",),
         "sm_90": ("fa3", "fa2"),
@@ -28,7 +28,29 @@ TABLE: dict[str, dict[str, tuple[str, ...]]] = {
         "sm_103": ("fa2",),
         "cpu": ("torch",),
     },
+    "paged_kv_decode": {     # steps of one row per sequence (H200: fa2 80 us vs fa3 522 us, docs/gpu-attention.md)
+        "sm_80": ("fa2",),
+        "sm_89": ("fa2",),
+        "sm_90": ("fa2", "fa3"),
+        "sm_100": ("trtllm-gen", "fa2"),
+        "sm_103": ("fa2",),
+        "cpu": ("torch",),
+    },
 }
+
+# Head dims a backend's kernels take; another runs padded with zeros up to the next one it takes
+# (same scores with the real head dim's scale; the padded output columns are dropped).
+# fa3: FlashInfer's Hopper kernels are instantiated for 64, 128 and 256 only. fa2: 72 gave wrong
+# results on the H200 (docs/gpu-attention.md), its kernels assume multiples of 16.
+HEAD_DIMS = {"fa3": (64, 128, 256), "fa2": tuple(range(16, 257, 16))}
+
+
+def run_head_dim(backend: str, head_dim: int) -> int | None:
+    """The head dim the backend's kernels run a head_dim at (itself, or padded), or None."""
+    dims = HEAD_DIMS.get(backend)
+    if dims is None:
+        return head_dim
+    return next((d for d in dims if d >= head_dim), None)
 
 # Backends whose kernels use a float workspace (split-KV partial results); the others need none.
 USES_FLOAT_WORKSPACE = {"fa2", "cutlass", "cudnn", "trtllm-gen"}
@@ -38,20 +60,35 @@ def available(kind: str, arch: str) -> tuple[str, ...]:
     return TABLE.get(kind, {}).get(arch, ())
 
 
-def choose(kind: str, arch: str, requested: str, resource: str, target: str) -> str:
-    """The backend for one resource: the requested one if the arch has it, else a clear refusal."""
+def choose(kind: str, arch: str, requested: str, resource: str, target: str, head_dim: int | None = None,
+           field: str = "backend", pad: bool = True) -> tuple[str, int | None]:
+    """(backend, the head dim its kernels run at) for one resource (pad=False: a KV cache stores the
+    real head dim, so only backends that take it as it is qualify): the requested backend if the
+    arch has it, else a clear refusal; 'auto' takes the first in preference order that can run
+    head_dim (padded if it must: measured backends first, so unmeasured ones never win by default)."""
     options = available(kind, arch)
     if not options:
         raise InvalidInput(f"resource '{resource}' ({kind}) has no backend on {target} ({arch})",
                            "the capability table lists none for this arch",
                            "plan for another --gpu, or add kernels for this arch to resources/capabilities.py")
     if requested == "auto":
-        return options[0]
+        if head_dim is None:
+            return options[0], None
+        runnable = [b for b in options if run_head_dim(b, head_dim) == head_dim
+                    or (pad and run_head_dim(b, head_dim) is not None)]
+        if not runnable:
+            raise InvalidInput(f"resource '{resource}': no {kind} backend on {target} ({arch}) takes head_dim {head_dim}",
+                               f"backends there: {', '.join(options)}", "plan for another --gpu")
+        return runnable[0], run_head_dim(runnable[0], head_dim)
     if requested not in options:
         everywhere = sorted({b for per in TABLE.get(kind, {}).values() for b in per})
         why = (f"'{requested}' has no kernels for {arch}; {target} has: {', '.join(options)}"
                if requested in everywhere else
                f"'{requested}' is not a {kind} backend; known backends: {', '.join(everywhere)}")
         raise InvalidInput(f"resource '{resource}': backend '{requested}' is not available on {target}",
-                           why, f"--set resources.{resource}.backend={options[0]} (or 'auto')")
-    return requested
+                           why, f"--set resources.{resource}.{field}={options[0]} (or 'auto')")
+    runs = run_head_dim(requested, head_dim) if head_dim is not None else None
+    if head_dim is not None and (runs is None or (not pad and runs != head_dim)):
+        raise InvalidInput(f"resource '{resource}': backend '{requested}' has no kernels for head_dim {head_dim}",
+                           f"it takes {HEAD_DIMS[requested]}", f"--set resources.{resource}.{field}=auto")
+    return requested, runs

@@ -17,6 +17,8 @@ PREFILL_BLOCKS_PER_SM = 2
 # Decode: 2048 threads per SM / 128-thread blocks bounds the occupancy FlashInfer can measure.
 DECODE_MAX_BLOCKS_PER_SM = 16
 F32 = 4
+# BatchPrefillWithPagedKVCacheWrapper allocates a 32768-entry int32 kv_lens buffer per wrapper.
+PREFILL_KV_LENS_BYTES = 32768 * 4
 
 
 def fa2_cta_tile_q(packed_qo_len: int, head_dim: int) -> int:
@@ -30,7 +32,9 @@ def fa2_prefill_float_workspace(rows: int, seqs: int, num_qo_heads: int, num_kv_
                                 head_dim: int, num_sms: int) -> Sized:
     """Split-KV partials of a captured FA2 prefill (PrefillPlan with enable_cuda_graph).
 
-    Captured plans always split KV, so tmp_v and tmp_s are sized for the padded tile count.
+    Captured plans always split KV, so tmp_v and tmp_s are sized for the padded tile count; a tile
+    packs `group` query heads per kv head, so the partials hold padded x tile / group rows of every
+    query head (measured on the H200: 16.6 MiB for the thinker's rung, docs/gpu-attention.md).
     """
     gqa = num_qo_heads // num_kv_heads
     max_qo_len = (rows - seqs + 1) * gqa
@@ -38,11 +42,12 @@ def fa2_prefill_float_workspace(rows: int, seqs: int, num_qo_heads: int, num_kv_
     tiles = ceil_div(rows * gqa, tile) + seqs - 1
     max_bs_if_split = PREFILL_BLOCKS_PER_SM * num_sms // num_kv_heads
     padded = max(max_bs_if_split, tiles)
-    tmp_v = round_up(num_qo_heads * padded * tile * head_dim * F32, 16)
-    tmp_s = round_up(num_qo_heads * padded * tile * F32, 16)
+    part_rows = ceil_div(padded * tile, gqa)
+    tmp_v = round_up(num_qo_heads * part_rows * head_dim * F32, 16)
+    tmp_s = round_up(num_qo_heads * part_rows * F32, 16)
     return Sized(tmp_v + tmp_s,
-                 f"tmp_v {num_qo_heads} heads x {padded} padded tiles x {tile} rows x {head_dim} dims x 4 B"
-                 f" + tmp_s {num_qo_heads} x {padded} x {tile} x 4 B"
+                 f"tmp_v {num_qo_heads} heads x {part_rows} rows ({padded} padded tiles x {tile} / group {gqa})"
+                 f" x {head_dim} dims x 4 B + tmp_s {num_qo_heads} x {part_rows} x 4 B"
                  f" (tiles = ceil({rows} rows x {gqa} / {tile}) + {seqs} - 1 = {tiles};"
                  f" split bound = {PREFILL_BLOCKS_PER_SM} x {num_sms} SMs / {num_kv_heads} kv heads = {max_bs_if_split})")
 

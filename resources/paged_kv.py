@@ -30,7 +30,8 @@ class PagedKVSpec(ResourceSpec):
     max_seq_len: int = Field(ge=1)        # the longest request this cache must hold
     pages: int | None = Field(None, ge=1)  # None: fill what the device has left
     fill_share: float = Field(1.0, gt=0)   # split of the leftover between fill pools on a device
-    backend: str = "auto"
+    backend: str = "auto"          # prefill and mixed steps
+    decode_backend: str = "auto"   # steps of one row per sequence
     workspace: str | None = None
     int_workspace_bytes: int = Field(fis.DEFAULT_INT_WORKSPACE, ge=4096)
 
@@ -80,11 +81,14 @@ class PagedKVSpec(ResourceSpec):
         if backend == "torch":
             return []
         max_pages = shape.seqs * self.pages_for(shape.kv_len)
-        return [("int_workspace", self.int_workspace_bytes), ("qo_indptr", 4 * (shape.seqs + 1)),
+        bufs = [("int_workspace", self.int_workspace_bytes), ("qo_indptr", 4 * (shape.seqs + 1)),
                 ("kv_indptr", 4 * (shape.seqs + 1)), ("kv_indices", 4 * max_pages),
-                ("kv_last_page_len", 4 * shape.seqs)]
+                ("kv_last_page_len", 4 * shape.seqs), ("append_indices", 8 * shape.rows)]
+        if shape.phase != "decode":   # FlashInfer's paged prefill wrapper keeps a kv_lens buffer of its own
+            bufs.append(("kv_lens", fis.PREFILL_KV_LENS_BYTES))
+        return bufs
 
-    def fake(self, shape: StepShape) -> "FakePaged":
+    def fake(self, shape: StepShape, run_head_dim: int | None = None) -> "FakePaged":
         return FakePaged()
 
 

@@ -76,18 +76,30 @@ class RaggedAttentionSpec(ResourceSpec):
         indptr = 4 * (shape.seqs + 1)
         return [("int_workspace", self.int_workspace_bytes), ("qo_indptr", indptr), ("kv_indptr", indptr)]
 
-    def fake(self, shape: StepShape) -> "FakeRagged":
-        return FakeRagged(self)
+    def fake(self, shape: StepShape, run_head_dim: int | None = None) -> "FakeRagged":
+        return FakeRagged(self, run_head_dim)
+
+
+def pad_head_dim(x: torch.Tensor, to: int) -> torch.Tensor:
+    """[..., D] -> [..., to], zeros after D: scores and outputs are unchanged for the first D."""
+    return F.pad(x, (0, to - x.shape[-1]))
 
 
 class FakeRagged:
-    """The simulation's stand-in: allocates exactly what the kernel returns, computes nothing."""
+    """The simulation's stand-in: allocates exactly what the backend allocates, computes nothing.
 
-    def __init__(self, spec: RaggedAttentionSpec):
-        self.spec = spec
+    A backend that runs a padded head dim makes padded copies of q, k, v and a padded output whose
+    first columns it returns (a view)."""
+
+    def __init__(self, spec: RaggedAttentionSpec, run_head_dim: int | None = None):
+        self.spec, self.run = spec, run_head_dim
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return q.new_empty(q.shape[:-1] + (v.shape[-1],))  # [T, Hq, Dv]
+        d = v.shape[-1]
+        if self.run is None or self.run == d:
+            return q.new_empty(q.shape[:-1] + (d,))             # [T, Hq, Dv]
+        q, k, v = (pad_head_dim(t, self.run) for t in (q, k, v))
+        return q.new_empty(q.shape)[..., :d]
 
 
 def _check_cu(cu: list[int], what: str) -> list[int]:

@@ -47,8 +47,11 @@ def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, tr
         devs = sorted({a[u] for u, _ in users} | {a[u] for o in ir.model.resources
                                                    if getattr(o, "workspace", None) == r.name
                                                    for u, _ in ir.users.get(o.name, [])})
-        entry = dict(kind=r.kind, backend=s.backends.chosen.get(r.name), devices=devs, bytes=0,
-                     why=s.backends.why.get(r.name, ""), workspace=getattr(r, "workspace", None))
+        c = s.backends.chosen.get(r.name)
+        entry = dict(kind=r.kind, backend=c.prefill if c else None, devices=devs, bytes=0,
+                     why=c.why if c else "", workspace=getattr(r, "workspace", None),
+                     decode_backend=c.decode if c and isinstance(r, PagedKVSpec) else None,
+                     run_head_dim=c.head_dim if c and c.head_dim != getattr(r, "head_dim", None) else None)
         if isinstance(r, PagedKVSpec):
             pages = {d.index: d.kv_pages[r.name] for d in placement.devices if r.name in d.kv_pages}
             entry.update(pages=pages, page_bytes=r.page_bytes, max_seq_len=r.max_seq_len, min_pages=r.min_pages,

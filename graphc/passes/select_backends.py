@@ -1,16 +1,32 @@
-"""Pick a kernel backend per attention resource from the arch's capability table."""
+"""Pick kernel backends per attention resource from the arch's capability table.
+
+A paged KV resource gets one backend for prefill and mixed steps and one for decode steps; a
+backend whose kernels do not take the resource's head dim runs it padded (capabilities.HEAD_DIMS).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from graphc.ir import IR
 from resources import capabilities
+from resources.paged_kv import PagedKVSpec
+
+
+@dataclass(frozen=True)
+class Choice:
+    prefill: str
+    decode: str
+    head_dim: int | None        # the head dim the kernels run at (padded when it differs)
+    why: str
 
 
 @dataclass(frozen=True)
 class Backends:
-    chosen: dict[str, str]       # resource -> backend
-    why: dict[str, str]          # resource -> reason, for explain
+    chosen: dict[str, Choice]   # attention resource -> its backends
+
+    def backend(self, resource: str, phase: str = "prefill") -> str:
+        c = self.chosen[resource]
+        return c.decode if phase == "decode" else c.prefill
 
     def check(self, ir: IR) -> None:
         for r in ir.model.resources:
@@ -18,16 +34,29 @@ class Backends:
                 assert r.name in self.chosen, f"no backend for {r.name}"
 
 
+def _why(requested: str, kind: str, arch: str, got: str) -> str:
+    head = f"requested '{requested}'" if requested != "auto" else "auto: first in preference order"
+    return f"{head}; {arch} {kind} has {', '.join(capabilities.available(kind, arch))}"
+
+
 def select_backends(ir: IR) -> Backends:
-    chosen, why = {}, {}
+    chosen = {}
     arch, target = ir.target.arch, ir.target.name
     for r in ir.model.resources:
         if not r.is_attention:
             continue
-        options = capabilities.available(r.kind, arch)
-        chosen[r.name] = capabilities.choose(r.kind, arch, r.backend, r.name, target)
-        why[r.name] = (f"requested '{r.backend}'" if r.backend != "auto" else "auto: first in preference order") + \
-            f"; {arch} has {', '.join(options)}"
-    out = Backends(chosen, why)
+        head_dim = r.head_dim
+        paged = isinstance(r, PagedKVSpec)
+        prefill, runs = capabilities.choose(r.kind, arch, r.backend, r.name, target, head_dim, pad=not paged)
+        why = _why(r.backend, r.kind, arch, prefill)
+        decode = prefill
+        if paged:
+            decode, _ = capabilities.choose("paged_kv_decode", arch, r.decode_backend, r.name, target, head_dim,
+                                            field="decode_backend", pad=False)
+            why += f"; decode: {_why(r.decode_backend, 'paged_kv_decode', arch, decode)}"
+        if runs is not None and runs != head_dim:
+            why += f"; {prefill} takes no head_dim {head_dim}: runs zero-padded to {runs}"
+        chosen[r.name] = Choice(prefill, decode, runs, why)
+    out = Backends(chosen)
     out.check(ir)
     return out

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from graphc.ir import IR, Step
+from graphc.ir import IR, Step, family_step
 from graphc.passes.choose_buckets import Buckets
+from graphc.passes.select_backends import Backends
 from graphc.simulate import FakeNode, Trace
 
 
@@ -32,20 +33,15 @@ class Activations:
         assert set(self.eager) == set(buckets.eager), "an eager step was not simulated"
 
 
-def family_step(steps: list[Step]) -> Step:
-    """One step standing for every walk of a family: each axis at its largest budget."""
-    sizes: dict[str, int] = {}
-    for s in steps:
-        for axis, n in s.sizes:
-            sizes[axis] = max(sizes.get(axis, 0), n)
-    return replace(steps[0], walk="+".join(s.walk for s in steps), budget=max(s.budget for s in steps),
-                   sizes=tuple(sorted(sizes.items())))
-
-
-def bindings(ir: IR, step: Step, rung: int) -> dict:
+def bindings(ir: IR, step: Step, rung: int, backends: Backends | None = None) -> dict:
+    """Fake resources for one step; a backend that pads the head dim allocates what it pads."""
     node, sizes = ir.node(step.node), step.sizes_at(rung)
-    return {role: ir.model.resource(res).fake(ir.model.resource(res).step_shape(step.axis, sizes, step.phase))
-            for role, res in node.resources.items()}
+    out = {}
+    for role, res in node.resources.items():
+        spec = ir.model.resource(res)
+        runs = backends.chosen[res].head_dim if backends is not None else None
+        out[role] = spec.fake(spec.step_shape(step.axis, sizes, step.phase), runs)
+    return out
 
 
 _FAKES: dict[tuple, FakeNode] = {}
@@ -64,7 +60,7 @@ def fake_node(node) -> FakeNode:
     return _FAKES[key]
 
 
-def simulate_steps(ir: IR, buckets: Buckets) -> Activations:
+def simulate_steps(ir: IR, buckets: Buckets, backends: Backends | None = None) -> Activations:
     families: dict[tuple[str, str], Step] = {}
     for s in ir.steps:
         families.setdefault((s.node, s.family), [])
@@ -78,12 +74,13 @@ def simulate_steps(ir: IR, buckets: Buckets) -> Activations:
             node = ir.node(step.node)
             sizes = step.sizes_at(rung)
             ports = {p: node.inputs[p] for p in step.inputs}
-            specs = tuple(repr(ir.model.resource(r)) for r in node.resources.values())
+            specs = tuple((repr(ir.model.resource(r)), backends.chosen[r].head_dim if backends else None)
+                          for r in node.resources.values())
             key = (_node_key(node), repr(ports), repr(node.outputs), tuple(sorted(sizes.items())), step.phase,
                    step.axis, specs)
             if key not in _TRACES:
                 where = f"node '{step.node}' on {step.walk} at {step.axis}={rung}"
-                _TRACES[key] = fake_node(node).trace(ports, sizes, bindings(ir, step, rung), where)
+                _TRACES[key] = fake_node(node).trace(ports, sizes, bindings(ir, step, rung, backends), where)
             bar.update(1)
             return _TRACES[key]
 

@@ -48,10 +48,10 @@ def size_resources(ir: IR, backends: Backends, buckets: Buckets) -> ResourceSize
     for r in ir.model.resources:
         if not r.is_attention:
             continue
-        backend = backends.chosen[r.name]
-        best = Sized(0, f"{backend}: no float workspace")
+        best = Sized(0, f"{backends.backend(r.name)}: no float workspace")
         where = ""
         for s, rung in _shapes(ir, buckets, r.name):
+            backend = backends.backend(r.name, s.phase)
             need = r.float_workspace(backend, r.step_shape(s.axis, s.sizes_at(rung), s.phase), ir.target.num_sms)
             if need.bytes > best.bytes:
                 best, where = need, f"{s.node} on {s.walk} at {s.axis}={rung}"
@@ -64,7 +64,7 @@ def size_resources(ir: IR, backends: Backends, buckets: Buckets) -> ResourceSize
         for role, res in ir.node(node).resources.items():
             spec = ir.model.resource(res)
             shape = spec.step_shape(step.axis, step.sizes_at(rung), step.phase)
-            bufs += [(res, name, n) for name, n in spec.wrapper_allocs(backends.chosen[res], shape)]
+            bufs += [(res, name, n) for name, n in spec.wrapper_allocs(backends.backend(res, step.phase), shape)]
         wrappers[(node, fam, rung)] = bufs
     out = ResourceSizes(workspaces, wrappers)
     out.check(ir)
@@ -81,13 +81,14 @@ def _workspaces(ir: IR, backends: Backends, needs: dict) -> dict[str, Workspace]
                 user = next(u for u in users if needs[u][0].bytes == need.bytes)
                 raise InvalidInput(
                     f"workspace '{r.name}' holds {fmt_bytes(r.bytes)} per slot; '{user}' needs {fmt_bytes(need.bytes)}",
-                    f"the {backends.chosen[user]} backend at {where} keeps {need.formula}; this would fail at capture",
+                    f"the {backends.backend(user)} backend at {where} keeps {need.formula}; this would fail at capture",
                     f"--set resources.{r.name}.bytes={round_up(need.bytes, MiB)}, or lower that walk's budget,"
                     f" or pick a backend that needs none (fa3 on sm_90)")
             out[r.name] = Workspace(r.name, r.total_bytes, users, need, declared=True)
     for r in ir.model.resources:
         if r.is_attention and getattr(r, "workspace", None) is None:
             need, _ = needs[r.name]
-            out[r.name] = Workspace(r.name, round_up(need.bytes, MiB) if need.bytes else 0, (r.name,), need,
-                                    declared=False)
+            # FlashInfer's wrappers take a float workspace even when they keep nothing in it
+            floor = MiB if ir.target.is_gpu else 0
+            out[r.name] = Workspace(r.name, round_up(max(need.bytes, floor), MiB), (r.name,), need, declared=False)
     return out

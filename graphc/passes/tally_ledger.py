@@ -191,5 +191,7 @@ def _detail(s: Sizing, comp: str, nbytes: int, count: int, kv_pages: dict[str, i
     if kind == "graph_io":
         return f"{count} static input/output buffers at each captured family's largest rung"
     if kind == "wrappers":
-        return f"{count} fixed buffers of captured {s.backends.chosen.get(name, '')} wrappers (int workspace, indptrs)"
+        c = s.backends.chosen.get(name)
+        used = f"{c.prefill}/{c.decode}" if c and c.decode != c.prefill else (c.prefill if c else "")
+        return f"{count} fixed buffers of captured {used} wrappers (int workspace, indptrs, append indices)"
     return ""

@@ -9,11 +9,13 @@ from resources import capabilities
 
 
 def backends(model, gpu):
-    return select_backends(verify_graph(model, get_target(gpu), 1)).chosen
+    return {k: c.prefill for k, c in select_backends(verify_graph(model, get_target(gpu), 1)).chosen.items()}
 
 
 def test_auto_takes_the_arch_preference(tiny):
-    assert backends(tiny.model, "h100") == {"encoder_attn": "fa3", "decoder_kv": "fa3"}
+    # the tiny model's head_dim 16: fa3 runs the encoder padded to 64; a KV cache cannot be padded
+    assert backends(tiny.model, "h100") == {"encoder_attn": "fa3", "decoder_kv": "fa2"}
+    assert select_backends(verify_graph(tiny.model, get_target("h100"), 1)).backend("decoder_kv", "decode") == "fa2"
     assert backends(tiny.model, "a100-80gb") == {"encoder_attn": "fa2", "decoder_kv": "fa2"}
     assert backends(tiny.model, "b300")["encoder_attn"] == "cutlass"
     assert backends(tiny.model, "cpu") == {"encoder_attn": "torch", "decoder_kv": "torch"}
@@ -41,3 +43,24 @@ def test_every_arch_has_a_backend_for_every_kind():
     for kind, per_arch in capabilities.TABLE.items():
         assert set(per_arch) == set(capabilities.ARCHS), kind
         assert all(per_arch[a] for a in capabilities.ARCHS), kind
+
+
+def test_head_dim_a_backend_lacks_runs_padded_or_is_refused():
+    assert capabilities.choose("ragged_attention", "sm_90", "auto", "v", "h100", 72) == ("fa3", 128)
+    assert capabilities.choose("ragged_attention", "sm_90", "auto", "a", "h100", 64) == ("fa3", 64)
+    assert capabilities.choose("ragged_attention", "sm_80", "auto", "v", "a100-80gb", 72) == ("fa2", 80)
+    with pytest.raises(InvalidInput, match="no kernels for head_dim 300"):
+        capabilities.choose("ragged_attention", "sm_90", "fa3", "v", "h100", 300)
+
+
+def test_decode_backend_is_chosen_apart_and_refused_apart(tiny, tiny_small):
+    chosen = select_backends(verify_graph(tiny_small.model, get_target("h100"), 1))
+    assert (chosen.backend("decoder_kv"), chosen.backend("decoder_kv", "decode")) == ("fa3", "fa2")
+    m = apply_overrides(tiny_small.model, {"resources": {"decoder_kv": {"decode_backend": "fa3"}}})
+    assert select_backends(verify_graph(m, get_target("h100"), 1)).backend("decoder_kv", "decode") == "fa3"
+    m = apply_overrides(tiny.model, {"resources": {"decoder_kv": {"decode_backend": "fa3"}}})
+    with pytest.raises(InvalidInput, match="no kernels for head_dim 16"):
+        select_backends(verify_graph(m, get_target("h100"), 1))
+    m = apply_overrides(tiny.model, {"resources": {"decoder_kv": {"decode_backend": "trtllm-gen"}}})
+    with pytest.raises(InvalidInput, match="decode_backend=fa2"):
+        select_backends(verify_graph(m, get_target("h100"), 1))
