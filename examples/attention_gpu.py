@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from graphc.units import MiB, ceil_div, round_up  # noqa: E402
 from resources import flashinfer_sizes as fis  # noqa: E402
 from resources.base import StepShape  # noqa: E402
-from resources.capabilities import available  # noqa: E402
+from resources.capabilities import available, run_head_dim  # noqa: E402
 from resources.flashinfer_backend import make_backend, paged_plan, ragged_indptrs  # noqa: E402
 from resources.paged_kv import PagedKVSpec, PagedTorch, new_cache  # noqa: E402
 from resources.ragged_attention import RaggedAttentionSpec, RaggedTorch  # noqa: E402
@@ -183,7 +183,7 @@ def ragged_error(case: Case, cu: list[int], out, q, k, v) -> float:
 
 
 def ragged_eager(case: Case, backend: str, workspace: torch.Tensor, rng: random.Random) -> dict:
-    b = make_backend(case.spec, backend, workspace, False, case.rung)
+    b = make_backend(case.spec, backend, workspace, False, case.rung, run_head_dim=run_dim(case, backend))
     cu = segments(rng, case, full=False)
     q, k, v = qkv(case)          # rung-sized: rows past cu[-1] are padding, as a runtime passes them
     replan(b, cu)
@@ -191,7 +191,7 @@ def ragged_eager(case: Case, backend: str, workspace: torch.Tensor, rng: random.
 
 
 def ragged_captured(case: Case, backend: str, workspace: torch.Tensor, rng: random.Random, replays: int) -> dict:
-    b = make_backend(case.spec, backend, workspace, True, case.rung)
+    b = make_backend(case.spec, backend, workspace, True, case.rung, run_head_dim=run_dim(case, backend))
     full, other = segments(rng, case, full=True), segments(rng, case, full=False)
     q, k, v = qkv(case)
     replan(b, full)
@@ -262,8 +262,15 @@ def module_args(backend: str, head_dim: int, sliding: bool) -> tuple:
     return (backend, bf16, bf16, bf16, torch.int32, head_dim, head_dim, 0, sliding, False, False)
 
 
+def run_dim(case: Case, backend: str) -> int:
+    """The head dim the backend's kernels run this case at: ragged head dims a kernel lacks run
+    zero-padded (resources/capabilities.run_head_dim); a paged cache keeps its own."""
+    d = case.spec.head_dim
+    return (run_head_dim(backend, d) or d) if case.spec.kind == "ragged_attention" else d
+
+
 def module_key(case: Case, backend: str) -> tuple:
-    return backend, case.spec.head_dim, getattr(case.spec, "window", None) is not None
+    return backend, run_dim(case, backend), getattr(case.spec, "window", None) is not None
 
 
 def planner_inputs(case: Case, rng: random.Random) -> dict:
@@ -381,7 +388,7 @@ def needed_modules(cases: list[Case], backends: dict[str, list[str]]) -> list[tu
     keys = set()
     for case in cases:
         for backend in backends[case.name]:
-            d = case.spec.head_dim
+            d = run_dim(case, backend)
             if backend == "fa2" or (backend == "fa3" and is_fa3_prefill_head_dim_supported(d, d)):
                 keys.add(module_key(case, backend))
         if case.spec.kind == "paged_kv":

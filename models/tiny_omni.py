@@ -15,7 +15,8 @@ WINDOW = 16       # encoder rows per window (Qwen3-Omni: 104)
 FEATURES = 32     # encoder input features per row
 
 PRESETS = {
-    "tiny": dict(enc_hidden=64, enc_layers=2, enc_heads=4, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16,
+    # head dims of 64: the smallest FlashInfer's kernels take, so the tiny plans boot on a GPU too
+    "tiny": dict(enc_hidden=128, enc_layers=2, enc_heads=2, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=64,
                  ffn=128, vocab=512, max_seq_len=1024, pages=256),
     "small": dict(enc_hidden=256, enc_layers=4, enc_heads=4, hidden=512, layers=4, heads=8, kv_heads=2, head_dim=64,
                   ffn=1024, vocab=4096, max_seq_len=4096, pages=None),

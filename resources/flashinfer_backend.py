@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from resources.base import StepShape
 from resources.capabilities import TABLE
@@ -159,12 +160,14 @@ class RaggedFlashInfer:
     """
 
     def __init__(self, spec: RaggedAttentionSpec, backend: str, workspace: torch.Tensor,
-                 rung: StepShape | None = None, dtype: torch.dtype = torch.bfloat16):
+                 rung: StepShape | None = None, dtype: torch.dtype = torch.bfloat16, run_head_dim: int | None = None):
         _check_backend(spec.kind, backend)
         fi = _flashinfer()
-        if backend == "fa3" and not fi.utils.is_fa3_prefill_head_dim_supported(spec.head_dim, spec.head_dim):
+        # a head dim the kernels lack runs zero-padded to one they take (the plan's run_head_dim)
+        self.head_dim = run_head_dim or spec.head_dim
+        if backend == "fa3" and not fi.utils.is_fa3_prefill_head_dim_supported(self.head_dim, self.head_dim):
             # refused here rather than after a minute of compiling kernels FlashInfer does not instantiate
-            raise ValueError(f"fa3 has no prefill kernels for head_dim {spec.head_dim} (FlashInfer's Hopper"
+            raise ValueError(f"fa3 has no prefill kernels for head_dim {self.head_dim} (FlashInfer's Hopper"
                              " kernels take 64, 128 or 256)")
         if backend == "cudnn" and importlib.util.find_spec("cudnn") is None:
             raise ImportError("the cudnn backend needs the cuDNN frontend package 'nvidia-cudnn-frontend'"
@@ -189,7 +192,7 @@ class RaggedFlashInfer:
         cu_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
         qo, kv = ragged_indptrs(cu_seqlens_q, cu_k, self.rung, self.spec.causal)
         s = self.spec
-        self._wrapper.plan(_i32(qo), _i32(kv), s.num_heads, s.kv_heads, s.head_dim, causal=s.causal,
+        self._wrapper.plan(_i32(qo), _i32(kv), s.num_heads, s.kv_heads, self.head_dim, causal=s.causal,
                            window_left=s.window - 1 if s.window else -1, sm_scale=1 / math.sqrt(s.head_dim),
                            q_data_type=self.dtype, kv_data_type=self.dtype, **self._cudnn_bounds())
         self._rows, self._keys = qo[-1], kv[-1] if self.rung is None else None
@@ -198,10 +201,13 @@ class RaggedFlashInfer:
         # q [Tq, Hq, D], k/v [Tk, Hkv, D] -> [Tq, Hq, Dv]; rows past the plan's (padding) stay unwritten
         if self._rows is None:
             raise RuntimeError("plan() the step's layout before calling the backend")
+        d = v.shape[-1]
+        if self.head_dim != d:   # the scale stays 1/sqrt(d); zero columns add nothing to scores or outputs
+            q, k, v = (F.pad(t, (0, self.head_dim - d)) for t in (q, k, v))
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
         n, nk = self._rows, self._keys
         self._wrapper.run(q[:n], k[:nk], v[:nk], out=out[:n])
-        return out
+        return out if self.head_dim == d else out[..., :d]
 
 
 class PagedFlashInfer:
@@ -214,12 +220,14 @@ class PagedFlashInfer:
     """
 
     def __init__(self, spec: PagedKVSpec, backend: str, workspace: torch.Tensor, cache: torch.Tensor,
-                 rung: StepShape | None = None, dtype: torch.dtype = torch.bfloat16):
+                 rung: StepShape | None = None, dtype: torch.dtype = torch.bfloat16, decode_backend: str | None = None):
         _check_backend(spec.kind, backend)
         self._fi = _flashinfer()
         self.spec, self.backend, self.cache, self.rung, self.dtype = spec, backend, cache, rung, dtype
+        self.decode_backend = decode_backend or backend
         # fa3 serves decode only through the tensor-core path; the CUDA-core kernel ignores the choice
-        self.tensor_cores = backend == "fa3" or spec.num_qo_heads // spec.num_kv_heads >= TENSOR_CORE_MIN_GROUP
+        self.tensor_cores = (self.decode_backend == "fa3"
+                             or spec.num_qo_heads // spec.num_kv_heads >= TENSOR_CORE_MIN_GROUP)
         device = workspace.device
         self.buffers = graph_buffers(spec, rung, device) if rung is not None else {}
         ints = int_workspace(spec, device)
@@ -244,7 +252,7 @@ class PagedFlashInfer:
         return self._fi.BatchDecodeWithPagedKVCacheWrapper(
             workspace, "NHD", use_cuda_graph=self.rung is not None, use_tensor_cores=self.tensor_cores,
             paged_kv_indptr_buffer=b.get("kv_indptr"), paged_kv_indices_buffer=b.get("kv_indices"),
-            paged_kv_last_page_len_buffer=b.get("kv_last_page_len"), backend=self.backend)
+            paged_kv_last_page_len_buffer=b.get("kv_last_page_len"), backend=self.decode_backend)
 
     def _check_rung(self, qo_lens: list[int]) -> None:
         if len(qo_lens) != self.rung.seqs or sum(qo_lens) != self.rung.rows:
@@ -297,7 +305,8 @@ class PagedFlashInfer:
 
 def make_backend(spec: RaggedAttentionSpec | PagedKVSpec, backend: str, workspace: torch.Tensor, captured: bool,
                  rung_shape: StepShape | None, *, cache: torch.Tensor | None = None,
-                 dtype: torch.dtype = torch.bfloat16) -> RaggedFlashInfer | PagedFlashInfer:
+                 dtype: torch.dtype = torch.bfloat16, decode_backend: str | None = None,
+                 run_head_dim: int | None = None) -> RaggedFlashInfer | PagedFlashInfer:
     """A backend for one resource: for a captured rung (rung_shape sizes its buffers) or eager.
 
     workspace: the resource's float workspace (zeroed once: FlashInfer's decode asks for that);
@@ -305,9 +314,9 @@ def make_backend(spec: RaggedAttentionSpec | PagedKVSpec, backend: str, workspac
     """
     rung = rung_shape if captured else None
     if isinstance(spec, RaggedAttentionSpec):
-        return RaggedFlashInfer(spec, backend, workspace, rung, dtype)
+        return RaggedFlashInfer(spec, backend, workspace, rung, dtype, run_head_dim)
     if isinstance(spec, PagedKVSpec):
         if cache is None:
             raise ValueError(f"paged resource '{spec.name}' needs its cache pool")
-        return PagedFlashInfer(spec, backend, workspace, cache, rung, dtype)
+        return PagedFlashInfer(spec, backend, workspace, cache, rung, dtype, decode_backend)
     raise TypeError(f"{type(spec).__name__} has no FlashInfer backend")

@@ -44,6 +44,7 @@ class DeviceBoot:
     arenas: dict[str, torch.Tensor] = field(default_factory=dict)
     caches: dict[str, torch.Tensor] = field(default_factory=dict)
     pages: dict[str, PageAllocator] = field(default_factory=dict)
+    workspaces: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     measured: dict[str, int] = field(default_factory=dict)
     graphs: dict[str, object] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
@@ -180,7 +181,8 @@ def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
             name = comp.split(".", 1)[1]
             spec = boot.ir.model.resource(name)
             slots = spec.slots if isinstance(spec, WorkspaceSpec) else 1
-            ws = [torch.empty(nbytes // slots, dtype=torch.uint8, device=boot.device) for _ in range(slots)]
+            ws = [torch.zeros(nbytes // slots, dtype=torch.uint8, device=boot.device) for _ in range(slots)]
+            boot.workspaces[name] = ws
             boot.measured[comp] = sum(w.numel() for w in ws)
 
 

@@ -13,8 +13,7 @@ def backends(model, gpu):
 
 
 def test_auto_takes_the_arch_preference(tiny):
-    # the tiny model's head_dim 16: fa3 runs the encoder padded to 64; a KV cache cannot be padded
-    assert backends(tiny.model, "h100") == {"encoder_attn": "fa3", "decoder_kv": "fa2"}
+    assert backends(tiny.model, "h100") == {"encoder_attn": "fa3", "decoder_kv": "fa3"}
     assert select_backends(verify_graph(tiny.model, get_target("h100"), 1)).backend("decoder_kv", "decode") == "fa2"
     assert backends(tiny.model, "a100-80gb") == {"encoder_attn": "fa2", "decoder_kv": "fa2"}
     assert backends(tiny.model, "b300")["encoder_attn"] == "cutlass"
@@ -48,7 +47,7 @@ def test_every_arch_has_a_backend_for_every_kind():
 def test_head_dim_a_backend_lacks_runs_padded_or_is_refused():
     assert capabilities.choose("ragged_attention", "sm_90", "auto", "v", "h100", 72) == ("fa3", 128)
     assert capabilities.choose("ragged_attention", "sm_90", "auto", "a", "h100", 64) == ("fa3", 64)
-    assert capabilities.choose("ragged_attention", "sm_80", "auto", "v", "a100-80gb", 72) == ("fa2", 80)
+    assert capabilities.choose("ragged_attention", "sm_80", "auto", "v", "a100-80gb", 72) == ("fa2", 128)
     with pytest.raises(InvalidInput, match="no kernels for head_dim 300"):
         capabilities.choose("ragged_attention", "sm_90", "fa3", "v", "h100", 300)
 
@@ -58,8 +57,8 @@ def test_decode_backend_is_chosen_apart_and_refused_apart(tiny, tiny_small):
     assert (chosen.backend("decoder_kv"), chosen.backend("decoder_kv", "decode")) == ("fa3", "fa2")
     m = apply_overrides(tiny_small.model, {"resources": {"decoder_kv": {"decode_backend": "fa3"}}})
     assert select_backends(verify_graph(m, get_target("h100"), 1)).backend("decoder_kv", "decode") == "fa3"
-    m = apply_overrides(tiny.model, {"resources": {"decoder_kv": {"decode_backend": "fa3"}}})
-    with pytest.raises(InvalidInput, match="no kernels for head_dim 16"):
+    m = apply_overrides(tiny.model, {"resources": {"decoder_kv": {"decode_backend": "fa3", "head_dim": 48}}})
+    with pytest.raises(InvalidInput, match="takes head_dim 48"):
         select_backends(verify_graph(m, get_target("h100"), 1))
     m = apply_overrides(tiny.model, {"resources": {"decoder_kv": {"decode_backend": "trtllm-gen"}}})
     with pytest.raises(InvalidInput, match="decode_backend=fa2"):

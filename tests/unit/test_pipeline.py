@@ -23,9 +23,10 @@ def test_tiny_plans_for_every_target(tiny, gpu):
 
 def test_weights_are_exact(tiny):
     plan = compile_model(tiny, "cpu").plan
-    # encoder: in 32->64, 2 layers of (4x(64x64+64) + 2x2x64 + 64x256+256 + 256x64+64), ln_post 128, proj 64x64+64
-    layer = 4 * (64 * 64 + 64) + 4 * 64 + (64 * 256 + 256) + (256 * 64 + 64)
-    enc = (32 * 64 + 64) + 2 * layer + 128 + (64 * 64 + 64)
+    # encoder: in 32->128, 2 layers of (4x(128x128+128) + 2x2x128 + 128x512+512 + 512x128+128),
+    # ln_post 2x128, proj 128x64+64
+    layer = 4 * (128 * 128 + 128) + 4 * 128 + (128 * 512 + 512) + (512 * 128 + 128)
+    enc = (32 * 128 + 128) + 2 * layer + 256 + (128 * 64 + 64)
     assert plan.nodes["encoder"].num_params == enc and plan.nodes["encoder"].weights_bytes == 2 * enc
 
 

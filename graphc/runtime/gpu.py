@@ -1,0 +1,246 @@
+"""The GPU boot: the ledger's components allocated and measured one by one, every planned graph
+captured largest first into one private pool, eager steps run, all on FlashInfer's backends.
+
+Measured per component: allocated bytes for what the runtime allocates itself, reserved-bytes
+growth for the pools (capture, eager activations), device-wide used bytes for the context.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+from tqdm import tqdm
+
+from graphc.declare import TORCH_DTYPES
+from graphc.ir import Step
+from graphc.runtime.boot import DeviceBoot, allocate
+from graphc.runtime.steps import paged_layout, ragged_layout, synthetic_inputs
+from graphc.step import StepContext
+from resources.flashinfer_backend import make_backend
+from resources.paged_kv import PagedKVSpec
+from resources.ragged_attention import RaggedAttentionSpec
+
+
+def _mem() -> tuple[int, int]:
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+
+
+def measure_context(boot: DeviceBoot) -> None:
+    """CUDA context and torch init (device-wide used less what torch reserved), then cuBLAS's
+    workspace, which torch takes from its own allocator on the first matmul."""
+    torch.cuda.init()
+    a = torch.ones(256, 256, device=boot.device)
+    (a @ a).sum().item()
+    del a
+    free, total = torch.cuda.mem_get_info()
+    allocated, reserved = _mem()
+    boot.measured["context"] = (total - free) - reserved
+    boot.measured["library"] = allocated
+    boot.notes.append(f"device {torch.cuda.get_device_name()} total {total:,} B, torch {torch.__version__}")
+
+
+def cap_memory(boot: DeviceBoot) -> None:
+    """Emulate the plan's card: torch may reserve at most its capacity less what is outside torch."""
+    free, total = torch.cuda.mem_get_info()
+    cap = boot.plan.target.capacity_bytes
+    if cap < total:
+        outside = (total - free) - torch.cuda.memory_reserved()
+        torch.cuda.set_per_process_memory_fraction((cap - outside) / total)
+        boot.notes.append(f"capped to the plan's {cap / 2**30:.2f} GiB of {total / 2**30:.2f} GiB")
+
+
+class Graphs:
+    """Static buffers, backends and captured graphs of one device, in the plan's order."""
+
+    def __init__(self, boot: DeviceBoot):
+        self.boot = boot
+        self.workspaces: dict[str, torch.Tensor] = {}
+        self.io: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+        self.backends: dict[tuple[str, str, int], dict[str, object]] = {}
+        self.eager_backends: dict[tuple[str, str], object] = {}
+
+    # ---- allocation
+    def float_workspace(self, res: str) -> torch.Tensor:
+        spec = self.boot.ir.model.resource(res)
+        name = getattr(spec, "workspace", None) or res
+        return self.workspaces[name]
+
+    def allocate_io(self) -> None:
+        """One flat buffer per port at the family's largest rung; a rung uses a prefix of it."""
+        before, _ = _mem()
+        for node in self.boot.nodes:
+            for family, rungs in self.boot.plan.nodes[node].graphs.items():
+                step, decl = self.boot.ir.family(node, family), self.boot.ir.node(node)
+                sizes = step.sizes_at(rungs[-1])
+                ports = {**{f"in.{p}": decl.inputs[p] for p in step.inputs},
+                         **{f"out.{p}": port for p, port in decl.outputs.items()}}
+                self.io[(node, family)] = {
+                    name: torch.zeros(port.nbytes(sizes) // TORCH_DTYPES[port.dtype].itemsize,
+                                      dtype=TORCH_DTYPES[port.dtype], device=self.boot.device)
+                    for name, port in ports.items()}
+        after, _ = _mem()
+        self.boot.measured["_graph_io"] = after - before
+
+    def backend_for(self, res: str, step: Step, rung: int | None, captured: bool):
+        spec = self.boot.ir.model.resource(res)
+        plan_res = self.boot.plan.resources[res]
+        backend = plan_res.decode_backend if step.phase == "decode" and plan_res.decode_backend else plan_res.backend
+        shape = spec.step_shape(step.axis, step.sizes_at(rung), step.phase) if rung is not None else None
+        return make_backend(spec, backend, self.float_workspace(res), captured, shape,
+                            cache=self.boot.caches.get(res), decode_backend=plan_res.decode_backend,
+                            run_head_dim=plan_res.run_head_dim)
+
+    def allocate_wrappers(self) -> None:
+        before, _ = _mem()
+        for key in self.boot.plan.devices[self.boot.index].capture_order:
+            node, family, rung = key.rsplit("/", 2)
+            step = self.boot.ir.family(node, family)
+            self.backends[(node, family, int(rung))] = {
+                role: self.backend_for(res, step, int(rung), True)
+                for role, res in self.boot.ir.node(node).resources.items()}
+        after, _ = _mem()
+        self.boot.measured["_wrappers"] = after - before
+
+    # ---- one synthetic step
+    def plan_step(self, binds: dict, step: Step, rung: int) -> None:
+        node = self.boot.ir.node(step.node)
+        for role, res in node.resources.items():
+            spec = self.boot.ir.model.resource(res)
+            if isinstance(spec, RaggedAttentionSpec):
+                lay = ragged_layout(spec, step, rung)
+                binds[role].plan(lay.cu_q, lay.cu_k)
+            elif isinstance(spec, PagedKVSpec):
+                lay = paged_layout(spec, step, rung, self.boot.plan.devices[self.boot.index].kv_pages[res])
+                binds[role].plan(lay.qo_lens, lay.kv_lens, lay.page_tables)
+
+    def static_inputs(self, node: str, family: str, step: Step, rung: int) -> dict[str, torch.Tensor]:
+        decl, sizes, bufs = self.boot.ir.node(node), step.sizes_at(rung), self.io[(node, family)]
+        fresh = synthetic_inputs(decl, step, rung, torch.device("cpu"))   # copied in: no device blocks
+        out = {}
+        for p in step.inputs:
+            shape = decl.inputs[p].concrete(sizes)
+            view = bufs[f"in.{p}"][:fresh[p].numel()].view(shape)
+            view.copy_(fresh[p])
+            out[p] = view
+        return out
+
+    def forward(self, node: str, family: str, step: Step, rung: int, inputs: dict) -> dict:
+        binds = self.backends[(node, family, rung)]
+        out = self.boot.modules[node](StepContext(binds), **inputs)
+        decl, sizes, bufs = self.boot.ir.node(node), step.sizes_at(rung), self.io[(node, family)]
+        for p, port in decl.outputs.items():
+            n = out[p].numel()
+            bufs[f"out.{p}"][:n].view(port.concrete(sizes)).copy_(out[p])
+        return out
+
+    # ---- capture, largest first, into one pool
+    def capture_all(self) -> None:
+        order = self.boot.plan.devices[self.boot.index].capture_order
+        keys = [(k.rsplit("/", 2)[0], k.rsplit("/", 2)[1], int(k.rsplit("/", 2)[2])) for k in order]
+        side = torch.cuda.Stream()
+        with torch.inference_mode(), _bar(len(keys), "warming graphs") as bar:
+            for node, family, rung in keys:         # warm-up: lazy init, FlashInfer's first-call buffers
+                step = self.boot.ir.family(node, family)
+                inputs = self.static_inputs(node, family, step, rung)
+                self.plan_step(self.backends[(node, family, rung)], step, rung)
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    self.forward(node, family, step, rung, inputs)
+                torch.cuda.current_stream().wait_stream(side)
+                bar.update(1)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()                    # warm-up blocks go back; the pool starts empty
+        pool = torch.cuda.graph_pool_handle()
+        with torch.inference_mode(), _bar(len(keys), "capturing graphs") as bar:
+            for node, family, rung in keys:
+                step = self.boot.ir.family(node, family)
+                inputs = self.static_inputs(node, family, step, rung)
+                self.plan_step(self.backends[(node, family, rung)], step, rung)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self.forward(node, family, step, rung, inputs)
+                del out                            # outputs live in the static buffers, not the pool
+                self.boot.graphs[f"{node}/{family}/{rung}"] = graph
+                bar.update(1)
+        self.boot.measured["capture_pool"] = pool_bytes(pool)
+
+    def replay_all(self) -> None:
+        """Every captured graph replays after a re-plan, with finite outputs."""
+        with torch.inference_mode():
+            for key, graph in self.boot.graphs.items():
+                node, family, rung = key.rsplit("/", 2)
+                step = self.boot.ir.family(node, family)
+                self.static_inputs(node, family, step, int(rung))
+                self.plan_step(self.backends[(node, family, int(rung))], step, int(rung))
+                graph.replay()
+                decl = self.boot.ir.node(node)
+                for p, port in decl.outputs.items():
+                    buf = self.io[(node, family)][f"out.{p}"]
+                    if buf.is_floating_point() and not torch.isfinite(buf).all():
+                        raise RuntimeError(f"graph {key}: output {p} is not finite after replay")
+                self.boot.ran.append(key)
+
+    def run_eager(self) -> None:
+        """Each eager step once at its walk's budget: the general pool grows by what they need."""
+        dev = self.boot.plan.devices[self.boot.index]
+        todo = [(s, b) for s in self.boot.steps() for w, b in self.boot.plan.nodes[s.node].buckets.items()
+                if w == s.walk and b.eager_above is not None]
+        _, before = _mem()
+        with torch.inference_mode():
+            for step, bk in todo:
+                binds = {role: self.backend_for(res, step, step.budget, False)
+                         for role, res in self.boot.ir.node(step.node).resources.items()}
+                self.plan_step(binds, step, step.budget)
+                inputs = synthetic_inputs(self.boot.ir.node(step.node), step, step.budget, self.boot.device)
+                self.boot.modules[step.node](StepContext(binds), **inputs)
+                self.boot.ran.append(f"{step.node}/{step.walk}/{step.budget} (eager)")
+                del binds, inputs
+        _, after = _mem()
+        self.boot.measured["activations"] = after - before
+        del dev
+
+
+def pool_bytes(pool) -> int:
+    """Bytes of the segments the caching allocator holds for one private (graph) pool."""
+    torch.cuda.synchronize()
+    return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+               if tuple(seg.get("segment_pool_id", (0, 0))) == tuple(pool))
+
+
+def _bar(total: int, desc: str):
+    return tqdm(total=total, desc=desc, unit="graph", file=sys.stderr, disable=None, leave=False)
+
+
+def boot_gpu_device(boot: DeviceBoot, checkpoint: str | None, seed: int) -> DeviceBoot:
+    torch.cuda.set_device(boot.device)
+    measure_context(boot)
+    cap_memory(boot)
+    a0, r0 = _mem()
+    allocate(boot, checkpoint, seed)
+    g = Graphs(boot)
+    g.workspaces = {name: slots[0] for name, slots in boot.workspaces.items()}   # zeroed, as FlashInfer asks
+    g.allocate_io()
+    g.allocate_wrappers()
+    a1, r1 = _mem()
+    _split_measured(boot, a1 - a0, r1 - r0)
+    g.capture_all()
+    g.replay_all()
+    g.run_eager()
+    free, total = torch.cuda.mem_get_info()
+    boot.measured["_device_used"] = total - free
+    boot.measured["_peak_reserved"] = torch.cuda.max_memory_reserved()
+    return boot
+
+
+def _split_measured(boot: DeviceBoot, allocated: int, reserved: int) -> None:
+    """Spread the io and wrapper totals over the ledger's per-node / per-resource lines in the
+    plan's proportions (torch cannot tell which node a buffer is for), and the allocator's slack."""
+    m, ledger = boot.measured, boot.plan.devices[boot.index].ledger
+    for prefix, total in (("graph_io.", m.pop("_graph_io", 0)), ("wrappers.", m.pop("_wrappers", 0))):
+        comps = {c: b for c, b in ledger.items() if c.startswith(prefix)}
+        planned = sum(comps.values()) or 1
+        for c, b in comps.items():
+            m[c] = round(total * b / planned)
+    m["allocator"] = reserved - allocated
