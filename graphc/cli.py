@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--emulate", action="store_true", help="cap this GPU to the plan's card (same arch)")
     ck.add_argument("--force", action="store_true", help="boot even if the model file or target differ")
     ck.add_argument("--tolerance", type=float, default=0.02, help="allowed measured/planned excess (default 0.02)")
+    ck.add_argument("--json", default=None, metavar="FILE", help="also write planned and measured bytes as JSON")
     df = sub.add_parser("diff", help="what changed between two plans (exit 1 when they differ)")
     df.add_argument("a")
     df.add_argument("b")
@@ -106,6 +107,13 @@ def cmd_check(args) -> int:
     boots = boot_plan(plan, args.device, args.checkpoint, args.seed, args.emulate, args.force)
     checks = [compare(b, args.tolerance) for b in boots]
     print(render("check.txt.j2", plan=plan, checks=checks, tolerance=args.tolerance), end="")
+    if args.json:
+        import dataclasses
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump({"plan": args.plan, "checks": [dataclasses.asdict(c) for c in checks],
+                       "measured": [b.measured for b in boots]}, f, indent=1)
     return EXIT_FITS if all(c.ok for c in checks) else EXIT_DOES_NOT_FIT
 
 

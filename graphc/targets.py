@@ -78,6 +78,7 @@ def get_target(name: str, memory_cap: int | None = None) -> Target:
 class Calibration(Strict):
     context_bytes: int
     library_bytes: int
+    module_bytes: int
     source: str
 
 
@@ -99,4 +100,4 @@ def calibration(target: Target) -> Calibration:
     source = note + f"measured on {m['device']} on {m['date']}" + (
         f" (driver {m['driver']}, torch {m['torch']})" if "driver" in m else "") + f": {m['how']}"
     return Calibration(context_bytes=entry["context_bytes"], library_bytes=entry["library_bytes"],
-                       source=source)
+                       module_bytes=entry.get("module_bytes", 0), source=source)

@@ -20,6 +20,7 @@ from graphc.units import fmt_bytes
 from resources.paged_kv import PagedKVSpec
 
 HEADROOM_FRACTION = 0.01   # default policy: keep 1% of a GPU free for what nothing here models
+FLASHINFER_TRANSIENT_INT_WORKSPACE = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -110,29 +111,57 @@ _POOLS: dict[tuple, int] = {}
 _GENERAL: dict[tuple, tuple[int, int]] = {}
 
 
-def capture_pool_bytes(traces: list) -> int:
-    """Reserved bytes of one private pool after capturing these traces in order (memoized)."""
-    key = tuple(id(t) for t in traces)
+def capture_pool_bytes(traces: list, stream_workspace: int = 0) -> int:
+    """Reserved bytes of one private pool after capturing these traces in order (memoized). The
+    capture stream's own cuBLAS workspace is taken from the pool at the first captured matmul."""
+    key = (tuple(id(t) for t in traces), stream_workspace)
     if key not in _POOLS:
         pool = Allocator()
+        if traces and stream_workspace:
+            pool.malloc("cublas", stream_workspace)
         for i, t in enumerate(traces):
             pool.replay(list(t.events), tag=i)
         _POOLS[key] = pool.reserved
     return _POOLS[key]
 
 
-def general_pool_bytes(sizes: list[int], eager: list) -> tuple[int, int]:
-    """(reserved after the persistent allocations, reserved after the eager steps too), memoized."""
-    key = (tuple(sizes), tuple(id(t) for t in eager))
+def general_pool_bytes(sizes: list[int], eager: list, cached: int = 0) -> tuple[int, int]:
+    """(reserved after the persistent allocations, reserved after the eager steps too), memoized.
+    `cached`: a block freed but kept by the allocator before the eager steps (FlashInfer's)."""
+    key = (tuple(sizes), tuple(id(t) for t in eager), cached)
     if key not in _GENERAL:
         general = Allocator()
         for i, size in enumerate(sizes):
             general.malloc(("persistent", i), size)
+        if cached:
+            general.malloc("cached", cached)
         persistent = general.reserved
         for i, t in enumerate(eager):
             general.replay(list(t.events), tag=i)
         _GENERAL[key] = (persistent, general.reserved)
     return _GENERAL[key]
+
+
+def kernel_modules(s: Sizing, nodes: list[str]) -> list[str]:
+    """The FlashInfer JIT modules a device loads: one prefill module per (backend, head dim, window),
+    shared by ragged and paged prefill; a decode module per paged decode backend not on tensor
+    cores; the page module for appends."""
+    mods = set()
+    for res in device_resources(s, nodes):
+        spec = s.ir.model.resource(res)
+        c = s.backends.chosen.get(res)
+        if c is None or c.prefill == "torch":
+            continue
+        window = getattr(spec, "window", None) is not None
+        mods.add(f"prefill:{c.prefill}:{c.head_dim or spec.head_dim}{':swa' if window else ''}")
+        if isinstance(spec, PagedKVSpec):
+            mods.add("page")
+            group = spec.num_qo_heads // spec.num_kv_heads
+            if c.decode == "fa3" or group > 4:
+                mods.add(f"prefill:{c.decode}:{spec.head_dim}")
+            else:
+                mods.add(f"decode:{c.decode}:{spec.head_dim}")
+    return sorted(mods)
 
 
 def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, int]) -> DeviceLedger:
@@ -147,21 +176,32 @@ def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, in
     eager = sorted((k for k in s.acts.eager if k[0] in nodes), key=lambda k: -s.acts.eager[k].peak_bytes)
     order = capture_order(s, nodes) if target.capture else []
     if target.is_gpu:
-        persistent_reserved, general_reserved = general_pool_bytes([a[2] for a in allocs],
-                                                                   [s.acts.eager[k] for k in eager])
-        pool_reserved = capture_pool_bytes([s.acts.graphs[k][1] for k in order])
-        raw = sum(a[2] for a in allocs)
         cal = calibration(target)
+        wrappers = any(c.startswith("wrappers.") for c, *_ in allocs)
+        # each FlashInfer wrapper is built with an 8 MiB int workspace that ours replaces; the freed
+        # block stays cached and the next wrapper's reuses it (seen on the H200: one per device)
+        transient = FLASHINFER_TRANSIENT_INT_WORKSPACE if wrappers else 0
+        persistent_reserved, general_reserved = general_pool_bytes([a[2] for a in allocs],
+                                                                   [s.acts.eager[k] for k in eager], transient)
+        pool_reserved = capture_pool_bytes([s.acts.graphs[k][1] for k in order], cal.library_bytes)
+        raw = sum(a[2] for a in allocs)
+        modules = kernel_modules(s, nodes)
         ledger += [
             Item("capture_pool", pool_reserved, "simulated",
-                 f"{len(order)} graphs captured largest first into one pool; allocator model of their traces"),
+                 f"{len(order)} graphs captured largest first into one pool; allocator model of their traces"
+                 + (f", plus the capture stream's cuBLAS workspace ({cal.library_bytes:,} B, calibrated)"
+                    if order else "")),
             Item("activations", general_reserved - persistent_reserved, "simulated",
                  f"{len(eager)} eager step(s) at their budgets: " + ", ".join(f"{n}@{w}" for n, w in eager)
                  if eager else "no eager steps"),
             Item("allocator", persistent_reserved - raw, "simulated",
-                 f"caching-allocator rounding and segment tails of {len(allocs)} persistent allocations"),
+                 f"caching-allocator rounding and segment tails of {len(allocs)} persistent allocations"
+                 + (", and FlashInfer's replaced 8 MiB int workspace, kept cached" if transient else "")),
             Item("context", cal.context_bytes, "calibrated", f"CUDA context and torch init; {cal.source}"),
-            Item("library", cal.library_bytes, "calibrated", f"cuBLAS workspaces; {cal.source}"),
+            Item("library", cal.library_bytes, "calibrated", f"cuBLAS workspace; {cal.source}"),
+            Item("kernels", len(modules) * cal.module_bytes, "calibrated",
+                 f"{len(modules)} FlashInfer JIT modules loaded ({', '.join(modules)}) x {cal.module_bytes:,} B"
+                 f" each; {cal.source}"),
         ]
     else:
         peak = max((s.acts.eager[k].peak_bytes for k in eager), default=0)

@@ -138,16 +138,14 @@ class Graphs:
     def capture_all(self) -> None:
         order = self.boot.plan.devices[self.boot.index].capture_order
         keys = [(k.rsplit("/", 2)[0], k.rsplit("/", 2)[1], int(k.rsplit("/", 2)[2])) for k in order]
-        side = torch.cuda.Stream()
+        # warm-up on the current stream: lazy init and FlashInfer's first-call buffers. (A side stream
+        # would get a cuBLAS workspace of its own, 32 MiB the ledger does not hold: seen on the H200.)
         with torch.inference_mode(), _bar(len(keys), "warming graphs") as bar:
-            for node, family, rung in keys:         # warm-up: lazy init, FlashInfer's first-call buffers
+            for node, family, rung in keys:
                 step = self.boot.ir.family(node, family)
                 inputs = self.static_inputs(node, family, step, rung)
                 self.plan_step(self.backends[(node, family, rung)], step, rung)
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    self.forward(node, family, step, rung, inputs)
-                torch.cuda.current_stream().wait_stream(side)
+                self.forward(node, family, step, rung, inputs)
                 bar.update(1)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()                    # warm-up blocks go back; the pool starts empty
@@ -231,6 +229,8 @@ def boot_gpu_device(boot: DeviceBoot, checkpoint: str | None, seed: int) -> Devi
     free, total = torch.cuda.mem_get_info()
     boot.measured["_device_used"] = total - free
     boot.measured["_peak_reserved"] = torch.cuda.max_memory_reserved()
+    # what the device holds outside torch's allocator and the context: the kernel modules loaded
+    boot.measured["kernels"] = (total - free) - boot.measured["context"] - torch.cuda.memory_reserved()
     return boot
 
 
