@@ -24,7 +24,7 @@ from models.components.aut import QWEN3_OMNI_AUT, AuTConfig, AuTEncoder, attenti
 from models.components.talker import TALKER_30B_A3B, CodePredictorConfig, Talker, TalkerConfig, TalkerTextConfig
 from models.components.thinker import THINKER_30B_A3B, Thinker, ThinkerConfig
 from models.components.vision import VisionConfig, vision_node
-from resources import PagedKVSpec, RaggedAttentionSpec
+from resources import PagedKVSpec, RaggedAttentionSpec, WorkspaceSpec
 
 VISION_30B_A3B = VisionConfig(depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304, out_hidden_size=2048,
                               num_position_embeddings=2304, deepstack_visual_indexes=(8, 16, 24))
@@ -34,6 +34,8 @@ REAL = dict(
     code2wav=c2w.Code2WavConfig(),
     decode_seqs=64, prefill_tokens=2048, prefill_seqs=8, mixed_tokens=1024, windows=16, patches=8192,
     images=4, frame_groups=16, max_frame_patches=8192, talker_tokens=1024, talker_seqs=32, code2wav_slots=8,
+    # an image has at least 4 merged tokens; patch rungs start at 256 (a 256x256 image) and double
+    patch_ladder=(256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
     thinker_len=32768, talker_len=32768, page_size=16,
 )
 
@@ -109,9 +111,12 @@ def resources(p: dict) -> list:
     v, c = p["vision"], p["code2wav"]
     groups = p["talker"].num_code_groups
     return [
-        attention_spec(p["aut"], "audio_attn"),
+        # the encoders' float workspaces, sized by the compiler unless a deployment sets them
+        WorkspaceSpec(name="audio_ws"),
+        WorkspaceSpec(name="vision_ws"),
+        attention_spec(p["aut"], "audio_attn", workspace="audio_ws"),
         RaggedAttentionSpec(name="vision_attn", num_heads=v.num_heads, head_dim=v.head_dim,
-                            max_segment=p["max_frame_patches"]),
+                            max_segment=p["max_frame_patches"], workspace="vision_ws"),
         PagedKVSpec(name="thinker_kv", num_layers=th.num_hidden_layers, num_qo_heads=th.num_attention_heads,
                     num_kv_heads=th.num_key_value_heads, head_dim=th.head_dim, page_size=p["page_size"],
                     max_seq_len=p["thinker_len"], pages=p.get("thinker_pages"), fill_share=5.0),
@@ -138,9 +143,11 @@ def walks(p: dict) -> list[gc.Walk]:
         gc.Walk(name="audio_prefill", kind="prefill", path=("audio_encoder", "thinker"),
                 budget=gc.Budget(windows=p["windows"], tokens=p["prefill_tokens"], seqs=p["prefill_seqs"])),
         gc.Walk(name="image_prefill", kind="prefill", path=("vision_encoder", "thinker"),
-                budget=gc.Budget(patches=p["patches"], tokens=p["prefill_tokens"], seqs=p["images"])),
+                budget=gc.Budget(patches=p["patches"], tokens=p["prefill_tokens"], seqs=p["images"]),
+                ladder=p.get("patch_ladder")),
         gc.Walk(name="video_prefill", kind="prefill", path=("vision_encoder", "thinker"),
-                budget=gc.Budget(patches=p["patches"], tokens=p["prefill_tokens"], seqs=p["frame_groups"])),
+                budget=gc.Budget(patches=p["patches"], tokens=p["prefill_tokens"], seqs=p["frame_groups"]),
+                ladder=p.get("patch_ladder")),
         gc.Walk(name="talker_prefill", kind="prefill", path=("talker",),
                 budget=gc.Budget(tokens=p["talker_tokens"], seqs=p["talker_seqs"])),
         gc.Walk(name="talker_decode", kind="decode", path=("talker",), budget=gc.Budget(seqs=p["talker_seqs"])),

@@ -9,12 +9,9 @@ from resources.base import ResourceSpec
 
 
 class WorkspaceSpec(ResourceSpec):
-    """Declared scratch: `bytes` per slot; two slots let one step plan while the last one runs."""
+    """Declared scratch: `bytes` per slot (None: the compiler sizes it to its users' largest need);
+    two slots let one step plan while the last one runs."""
 
     kind: ClassVar[str] = "workspace"
-    bytes: int = Field(ge=0)
+    bytes: int | None = Field(None, ge=0)
     slots: int = Field(1, ge=1)
-
-    @property
-    def total_bytes(self) -> int:
-        return self.bytes * self.slots

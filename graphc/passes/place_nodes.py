@@ -80,6 +80,30 @@ def _fill_pools(s: Sizing, nodes: list[str]) -> list[PagedKVSpec]:
             if isinstance(s.ir.model.resource(r), PagedKVSpec) and s.ir.model.resource(r).pages is None]
 
 
+def describe(s: Sizing, a: dict[str, int]) -> str:
+    """'{a, b} | {c}: thinker_kv holds 6.6 longest requests' -- what the score compares."""
+    groups = " | ".join("{" + ", ".join(n for n in a if a[n] == d) + "}" for d in range(s.ir.num_devices))
+    feasible, overflow, worst, cross, _ = _score(s, a)
+    if not feasible:
+        return f"{groups}: does not fit ({overflow / 2**30:.2f} GiB short)"
+    pool = _worst_pool(s, a)
+    return f"{groups}: {pool} holds {worst:.1f} longest requests" if pool else f"{groups}: no fill pool"
+
+
+def _worst_pool(s: Sizing, a: dict[str, int]) -> str | None:
+    cap, worst, name = s.ir.target.memory_bytes, float("inf"), None
+    for d in range(s.ir.num_devices):
+        nodes = [n for n in a if a[n] == d]
+        pools = _fill_pools(s, nodes)
+        left = cap - _fixed_cost(s, nodes)
+        shares = sum(p.fill_share for p in pools)
+        for p in pools:
+            ratio = left * p.fill_share / shares / p.page_bytes / p.min_pages
+            if ratio < worst:
+                worst, name = ratio, p.name
+    return name
+
+
 def _score(s: Sizing, a: dict[str, int]) -> tuple:
     cap = s.ir.target.memory_bytes
     feasible, worst, overflow = True, float("inf"), 0
@@ -140,8 +164,13 @@ def place_nodes(s: Sizing) -> Placement:
             best = (a, devices)
             break
     a, devices = best
-    why = (f"{len(cands)} placement(s) scored; chosen: each fill KV pool holds the most longest-requests at its worst,"
-           f" then fewest cross-device edges" if s.ir.num_devices > 1 else "one device")
+    if s.ir.num_devices > 1:
+        runner = next((c for c in ranked if c != a), None)
+        why = (f"{len(cands)} placements scored by the most longest-allowed requests the worst fill KV pool holds"
+               f" (estimated), then fewest cross-device edges; chosen {describe(s, a)}"
+               + (f"; next best {describe(s, runner)}" if runner else ""))
+    else:
+        why = "one device"
     out = Placement(a, devices, why)
     out.check(s)
     return out

@@ -77,6 +77,11 @@ def _workspaces(ir: IR, backends: Backends, needs: dict) -> dict[str, Workspace]
         if isinstance(r, WorkspaceSpec):
             users = tuple(u.name for u in ir.model.resources if getattr(u, "workspace", None) == r.name)
             need, where = max((needs[u] for u in users), key=lambda nw: nw[0].bytes)
+            if r.bytes is None:      # sized by the compiler, like an undeclared one, in every slot
+                floor = MiB if ir.target.is_gpu else 0
+                per_slot = round_up(max(need.bytes, floor), MiB)
+                out[r.name] = Workspace(r.name, per_slot * r.slots, users, need, declared=False)
+                continue
             if r.bytes < need.bytes:
                 user = next(u for u in users if needs[u][0].bytes == need.bytes)
                 raise InvalidInput(
@@ -84,7 +89,7 @@ def _workspaces(ir: IR, backends: Backends, needs: dict) -> dict[str, Workspace]
                     f"the {backends.backend(user)} backend at {where} keeps {need.formula}; this would fail at capture",
                     f"--set resources.{r.name}.bytes={round_up(need.bytes, MiB)}, or lower that walk's budget,"
                     f" or pick a backend that needs none (fa3 on sm_90)")
-            out[r.name] = Workspace(r.name, r.total_bytes, users, need, declared=True)
+            out[r.name] = Workspace(r.name, r.bytes * r.slots, users, need, declared=True)
     for r in ir.model.resources:
         if r.is_attention and getattr(r, "workspace", None) is None:
             need, _ = needs[r.name]

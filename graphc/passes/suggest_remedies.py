@@ -90,9 +90,12 @@ def candidates(result) -> list[tuple[str, dict, dict, str, int | None]]:
         if ws.declared and isinstance(spec, WorkspaceSpec):
             need = round_up(ws.need.bytes, MiB)
             if need < spec.bytes:
-                out.append((f"resources.{ws.name}.bytes={need}", _set(f"resources.{ws.name}.bytes", need), {},
-                            f"shrink workspace {ws.name} from {fmt_bytes(spec.bytes)} to its need {fmt_bytes(need)}",
-                            TRIM_WORKSPACE))
+                out.append((f"resources.{ws.name}.bytes=null", _set(f"resources.{ws.name}.bytes", None), {},
+                            f"let the compiler size workspace {ws.name} to its need, {fmt_bytes(need)} instead of"
+                            f" {fmt_bytes(spec.bytes)} ({ws.need.formula})", TRIM_WORKSPACE))
+        if isinstance(spec, WorkspaceSpec) and spec.slots > 1:
+            out.append((f"resources.{ws.name}.slots=1", _set(f"resources.{ws.name}.slots", 1), {},
+                        f"keep one slot of workspace {ws.name} instead of {spec.slots}", TRIM_WORKSPACE))
     if s.ir.target.is_gpu and s.ir.num_devices < 8:
         n = s.ir.num_devices + 1
         out.append((f"--gpus {n}", {}, {"num_devices": n}, f"spread the nodes over {n} GPUs", None))

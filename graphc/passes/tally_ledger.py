@@ -91,7 +91,8 @@ def persistent_allocs(s: Sizing, nodes: list[str], kv_pages: dict[str, int]) -> 
         ws = s.resources.workspaces.get(res)
         if ws is not None and ws.bytes:
             slots = getattr(spec, "slots", 1)
-            out += [(f"workspace.{res}", f"slot{i}", ws.bytes // slots, "formula") for i in range(slots)]
+            src = "declared" if ws.declared else "formula"
+            out += [(f"workspace.{res}", f"slot{i}", ws.bytes // slots, src) for i in range(slots)]
     for (n, fam), bufs in s.acts.io.items():
         if n in nodes:
             out += [(f"graph_io.{n}", f"{fam}.{b}", size, "exact") for b, size in bufs]
