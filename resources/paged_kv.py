@@ -68,7 +68,7 @@ class PagedKVSpec(ResourceSpec):
         rows = sizes.get("tokens", sizes[axis])
         return StepShape(rows=rows, seqs=min(rows, sizes.get("seqs", 1)), kv_len=self.max_seq_len, phase=phase)
 
-    def float_workspace(self, backend: str, shape: StepShape, num_sms: int) -> Sized:
+    def float_workspace(self, backend: str, shape: StepShape, num_sms: int, head_dim: int | None = None) -> Sized:
         if backend not in USES_FLOAT_WORKSPACE:
             return Sized(0, f"{backend} keeps no split-KV partials in the float workspace")
         if shape.phase == "decode":

@@ -63,11 +63,12 @@ class RaggedAttentionSpec(ResourceSpec):
         rows = sizes[axis]
         return StepShape(rows=rows, seqs=min(rows, sizes.get("seqs", 1)), kv_len=min(rows, self.max_segment))
 
-    def float_workspace(self, backend: str, shape: StepShape, num_sms: int) -> Sized:
+    def float_workspace(self, backend: str, shape: StepShape, num_sms: int, head_dim: int | None = None) -> Sized:
+        """head_dim: the one the kernels run at, when they pad this resource's."""
         if backend not in USES_FLOAT_WORKSPACE:
             return Sized(0, f"{backend} keeps no split-KV partials in the float workspace")
         return fis.fa2_prefill_float_workspace(shape.rows, shape.seqs, self.num_heads, self.kv_heads,
-                                               self.head_dim, num_sms)
+                                               head_dim or self.head_dim, num_sms)
 
     def wrapper_allocs(self, backend: str, shape: StepShape) -> list[tuple[str, int]]:
         """Buffers one captured wrapper keeps for its rung: int workspace and fixed indptrs."""

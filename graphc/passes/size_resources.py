@@ -52,7 +52,8 @@ def size_resources(ir: IR, backends: Backends, buckets: Buckets) -> ResourceSize
         where = ""
         for s, rung in _shapes(ir, buckets, r.name):
             backend = backends.backend(r.name, s.phase)
-            need = r.float_workspace(backend, r.step_shape(s.axis, s.sizes_at(rung), s.phase), ir.target.num_sms)
+            need = r.float_workspace(backend, r.step_shape(s.axis, s.sizes_at(rung), s.phase), ir.target.num_sms,
+                                     backends.chosen[r.name].head_dim)
             if need.bytes > best.bytes:
                 best, where = need, f"{s.node} on {s.walk} at {s.axis}={rung}"
         needs[r.name] = (best, where)

@@ -5,7 +5,7 @@ from graphc.overrides import apply_overrides
 from graphc.passes.select_backends import select_backends
 from graphc.passes.verify_graph import verify_graph
 from graphc.targets import get_target
-from resources import capabilities
+from resources import RaggedAttentionSpec, capabilities
 
 
 def backends(model, gpu):
@@ -63,3 +63,15 @@ def test_decode_backend_is_chosen_apart_and_refused_apart(tiny, tiny_small):
     m = apply_overrides(tiny.model, {"resources": {"decoder_kv": {"decode_backend": "trtllm-gen"}}})
     with pytest.raises(InvalidInput, match="decode_backend=fa2"):
         select_backends(verify_graph(m, get_target("h100"), 1))
+
+
+def test_padded_head_dim_sizes_the_float_workspace(tiny):
+    """Vision's head dim 72 runs padded to 128 on fa2 (sm_80): its split-KV partials are 128 wide
+    (a 20 MiB workspace sized for 72 failed FlashInfer's aligned_alloc on the H200)."""
+    from resources import StepShape
+
+    spec = RaggedAttentionSpec(name="v", num_heads=16, head_dim=72, max_segment=1024)
+    shape = StepShape(rows=4096, seqs=4, kv_len=1024)
+    at72 = spec.float_workspace("fa2", shape, 132).bytes
+    at128 = spec.float_workspace("fa2", shape, 132, head_dim=128).bytes
+    assert at128 > 20 * 2**20 > at72
