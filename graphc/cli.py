@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_plan(args) -> int:
     from graphc.overrides import load_config, merge, parse_set
-    from graphc.pipeline import _Failed, compile_model, load_model
+    from graphc.pipeline import compile_model, load_model
     from graphc.report import plan_html, plan_summary, refusal
 
     overrides = merge(load_config(args.config) if args.config else {}, parse_set(args.sets))
@@ -71,11 +71,8 @@ def cmd_plan(args) -> int:
         compiled = compile_model(source, args.gpu, args.gpus, overrides, fit=args.fit, memory_cap=args.memory_cap,
                                  headroom=args.headroom, remedies=not args.no_remedies)
     except DoesNotFit as e:
-        cause = e.__cause__
-        if isinstance(cause, _Failed):
-            print(refusal(source.model.name, cause.result, e.remedies), file=sys.stderr, end="")
-        else:
-            print(f"error: {e}", file=sys.stderr)
+        print(refusal(source.model.name, e.result, e.remedies) if e.result is not None else f"error: {e}",
+              file=sys.stderr, end="")
         return EXIT_DOES_NOT_FIT
     out = args.output or f"{source.model.name}.{args.gpu}x{args.gpus}.plan"
     compiled.plan.save(out)

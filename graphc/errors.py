@@ -35,6 +35,7 @@ class DoesNotFit(GraphcError):
 
     exit_code = EXIT_DOES_NOT_FIT
 
-    def __init__(self, what: str, why: str = "", fix: str = "", remedies: list | None = None):
+    def __init__(self, what: str, why: str = "", fix: str = "", remedies: list | None = None, result=None):
         self.remedies = remedies or []
+        self.result = result          # the compiler's failing result, for reports
         super().__init__(what, why, fix)

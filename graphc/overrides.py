@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from graphc.declare import Budget, Model
+from graphc.declare import Model
 from graphc.errors import InvalidInput
 from graphc.strict import closest, explain_validation
 
@@ -123,5 +123,3 @@ def _apply_one(obj: Any, changes: dict, where: str, fixed: set[str]) -> Any:
     except ValidationError as e:
         raise explain_validation(e, f"overrides at {where}") from None
 
-
-__all__ = ["apply_overrides", "load_config", "merge", "parse_set", "Budget"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,21 +143,9 @@ def compile_model(source: ModelSource, gpu: str, num_devices: int = 1, overrides
             f"{source.model.name} does not fit {num_devices} x {target.name}:",
             "\n".join(f"  {p.text}" for p in result.fit.problems),
             _remedy_text(found) if found else "no single change found; try a larger --gpu or more --gpus",
-            remedies=found) from _attach(result)
+            remedies=found, result=result)
     plan = emit_plan(result.sizing, result.placement, source.record(), overrides, trimmed)
     return Compiled(plan, result, [], trimmed)
-
-
-class _Failed(Exception):
-    """Carries the failing Result to callers that want to report it (DoesNotFit.__cause__)."""
-
-    def __init__(self, result: Result):
-        super().__init__("plan does not fit")
-        self.result = result
-
-
-def _attach(result: Result) -> _Failed:
-    return _Failed(result)
 
 
 def _remedy_text(remedies: list[Remedy]) -> str:
@@ -171,6 +158,3 @@ def _remedy_text(remedies: list[Remedy]) -> str:
     lines.append("apply one with --set/--gpus, or pass --fit to apply the trims automatically")
     return "\n".join(lines)
 
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    raise RuntimeError("graphc needs Python 3.11+")

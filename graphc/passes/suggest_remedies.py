@@ -9,7 +9,6 @@ from graphc.errors import GraphcError
 from graphc.overrides import merge
 from graphc.passes.choose_buckets import rungs_for
 from graphc.units import MiB, fmt_bytes, round_up
-from resources.paged_kv import PagedKVSpec
 from resources.workspace import WorkspaceSpec
 
 ENCODER_AXES = ("windows", "patches", "frames")

@@ -96,7 +96,10 @@ def _place(kind: str, start: float, media: MediaTokens, audio: deque, images: de
     return [video] if kind == "video" else _interleave(video, _span(start, audio.popleft()))
 
 
-def rope_index(input_ids: Sequence[int], media: MediaTokens = MediaTokens(), *,
+QWEN3_OMNI_MEDIA = MediaTokens()
+
+
+def rope_index(input_ids: Sequence[int], media: MediaTokens = QWEN3_OMNI_MEDIA, *,
                audio_lengths: Sequence[int] = (), image_grid_thw: Sequence[Sequence[int]] = (),
                video_grid_thw: Sequence[Sequence[int]] = (), video_second_per_grid: Sequence[float] = ()
                ) -> tuple[torch.Tensor, int]:

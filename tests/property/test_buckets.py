@@ -1,5 +1,5 @@
 """Bucket ladders: coverage, no dead rungs, monotone in the budget."""
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from graphc.passes.choose_buckets import default_ladder, rung_for, rungs_for

@@ -3,8 +3,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from graphc.allocator import Allocator
-from graphc.errors import DoesNotFit
-from graphc.pipeline import compile_model, run_passes
+from graphc.pipeline import run_passes
 from graphc.overrides import apply_overrides
 from graphc.targets import get_target
 from graphc.units import GiB, MiB
