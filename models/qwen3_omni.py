@@ -21,8 +21,9 @@ from __future__ import annotations
 import graphc as gc
 from models.components import code2wav as c2w
 from models.components.aut import QWEN3_OMNI_AUT, AuTConfig, AuTEncoder, attention_spec, node_ports
-from models.components.talker import TALKER_30B_A3B, CodePredictorConfig, Talker, TalkerConfig, TalkerTextConfig
-from models.components.thinker import THINKER_30B_A3B, Thinker, ThinkerConfig
+from models.components.talker import TALKER_30B_A3B, CodePredictorConfig, Talker, TalkerConfig, TalkerTextConfig, \
+    talker_ports
+from models.components.thinker import THINKER_30B_A3B, Thinker, ThinkerConfig, thinker_ports
 from models.components.vision import VisionConfig, vision_node
 from resources import PagedKVSpec, RaggedAttentionSpec, WorkspaceSpec
 
@@ -69,41 +70,16 @@ PRESETS = {"30b-a3b": REAL, "tiny": TINY}
 
 
 def thinker_node(p: dict) -> gc.Node:
-    cfg, h = p["thinker"], p["thinker"].hidden_size
-    merged, rows = f"patches/{p['vision'].merge_unit}", f"windows*{p['aut'].window_tokens}"
-    deep = len(p["vision"].deepstack_visual_indexes)
-    return gc.Node(
-        name="thinker", module=Thinker, config=cfg, weight_prefix="thinker.", resources={"kv": "thinker_kv"},
-        inputs={"token_ids": gc.Port(shape=("tokens",), dtype="int64"),
-                "positions": gc.Port(shape=(3, "tokens"), dtype="int64"),
-                "sample_rows": gc.Port(shape=("seqs",), dtype="int64"),
-                "audio_embeds": gc.Port(shape=(rows, h), dtype="bfloat16", optional="audio"),
-                "audio_rows": gc.Port(shape=("tokens",), dtype="int64", optional="audio"),
-                "visual_embeds": gc.Port(shape=(merged, h), dtype="bfloat16", optional="visual"),
-                "visual_rows": gc.Port(shape=("tokens",), dtype="int64", optional="visual"),
-                "deepstack": gc.Port(shape=(deep, merged, h), dtype="bfloat16", optional="visual")},
-        outputs={"logits": gc.Port(shape=("seqs", cfg.vocab_size), dtype="float32"),
-                 "embeds": gc.Port(shape=("tokens", h), dtype="bfloat16"),
-                 "hidden": gc.Port(shape=("tokens", h), dtype="bfloat16")})
+    inputs, outputs = thinker_ports(p["thinker"], f"windows*{p['aut'].window_tokens}",
+                                    f"patches/{p['vision'].merge_unit}", len(p["vision"].deepstack_visual_indexes))
+    return gc.Node(name="thinker", module=Thinker, config=p["thinker"], weight_prefix="thinker.",
+                   resources={"kv": "thinker_kv"}, inputs=inputs, outputs=outputs)
 
 
 def talker_node(p: dict) -> gc.Node:
-    cfg = p["talker"]
-    h, th, groups = cfg.text_config.hidden_size, cfg.thinker_hidden_size, cfg.num_code_groups
-    return gc.Node(
-        name="talker", module=Talker, config=cfg, weight_prefix="talker.",
-        resources={"kv": "talker_kv", "cp_attn": "code_predictor_attn"},
-        inputs={"embeds": gc.Port(shape=("tokens", h), dtype="bfloat16"),
-                "positions": gc.Port(shape=(3, "tokens"), dtype="int64"),
-                "sample_rows": gc.Port(shape=("seqs",), dtype="int64"),
-                "trailing_text": gc.Port(shape=("seqs", th), dtype="bfloat16"),
-                "codec_ids": gc.Port(shape=("tokens",), dtype="int64", optional="prompt"),
-                "thinker_embeds": gc.Port(shape=("tokens", th), dtype="bfloat16", optional="prompt"),
-                "thinker_hidden": gc.Port(shape=("tokens", th), dtype="bfloat16", optional="prompt"),
-                "prompt_kind": gc.Port(shape=("tokens",), dtype="int64", optional="prompt")},
-        outputs={"logits": gc.Port(shape=("seqs", cfg.text_config.vocab_size), dtype="float32"),
-                 "codes": gc.Port(shape=("seqs", groups), dtype="int64"),
-                 "next_embeds": gc.Port(shape=("seqs", h), dtype="bfloat16")})
+    inputs, outputs = talker_ports(p["talker"])
+    return gc.Node(name="talker", module=Talker, config=p["talker"], weight_prefix="talker.",
+                   resources={"kv": "talker_kv", "cp_attn": "code_predictor_attn"}, inputs=inputs, outputs=outputs)
 
 
 def resources(p: dict) -> list:

@@ -257,3 +257,23 @@ class Talker(NodeModule):
         frame = torch.cat((e0[:, None], residual_embeds), dim=1)                # [S, G, H]
         next_embeds = frame.sum(dim=1) + self.text_projection(trailing_text)
         return {"logits": logits, "codes": torch.cat((code0[:, None], residual), dim=1), "next_embeds": next_embeds}
+
+
+def talker_ports(cfg: TalkerConfig, dtype: str = "bfloat16") -> tuple[dict, dict]:
+    """The node's (inputs, outputs): a step's rows and sample rows; the optional 'prompt' group
+    builds prompt rows from the thinker's embeddings and hidden states."""
+    from graphc.declare import Port
+
+    h, th, v = cfg.text_config.hidden_size, cfg.thinker_hidden_size, cfg.text_config.vocab_size
+    inputs = {"embeds": Port(shape=("tokens", h), dtype=dtype),
+              "positions": Port(shape=(3, "tokens"), dtype="int64"),
+              "sample_rows": Port(shape=("seqs",), dtype="int64"),
+              "trailing_text": Port(shape=("seqs", th), dtype=dtype),
+              "codec_ids": Port(shape=("tokens",), dtype="int64", optional="prompt"),
+              "thinker_embeds": Port(shape=("tokens", th), dtype=dtype, optional="prompt"),
+              "thinker_hidden": Port(shape=("tokens", th), dtype=dtype, optional="prompt"),
+              "prompt_kind": Port(shape=("tokens",), dtype="int64", optional="prompt")}
+    outputs = {"logits": Port(shape=("seqs", v), dtype="float32"),
+               "codes": Port(shape=("seqs", cfg.num_code_groups), dtype="int64"),
+               "next_embeds": Port(shape=("seqs", h), dtype=dtype)}
+    return inputs, outputs

@@ -202,3 +202,25 @@ class Thinker(NodeModule):
         x = self.model.norm(x.index_select(0, sample_rows))                   # [S, H]
         out["logits"] = self.lm_head(x).float()
         return out
+
+
+def thinker_ports(cfg: ThinkerConfig, audio_rows: str, visual_rows: str, deepstack: int,
+                  dtype: str = "bfloat16") -> tuple[dict, dict]:
+    """The node's (inputs, outputs): token rows of a step, sample rows, and the optional 'audio' and
+    'visual' groups that splice an encoder's output rows (audio_rows / visual_rows: those encoders'
+    row axes, e.g. 'windows*104' and 'patches/4')."""
+    from graphc.declare import Port
+
+    h = cfg.hidden_size
+    inputs = {"token_ids": Port(shape=("tokens",), dtype="int64"),
+              "positions": Port(shape=(3, "tokens"), dtype="int64"),
+              "sample_rows": Port(shape=("seqs",), dtype="int64"),
+              "audio_embeds": Port(shape=(audio_rows, h), dtype=dtype, optional="audio"),
+              "audio_rows": Port(shape=("tokens",), dtype="int64", optional="audio"),
+              "visual_embeds": Port(shape=(visual_rows, h), dtype=dtype, optional="visual"),
+              "visual_rows": Port(shape=("tokens",), dtype="int64", optional="visual"),
+              "deepstack": Port(shape=(deepstack, visual_rows, h), dtype=dtype, optional="visual")}
+    outputs = {"logits": Port(shape=("seqs", cfg.vocab_size), dtype="float32")}
+    if cfg.accept_hidden_layer is not None:
+        outputs |= {"embeds": Port(shape=("tokens", h), dtype=dtype), "hidden": Port(shape=("tokens", h), dtype=dtype)}
+    return inputs, outputs

@@ -17,7 +17,7 @@ from graphc.simulate import FakeNode
 from graphc.step import StepContext
 from models.components.mrope import MediaTokens, rope_index
 from models.components.talker import (TALKER_30B_A3B, CodePredictorConfig, Talker, TalkerConfig, TalkerTextConfig,
-                                      code_predictor_cu_seqlens)
+                                      code_predictor_cu_seqlens, talker_ports)
 from resources import PagedKVSpec, RaggedAttentionSpec
 from resources.paged_kv import PageAllocator, PagedTorch, new_cache
 from resources.ragged_attention import RaggedTorch
@@ -217,21 +217,9 @@ def test_code0_is_restricted_to_the_codebook_and_eos(pair):
 
 
 def talker_node() -> gc.Node:
-    h, v = CFG.text_config.hidden_size, CFG.text_config.vocab_size
-    return gc.Node(
-        name="talker", module=Talker, config=CFG, weight_prefix="talker.",
-        inputs={"embeds": gc.Port(shape=("tokens", h), dtype="bfloat16"),
-                "positions": gc.Port(shape=(3, "tokens"), dtype="int64"),
-                "sample_rows": gc.Port(shape=("seqs",), dtype="int64"),
-                "trailing_text": gc.Port(shape=("seqs", THINKER_H), dtype="bfloat16"),
-                "codec_ids": gc.Port(shape=("tokens",), dtype="int64", optional="prompt"),
-                "thinker_embeds": gc.Port(shape=("tokens", THINKER_H), dtype="bfloat16", optional="prompt"),
-                "thinker_hidden": gc.Port(shape=("tokens", THINKER_H), dtype="bfloat16", optional="prompt"),
-                "prompt_kind": gc.Port(shape=("tokens",), dtype="int64", optional="prompt")},
-        outputs={"logits": gc.Port(shape=("seqs", v), dtype="float32"),
-                 "codes": gc.Port(shape=("seqs", GROUPS), dtype="int64"),
-                 "next_embeds": gc.Port(shape=("seqs", h), dtype="bfloat16")},
-        resources={"kv": "talker_kv", "cp_attn": "cp_attn"})
+    inputs, outputs = talker_ports(CFG)
+    return gc.Node(name="talker", module=Talker, config=CFG, weight_prefix="talker.", inputs=inputs,
+                   outputs=outputs, resources={"kv": "talker_kv", "cp_attn": "cp_attn"})
 
 
 @pytest.mark.parametrize("groups", [(), ("prompt",)], ids=["decode", "prefill"])

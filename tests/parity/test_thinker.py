@@ -17,7 +17,7 @@ from graphc.runtime.checkpoint import load_weights
 from graphc.simulate import FakeNode
 from graphc.step import StepContext
 from models.components.mrope import MediaTokens, rope_index
-from models.components.thinker import THINKER_30B_A3B, Thinker, ThinkerConfig
+from models.components.thinker import THINKER_30B_A3B, Thinker, ThinkerConfig, thinker_ports
 from resources import PagedKVSpec
 from resources.paged_kv import PageAllocator, PagedTorch, new_cache
 
@@ -266,21 +266,9 @@ def test_positions_match_hf_for_audio_in_video_and_trailing_items(pair):
 
 
 def thinker_node() -> gc.Node:
-    h, v = CFG.hidden_size, CFG.vocab_size
-    return gc.Node(
-        name="thinker", module=Thinker, config=CFG, weight_prefix="thinker.",
-        inputs={"token_ids": gc.Port(shape=("tokens",), dtype="int64"),
-                "positions": gc.Port(shape=(3, "tokens"), dtype="int64"),
-                "sample_rows": gc.Port(shape=("seqs",), dtype="int64"),
-                "audio_embeds": gc.Port(shape=("windows*13", h), dtype="bfloat16", optional="audio"),
-                "audio_rows": gc.Port(shape=("tokens",), dtype="int64", optional="audio"),
-                "visual_embeds": gc.Port(shape=("patches/4", h), dtype="bfloat16", optional="visual"),
-                "visual_rows": gc.Port(shape=("tokens",), dtype="int64", optional="visual"),
-                "deepstack": gc.Port(shape=(DEEPSTACK, "patches/4", h), dtype="bfloat16", optional="visual")},
-        outputs={"logits": gc.Port(shape=("seqs", v), dtype="float32"),
-                 "embeds": gc.Port(shape=("tokens", h), dtype="bfloat16"),
-                 "hidden": gc.Port(shape=("tokens", h), dtype="bfloat16")},
-        resources={"kv": "thinker_kv"})
+    inputs, outputs = thinker_ports(CFG, "windows*13", "patches/4", DEEPSTACK)
+    return gc.Node(name="thinker", module=Thinker, config=CFG, weight_prefix="thinker.", inputs=inputs,
+                   outputs=outputs, resources={"kv": "thinker_kv"})
 
 
 @pytest.mark.parametrize("groups", [(), ("audio", "visual")], ids=["text", "multimodal"])
