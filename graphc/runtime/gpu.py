@@ -182,12 +182,11 @@ class Graphs:
 
     def run_eager(self) -> None:
         """Each eager step once at its walk's budget: the general pool grows by what they need."""
-        dev = self.boot.plan.devices[self.boot.index]
         todo = [(s, b) for s in self.boot.steps() for w, b in self.boot.plan.nodes[s.node].buckets.items()
                 if w == s.walk and b.eager_above is not None]
         _, before = _mem()
         with torch.inference_mode():
-            for step, bk in todo:
+            for step, _ in todo:
                 binds = {role: self.backend_for(res, step, step.budget, False)
                          for role, res in self.boot.ir.node(step.node).resources.items()}
                 self.plan_step(binds, step, step.budget)
@@ -197,7 +196,6 @@ class Graphs:
                 del binds, inputs
         _, after = _mem()
         self.boot.measured["activations"] = after - before
-        del dev
 
 
 def pool_bytes(pool) -> int:
