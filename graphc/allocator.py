@@ -104,7 +104,3 @@ class Allocator:
                 self.malloc((tag, key), nbytes)
             else:
                 self.free((tag, key))
-
-    @property
-    def live_keys(self) -> list[object]:
-        return list(self._live)

@@ -10,7 +10,7 @@ from functools import cached_property
 
 import networkx as nx
 
-from graphc.declare import Model, Node, Port, Walk, parse_dim
+from graphc.declare import Model, Node, Walk, parse_dim
 from graphc.errors import InvalidInput
 from graphc.targets import Target
 
@@ -151,7 +151,3 @@ def build_ir(model: Model, target: Target, num_devices: int) -> IR:
                               capture=w.capture and target.capture, capture_limit=w.capture_limit.get(name),
                               ladder=w.ladder))
     return IR(model=model, target=target, num_devices=num_devices, graph=graph, steps=tuple(steps))
-
-
-def port_axes(ports: dict[str, Port], names: tuple[str, ...]) -> set[str]:
-    return set().union(*(ports[p].axes() for p in names)) if names else set()

@@ -31,9 +31,6 @@ from graphc.plan import Plan, file_sha256
 from graphc.strict import explain_validation
 from graphc.targets import Target, get_target
 
-PASSES = ("verify_graph", "select_backends", "choose_buckets", "size_weights", "simulate_steps",
-          "size_resources", "place_nodes", "check_fit", "suggest_remedies", "emit_plan")
-
 
 @dataclass
 class Result:

@@ -12,8 +12,8 @@ import itertools
 from dataclasses import dataclass
 
 from graphc.errors import InvalidInput
-from graphc.passes.tally_ledger import DeviceLedger, Sizing, device_resources, tally_ledger
-from graphc.targets import calibration
+from graphc.passes.tally_ledger import DeviceLedger, Sizing, device_resources, overhead_bytes, persistent_allocs, \
+    tally_ledger
 from resources.paged_kv import PagedKVSpec
 
 MAX_CANDIDATES = 20000
@@ -56,23 +56,18 @@ def _candidates(s: Sizing):
             yield a
 
 
+def _fixed_pages(s: Sizing, nodes: list[str]) -> dict[str, int]:
+    return {r: s.ir.model.resource(r).pages for r in device_resources(s, nodes)
+            if isinstance(s.ir.model.resource(r), PagedKVSpec) and s.ir.model.resource(r).pages}
+
+
 def _fixed_cost(s: Sizing, nodes: list[str]) -> int:
-    """A quick additive estimate of everything but fill pools (the ledger makes it exact)."""
-    total = sum(s.weights.per_node[n].arena for n in nodes)
-    for res in device_resources(s, nodes):
-        spec = s.ir.model.resource(res)
-        if isinstance(spec, PagedKVSpec):
-            total += (spec.pages or 0) * spec.page_bytes
-        ws = s.resources.workspaces.get(res)
-        total += ws.bytes if ws else 0
-    total += sum(b for (n, _), bufs in s.acts.io.items() if n in nodes for _, b in bufs)
-    total += sum(b for k, bufs in s.resources.wrappers.items() if k[0] in nodes for _, _, b in bufs)
+    """A quick estimate of everything but fill pools: the persistent allocations, the largest
+    capture and eager peaks, and the calibrated overheads (the ledger makes it exact)."""
+    total = sum(size for _, _, size, _ in persistent_allocs(s, nodes, _fixed_pages(s, nodes)))
     total += max((t.peak_bytes for k, (_, t) in s.acts.graphs.items() if k[0] in nodes), default=0)
     total += max((t.peak_bytes for k, t in s.acts.eager.items() if k[0] in nodes), default=0)
-    if s.ir.target.is_gpu:
-        cal = calibration(s.ir.target)
-        total += cal.context_bytes + cal.library_bytes + int(0.01 * s.ir.target.memory_bytes)
-    return total
+    return total + overhead_bytes(s, nodes)
 
 
 def _fill_pools(s: Sizing, nodes: list[str]) -> list[PagedKVSpec]:
@@ -127,8 +122,7 @@ def fill_pages(s: Sizing, index: int, nodes: list[str]) -> DeviceLedger:
     """The device's ledger with its fill pools as large as fits (binary search on the bytes they
     share, since allocator rounding makes the total a step function of the page count)."""
     pools = _fill_pools(s, nodes)
-    fixed = {r: s.ir.model.resource(r).pages for r in device_resources(s, nodes)
-             if isinstance(s.ir.model.resource(r), PagedKVSpec) and s.ir.model.resource(r).pages}
+    fixed = _fixed_pages(s, nodes)
     shares = sum(p.fill_share for p in pools)
 
     def ledger_with(budget: int) -> DeviceLedger:

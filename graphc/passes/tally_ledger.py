@@ -143,6 +143,21 @@ def general_pool_bytes(sizes: list[int], eager: list, cached: int = 0) -> tuple[
     return _GENERAL[key]
 
 
+def headroom_bytes(s: Sizing) -> int:
+    if s.headroom is not None:
+        return s.headroom
+    return int(s.ir.target.memory_bytes * HEADROOM_FRACTION) if s.ir.target.is_gpu else 0
+
+
+def overhead_bytes(s: Sizing, nodes: list[str]) -> int:
+    """What a device holds besides its allocations: the calibrated lines and the headroom."""
+    if not s.ir.target.is_gpu:
+        return headroom_bytes(s)
+    cal = calibration(s.ir.target)
+    return (cal.context_bytes + cal.library_bytes + len(kernel_modules(s, nodes)) * cal.module_bytes
+            + headroom_bytes(s))
+
+
 def kernel_modules(s: Sizing, nodes: list[str]) -> list[str]:
     """The FlashInfer JIT modules a device loads: one prefill module per (backend, head dim, window),
     shared by ragged and paged prefill; a decode module per paged decode backend not on tensor
@@ -208,9 +223,7 @@ def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, in
         peak = max((s.acts.eager[k].peak_bytes for k in eager), default=0)
         ledger.append(Item("activations", peak, "simulated",
                            f"largest eager step's live bytes ({len(eager)} eager steps)"))
-    headroom = s.headroom if s.headroom is not None else (int(target.memory_bytes * HEADROOM_FRACTION)
-                                                          if target.is_gpu else 0)
-    ledger.append(Item("headroom", headroom, "policy",
+    ledger.append(Item("headroom", headroom_bytes(s), "policy",
                        "--headroom" if s.headroom is not None else
                        f"default: {HEADROOM_FRACTION:.0%} of the device kept free" if target.is_gpu else "none on cpu"))
     return DeviceLedger(index, target.memory_bytes, list(nodes), ledger, dict(kv_pages), order)

@@ -21,10 +21,10 @@ from graphc.pipeline import load_model
 from graphc.plan import Plan, file_sha256
 from graphc.runtime.build import fill_seeded, materialize
 from graphc.runtime.checkpoint import Shards, load_weights
-from graphc.runtime.steps import paged_layout, ragged_layout, synthetic_inputs
+from graphc.runtime.steps import layouts, synthetic_inputs
 from graphc.step import StepContext
 from graphc.targets import get_target
-from resources.paged_kv import PageAllocator, PagedKVSpec, PagedTorch
+from resources.paged_kv import PageAllocator, PagedTorch
 from resources.ragged_attention import RaggedAttentionSpec, RaggedTorch
 from resources.workspace import WorkspaceSpec
 
@@ -107,25 +107,17 @@ def plan_ir(plan: Plan) -> IR:
 
 
 class Binder:
-    """Resource bindings for one step: torch backends on the CPU (FlashInfer's on GPU: issue 4)."""
+    """Resource bindings for one synthetic step on the CPU: the torch backends (runtime/gpu.py plans
+    FlashInfer's with the same layouts)."""
 
     def __init__(self, boot: DeviceBoot):
         self.boot = boot
 
     def bind(self, step: Step, rung: int) -> dict:
-        node = self.boot.ir.node(step.node)
-        out = {}
-        for role, res in node.resources.items():
-            spec = self.boot.ir.model.resource(res)
-            if isinstance(spec, RaggedAttentionSpec):
-                lay = ragged_layout(spec, step, rung)
-                out[role] = RaggedTorch(spec, lay.cu_q, lay.cu_k)
-            elif isinstance(spec, PagedKVSpec):
-                lay = paged_layout(spec, step, rung, self.boot.plan.devices[self.boot.index].kv_pages[res])
-                out[role] = PagedTorch(spec, self.boot.caches[res], lay.qo_lens, lay.kv_lens, lay.page_tables)
-            else:
-                raise InvalidInput(f"resource kind {spec.kind} has no runtime binding")
-        return out
+        kv_pages = self.boot.plan.devices[self.boot.index].kv_pages
+        return {role: RaggedTorch(spec, *lay.args()) if isinstance(spec, RaggedAttentionSpec)
+                else PagedTorch(spec, self.boot.caches[spec.name], *lay.args())
+                for role, (spec, lay) in layouts(self.boot.ir, kv_pages, step, rung).items()}
 
 
 def _progress(total: int, desc: str):

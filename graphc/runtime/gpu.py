@@ -14,11 +14,9 @@ from tqdm import tqdm
 from graphc.declare import TORCH_DTYPES
 from graphc.ir import Step
 from graphc.runtime.boot import DeviceBoot, allocate
-from graphc.runtime.steps import paged_layout, ragged_layout, synthetic_inputs
+from graphc.runtime.steps import layouts, synthetic_inputs
 from graphc.step import StepContext
 from resources.flashinfer_backend import make_backend
-from resources.paged_kv import PagedKVSpec
-from resources.ragged_attention import RaggedAttentionSpec
 
 
 def _mem() -> tuple[int, int]:
@@ -58,7 +56,6 @@ class Graphs:
         self.workspaces: dict[str, torch.Tensor] = {}
         self.io: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
         self.backends: dict[tuple[str, str, int], dict[str, object]] = {}
-        self.eager_backends: dict[tuple[str, str], object] = {}
 
     # ---- allocation
     def float_workspace(self, res: str) -> torch.Tensor:
@@ -104,15 +101,9 @@ class Graphs:
 
     # ---- one synthetic step
     def plan_step(self, binds: dict, step: Step, rung: int) -> None:
-        node = self.boot.ir.node(step.node)
-        for role, res in node.resources.items():
-            spec = self.boot.ir.model.resource(res)
-            if isinstance(spec, RaggedAttentionSpec):
-                lay = ragged_layout(spec, step, rung)
-                binds[role].plan(lay.cu_q, lay.cu_k)
-            elif isinstance(spec, PagedKVSpec):
-                lay = paged_layout(spec, step, rung, self.boot.plan.devices[self.boot.index].kv_pages[res])
-                binds[role].plan(lay.qo_lens, lay.kv_lens, lay.page_tables)
+        kv_pages = self.boot.plan.devices[self.boot.index].kv_pages
+        for role, (_, lay) in layouts(self.boot.ir, kv_pages, step, rung).items():
+            binds[role].plan(*lay.args())
 
     def static_inputs(self, node: str, family: str, step: Step, rung: int) -> dict[str, torch.Tensor]:
         decl, sizes, bufs = self.boot.ir.node(node), step.sizes_at(rung), self.io[(node, family)]

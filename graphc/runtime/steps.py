@@ -17,12 +17,20 @@ class RaggedLayout:
     cu_q: list[int]
     cu_k: list[int]
 
+    def args(self) -> tuple:
+        """What RaggedTorch takes after its spec and a FlashInfer ragged backend's plan() takes."""
+        return self.cu_q, self.cu_k
+
 
 @dataclass(frozen=True)
 class PagedLayout:
     qo_lens: list[int]
     kv_lens: list[int]
     page_tables: list[list[int]]
+
+    def args(self) -> tuple:
+        """What PagedTorch takes after its spec and cache and a FlashInfer paged backend's plan() takes."""
+        return self.qo_lens, self.kv_lens, self.page_tables
 
 
 def split(rows: int, parts: int, most: int | None = None) -> list[int]:
@@ -63,6 +71,20 @@ def paged_layout(spec: PagedKVSpec, step: Step, rung: int, num_pages: int, histo
         tables.append(list(range(nxt, nxt + need)))
         nxt += need
     return PagedLayout(qo, kv, tables)
+
+
+def layouts(ir, kv_pages: dict[str, int], step: Step, rung: int) -> dict[str, tuple]:
+    """role -> (spec, layout) of every resource a node calls, for one synthetic step."""
+    out = {}
+    for role, res in ir.node(step.node).resources.items():
+        spec = ir.model.resource(res)
+        if isinstance(spec, RaggedAttentionSpec):
+            out[role] = spec, ragged_layout(spec, step, rung)
+        elif isinstance(spec, PagedKVSpec):
+            out[role] = spec, paged_layout(spec, step, rung, kv_pages[res])
+        else:
+            raise TypeError(f"resource kind {spec.kind} has no synthetic layout")
+    return out
 
 
 def synthetic_inputs(node: Node, step: Step, rung: int, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -38,8 +38,10 @@ def test_ledger_adds_up_and_placement_never_overfills(tiny_small, ov, gpu, cap, 
         assert all(p >= 0 for p in d.kv_pages.values())
         if r.fit.fits:
             assert d.total <= d.capacity
-    assert r.fit.fits == all(d.free >= 0 for d in r.placement.devices) and \
-        not any(p.over_bytes == 0 for p in r.fit.problems) if r.fit.fits else True
+    # a plan fits exactly when no device is over and no KV pool is short of the longest request
+    short = any(pages < s.min_pages for d in r.placement.devices for res, pages in d.kv_pages.items()
+                for s in [r.sizing.ir.model.resource(res)])
+    assert r.fit.fits == (all(d.free >= 0 for d in r.placement.devices) and not short)
 
 
 @SETTINGS

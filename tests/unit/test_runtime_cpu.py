@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 from graphc.cli import main
 from graphc.errors import InvalidInput
 from graphc.plan import load_plan
-from graphc.runtime.boot import boot_plan
+from graphc.runtime.boot import boot_plan, plan_ir
 from graphc.runtime.check import compare
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def test_cpu_boot_loads_a_checkpoint_by_public_names(tiny_plan, tmp_path):
 
     src = {}
     for name, node in tiny_plan.nodes.items():
-        decl = boot_plan.__globals__["plan_ir"](tiny_plan).node(name)
+        decl = plan_ir(tiny_plan).node(name)
         shell = build_shell(decl)
         gen = torch.Generator().manual_seed(1)
         for k, v in shell.state_dict().items():
