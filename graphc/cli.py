@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--seed", type=int, default=0)
     ck.add_argument("--emulate", action="store_true", help="cap this GPU to the plan's card (same arch)")
     ck.add_argument("--force", action="store_true", help="boot even if the model file or target differ")
+    ck.add_argument("--no-prebuild", action="store_true",
+                    help="compile FlashInfer kernels on first use, not all in parallel before the boot")
     ck.add_argument("--tolerance", type=float, default=0.02, help="allowed measured/planned excess (default 0.02)")
     ck.add_argument("--json", default=None, metavar="FILE", help="also write planned and measured bytes as JSON")
     df = sub.add_parser("diff", help="what changed between two plans (exit 1 when they differ)")
@@ -101,7 +103,8 @@ def cmd_check(args) -> int:
     from graphc.runtime.check import compare
 
     plan = load_plan(args.plan)
-    boots = boot_plan(plan, args.device, args.checkpoint, args.seed, args.emulate, args.force)
+    boots = boot_plan(plan, args.device, args.checkpoint, args.seed, args.emulate, args.force,
+                      prebuild=not args.no_prebuild)
     checks = [compare(b, args.tolerance) for b in boots]
     print(render("check.txt.j2", plan=plan, checks=checks, tolerance=args.tolerance), end="")
     if args.json:

@@ -199,7 +199,7 @@ def run_every_rung(boot: DeviceBoot) -> None:
 
 
 def boot_plan(plan: Plan, devices: list[int] | None = None, checkpoint: str | None = None, seed: int = 0,
-              emulate: bool = False, force: bool = False) -> list[DeviceBoot]:
+              emulate: bool = False, force: bool = False, prebuild: bool = True) -> list[DeviceBoot]:
     check_plan_source(plan, force)
     device = check_target(plan, emulate, force)
     ir = plan_ir(plan)
@@ -209,8 +209,17 @@ def boot_plan(plan: Plan, devices: list[int] | None = None, checkpoint: str | No
             raise InvalidInput(f"device {d} is not in the plan", f"it has devices 0..{len(plan.devices) - 1}")
     if device.type == "cuda":
         from graphc.runtime.gpu import boot_gpu_device
+        from graphc.runtime.kernels import kernel_jobs, warm
 
-        return [boot_gpu_device(DeviceBoot(plan, d, device, ir), checkpoint, seed) for d in wanted]
+        # before this process touches the device: the children's contexts are gone when it measures
+        built = warm(kernel_jobs(plan, ir, wanted)) if prebuild else {}
+        boots = [DeviceBoot(plan, d, device, ir) for d in wanted]
+        for boot in boots:
+            if built:
+                boot.notes.append(f"{len(built)} kernel jobs built or loaded in parallel in "
+                                  f"{max(built.values()):.0f} s")
+            boot_gpu_device(boot, checkpoint, seed)
+        return boots
     boots = []
     for d in wanted:
         boot = DeviceBoot(plan, d, device, ir)

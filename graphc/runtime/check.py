@@ -49,6 +49,7 @@ def compare(boot: DeviceBoot, tolerance: float = TOLERANCE) -> DeviceCheck:
     rows = [Row(c, b, boot.measured.get(c)) for c, b in dev.ledger.items()]
     rows += [Row(c, 0, b) for c, b in boot.measured.items() if c not in dev.ledger and not c.startswith("_")]
     planned = dev.total_bytes - dev.ledger.get("headroom", 0)
-    measured = boot.measured.get("_device_used")
+    # the device's peak (warm-up included) where the GPU boot measured one, else its end state
+    measured = boot.measured.get("_peak_device", boot.measured.get("_device_used"))
     return DeviceCheck(boot.index, rows, planned, measured, list(dev.capture_order), list(boot.graphs),
                        list(boot.ran), tolerance, list(boot.notes))

@@ -220,6 +220,9 @@ def boot_gpu_device(boot: DeviceBoot, checkpoint: str | None, seed: int) -> Devi
     boot.measured["_peak_reserved"] = torch.cuda.max_memory_reserved()
     # what the device holds outside torch's allocator and the context: the kernel modules loaded
     boot.measured["kernels"] = (total - free) - boot.measured["context"] - torch.cuda.memory_reserved()
+    # the peak: what lay outside torch's allocator, plus the most torch ever reserved (warm-up included)
+    boot.measured["_peak_device"] = (boot.measured["context"] + boot.measured["kernels"]
+                                     + boot.measured["_peak_reserved"])
     return boot
 
 

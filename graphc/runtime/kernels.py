@@ -1,0 +1,159 @@
+"""Compile a plan's FlashInfer kernel modules up front, in parallel, before the boot needs them.
+
+FlashInfer builds each kernel family on its first use (an fa3 prefill module takes minutes), so a
+boot on a fresh machine would otherwise compile them one after another, mid-warm-up. Here each
+distinct (resource kind, phase, backend, head dim, window) the plan's devices use becomes one job;
+a child process runs that backend once on a tiny eager layout, which builds (or loads) exactly the
+modules the boot will load, and the jobs run side by side with ninja's parallelism split between
+them. Children hold their own CUDA contexts and exit before the boot measures anything.
+
+    python -m graphc.runtime.kernels JOB_JSON     # one job (what warm() starts)
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from tqdm import tqdm
+
+from graphc.ir import IR
+from graphc.plan import Plan
+
+
+@dataclass(frozen=True)
+class KernelJob:
+    """One backend run once: what FlashInfer compiles a module (or two) for."""
+
+    resource: str             # the plan's resource name (for messages)
+    kind: str                 # ragged_attention | paged_kv
+    phase: str                # ragged | prefill | decode
+    backend: str              # the backend of this phase
+    spec: str                 # the resource spec as JSON (the child rebuilds it)
+    run_head_dim: int | None  # ragged head dims a kernel lacks run padded to this
+    decode_backend: str | None = None
+
+    def signature(self) -> tuple:
+        """Jobs with equal signatures build the same modules, so only one of them runs: a prefill
+        module per (backend, head dim, window, kv dtype) serves ragged and paged prefill and
+        tensor-core decode (the mask is a run-time argument), except that fa2's paged runs load a
+        second module; CUDA-core decode has its own."""
+        from resources.flashinfer_backend import TENSOR_CORE_MIN_GROUP
+
+        s = json.loads(self.spec)
+        head_dim = self.run_head_dim or s["head_dim"]
+        if self.kind == "ragged_attention":
+            return ("prefill", self.backend, head_dim, s.get("window") is not None, "bfloat16", False)
+        group = s["num_qo_heads"] // s["num_kv_heads"]
+        if self.phase == "decode" and self.backend != "fa3" and group < TENSOR_CORE_MIN_GROUP:
+            return ("decode", self.backend, head_dim, False, s["dtype"], True)
+        return ("prefill", self.backend, head_dim, False, s["dtype"], self.backend == "fa2")
+
+    def label(self) -> str:
+        return f"{self.resource} {self.phase} {self.backend}"
+
+
+def kernel_jobs(plan: Plan, ir: IR, devices: list[int]) -> list[KernelJob]:
+    """The distinct FlashInfer backend runs the plan's devices need, in a stable order."""
+    resources = []
+    for d in devices:
+        for node in plan.devices[d].nodes:
+            resources += [r for r in ir.node(node).resources.values() if r not in resources]
+    jobs = []
+    # paged resources first: where a ragged job builds the same prefill module, the paged one
+    # survives the dedupe and also builds the page (append) module
+    for res in sorted(resources, key=lambda r: ir.model.resource(r).kind != "paged_kv"):
+        spec, chosen = ir.model.resource(res), plan.resources.get(res)
+        if chosen is None or chosen.backend in (None, "torch") or spec.kind not in ("ragged_attention", "paged_kv"):
+            continue
+        phases = [("ragged", chosen.backend)] if spec.kind == "ragged_attention" else \
+            [("prefill", chosen.backend), ("decode", chosen.decode_backend or chosen.backend)]
+        for phase, backend in phases:
+            job = KernelJob(res, spec.kind, phase, backend, spec.model_dump_json(), chosen.run_head_dim,
+                            chosen.decode_backend)
+            jobs.append(job)
+    return distinct(jobs)
+
+
+def distinct(jobs: list[KernelJob]) -> list[KernelJob]:
+    """The first job of each signature (several plans' jobs may be warmed together)."""
+    seen: dict[tuple, KernelJob] = {}
+    for job in jobs:
+        seen.setdefault(job.signature(), job)
+    return list(seen.values())
+
+
+def run_job(job: KernelJob) -> None:
+    """Build the job's backend eagerly and run one tiny step: FlashInfer compiles what it loads."""
+    import torch
+
+    from resources.flashinfer_backend import make_backend
+    from resources.paged_kv import PagedKVSpec, new_cache
+    from resources.ragged_attention import RaggedAttentionSpec
+
+    dev = torch.device("cuda", 0)
+    workspace = torch.zeros(128 * 2**20, dtype=torch.uint8, device=dev)
+
+    def rand(*shape):
+        return torch.randn(*shape, dtype=torch.bfloat16, device=dev)
+
+    if job.kind == "ragged_attention":
+        spec = RaggedAttentionSpec.model_validate_json(job.spec)
+        b = make_backend(spec, job.backend, workspace, False, None, run_head_dim=job.run_head_dim)
+        b.plan([0, 16])
+        b(rand(16, spec.num_heads, spec.head_dim), rand(16, spec.kv_heads, spec.head_dim),
+          rand(16, spec.kv_heads, spec.head_dim))
+    else:
+        spec = PagedKVSpec.model_validate_json(job.spec).model_copy(update={"num_layers": 1})
+        cache = new_cache(spec, 4, dev)
+        b = make_backend(spec, job.backend, workspace, False, None, cache=cache, decode_backend=job.decode_backend)
+        rows = 1 if job.phase == "decode" else 8
+        b.plan([rows], [spec.page_size + rows], [[0, 1, 2, 3]])
+        b(0, rand(rows, spec.num_qo_heads, spec.head_dim), rand(rows, spec.num_kv_heads, spec.head_dim),
+          rand(rows, spec.num_kv_heads, spec.head_dim))
+    torch.cuda.synchronize()
+
+
+def warm(jobs: list[KernelJob], cpus: int | None = None) -> dict[str, float]:
+    """Run the jobs in parallel child processes; {job label: seconds}. Raises with the child's
+    error when a module fails to build or run."""
+    if not jobs:
+        return {}
+    cpus = cpus or os.cpu_count() or 2
+    # ninja's jobs split between the children; nvcc's memory per job keeps this bounded
+    env = {**os.environ, "MAX_JOBS": str(max(2, math.ceil(1.5 * cpus / len(jobs))))}
+    start = time.perf_counter()
+    procs = {job.label(): subprocess.Popen([sys.executable, "-m", "graphc.runtime.kernels", json.dumps(asdict(job))],
+                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+             for job in jobs}
+    seconds: dict[str, float] = {}
+    failed: list[str] = []
+    with tqdm(total=len(jobs), desc="compiling kernels", unit="module", file=sys.stderr, disable=None,
+              leave=False) as bar:
+        while procs:
+            for label, proc in list(procs.items()):
+                if proc.poll() is None:
+                    continue
+                out = proc.stdout.read()
+                del procs[label]
+                seconds[label] = time.perf_counter() - start
+                if proc.returncode:
+                    failed.append(f"{label}: exit {proc.returncode}\n{out[-3000:]}")
+                bar.update(1)
+            time.sleep(0.2)
+    if failed:
+        raise RuntimeError("FlashInfer kernels failed to build or run:\n" + "\n".join(failed))
+    return seconds
+
+
+def _main(argv: list[str]) -> int:
+    run_job(KernelJob(**json.loads(argv[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
