@@ -125,6 +125,17 @@ class Graphs:
             bufs[f"out.{p}"][:n].view(port.concrete(sizes)).copy_(out[p])
         return out
 
+    def _note_outside(self, key: str) -> None:
+        """Device memory outside torch's allocator and the context after a warm-up step: kernel code
+        loaded lazily on first launch, and the local memory the driver reserves for the kernel
+        with the most per thread. Each growth is kept with the step that caused it."""
+        free, total = torch.cuda.mem_get_info()
+        outside = (total - free) - torch.cuda.memory_reserved() - self.boot.measured["context"]
+        growth = self.boot.measured.get("_outside_growth", {})
+        if outside > sum(growth.values()):
+            growth[key] = outside - sum(growth.values())
+        self.boot.measured["_outside_growth"] = growth
+
     # ---- capture, largest first, into one pool
     def capture_all(self) -> None:
         order = self.boot.plan.devices[self.boot.index].capture_order
@@ -137,6 +148,7 @@ class Graphs:
                 inputs = self.static_inputs(node, family, step, rung)
                 self.plan_step(self.backends[(node, family, rung)], step, rung)
                 self.forward(node, family, step, rung, inputs)
+                self._note_outside(f"{node}/{family}/{rung}")
                 bar.update(1)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()                    # warm-up blocks go back; the pool starts empty
@@ -167,7 +179,9 @@ class Graphs:
                 decl = self.boot.ir.node(node)
                 for p, port in decl.outputs.items():
                     buf = self.io[(node, family)][f"out.{p}"]
-                    if buf.is_floating_point() and not torch.isfinite(buf).all():
+                    # a float32 sum is finite iff every element is, and needs no temporary the
+                    # size of buf (a full device has no room for one)
+                    if buf.is_floating_point() and not torch.sum(buf, dtype=torch.float32).isfinite().item():
                         raise RuntimeError(f"graph {key}: output {p} is not finite after replay")
                 self.boot.ran.append(key)
 
@@ -212,6 +226,7 @@ def boot_gpu_device(boot: DeviceBoot, checkpoint: str | None, seed: int) -> Devi
     g.allocate_wrappers()
     a1, r1 = _mem()
     _split_measured(boot, a1 - a0, r1 - r0)
+    g._note_outside("allocation and fill")
     g.capture_all()
     g.replay_all()
     g.run_eager()
@@ -223,6 +238,9 @@ def boot_gpu_device(boot: DeviceBoot, checkpoint: str | None, seed: int) -> Devi
     # the peak: what lay outside torch's allocator, plus the most torch ever reserved (warm-up included)
     boot.measured["_peak_device"] = (boot.measured["context"] + boot.measured["kernels"]
                                      + boot.measured["_peak_reserved"])
+    growth = sorted(boot.measured.get("_outside_growth", {}).items(), key=lambda kv: -kv[1])
+    if growth:
+        boot.notes.append("kernels line grew most at: " + ", ".join(f"{k} +{v / 2**20:.0f} MiB" for k, v in growth[:4]))
     return boot
 
 
