@@ -32,6 +32,7 @@ class Trace:
     output_bytes: int                          # bytes of the returned outputs
     retained_bytes: int                        # bytes still alive after the outputs are dropped
     num_ops: int
+    launches: int = 0                          # ops that write memory (not pure views): kernels a graph holds
 
 
 def _meta(a):
@@ -48,6 +49,12 @@ def _fresh(func) -> bool:
     return not schema.is_mutable and all(r.alias_info is None for r in schema.returns)
 
 
+def _view(func) -> bool:
+    """An op that only aliases its input (view, reshape, slice): no kernel runs."""
+    schema = func._schema
+    return not schema.is_mutable and bool(schema.returns) and all(r.alias_info is not None for r in schema.returns)
+
+
 class _Recorder(TorchDispatchMode):
     """Sees every aten op; a storage it has not seen is an allocation, its death a free."""
 
@@ -59,11 +66,13 @@ class _Recorder(TorchDispatchMode):
         self.live = 0
         self.peak = 0
         self.ops = 0
+        self.launches = 0
         self._next = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.ops += 1
+        self.launches += not _view(func)
         out = self._cached(func, args, kwargs) if _fresh(func) else func(*args, **kwargs)
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
@@ -135,7 +144,7 @@ class FakeNode:
                                "(data-dependent shapes, host syncs, device-specific code)",
                                "keep shapes static and the forward free of .item()/.tolist() and device checks") from e
         del inputs
-        return Trace(tuple(rec.events), rec.peak, out_bytes, rec.live, rec.ops)
+        return Trace(tuple(rec.events), rec.peak, out_bytes, rec.live, rec.ops, rec.launches)
 
     def _check_outputs(self, out: dict, sizes: dict[str, int], where: str) -> None:
         declared = self.node.outputs

@@ -78,7 +78,8 @@ def get_target(name: str, memory_cap: int | None = None) -> Target:
 class Calibration(Strict):
     context_bytes: int
     library_bytes: int
-    module_bytes: int
+    kernels_base_bytes: int     # kernel code loaded and driver reserves after the first launches
+    graph_launch_bytes: int     # device memory per kernel launch held in an instantiated CUDA graph
     source: str
 
 
@@ -100,4 +101,5 @@ def calibration(target: Target) -> Calibration:
     source = note + f"measured on {m['device']} on {m['date']}" + (
         f" (driver {m['driver']}, torch {m['torch']})" if "driver" in m else "") + f": {m['how']}"
     return Calibration(context_bytes=entry["context_bytes"], library_bytes=entry["library_bytes"],
-                       module_bytes=entry.get("module_bytes", 0), source=source)
+                       kernels_base_bytes=entry["kernels_base_bytes"], graph_launch_bytes=entry["graph_launch_bytes"],
+                       source=source)

@@ -154,8 +154,21 @@ def overhead_bytes(s: Sizing, nodes: list[str]) -> int:
     if not s.ir.target.is_gpu:
         return headroom_bytes(s)
     cal = calibration(s.ir.target)
-    return (cal.context_bytes + cal.library_bytes + len(kernel_modules(s, nodes)) * cal.module_bytes
-            + headroom_bytes(s))
+    return cal.context_bytes + cal.library_bytes + kernels_bytes(s, nodes) + headroom_bytes(s)
+
+
+def graph_launches(s: Sizing, nodes: list[str]) -> tuple[int, int]:
+    """(graphs, kernel launches in them) the device captures, from the simulation's traces."""
+    traces = [t for (node, _, _), (_, t) in s.acts.graphs.items() if node in nodes] if s.ir.target.capture else []
+    return len(traces), sum(t.launches for t in traces)
+
+
+def kernels_bytes(s: Sizing, nodes: list[str]) -> int:
+    """Device memory outside torch's allocator besides the context: kernel code and the driver's
+    reserves after the first launches (a calibrated constant), plus the instantiated CUDA graphs,
+    which hold memory per kernel launch (calibrated bytes per launch x the simulated launches)."""
+    cal = calibration(s.ir.target)
+    return cal.kernels_base_bytes + graph_launches(s, nodes)[1] * cal.graph_launch_bytes
 
 
 def kernel_modules(s: Sizing, nodes: list[str]) -> list[str]:
@@ -202,6 +215,7 @@ def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, in
         pool_reserved = capture_pool_bytes([s.acts.graphs[k][1] for k in order], cal.library_bytes)
         raw = sum(a[2] for a in allocs)
         modules = kernel_modules(s, nodes)
+        graphs, launches = graph_launches(s, nodes)
         ledger += [
             Item("capture_pool", pool_reserved, "simulated",
                  f"{len(order)} graphs captured largest first into one pool; allocator model of their traces"
@@ -215,9 +229,10 @@ def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, in
                  + (", and FlashInfer's replaced 8 MiB int workspace, kept cached" if transient else "")),
             Item("context", cal.context_bytes, "calibrated", f"CUDA context and torch init; {cal.source}"),
             Item("library", cal.library_bytes, "calibrated", f"cuBLAS workspace; {cal.source}"),
-            Item("kernels", len(modules) * cal.module_bytes, "calibrated",
-                 f"{len(modules)} FlashInfer JIT modules loaded ({', '.join(modules)}) x {cal.module_bytes:,} B"
-                 f" each; {cal.source}"),
+            Item("kernels", kernels_bytes(s, nodes), "calibrated",
+                 f"kernel code and driver reserves {cal.kernels_base_bytes:,} B (with {len(modules)} FlashInfer "
+                 f"modules: {', '.join(modules) or 'none'}) + {graphs} CUDA graphs holding {launches:,} simulated "
+                 f"kernel launches x {cal.graph_launch_bytes:,} B; {cal.source}"),
         ]
     else:
         peak = max((s.acts.eager[k].peak_bytes for k in eager), default=0)

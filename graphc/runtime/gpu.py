@@ -125,12 +125,16 @@ class Graphs:
             bufs[f"out.{p}"][:n].view(port.concrete(sizes)).copy_(out[p])
         return out
 
+    def _outside(self) -> int:
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        return (total - free) - torch.cuda.memory_reserved() - self.boot.measured["context"]
+
     def _note_outside(self, key: str) -> None:
         """Device memory outside torch's allocator and the context after a warm-up step: kernel code
         loaded lazily on first launch, and the local memory the driver reserves for the kernel
         with the most per thread. Each growth is kept with the step that caused it."""
-        free, total = torch.cuda.mem_get_info()
-        outside = (total - free) - torch.cuda.memory_reserved() - self.boot.measured["context"]
+        outside = self._outside()
         growth = self.boot.measured.get("_outside_growth", {})
         if outside > sum(growth.values()):
             growth[key] = outside - sum(growth.values())
@@ -153,6 +157,7 @@ class Graphs:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()                    # warm-up blocks go back; the pool starts empty
         pool = torch.cuda.graph_pool_handle()
+        outside_before = self._outside()
         with torch.inference_mode(), _bar(len(keys), "capturing graphs") as bar:
             for node, family, rung in keys:
                 step = self.boot.ir.family(node, family)
@@ -166,6 +171,8 @@ class Graphs:
                 self.boot.graphs[f"{node}/{family}/{rung}"] = graph
                 bar.update(1)
         self.boot.measured["capture_pool"] = pool_bytes(pool)
+        # what the instantiated graphs hold outside torch's allocator (part of the kernels line)
+        self.boot.measured["_graph_exec"] = self._outside() - outside_before
 
     def replay_all(self) -> None:
         """Every captured graph replays after a re-plan, with finite outputs."""

@@ -137,6 +137,24 @@ def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> tor
     return torch.cat([torch.sin(scaled), torch.cos(scaled)], dim=1)
 
 
+# Mel chunks per front-end GEMM: bounds its im2col columns (32 x 800 x 4320 bf16 = 221 MB for the
+# real model's second convolution).
+CONV_GROUP = 32
+
+
+def conv_s2(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
+    """Conv2d(kernel 3, stride 2, padding 1) on [S, C, H, W] as im2col and one GEMM -> [S, H', W', out].
+
+    Not cuDNN's convolution: in a captured graph that takes a workspace of its own choosing from
+    the capture pool (912 MiB for Qwen3-Omni's audio steps on the H200), which no trace on the CPU
+    can predict. Here every allocation is a tensor the compiler's simulation sees."""
+    x = F.pad(x, (1, 1, 1, 1))
+    cols = x.unfold(2, 3, 2).unfold(3, 3, 2)                       # [S, C, H', W', 3, 3], a view
+    s, c, h, w = cols.shape[:4]
+    cols = cols.permute(0, 2, 3, 1, 4, 5).reshape(s * h * w, c * 9)  # rows (s, h, w), features (c, kh, kw)
+    return F.linear(cols, conv.weight.view(conv.out_channels, -1), conv.bias).view(s, h, w, -1)
+
+
 class AuTTower(nn.Module):
     """Conv front end, encoder layers and ln_post: mel chunks + packing rows -> hidden [W*R, d]."""
 
@@ -154,17 +172,19 @@ class AuTTower(nn.Module):
         self.register_buffer("positional_embedding", sinusoids(cfg.chunk_tokens, cfg.d_model), persistent=False)
 
     def _convs(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.gelu(self.conv2d1(x))
-        x = F.gelu(self.conv2d2(x))
-        return F.gelu(self.conv2d3(x))
+        """[S, 1, n_mels, F] -> [S, f, T, c] (channels last)."""
+        y = F.gelu(conv_s2(x, self.conv2d1))
+        y = F.gelu(conv_s2(y.permute(0, 3, 1, 2), self.conv2d2))
+        return F.gelu(conv_s2(y.permute(0, 3, 1, 2), self.conv2d3))
 
     def front_end(self, mel: torch.Tensor) -> torch.Tensor:
         """mel [S, n_mels, F] -> chunk tokens [S, T, d], position embedding added per chunk."""
         x = mel.to(self.conv2d1.weight.dtype).unsqueeze(1)                  # [S, 1, n_mels, F]
-        parts = [self._convs(p) for p in x.split(self.cfg.conv_chunksize)]  # static split: S is the step's
-        x = parts[0] if len(parts) == 1 else torch.cat(parts)               # [S, c, f, T]
-        s, c, f, t = x.shape
-        x = self.conv_out(x.permute(0, 3, 1, 2).reshape(s, t, c * f))      # [S, T, d]
+        group = min(self.cfg.conv_chunksize, CONV_GROUP)                    # static split: S is the step's
+        parts = [self._convs(p) for p in x.split(group)]
+        x = parts[0] if len(parts) == 1 else torch.cat(parts)               # [S, f, T, c]
+        s, f, t, c = x.shape
+        x = self.conv_out(x.permute(0, 2, 3, 1).reshape(s, t, c * f))      # [S, T, d], features (c, f)
         return x + self.positional_embedding.to(x.dtype)                    # positions restart every chunk
 
     def encode(self, mel: torch.Tensor, rows: torch.Tensor, attn) -> torch.Tensor:

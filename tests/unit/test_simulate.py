@@ -71,3 +71,21 @@ def test_tiny_decoder_trace_is_balanced(tiny):
     t = FakeNode(node_decl).trace(ports, step.sizes_at(64), bindings(ir, step, 64), "decoder")
     assert t.retained_bytes == 0 and t.peak_bytes > 0
     assert t.output_bytes == 4 * 512 * 4     # logits [seqs=4, vocab=512] fp32
+
+
+class Views(gc.NodeModule):
+    """Two kernels (a matmul and an add) around views that launch none."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(8, 4, bias=False)
+
+    def forward(self, ctx, x):
+        y = self.l1(x.view(-1, 8)).t().t()   # linear on a 2-D input is one mm; its weight.t() is a view
+        return {"y": y.reshape(-1, 4) + 1}
+
+
+def test_trace_counts_kernel_launches_not_views():
+    n = node(Views)
+    t = FakeNode(n).trace(n.inputs, {"tokens": 3}, {}, "test")
+    assert t.launches == 2 and t.num_ops > t.launches
