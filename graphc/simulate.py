@@ -33,6 +33,7 @@ class Trace:
     retained_bytes: int                        # bytes still alive after the outputs are dropped
     num_ops: int
     launches: int = 0                          # ops that write memory (not pure views): kernels a graph holds
+    convs: tuple[tuple[int, str], ...] = ()    # (events before it, signature) of each convolution
 
 
 def _meta(a):
@@ -47,6 +48,15 @@ def _fresh(func) -> bool:
     """An op whose every output is a new tensor (no view, no in-place write)."""
     schema = func._schema
     return not schema.is_mutable and all(r.alias_info is None for r in schema.returns)
+
+
+def conv_signature(x, w, bias, stride, padding, dilation, transposed, output_padding, groups) -> str:
+    """What cuDNN chooses a convolution engine (and its workspace) by: shapes, dtype and geometry."""
+    def ints(v):
+        return ",".join(str(int(i)) for i in v)
+    return (f"{'convT' if transposed else 'conv'} x[{ints(x.shape)}] w[{ints(w.shape)}] {str(x.dtype)[6:]}"
+            f"{' bias' if bias is not None else ''} s{ints(stride)} p{ints(padding)} d{ints(dilation)}"
+            f" op{ints(output_padding)} g{int(groups)}")
 
 
 def _view(func) -> bool:
@@ -67,6 +77,7 @@ class _Recorder(TorchDispatchMode):
         self.peak = 0
         self.ops = 0
         self.launches = 0
+        self.convs: list[tuple[int, str]] = []
         self._next = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -77,6 +88,9 @@ class _Recorder(TorchDispatchMode):
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self._see(t.untyped_storage())
+        if func is torch.ops.aten.convolution.default:
+            # its library workspace is taken after the output and freed when it returns
+            self.convs.append((len(self.events), conv_signature(*args)))
         return out
 
     def _cached(self, func, args, kwargs):
@@ -144,7 +158,7 @@ class FakeNode:
                                "(data-dependent shapes, host syncs, device-specific code)",
                                "keep shapes static and the forward free of .item()/.tolist() and device checks") from e
         del inputs
-        return Trace(tuple(rec.events), rec.peak, out_bytes, rec.live, rec.ops, rec.launches)
+        return Trace(tuple(rec.events), rec.peak, out_bytes, rec.live, rec.ops, rec.launches, tuple(rec.convs))
 
     def _check_outputs(self, out: dict, sizes: dict[str, int], where: str) -> None:
         declared = self.node.outputs

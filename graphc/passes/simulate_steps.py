@@ -9,6 +9,7 @@ from tqdm import tqdm
 from graphc.ir import IR, Step, family_step
 from graphc.passes.choose_buckets import Buckets
 from graphc.passes.select_backends import Backends
+from graphc.convws import resolve
 from graphc.simulate import FakeNode, Trace
 
 
@@ -27,6 +28,7 @@ class Activations:
     graphs: dict[tuple[str, str, int], tuple[Graph, Trace]]   # (node, family, rung)
     eager: dict[tuple[str, str], Trace]                        # (node, walk) at the walk's budget
     io: dict[tuple[str, str], list[tuple[str, int]]]           # (node, family) -> static buffers
+    uncalibrated: frozenset[str] = frozenset()                 # convolutions with no measured workspace
 
     def check(self, ir: IR, buckets: Buckets) -> None:
         assert set(self.graphs) == set(buckets.graphs()), "a captured rung was not simulated"
@@ -92,7 +94,15 @@ def simulate_steps(ir: IR, buckets: Buckets, backends: Backends | None = None) -
         for (name, walk), size in buckets.eager.items():
             step = next(s for s in ir.steps if s.node == name and s.walk == walk)
             eager[(name, walk)] = trace(step, size)
-    out = Activations(graphs, eager, io)
+    missing: set[str] = set()
+    if ir.target.is_gpu:     # cuDNN's convolution workspaces, measured per signature on the arch
+        def with_ws(t: Trace) -> Trace:
+            resolved, miss = resolve(t, ir.target.arch)
+            missing.update(miss)
+            return resolved
+        graphs = {k: (g, with_ws(t)) for k, (g, t) in graphs.items()}
+        eager = {k: with_ws(t) for k, t in eager.items()}
+    out = Activations(graphs, eager, io, frozenset(missing))
     out.check(ir, buckets)
     return out
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphc import convws
 from graphc.allocator import Allocator
 from graphc.ir import IR
 from graphc.passes.choose_buckets import Buckets
@@ -193,6 +194,19 @@ def kernel_modules(s: Sizing, nodes: list[str]) -> list[str]:
     return sorted(mods)
 
 
+def _conv_note(s: Sizing, nodes: list[str]) -> str:
+    """Where the traces' convolution workspaces came from, and which have none measured."""
+    convs = {sig for (node, _, _), (_, t) in s.acts.graphs.items() if node in nodes for _, sig in t.convs}
+    if not convs:
+        return ""
+    missing = convs & s.acts.uncalibrated
+    text = f"; cuDNN workspaces of {len(convs) - len(missing)} convolution signatures, {convws.source(s.ir.target.arch)}"
+    if missing:
+        text += (f"; {len(missing)} signatures have no measured workspace and count as none: measure them with "
+                 "examples/calibrate_convs.py on the target")
+    return text
+
+
 def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, int]) -> DeviceLedger:
     target = s.ir.target
     allocs = persistent_allocs(s, nodes, kv_pages)
@@ -220,7 +234,7 @@ def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, in
             Item("capture_pool", pool_reserved, "simulated",
                  f"{len(order)} graphs captured largest first into one pool; allocator model of their traces"
                  + (f", plus the capture stream's cuBLAS workspace ({cal.library_bytes:,} B, calibrated)"
-                    if order else "")),
+                    if order else "") + _conv_note(s, nodes)),
             Item("activations", general_reserved - persistent_reserved, "simulated",
                  f"{len(eager)} eager step(s) at their budgets: " + ", ".join(f"{n}@{w}" for n, w in eager)
                  if eager else "no eager steps"),

@@ -1,0 +1,70 @@
+"""cuDNN's convolution workspaces: what each convolution of a step takes from torch's allocator.
+
+cuDNN picks a convolution's engine by its own heuristics, and the engine's workspace, allocated
+through torch after the output and freed as the call returns, lands in the capture pool when the
+step is captured (912 MiB for Qwen3-Omni's Code2Wav steps on the H200). No trace on the CPU can
+derive it, so it is measured once per convolution signature on the target's arch
+(examples/calibrate_convs.py) and kept in graphc/conv_workspaces.yaml; resolve() puts each measured
+workspace into a trace as a transient allocation where the convolution runs. A signature with no
+measurement counts as no workspace and is reported (the plan's capture_pool line names how many).
+"""
+from __future__ import annotations
+
+import importlib.resources as ilr
+from dataclasses import replace
+from functools import lru_cache
+
+import yaml
+
+from graphc.simulate import Trace
+
+FILE = "conv_workspaces.yaml"
+
+
+@lru_cache(maxsize=None)
+def _table() -> dict:
+    path = ilr.files("graphc").joinpath(FILE)
+    return (yaml.safe_load(path.read_text()) or {}).get("entries", {}) if path.is_file() else {}
+
+
+def workspaces(arch: str) -> dict[str, int]:
+    """{signature: workspace bytes} measured on this arch."""
+    return dict(_table().get(arch, {}).get("workspaces", {}))
+
+
+def source(arch: str) -> str:
+    m = _table().get(arch, {}).get("measured")
+    if not m:
+        return f"no convolution workspaces measured on {arch}"
+    return f"measured on {m['device']} on {m['date']} ({m['versions']}): {m['how']}"
+
+
+_RESOLVED: dict[tuple[int, str], tuple[Trace, Trace, frozenset]] = {}
+
+
+def resolve(trace: Trace, arch: str) -> tuple[Trace, frozenset[str]]:
+    """The trace with each convolution's measured workspace allocated and freed where it runs, and
+    the signatures that have no measurement. Memoized per trace (kept alive with its result, so
+    ids stay unique)."""
+    if not trace.convs:
+        return trace, frozenset()
+    key = (id(trace), arch)
+    hit = _RESOLVED.get(key)
+    if hit is not None and hit[0] is trace:
+        return hit[1], hit[2]
+    table = workspaces(arch)
+    events = list(trace.events)
+    missing = set()
+    for i, (at, sig) in reversed(list(enumerate(trace.convs))):
+        ws = table.get(sig)
+        if ws is None:
+            missing.add(sig)
+        elif ws:
+            events[at:at] = [(1, -1 - i, ws), (0, -1 - i, ws)]
+    live = peak = 0
+    for kind, _, n in events:
+        live += n if kind else -n
+        peak = max(peak, live)
+    out = replace(trace, events=tuple(events), peak_bytes=peak)
+    _RESOLVED[key] = (trace, out, frozenset(missing))
+    return out, frozenset(missing)
