@@ -13,19 +13,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-SIG = re.compile(r"^(?P<kind>convT?) x\[(?P<x>[\d,]+)\] w\[(?P<w>[\d,]+)\] (?P<dtype>\w+)(?P<bias> bias)?"
-                 r" s(?P<s>[\d,]+) p(?P<p>[\d,]+) d(?P<d>[\d,]+) op(?P<op>[\d,]+) g(?P<g>\d+)$")
-
-
-def ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",")]
-
 
 def list_signatures(plans: list[str]) -> list[str]:
     from graphc.passes.choose_buckets import choose_buckets
@@ -46,31 +37,20 @@ def list_signatures(plans: list[str]) -> list[str]:
 
 
 def measure_one(sig: str) -> int:
+    """The second call's peak allocation less its output: the cached engine's workspace."""
     import torch
 
-    m = SIG.match(sig)
-    if m is None:
-        raise ValueError(f"not a convolution signature: {sig!r}")
-    dtype, dev = getattr(torch, m["dtype"]), torch.device("cuda", 0)
-    x = torch.randn(ints(m["x"]), dtype=dtype, device=dev)
-    w = torch.randn(ints(m["w"]), dtype=dtype, device=dev)
-    transposed, groups = m["kind"] == "convT", int(m["g"])
-    out_channels = w.shape[1] * groups if transposed else w.shape[0]
-    b = torch.randn(out_channels, dtype=dtype, device=dev) if m["bias"] else None
+    from graphc.convws import convolution
 
-    def run():
-        return torch.ops.aten.convolution(x, w, b, ints(m["s"]), ints(m["p"]), ints(m["d"]), transposed,
-                                          ints(m["op"]), groups)
-
-    with torch.inference_mode():
-        del_first = run()
-        del del_first
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        y = run()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base - y.untyped_storage().nbytes()
+    run = convolution(sig, torch.device("cuda", 0))
+    first = run()                      # cuDNN chooses its engine here
+    del first
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    y = run()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base - y.untyped_storage().nbytes()
 
 
 def measure(sig_file: str, out: str) -> None:

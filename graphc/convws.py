@@ -11,6 +11,7 @@ measurement counts as no workspace and is reported (the plan's capture_pool line
 from __future__ import annotations
 
 import importlib.resources as ilr
+import re
 from dataclasses import replace
 from functools import lru_cache
 
@@ -68,3 +69,33 @@ def resolve(trace: Trace, arch: str) -> tuple[Trace, frozenset[str]]:
     out = replace(trace, events=tuple(events), peak_bytes=peak)
     _RESOLVED[key] = (trace, out, frozenset(missing))
     return out, frozenset(missing)
+
+
+SIGNATURE = re.compile(r"^(?P<kind>convT?) x\[(?P<x>[\d,]+)\] w\[(?P<w>[\d,]+)\] (?P<dtype>\w+)(?P<bias> bias)?"
+                       r" s(?P<s>[\d,]+) p(?P<p>[\d,]+) d(?P<d>[\d,]+) op(?P<op>[\d,]+) g(?P<g>\d+)$")
+
+
+def convolution(sig: str, device):
+    """A call of one convolution of this signature on the device, with random inputs made now:
+    calling it runs aten.convolution (cuDNN chooses and caches its engine on the first call)."""
+    import torch
+
+    m = SIGNATURE.match(sig)
+    if m is None:
+        raise ValueError(f"not a convolution signature: {sig!r}")
+
+    def ints(text: str) -> list[int]:
+        return [int(v) for v in text.split(",")]
+
+    dtype = getattr(torch, m["dtype"])
+    x = torch.randn(ints(m["x"]), dtype=dtype, device=device)
+    w = torch.randn(ints(m["w"]), dtype=dtype, device=device)
+    transposed, groups = m["kind"] == "convT", int(m["g"])
+    b = torch.randn(w.shape[1] * groups if transposed else w.shape[0], dtype=dtype, device=device) \
+        if m["bias"] else None
+
+    def call():
+        with torch.inference_mode():
+            return torch.ops.aten.convolution(x, w, b, ints(m["s"]), ints(m["p"]), ints(m["d"]), transposed,
+                                              ints(m["op"]), groups)
+    return call

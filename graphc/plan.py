@@ -41,6 +41,9 @@ class PlanDevice(Strict):
     free_bytes: int
     kv_pages: dict[str, int]
     capture_order: list[str]
+    # convolutions the runtime runs once before allocating, so cuDNN keeps the engines whose
+    # workspaces were measured (graphc/convws.py); empty on CPU targets
+    conv_engines: list[str] = []
 
 
 class PlanWalkBuckets(Strict):

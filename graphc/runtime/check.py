@@ -30,6 +30,7 @@ class DeviceCheck:
     steps_run: list[str]
     tolerance: float
     notes: list[str]
+    capacity: int            # the plan's card: a peak above it would not have booted there
 
     @property
     def missing_graphs(self) -> list[str]:
@@ -40,8 +41,13 @@ class DeviceCheck:
         return self.measured_total is not None and self.measured_total > self.planned_total * (1 + self.tolerance)
 
     @property
+    def over_card(self) -> bool:
+        # under --emulate torch is capped, but memory outside it (graph executables) is not
+        return self.measured_total is not None and self.measured_total > self.capacity
+
+    @property
     def ok(self) -> bool:
-        return not self.missing_graphs and not self.over
+        return not self.missing_graphs and not self.over and not self.over_card
 
 
 def compare(boot: DeviceBoot, tolerance: float = TOLERANCE) -> DeviceCheck:
@@ -52,4 +58,4 @@ def compare(boot: DeviceBoot, tolerance: float = TOLERANCE) -> DeviceCheck:
     # the device's peak (warm-up included) where the GPU boot measured one, else its end state
     measured = boot.measured.get("_peak_device", boot.measured.get("_device_used"))
     return DeviceCheck(boot.index, rows, planned, measured, list(dev.capture_order), list(boot.graphs),
-                       list(boot.ran), tolerance, list(boot.notes))
+                       list(boot.ran), tolerance, list(boot.notes), boot.plan.target.capacity_bytes)

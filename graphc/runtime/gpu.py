@@ -221,10 +221,31 @@ def _bar(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="graph", file=sys.stderr, disable=None, leave=False)
 
 
+def prime_convolutions(boot: DeviceBoot) -> None:
+    """cuDNN chooses a convolution's engine on its first call and keeps it, but takes its first
+    choice (the workspace graphc/convws.py measured) only if that workspace can be allocated then.
+    Run each of the plan's convolutions once while the device is still empty, so warm-up and
+    capture use the measured engines rather than fallbacks chosen under memory pressure."""
+    sigs = boot.plan.devices[boot.index].conv_engines
+    if not sigs:
+        return
+    from graphc.convws import convolution
+
+    with _bar(len(sigs), "choosing convolution engines") as bar:
+        for sig in sigs:
+            convolution(sig, boot.device)()
+            bar.update(1)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()     # the peak counts the boot, not this
+    boot.notes.append(f"{len(sigs)} convolution engines chosen on an empty device")
+
+
 def boot_gpu_device(boot: DeviceBoot, checkpoint: str | None, seed: int) -> DeviceBoot:
     torch.cuda.set_device(boot.device)
     measure_context(boot)
     cap_memory(boot)
+    prime_convolutions(boot)
     a0, r0 = _mem()
     allocate(boot, checkpoint, seed)
     g = Graphs(boot)
