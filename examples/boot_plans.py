@@ -78,12 +78,16 @@ def export_kernels(out: Path, part_bytes: int = 15 * 2**20) -> list[str]:
 
 def parse_target(arg: str) -> tuple[str, int | None]:
     path, _, dev = arg.partition(":")
+    if dev and not dev.isdigit():
+        raise argparse.ArgumentTypeError(f"'{arg}': the part after ':' is a plan device index (e.g. {path}:1)")
+    if not os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"'{path}' is not a plan file")
     return path, int(dev) if dev else None
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("targets", nargs="+", metavar="PLAN[:DEVICE]")
+    ap.add_argument("targets", nargs="+", metavar="PLAN[:DEVICE]", type=parse_target)
     ap.add_argument("--out", required=True)
     ap.add_argument("--deadline", type=float, default=540, help="seconds from start after which no boot starts")
     ap.add_argument("--estimate", type=float, default=60, help="seconds a boot is assumed to need at least")
@@ -95,7 +99,7 @@ def main() -> int:
     if args.kernels:
         print(f"installed {install_kernels(args.kernels)} prebuilt modules", flush=True)
 
-    targets = [parse_target(t) for t in args.targets]
+    targets = args.targets
     jobs = []
     for path, dev in targets:
         plan = load_plan(path)
