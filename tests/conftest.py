@@ -9,6 +9,11 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "models" / "tiny_omni.py")
 
 
+def rel(a, b) -> float:
+    """Relative error of a against the reference b, in float64: |a - b| / |b|."""
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
 @pytest.fixture(scope="session")
 def tiny():
     from graphc.pipeline import load_model

@@ -17,6 +17,7 @@ from models.components.audio_inputs import log_mel, num_tokens, pack_audios, win
 from models.components.aut import (QWEN3_ASR_0_6B_AUT, QWEN3_ASR_1_7B_AUT, QWEN3_OMNI_AUT, AuTConfig, AuTEncoder,
                                    AuTEncoderHF, attention_spec, node_ports)
 from resources.ragged_attention import RaggedTorch
+from tests.conftest import rel
 
 TINY = dict(num_mel_bins=128, d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128,
             output_dim=32, downsample_hidden_size=16, n_window=50, n_window_infer=800)
@@ -25,9 +26,6 @@ CFG = AuTConfig(**TINY)
 FRAMES = [1337, 450, 100, 37, 801, 3]
 W = 9   # the audios take 8 windows: one window of the step stays empty
 
-
-def rel(a, b):
-    return ((a - b).norm() / b.norm()).item()
 
 
 def perturb(model):

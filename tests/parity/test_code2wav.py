@@ -20,6 +20,7 @@ from graphc.step import StepContext
 from models.components.code2wav import (Code2Wav, Code2WavConfig, attention_spec, cu_seqlens, pack_slots,
                                         plan_chunks, ports)
 from resources.ragged_attention import RaggedTorch
+from tests.conftest import rel
 
 CHUNK, CONTEXT, WINDOW = 8, 2, 4       # slots of 8 frames, 2 of them left context; the window is smaller
 TINY = dict(codebook_size=32, num_quantizers=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -74,9 +75,6 @@ def decode(module: Code2Wav, packed: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return module(StepContext({"attn": attn}), codes=packed)["wav"]
 
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
 
 
 def random_codes(*shape: int, seed: int) -> torch.Tensor:

@@ -10,13 +10,11 @@ from models.components.qwen3_dense import Qwen3Config, Qwen3LM
 from resources import PagedKVSpec
 from resources.paged_kv import PageAllocator, PagedTorch, new_cache
 from graphc.step import StepContext
+from tests.conftest import rel
 
 CFG = dict(vocab_size=96, hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32,
            intermediate_size=80, rope_theta=1_000_000.0, rms_norm_eps=1e-6)
 
-
-def rel(a, b):
-    return ((a - b).norm() / b.norm()).item()
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])

@@ -21,6 +21,7 @@ from models.components.talker import (TALKER_30B_A3B, CodePredictorConfig, Talke
 from resources import PagedKVSpec, RaggedAttentionSpec
 from resources.paged_kv import PageAllocator, PagedTorch, new_cache
 from resources.ragged_attention import RaggedTorch
+from tests.conftest import rel
 
 IMAGE, VISION_START, VISION_END, TTS_PAD = 121, 124, 126, 127
 MEDIA = MediaTokens(audio_token_id=120, image_token_id=IMAGE, video_token_id=122, audio_start_token_id=123,
@@ -57,9 +58,6 @@ def hf_config() -> Qwen3OmniMoeTalkerConfig:
                                     image_token_id=IMAGE, video_token_id=122, vision_start_token_id=VISION_START,
                                     audio_start_token_id=123, position_id_per_seconds=13)
 
-
-def rel(a, b):
-    return ((a - b).norm() / b.norm()).item()
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from models.components.mrope import MediaTokens, rope_index
 from models.components.thinker import THINKER_30B_A3B, Thinker, ThinkerConfig, thinker_ports
 from resources import PagedKVSpec
 from resources.paged_kv import PageAllocator, PagedTorch, new_cache
+from tests.conftest import rel
 
 AUDIO, IMAGE, VIDEO, AUDIO_START, VISION_START, AUDIO_END, VISION_END = 120, 121, 122, 123, 124, 125, 126
 MEDIA = MediaTokens(audio_token_id=AUDIO, image_token_id=IMAGE, video_token_id=VIDEO, audio_start_token_id=AUDIO_START,
@@ -47,9 +48,6 @@ def hf_config() -> Qwen3OmniMoeThinkerConfig:
                                      image_token_id=IMAGE, video_token_id=VIDEO, audio_start_token_id=AUDIO_START,
                                      vision_start_token_id=VISION_START, position_id_per_seconds=13)
 
-
-def rel(a, b):
-    return ((a - b).norm() / b.norm()).item()
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,13 @@ from models.components.vision_inputs import (VisionProcessing, build_step, merge
                                              process_image, process_video, smart_resize)
 from resources import RaggedAttentionSpec
 from resources.ragged_attention import RaggedTorch
+from tests.conftest import rel
 
 HF_CFG = dict(depth=4, hidden_size=32, num_heads=4, intermediate_size=64, patch_size=16, temporal_patch_size=2,
               spatial_merge_size=2, out_hidden_size=48, num_position_embeddings=64, deepstack_visual_indexes=[1, 2, 3])
 # Small video bounds keep the tiny video tiny (Qwen3-Omni's minimum would upscale it to 128 tokens a slice).
 PROC = VisionProcessing(video_min_pixels=4 * 32 * 32, video_max_pixels=64 * 32 * 32)
 
-
-def rel(a, b):
-    return ((a - b).norm() / b.norm()).item()
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from resources import PagedKVSpec, RaggedAttentionSpec
 from resources.paged_kv import PageAllocator, PagedTorch, new_cache
 from resources.ragged_attention import RaggedTorch
+from tests.conftest import rel
 
 SETTINGS = settings(max_examples=30, deadline=None)
 
@@ -31,9 +32,6 @@ def reference(q, k, v, causal=False, window=None):
     s = s.masked_fill(~mask, float("-inf"))
     return torch.einsum("hqk,khd->qhd", s.softmax(-1), v)
 
-
-def rel(a, b):
-    return ((a.double() - b).norm() / b.norm()).item()
 
 
 layouts = st.lists(st.integers(1, 24), min_size=1, max_size=5)
