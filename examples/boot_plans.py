@@ -137,9 +137,11 @@ def main() -> int:
         if check:
             for c in check["checks"]:
                 got, planned = c["measured_total"], c["planned_total"]
+                peak = ("no device peak (a CPU plan runs its steps eagerly)" if got is None else
+                        f"peak {got / 2**30:.2f} GiB of planned {planned / 2**30:.2f} GiB "
+                        f"({100 * (got - planned) / planned:+.2f}%)")
                 print(f"{name} device {c['index']}: exit {rc}, {wall:.0f} s, graphs "
-                      f"{len(c['graphs_captured'])}/{len(c['graphs_planned'])}, peak {got / 2**30:.2f} GiB "
-                      f"of planned {planned / 2**30:.2f} GiB ({100 * (got - planned) / planned:+.2f}%)", flush=True)
+                      f"{len(c['graphs_captured'])}/{len(c['graphs_planned'])}, {peak}", flush=True)
         else:
             print(f"{name}: exit {rc} after {wall:.0f} s\n{text[-4000:]}", flush=True)
         (out / "checks.json").write_text(json.dumps(results, indent=1))
