@@ -45,6 +45,38 @@ TABLE: dict[str, dict[str, tuple[str, ...]]] = {
 # (docs/gpu-attention.md); 64, 128 and 256 are the dims it was seen to run.
 HEAD_DIMS = {"fa3": (64, 128, 256), "fa2": (64, 128, 256)}
 
+# Decode runs on FlashInfer's tensor-core (prefill) kernels once a kv head serves at least this many
+# query heads, as vLLM and SGLang do (group > 4); below it the CUDA-core decode kernel is faster.
+TENSOR_CORE_MIN_GROUP = 5
+
+
+def tensor_core_decode(decode_backend: str, num_qo_heads: int, num_kv_heads: int) -> bool:
+    """fa3 decodes only on tensor cores; fa2 does once the GQA group is large enough."""
+    return decode_backend == "fa3" or num_qo_heads // num_kv_heads >= TENSOR_CORE_MIN_GROUP
+
+
+def phases(spec, backend: str, decode_backend: str | None) -> list[tuple[str, str]]:
+    """(phase, backend) of each kind of kernel call an attention resource makes."""
+    if spec.kind == "ragged_attention":
+        return [("ragged", backend)]
+    return [("prefill", backend), ("decode", decode_backend or backend)]
+
+
+def flashinfer_modules(spec, phase: str, backend: str, run_head_dim: int | None = None) -> tuple[str, ...]:
+    """The FlashInfer JIT modules one phase ('ragged', 'prefill' or 'decode') of a resource loads.
+
+    One prefill module per (backend, head dim, window, kv dtype) serves ragged and paged prefill and
+    tensor-core decode (the mask is a run-time argument); fa2's paged runs load a second module;
+    CUDA-core decode has its own; paged steps append through the page module."""
+    head_dim = run_head_dim or spec.head_dim
+    if spec.kind == "ragged_attention":
+        return (f"prefill:{backend}:{head_dim}{':swa' if spec.window is not None else ''}",)
+    dtype = "" if spec.dtype == "bfloat16" else f":{spec.dtype}"
+    if phase == "decode" and not tensor_core_decode(backend, spec.num_qo_heads, spec.num_kv_heads):
+        return ("page", f"decode:{backend}:{head_dim}{dtype}")
+    return ("page", f"prefill:{backend}:{head_dim}{dtype}") + ((f"paged:{backend}:{head_dim}{dtype}",)
+                                                               if backend == "fa2" else ())
+
 
 def run_head_dim(backend: str, head_dim: int) -> int | None:
     """The head dim the backend's kernels run a head_dim at (itself, or padded), or None."""

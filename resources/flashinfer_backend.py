@@ -22,13 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from resources.base import StepShape
-from resources.capabilities import TABLE
+from resources.capabilities import TABLE, tensor_core_decode
 from resources.paged_kv import PagedKVSpec
 from resources.ragged_attention import RaggedAttentionSpec
-
-# Decode runs on FlashInfer's tensor-core (prefill) kernels once a kv head serves at least this many
-# query heads, as vLLM and SGLang do (group > 4); below it the CUDA-core decode kernel is faster.
-TENSOR_CORE_MIN_GROUP = 5
 
 
 def _flashinfer():
@@ -226,8 +222,7 @@ class PagedFlashInfer:
         self.spec, self.backend, self.cache, self.rung, self.dtype = spec, backend, cache, rung, dtype
         self.decode_backend = decode_backend or backend
         # fa3 serves decode only through the tensor-core path; the CUDA-core kernel ignores the choice
-        self.tensor_cores = (self.decode_backend == "fa3"
-                             or spec.num_qo_heads // spec.num_kv_heads >= TENSOR_CORE_MIN_GROUP)
+        self.tensor_cores = tensor_core_decode(self.decode_backend, spec.num_qo_heads, spec.num_kv_heads)
         device = workspace.device
         self.buffers = graph_buffers(spec, rung, device) if rung is not None else {}
         ints = int_workspace(spec, device)

@@ -8,7 +8,7 @@ import torch
 from graphc.plan import FORMAT, Plan, PlanDevice, PlanModel, PlanNode, PlanResource, PlanTarget, PlanTrim, \
     PlanWalk, PlanWalkBuckets, fingerprint
 from graphc.passes.place_nodes import Placement
-from graphc.passes.tally_ledger import Sizing
+from graphc.passes.tally_ledger import Sizing, device_convs
 from resources.paged_kv import PagedKVSpec
 
 VERSION = "0.1.0"
@@ -18,22 +18,13 @@ def graph_id(key: tuple[str, str, int]) -> str:
     return f"{key[0]}/{key[1]}/{key[2]}"
 
 
-def conv_engines(s: Sizing, nodes: list[str]) -> list[str]:
-    """The signatures of the convolutions a GPU device's steps run (graphc/convws.py)."""
-    if not s.ir.target.is_gpu:
-        return []
-    traces = [t for (n, _, _), (_, t) in s.acts.graphs.items() if n in nodes]
-    traces += [t for (n, _), t in s.acts.eager.items() if n in nodes]
-    return sorted({sig for t in traces for _, sig in t.convs})
-
-
 def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, trimmed: list) -> Plan:
     ir, a = s.ir, placement.assignment
     devices = [PlanDevice(index=d.index, nodes=d.nodes, ledger={i.component: i.bytes for i in d.items},
                           sources={i.component: f"{i.source}: {i.detail}" for i in d.items},
                           total_bytes=d.total, capacity_bytes=d.capacity, free_bytes=d.free, kv_pages=d.kv_pages,
                           capture_order=[graph_id(k) for k in d.capture_order],
-                          conv_engines=conv_engines(s, d.nodes))
+                          conv_engines=device_convs(s, d.nodes))
                for d in placement.devices]
     nodes = {}
     for n in ir.model.nodes:

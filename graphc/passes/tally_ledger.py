@@ -18,6 +18,7 @@ from graphc.passes.size_resources import ResourceSizes
 from graphc.passes.size_weights import Weights
 from graphc.targets import calibration
 from graphc.units import fmt_bytes
+from resources.capabilities import flashinfer_modules, phases
 from resources.paged_kv import PagedKVSpec
 
 HEADROOM_FRACTION = 0.01   # default policy: keep 1% of a GPU free for what nothing here models
@@ -173,30 +174,31 @@ def kernels_bytes(s: Sizing, nodes: list[str]) -> int:
 
 
 def kernel_modules(s: Sizing, nodes: list[str]) -> list[str]:
-    """The FlashInfer JIT modules a device loads: one prefill module per (backend, head dim, window),
-    shared by ragged and paged prefill; a decode module per paged decode backend not on tensor
-    cores; the page module for appends."""
+    """The FlashInfer JIT modules a device loads (resources.capabilities.flashinfer_modules)."""
     mods = set()
     for res in device_resources(s, nodes):
         spec = s.ir.model.resource(res)
         c = s.backends.chosen.get(res)
         if c is None or c.prefill == "torch":
             continue
-        window = getattr(spec, "window", None) is not None
-        mods.add(f"prefill:{c.prefill}:{c.head_dim or spec.head_dim}{':swa' if window else ''}")
-        if isinstance(spec, PagedKVSpec):
-            mods.add("page")
-            group = spec.num_qo_heads // spec.num_kv_heads
-            if c.decode == "fa3" or group > 4:
-                mods.add(f"prefill:{c.decode}:{spec.head_dim}")
-            else:
-                mods.add(f"decode:{c.decode}:{spec.head_dim}")
+        for phase, backend in phases(spec, c.prefill, c.decode):
+            mods.update(flashinfer_modules(spec, phase, backend, c.head_dim))
     return sorted(mods)
+
+
+def device_convs(s: Sizing, nodes: list[str]) -> list[str]:
+    """The signatures of the convolutions a GPU device's steps run (graphc/convws.py): the plan
+    lists them, and the runtime runs each once on the empty device."""
+    if not s.ir.target.is_gpu:
+        return []
+    traces = [t for (n, _, _), (_, t) in s.acts.graphs.items() if n in nodes]
+    traces += [t for (n, _), t in s.acts.eager.items() if n in nodes]
+    return sorted({sig for t in traces for _, sig in t.convs})
 
 
 def _conv_note(s: Sizing, nodes: list[str]) -> str:
     """Where the traces' convolution workspaces came from, and which have none measured."""
-    convs = {sig for (node, _, _), (_, t) in s.acts.graphs.items() if node in nodes for _, sig in t.convs}
+    convs = set(device_convs(s, nodes))
     if not convs:
         return ""
     missing = convs & s.acts.uncalibrated

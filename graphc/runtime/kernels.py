@@ -23,6 +23,9 @@ from tqdm import tqdm
 
 from graphc.ir import IR
 from graphc.plan import Plan
+from resources.capabilities import flashinfer_modules, phases
+from resources.paged_kv import PagedKVSpec, new_cache
+from resources.ragged_attention import RaggedAttentionSpec
 
 
 @dataclass(frozen=True)
@@ -37,21 +40,13 @@ class KernelJob:
     run_head_dim: int | None  # ragged head dims a kernel lacks run padded to this
     decode_backend: str | None = None
 
-    def signature(self) -> tuple:
-        """Jobs with equal signatures build the same modules, so only one of them runs: a prefill
-        module per (backend, head dim, window, kv dtype) serves ragged and paged prefill and
-        tensor-core decode (the mask is a run-time argument), except that fa2's paged runs load a
-        second module; CUDA-core decode has its own."""
-        from resources.flashinfer_backend import TENSOR_CORE_MIN_GROUP
+    def resource_spec(self) -> RaggedAttentionSpec | PagedKVSpec:
+        cls = RaggedAttentionSpec if self.kind == "ragged_attention" else PagedKVSpec
+        return cls.model_validate_json(self.spec)
 
-        s = json.loads(self.spec)
-        head_dim = self.run_head_dim or s["head_dim"]
-        if self.kind == "ragged_attention":
-            return ("prefill", self.backend, head_dim, s.get("window") is not None, "bfloat16", False)
-        group = s["num_qo_heads"] // s["num_kv_heads"]
-        if self.phase == "decode" and self.backend != "fa3" and group < TENSOR_CORE_MIN_GROUP:
-            return ("decode", self.backend, head_dim, False, s["dtype"], True)
-        return ("prefill", self.backend, head_dim, False, s["dtype"], self.backend == "fa2")
+    def modules(self) -> tuple[str, ...]:
+        """The FlashInfer modules this run builds or loads (resources.capabilities)."""
+        return flashinfer_modules(self.resource_spec(), self.phase, self.backend, self.run_head_dim)
 
     def label(self) -> str:
         return f"{self.resource} {self.phase} {self.backend}"
@@ -64,27 +59,28 @@ def kernel_jobs(plan: Plan, ir: IR, devices: list[int]) -> list[KernelJob]:
         for node in plan.devices[d].nodes:
             resources += [r for r in ir.node(node).resources.values() if r not in resources]
     jobs = []
-    # paged resources first: where a ragged job builds the same prefill module, the paged one
-    # survives the dedupe and also builds the page (append) module
+    # paged resources first: where a ragged job loads the same prefill module, the paged job, which
+    # also builds the page (append) module, is the one kept
     for res in sorted(resources, key=lambda r: ir.model.resource(r).kind != "paged_kv"):
         spec, chosen = ir.model.resource(res), plan.resources.get(res)
         if chosen is None or chosen.backend in (None, "torch") or spec.kind not in ("ragged_attention", "paged_kv"):
             continue
-        phases = [("ragged", chosen.backend)] if spec.kind == "ragged_attention" else \
-            [("prefill", chosen.backend), ("decode", chosen.decode_backend or chosen.backend)]
-        for phase, backend in phases:
-            job = KernelJob(res, spec.kind, phase, backend, spec.model_dump_json(), chosen.run_head_dim,
-                            chosen.decode_backend)
-            jobs.append(job)
+        jobs += [KernelJob(res, spec.kind, phase, backend, spec.model_dump_json(), chosen.run_head_dim,
+                           chosen.decode_backend)
+                 for phase, backend in phases(spec, chosen.backend, chosen.decode_backend)]
     return distinct(jobs)
 
 
 def distinct(jobs: list[KernelJob]) -> list[KernelJob]:
-    """The first job of each signature (several plans' jobs may be warmed together)."""
-    seen: dict[tuple, KernelJob] = {}
+    """The jobs that build a module no earlier job builds (several plans' jobs may be warmed together)."""
+    seen: set[str] = set()
+    kept = []
     for job in jobs:
-        seen.setdefault(job.signature(), job)
-    return list(seen.values())
+        new = set(job.modules()) - seen
+        if new:
+            kept.append(job)
+            seen |= new
+    return kept
 
 
 def run_job(job: KernelJob) -> None:
@@ -92,8 +88,6 @@ def run_job(job: KernelJob) -> None:
     import torch
 
     from resources.flashinfer_backend import make_backend
-    from resources.paged_kv import PagedKVSpec, new_cache
-    from resources.ragged_attention import RaggedAttentionSpec
 
     dev = torch.device("cuda", 0)
     workspace = torch.zeros(128 * 2**20, dtype=torch.uint8, device=dev)
@@ -101,14 +95,14 @@ def run_job(job: KernelJob) -> None:
     def rand(*shape):
         return torch.randn(*shape, dtype=torch.bfloat16, device=dev)
 
+    spec = job.resource_spec()
     if job.kind == "ragged_attention":
-        spec = RaggedAttentionSpec.model_validate_json(job.spec)
         b = make_backend(spec, job.backend, workspace, False, None, run_head_dim=job.run_head_dim)
         b.plan([0, 16])
         b(rand(16, spec.num_heads, spec.head_dim), rand(16, spec.kv_heads, spec.head_dim),
           rand(16, spec.kv_heads, spec.head_dim))
     else:
-        spec = PagedKVSpec.model_validate_json(job.spec).model_copy(update={"num_layers": 1})
+        spec = spec.model_copy(update={"num_layers": 1})
         cache = new_cache(spec, 4, dev)
         b = make_backend(spec, job.backend, workspace, False, None, cache=cache, decode_backend=job.decode_backend)
         rows = 1 if job.phase == "decode" else 8
