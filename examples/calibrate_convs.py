@@ -88,7 +88,8 @@ def main() -> int:
     ms.add_argument("--out", required=True)
     args = ap.parse_args()
     if args.cmd == "list":
-        print("\n".join(list_signatures(args.plans)))
+        for sig in list_signatures(args.plans):
+            print(sig)
     else:
         measure(args.signatures, args.out)
     return 0

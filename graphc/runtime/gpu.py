@@ -131,9 +131,8 @@ class Graphs:
         return (total - free) - torch.cuda.memory_reserved() - self.boot.measured["context"]
 
     def _note_outside(self, key: str) -> None:
-        """Device memory outside torch's allocator and the context after a warm-up step: kernel code
-        loaded lazily on first launch, and the local memory the driver reserves for the kernel
-        with the most per thread. Each growth is kept with the step that caused it."""
+        """Device memory outside torch's allocator and the context after a step of the boot (kernel
+        code loaded on first launch); each growth is kept with the step that caused it."""
         outside = self._outside()
         growth = self.boot.measured.get("_outside_growth", {})
         if outside > sum(growth.values()):
@@ -261,7 +260,7 @@ def boot_gpu_device(boot: DeviceBoot, checkpoint: str | None, seed: int) -> Devi
     free, total = torch.cuda.mem_get_info()
     boot.measured["_device_used"] = total - free
     boot.measured["_peak_reserved"] = torch.cuda.max_memory_reserved()
-    # what the device holds outside torch's allocator and the context: the kernel modules loaded
+    # what the device holds outside torch's allocator and the context: kernel code and graph executables
     boot.measured["kernels"] = (total - free) - boot.measured["context"] - torch.cuda.memory_reserved()
     # the peak: what lay outside torch's allocator, plus the most torch ever reserved (warm-up included)
     boot.measured["_peak_device"] = (boot.measured["context"] + boot.measured["kernels"]
