@@ -15,18 +15,10 @@ t_start = time.perf_counter()
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from graphc import memo  # noqa: E402
 from graphc.pipeline import compile_model, load_model  # noqa: E402
 
 t_imported = time.perf_counter()
-
-
-def clear_caches() -> None:
-    from graphc.passes import simulate_steps, size_weights, tally_ledger
-    from graphc import simulate
-
-    for cache in (simulate_steps._FAKES, simulate_steps._TRACES, size_weights._CACHE, tally_ledger._POOLS,
-                  tally_ledger._GENERAL, simulate._META_CACHE):
-        cache.clear()
 
 
 def main() -> None:
@@ -43,7 +35,7 @@ def main() -> None:
     t_first = time.perf_counter() - t0
     cold, warm, passes = [], [], {}
     for _ in range(args.repeat):
-        clear_caches()
+        memo.clear()
         t0 = time.perf_counter()
         res = compile_model(src, args.gpu, args.gpus)
         cold.append(time.perf_counter() - t0)

@@ -1,12 +1,16 @@
-"""Regenerate the shipped plans in plans/ (tests/golden compares them against fresh compiles).
+"""Regenerate the shipped plans in plans/ from their recorded inputs (tests/golden compiles them
+again, in fresh processes and after other models, and compares byte for byte).
 
-    python examples/regen_plans.py            # all
-    python examples/regen_plans.py tiny_cpu   # one, by name
+    python examples/regen_plans.py                     # all, into plans/
+    python examples/regen_plans.py tiny_cpu            # one, by name
+    python examples/regen_plans.py --out DIR [NAME..]  # elsewhere, in the order given
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -14,8 +18,9 @@ sys.path.insert(0, str(ROOT))
 
 from graphc.overrides import load_config  # noqa: E402
 from graphc.pipeline import compile_model, load_model  # noqa: E402
+from graphc.plan import Plan  # noqa: E402
 
-SEED_80GB = str(ROOT / "examples" / "configs" / "seed_80gb.yaml")
+SEED_80GB = "examples/configs/seed_80gb.yaml"
 
 SHIPPED = {
     # name: (model file, preset, gpu, devices, overrides)
@@ -31,17 +36,31 @@ SHIPPED = {
 }
 
 
-def main(names: list[str]) -> None:
+def compile_shipped(name: str) -> Plan:
+    """The shipped plan of this name, compiled from its recorded inputs (run from the repo root)."""
+    file, preset, gpu, n, ov = SHIPPED[name]
+    fit = isinstance(ov, str) and ov.startswith("fit:")
+    ov = load_config(ov.removeprefix("fit:")) if fit else ov
+    return compile_model(load_model(file, preset), gpu, n, ov, fit=fit).plan
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", metavar="NAME", help=f"plans to compile (default: all): {', '.join(SHIPPED)}")
+    ap.add_argument("--out", type=Path, default=ROOT / "plans", help="directory to write NAME.plan into")
+    args = ap.parse_args(argv)
+    unknown = [n for n in args.names if n not in SHIPPED]
+    if unknown:
+        ap.error(f"no shipped plan named {', '.join(unknown)}; the names are {', '.join(SHIPPED)}")
     os.chdir(ROOT)
-    for name in names or SHIPPED:
-        file, preset, gpu, n, ov = SHIPPED[name]
-        fit = isinstance(ov, str) and ov.startswith("fit:")
-        ov = load_config(ov.removeprefix("fit:")) if fit else ov
-        plan = compile_model(load_model(file, preset), gpu, n, ov, fit=fit).plan
-        out = ROOT / "plans" / f"{name}.plan"
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.names or SHIPPED:
+        t0 = time.perf_counter()
+        plan = compile_shipped(name)
+        out = args.out / f"{name}.plan"
         plan.save(out)
-        d = plan.devices
-        print(f"{out.relative_to(ROOT)}: " + ", ".join(f"dev{x.index} {x.total_bytes / 2**30:.2f} GiB" for x in d))
+        sizes = ", ".join(f"dev{x.index} {x.total_bytes / 2**30:.2f} GiB" for x in plan.devices)
+        print(f"{out}: {sizes} ({time.perf_counter() - t0:.1f} s)", flush=True)
 
 
 if __name__ == "__main__":

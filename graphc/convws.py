@@ -40,19 +40,11 @@ def source(arch: str) -> str:
     return f"measured on {m['device']} on {m['date']} ({m['versions']}): {m['how']}"
 
 
-_RESOLVED: dict[tuple[int, str], tuple[Trace, Trace, frozenset]] = {}
-
-
 def resolve(trace: Trace, arch: str) -> tuple[Trace, frozenset[str]]:
     """The trace with each convolution's measured workspace allocated and freed where it runs, and
-    the signatures that have no measurement. Memoized per trace (kept alive with its result, so
-    ids stay unique)."""
+    the signatures that have no measurement."""
     if not trace.convs:
         return trace, frozenset()
-    key = (id(trace), arch)
-    hit = _RESOLVED.get(key)
-    if hit is not None and hit[0] is trace:
-        return hit[1], hit[2]
     table = workspaces(arch)
     events = list(trace.events)
     missing = set()
@@ -67,7 +59,6 @@ def resolve(trace: Trace, arch: str) -> tuple[Trace, frozenset[str]]:
         live += n if kind else -n
         peak = max(peak, live)
     out = replace(trace, events=tuple(events), peak_bytes=peak)
-    _RESOLVED[key] = (trace, out, frozenset(missing))
     return out, frozenset(missing)
 
 

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import time
@@ -80,7 +81,7 @@ def load_model(path: str, preset: str | None = None) -> ModelSource:
     p = Path(path)
     if not p.is_file():
         raise InvalidInput(f"model file {path} does not exist", "", "pass the path of a model .py file")
-    name = f"graphc_model_{abs(hash(str(p.resolve())))}"
+    name = "graphc_model_" + hashlib.sha256(str(p.resolve()).encode()).hexdigest()[:16]
     spec = importlib.util.spec_from_file_location(name, p)
     mod = importlib.util.module_from_spec(spec)
     try:

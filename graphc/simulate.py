@@ -5,24 +5,36 @@ bound to their fake paths. The trace of (alloc | free, key, bytes) events, in th
 refcounting frees them, is what the allocator model replays.
 
 Meta tensors rather than FakeTensorMode: the same shape inference without the wrapper, and an
-op-level cache of it (an op's output metadata is a pure function of its inputs' metadata), which
-makes the 48 identical layers of a real model cost about one.
+op-level memo of it (an op's output metadata is a pure function of its inputs' metadata), which
+makes the 48 identical layers of a real model cost about one. The memo only holds ops whose every
+output is a new, exactly sized storage; an op that aliases an input although its schema says it
+does not (aten._unsafe_view, under every reshape of a non-contiguous tensor) always runs.
+
+A trace is a pure function of the node, its inputs and its bindings: storages are told apart by
+identity while they live (known ones are held, so no id is reused during a step), the cyclic
+garbage collector is off during a step (frees happen in refcount order only), and a forward
+that leaves storages alive past its step is refused (a later step would not see them again).
 """
 from __future__ import annotations
 
+import gc
+import hashlib
 import weakref
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from graphc import memo
 from graphc.declare import TORCH_DTYPES, Node, Port
 from graphc.errors import InvalidInput
 from graphc.modules import build_module
 from graphc.step import StepContext
 
-_META_CACHE: dict[tuple, tuple[bool, list[tuple]]] = {}
+# (op, input metadata) -> (output container, [(shape, stride, dtype)]), or None: always run the op
+_META_CACHE: dict[tuple, tuple[type, list[tuple]] | None] = memo.table("simulate.meta")
 
 
 @dataclass(frozen=True)
@@ -35,13 +47,40 @@ class Trace:
     launches: int = 0                          # ops that write memory (not pure views): kernels a graph holds
     convs: tuple[tuple[int, str], ...] = ()    # (events before it, signature) of each convolution
 
+    @cached_property
+    def digest(self) -> str:
+        """The allocation events' content: what memo keys of allocator replays are made of."""
+        return hashlib.blake2b(repr(self.events).encode(), digest_size=16).hexdigest()
+
 
 def _meta(a):
     if isinstance(a, torch.Tensor):
-        return (tuple(a.shape), a.stride(), a.dtype)
+        return (tuple(a.shape), a.stride(), a.storage_offset(), a.dtype)
     if isinstance(a, (list, tuple)):
         return tuple(_meta(x) for x in a)
     return a
+
+
+def _storage_bytes(t: torch.Tensor) -> int:
+    """The bytes torch.empty_strided gives a tensor of this shape and stride."""
+    if t.numel() == 0:
+        return 0
+    return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def _layouts(out, inputs: set[int]) -> tuple[type, list[tuple]] | None:
+    """How to rebuild an op's outputs from metadata alone, or None when that would differ from
+    running it: an output that is not a tensor, aliases an input or another output, or does not
+    own exactly an empty_strided-sized storage from offset 0."""
+    leaves = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else None
+    if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
+        return None
+    storages = {id(t.untyped_storage()) for t in leaves}
+    if len(storages) != len(leaves) or storages & inputs:
+        return None
+    if any(t.storage_offset() or t.untyped_storage().nbytes() != _storage_bytes(t) for t in leaves):
+        return None
+    return type(out), [(tuple(t.shape), t.stride(), t.dtype) for t in leaves]
 
 
 def _fresh(func) -> bool:
@@ -68,9 +107,11 @@ def _view(func) -> bool:
 class _Recorder(TorchDispatchMode):
     """Sees every aten op; a storage it has not seen is an allocation, its death a free."""
 
-    def __init__(self, known: set[int]):
+    def __init__(self, known: list[torch.Tensor]):
         super().__init__()
-        self.known = known            # storages that existed before the step (weights, static inputs)
+        # storages that existed before the step (weights, static inputs), held so that no new
+        # storage can take one of their ids while the step runs
+        self.known = {id(s): s for s in (t.untyped_storage() for t in known)}
         self.refs: dict[int, weakref.ref] = {}
         self.events: list[tuple[int, int, int]] = []
         self.live = 0
@@ -96,17 +137,17 @@ class _Recorder(TorchDispatchMode):
     def _cached(self, func, args, kwargs):
         try:
             key = (func, _meta(args), tuple(sorted((k, _meta(v)) for k, v in kwargs.items())))
-            hit = _META_CACHE.get(key)
+            hit = _META_CACHE.get(key, False)
         except TypeError:            # an unhashable argument: just run the meta kernel
             return func(*args, **kwargs)
-        if hit is not None:
-            single, specs = hit
+        if hit:
+            container, specs = hit
             outs = [torch.empty_strided(s, st, dtype=d, device="meta") for s, st, d in specs]
-            return outs[0] if single else tuple(outs)
+            return outs[0] if container is torch.Tensor else container(outs)
         out = func(*args, **kwargs)
-        leaves = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else None
-        if leaves and all(isinstance(t, torch.Tensor) for t in leaves):
-            _META_CACHE[key] = (isinstance(out, torch.Tensor), [_meta(t) for t in leaves])
+        if hit is False:
+            inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+            _META_CACHE[key] = _layouts(out, inputs)
         return out
 
     def _see(self, storage) -> None:
@@ -134,7 +175,7 @@ class FakeNode:
     def __init__(self, node: Node):
         self.node = node
         self.module = build_module(node, "meta")
-        self.known = {id(t.untyped_storage()) for t in list(self.module.parameters()) + list(self.module.buffers())}
+        self.known = list(self.module.parameters()) + list(self.module.buffers())
 
     @staticmethod
     def inputs(ports: dict[str, Port], sizes: dict[str, int]) -> dict[str, torch.Tensor]:
@@ -143,13 +184,16 @@ class FakeNode:
 
     def trace(self, ports: dict[str, Port], sizes: dict[str, int], bindings: dict, where: str) -> Trace:
         inputs = self.inputs(ports, sizes)
-        rec = _Recorder(self.known | {id(t.untyped_storage()) for t in inputs.values()})
+        rec = _Recorder(self.known + list(inputs.values()))
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             with rec, torch.no_grad():
                 out = self.module(StepContext(bindings), **inputs)
                 self._check_outputs(out, sizes, where)
                 out_bytes = sum(t.untyped_storage().nbytes() for t in out.values())
                 del out
+            del inputs
         except InvalidInput:
             raise
         except Exception as e:
@@ -157,7 +201,15 @@ class FakeNode:
                                "a step the compiler cannot trace without data cannot be captured either "
                                "(data-dependent shapes, host syncs, device-specific code)",
                                "keep shapes static and the forward free of .item()/.tolist() and device checks") from e
-        del inputs
+        finally:
+            if collecting:
+                gc.enable()
+        if rec.live:
+            raise InvalidInput(f"{where}: the forward keeps {rec.live:,} B of tensors alive after its step",
+                               "a step must hold nothing past its outputs (module attributes set in forward, "
+                               "reference cycles): a captured graph would pin them in the pool, and the next "
+                               "trace of the same module would not see them again",
+                               "compute caches in __init__ as buffers, and free temporaries before returning")
         return Trace(tuple(rec.events), rec.peak, out_bytes, rec.live, rec.ops, rec.launches, tuple(rec.convs))
 
     def _check_outputs(self, out: dict, sizes: dict[str, int], where: str) -> None:

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from graphc.ir import IR, Step, family_step
+from graphc import memo
+from graphc.convws import resolve
+from graphc.ir import IR, Step
 from graphc.passes.choose_buckets import Buckets
 from graphc.passes.select_backends import Backends
-from graphc.convws import resolve
 from graphc.simulate import FakeNode, Trace
 
 
@@ -46,8 +47,8 @@ def bindings(ir: IR, step: Step, rung: int, backends: Backends | None = None) ->
     return out
 
 
-_FAKES: dict[tuple, FakeNode] = {}
-_TRACES: dict[tuple, Trace] = {}
+_FAKES: dict[tuple, FakeNode] = memo.table("simulate_steps.fakes")
+_TRACES: dict[tuple, tuple[Trace, frozenset[str]]] = memo.table("simulate_steps.traces")
 
 
 def _node_key(node) -> tuple:
@@ -55,37 +56,45 @@ def _node_key(node) -> tuple:
 
 
 def fake_node(node) -> FakeNode:
-    """Fake modules and traces are cached across re-plans (remedy search re-plans many times)."""
+    """Fake modules are kept across re-plans (remedy search re-plans many times)."""
     key = _node_key(node)
     if key not in _FAKES:
         _FAKES[key] = FakeNode(node)
     return _FAKES[key]
 
 
+def trace_step(ir: IR, step: Step, rung: int, backends: Backends | None) -> tuple[Trace, frozenset[str]]:
+    """One step's trace at one rung, with each convolution's measured cuDNN workspace on a GPU
+    target, and the convolution signatures that have none. Memoized by everything it depends on."""
+    node = ir.node(step.node)
+    sizes = step.sizes_at(rung)
+    ports = {p: node.inputs[p] for p in step.inputs}
+    specs = tuple((repr(ir.model.resource(r)), backends.chosen[r].head_dim if backends else None)
+                  for r in node.resources.values())
+    arch = ir.target.arch if ir.target.is_gpu else None
+    key = (_node_key(node), repr(ports), repr(node.outputs), tuple(sorted(sizes.items())), step.phase, step.axis,
+           specs, arch)
+    if key not in _TRACES:
+        where = f"node '{step.node}' on {step.walk} at {step.axis}={rung}"
+        trace = fake_node(node).trace(ports, sizes, bindings(ir, step, rung, backends), where)
+        _TRACES[key] = resolve(trace, arch) if arch else (trace, frozenset())
+    return _TRACES[key]
+
+
 def simulate_steps(ir: IR, buckets: Buckets, backends: Backends | None = None) -> Activations:
-    families: dict[tuple[str, str], Step] = {}
-    for s in ir.steps:
-        families.setdefault((s.node, s.family), [])
-    for key in families:
-        families[key] = family_step([s for s in ir.steps if (s.node, s.family) == key])
+    families = {key: ir.family(*key) for key in buckets.captured}
     total = len(buckets.graphs()) + len(buckets.eager)
     graphs, eager, io = {}, {}, {}
+    missing: set[str] = set()      # convolutions with no measured cuDNN workspace
+
+    def trace(step: Step, rung: int) -> Trace:
+        t, miss = trace_step(ir, step, rung, backends)
+        missing.update(miss)
+        bar.update(1)
+        return t
+
     with tqdm(total=total, desc="simulating steps", unit="step", file=sys.stderr, disable=None,
               leave=False) as bar:
-        def trace(step: Step, rung: int) -> Trace:
-            node = ir.node(step.node)
-            sizes = step.sizes_at(rung)
-            ports = {p: node.inputs[p] for p in step.inputs}
-            specs = tuple((repr(ir.model.resource(r)), backends.chosen[r].head_dim if backends else None)
-                          for r in node.resources.values())
-            key = (_node_key(node), repr(ports), repr(node.outputs), tuple(sorted(sizes.items())), step.phase,
-                   step.axis, specs)
-            if key not in _TRACES:
-                where = f"node '{step.node}' on {step.walk} at {step.axis}={rung}"
-                _TRACES[key] = fake_node(node).trace(ports, sizes, bindings(ir, step, rung, backends), where)
-            bar.update(1)
-            return _TRACES[key]
-
         for (name, fam), rungs in buckets.captured.items():
             step = families[(name, fam)]
             for r in rungs:
@@ -94,14 +103,6 @@ def simulate_steps(ir: IR, buckets: Buckets, backends: Backends | None = None) -
         for (name, walk), size in buckets.eager.items():
             step = next(s for s in ir.steps if s.node == name and s.walk == walk)
             eager[(name, walk)] = trace(step, size)
-    missing: set[str] = set()
-    if ir.target.is_gpu:     # cuDNN's convolution workspaces, measured per signature on the arch
-        def with_ws(t: Trace) -> Trace:
-            resolved, miss = resolve(t, ir.target.arch)
-            missing.update(miss)
-            return resolved
-        graphs = {k: (g, with_ws(t)) for k, (g, t) in graphs.items()}
-        eager = {k: with_ws(t) for k, t in eager.items()}
     out = Activations(graphs, eager, io, frozenset(missing))
     out.check(ir, buckets)
     return out

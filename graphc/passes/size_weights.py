@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graphc import memo
 from graphc.ir import IR
 from graphc.modules import WeightSizes, build_module, weight_sizes
 
@@ -15,7 +16,7 @@ class Weights:
         assert set(self.per_node) == {n.name for n in ir.model.nodes}
 
 
-_CACHE: dict[tuple, WeightSizes] = {}
+_CACHE: dict[tuple, WeightSizes] = memo.table("size_weights")
 
 
 def _sizes(node) -> WeightSizes:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphc import convws
+from graphc import convws, memo
 from graphc.allocator import Allocator
 from graphc.ir import IR
 from graphc.passes.choose_buckets import Buckets
@@ -16,6 +16,7 @@ from graphc.passes.select_backends import Backends
 from graphc.passes.simulate_steps import Activations
 from graphc.passes.size_resources import ResourceSizes
 from graphc.passes.size_weights import Weights
+from graphc.simulate import Trace
 from graphc.targets import calibration
 from graphc.units import fmt_bytes
 from resources.capabilities import flashinfer_modules, phases
@@ -110,28 +111,29 @@ def capture_order(s: Sizing, nodes: list[str]) -> list[tuple[str, str, int]]:
     return sorted(keys, key=lambda k: (-s.acts.graphs[k][1].peak_bytes, k[0], k[1], -k[2]))
 
 
-_POOLS: dict[tuple, int] = {}
-_GENERAL: dict[tuple, tuple[int, int]] = {}
+_POOLS: dict[tuple, int] = memo.table("tally_ledger.pools")
+_GENERAL: dict[tuple, tuple[int, int]] = memo.table("tally_ledger.general")
 
 
-def capture_pool_bytes(traces: list, stream_workspace: int = 0) -> int:
-    """Reserved bytes of one private pool after capturing these traces in order (memoized). The
-    capture stream's own cuBLAS workspace is taken from the pool at the first captured matmul."""
-    key = (tuple(id(t) for t in traces), stream_workspace)
+def capture_pool_bytes(traces: list[Trace], stream_workspace: int = 0) -> int:
+    """Reserved bytes of one private pool after capturing these traces in order (memoized by the
+    traces' content). The capture stream's own cuBLAS workspace is taken from the pool at the first
+    captured matmul."""
+    key = (tuple(t.digest for t in traces), stream_workspace)
     if key not in _POOLS:
         pool = Allocator()
         if traces and stream_workspace:
             pool.malloc("cublas", stream_workspace)
         for i, t in enumerate(traces):
-            pool.replay(list(t.events), tag=i)
+            pool.replay(t.events, tag=i)
         _POOLS[key] = pool.reserved
     return _POOLS[key]
 
 
-def general_pool_bytes(sizes: list[int], eager: list, cached: int = 0) -> tuple[int, int]:
+def general_pool_bytes(sizes: list[int], eager: list[Trace], cached: int = 0) -> tuple[int, int]:
     """(reserved after the persistent allocations, reserved after the eager steps too), memoized.
     `cached`: a block freed but kept by the allocator before the eager steps (FlashInfer's)."""
-    key = (tuple(sizes), tuple(id(t) for t in eager), cached)
+    key = (tuple(sizes), tuple(t.digest for t in eager), cached)
     if key not in _GENERAL:
         general = Allocator()
         for i, size in enumerate(sizes):
@@ -140,7 +142,7 @@ def general_pool_bytes(sizes: list[int], eager: list, cached: int = 0) -> tuple[
             general.malloc("cached", cached)
         persistent = general.reserved
         for i, t in enumerate(eager):
-            general.replay(list(t.events), tag=i)
+            general.replay(t.events, tag=i)
         _GENERAL[key] = (persistent, general.reserved)
     return _GENERAL[key]
 

@@ -24,7 +24,7 @@ def test_cpu_plan_needs_no_kernels():
 
 
 def _conv_trace() -> Trace:
-    rec = _Recorder(set())
+    rec = _Recorder([])
     with rec, torch.no_grad():
         x = torch.empty(1, 4, 16, device="meta")
         y = F.conv1d(x, torch.empty(8, 4, 3, device="meta"))
@@ -39,7 +39,6 @@ def test_measured_workspace_is_allocated_where_the_convolution_runs(monkeypatch)
     (at, sig), = t.convs
     assert sig == "conv x[1,4,16] w[8,4,3] float32 s1 p0 d1 op0 g1"
     monkeypatch.setattr(convws, "workspaces", lambda arch: {sig: 10_000})
-    monkeypatch.setattr(convws, "_RESOLVED", {})
     out, missing = convws.resolve(t, "sm_90")
     assert not missing
     assert out.events[at:at + 2] == ((1, -1, 10_000), (0, -1, 10_000))
@@ -50,6 +49,5 @@ def test_measured_workspace_is_allocated_where_the_convolution_runs(monkeypatch)
 def test_unmeasured_convolution_is_reported_and_counts_as_none(monkeypatch):
     t = _conv_trace()
     monkeypatch.setattr(convws, "workspaces", lambda arch: {})
-    monkeypatch.setattr(convws, "_RESOLVED", {})
     out, missing = convws.resolve(t, "sm_90")
     assert missing == {t.convs[0][1]} and out.events == t.events and out.peak_bytes == t.peak_bytes
