@@ -89,3 +89,42 @@ def test_trace_counts_kernel_launches_not_views():
     n = node(Views)
     t = FakeNode(n).trace(n.inputs, {"tokens": 3}, {}, "test")
     assert t.launches == 2 and t.num_ops > t.launches
+
+
+class Transposes(gc.NodeModule):
+    """Three layers, each adding one to its input read transposed. Reshaping a non-contiguous tensor
+    is aten.clone and then aten._unsafe_view, which aliases the copy although its schema says not."""
+
+    def forward(self, ctx, x):
+        for _ in range(3):
+            x = (x.t().reshape(-1) + 1).view(x.shape)
+        return {"y": x}
+
+
+def test_reshape_copies_once_in_every_layer_whatever_ran_before():
+    from graphc import memo
+
+    n = node(Transposes, out=("tokens", 8))
+    b = 5 * 8 * 4                              # x [5, 8] fp32
+    # by hand, layer i: its copy c_i, then the sum s_i, then c_i dies, then the previous sum
+    want = [(1, 0, b), (1, 1, b), (0, 0, b),
+            (1, 2, b), (1, 3, b), (0, 2, b), (0, 1, b),
+            (1, 4, b), (1, 5, b), (0, 4, b), (0, 3, b),
+            (0, 5, b)]                         # the output, dropped after the step
+    memo.clear()
+    cold = FakeNode(n).trace(n.inputs, {"tokens": 5}, {}, "test")   # layer 1 runs each op, 2 and 3 hit the memo
+    warm = FakeNode(n).trace(n.inputs, {"tokens": 5}, {}, "test")   # every op hits the memo
+    assert list(cold.events) == want and cold.peak_bytes == 3 * b
+    assert warm == cold and warm.digest == cold.digest
+
+
+class Keeps(gc.NodeModule):
+    def forward(self, ctx, x):
+        self.last = x + 1          # outlives the step
+        return {"y": x * 2}
+
+
+def test_forward_that_keeps_a_tensor_alive_is_refused():
+    n = node(Keeps, out=("tokens", 8))
+    with pytest.raises(InvalidInput, match=r"(?s)keeps 96 B of tensors alive.*captured graph would pin"):
+        FakeNode(n).trace(n.inputs, {"tokens": 3}, {}, "node 'n'")
