@@ -2,15 +2,21 @@
 KV pools, workspaces and static buffers in the ledger's order, warm up, capture every planned graph
 largest first into one pool, and measure each ledger component as it is created.
 
-CPU plans boot too: nothing is captured, and every rung of every walk runs once eagerly.
+CPU plans boot too: nothing is captured, and every rung of every walk runs once eagerly. A CPU has
+no device memory counters, so its boot measures the storages its tensors really live in (weights,
+KV caches the steps wrote into, workspaces) and each step's live op-output bytes.
 """
 from __future__ import annotations
 
+import gc
 import sys
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from tqdm import tqdm
 
 from graphc.errors import InvalidInput
@@ -24,7 +30,7 @@ from graphc.runtime.checkpoint import Shards, load_weights
 from graphc.runtime.steps import layouts, synthetic_inputs
 from graphc.step import StepContext
 from graphc.targets import get_target
-from resources.paged_kv import PageAllocator, PagedTorch
+from resources.paged_kv import PageAllocator, PagedTorch, new_cache
 from resources.ragged_attention import RaggedAttentionSpec, RaggedTorch
 from resources.workspace import WorkspaceSpec
 
@@ -49,6 +55,8 @@ class DeviceBoot:
     graphs: dict[str, object] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)             # CPU: storages that break the arena layout
+    step_peaks: dict[str, int] = field(default_factory=dict)    # CPU: step -> peak live op-output bytes
 
     @property
     def nodes(self) -> list[str]:
@@ -112,12 +120,17 @@ class Binder:
 
     def __init__(self, boot: DeviceBoot):
         self.boot = boot
+        self.kv: dict[str, list[torch.Tensor]] = {}     # resource -> the caches steps were bound to
 
     def bind(self, step: Step, rung: int) -> dict:
         kv_pages = self.boot.plan.devices[self.boot.index].kv_pages
-        return {role: RaggedTorch(spec, *lay.args()) if isinstance(spec, RaggedAttentionSpec)
-                else PagedTorch(spec, self.boot.caches[spec.name], *lay.args())
-                for role, (spec, lay) in layouts(self.boot.ir, kv_pages, step, rung).items()}
+        out = {role: RaggedTorch(spec, *lay.args()) if isinstance(spec, RaggedAttentionSpec)
+               else PagedTorch(spec, self.boot.caches[spec.name], *lay.args())
+               for role, (spec, lay) in layouts(self.boot.ir, kv_pages, step, rung).items()}
+        for b in out.values():
+            if isinstance(b, PagedTorch):
+                self.kv.setdefault(b.spec.name, []).append(b.cache)
+        return out
 
 
 def _progress(total: int, desc: str):
@@ -162,12 +175,11 @@ def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
     dev_plan = boot.plan.devices[boot.index]
     for res, pages in dev_plan.kv_pages.items():
         spec = boot.ir.model.resource(res)
-        # zeroed: synthetic steps read history no request wrote (and a memset is cheap)
-        raw = torch.zeros(pages * spec.page_bytes, dtype=torch.uint8, device=boot.device)
-        boot.caches[res] = raw.view(getattr(torch, spec.dtype)).view(
-            spec.num_layers, pages, 2, spec.page_size, spec.num_kv_heads, spec.head_dim)
+        # by the shape the kernels index, not by the plan's page_bytes, so that a wrong formula shows
+        # as a difference; zeroed: synthetic steps read history no request wrote
+        boot.caches[res] = new_cache(spec, pages, boot.device)
         boot.pages[res] = PageAllocator(pages)
-        boot.measured[f"kv.{res}"] = raw.numel()
+        boot.measured[f"kv.{res}"] = boot.caches[res].untyped_storage().nbytes()
     for comp, nbytes in dev_plan.ledger.items():
         if comp.startswith("workspace."):
             name = comp.split(".", 1)[1]
@@ -178,7 +190,56 @@ def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
             boot.measured[comp] = sum(w.numel() for w in ws)
 
 
-def run_every_rung(boot: DeviceBoot) -> None:
+class LiveBytes(TorchDispatchMode):
+    """Peak bytes of the storages ops create during a step that are alive at once: the step's
+    activations as the CPU kernels allocate them. An op's output storage that none of its inputs
+    had is new (so views and in-place writes into weights, caches and inputs are not); its
+    death is a free. Scratch a kernel allocates and frees inside itself is not seen."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self.alive: dict[int, weakref.ref] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        # torch.tensor(data) fills its storage outside dispatch and shows it first to lift_fresh
+        fresh = func is torch.ops.aten.lift_fresh.default
+        inputs = set() if fresh else {id(t.untyped_storage()) for t in tree_leaves((args, kwargs))
+                                      if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                s = t.untyped_storage()
+                if id(s) not in inputs and id(s) not in self.alive and s.nbytes():
+                    self._born(s)
+        return out
+
+    def _born(self, storage) -> None:
+        sid, n = id(storage), storage.nbytes()
+        self.live += n
+        self.peak = max(self.peak, self.live)
+
+        def died(_ref, sid=sid, n=n):
+            self.alive.pop(sid, None)
+            self.live -= n
+        self.alive[sid] = weakref.ref(storage, died)
+
+
+def run_step(module: torch.nn.Module, ctx: StepContext, inputs: dict) -> tuple[dict, int]:
+    """The step's outputs and its peak live bytes. The cyclic collector is off so that tensors die
+    in refcount order, as the plan's simulation assumes."""
+    rec, collecting = LiveBytes(), gc.isenabled()
+    gc.disable()
+    try:
+        with rec:
+            out = module(ctx, **inputs)
+    finally:
+        if collecting:
+            gc.enable()
+    return out, rec.peak
+
+
+def run_every_rung(boot: DeviceBoot) -> Binder:
     """Eagerly run one synthetic step of every walk at every rung (the CPU boot's check)."""
     binder = Binder(boot)
     todo = [(s, r) for s in boot.steps() for r in boot.plan.nodes[s.node].buckets[s.walk].rungs]
@@ -186,7 +247,7 @@ def run_every_rung(boot: DeviceBoot) -> None:
         for step, rung in todo:
             node = boot.ir.node(step.node)
             inputs = synthetic_inputs(node, step, rung, boot.device)
-            out = boot.modules[step.node](StepContext(binder.bind(step, rung)), **inputs)
+            out, peak = run_step(boot.modules[step.node], StepContext(binder.bind(step, rung)), inputs)
             sizes = step.sizes_at(rung)
             for name, port in node.outputs.items():
                 if tuple(out[name].shape) != port.concrete(sizes):
@@ -195,7 +256,56 @@ def run_every_rung(boot: DeviceBoot) -> None:
                 if out[name].is_floating_point() and not torch.isfinite(out[name]).all():
                     raise RuntimeError(f"{step.node} on {step.walk} at {rung}: output {name} is not finite")
             boot.ran.append(f"{step.node}/{step.walk}/{rung}")
+            boot.step_peaks[boot.ran[-1]] = peak
             bar.update(1)
+    return binder
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, end) byte addresses of a tensor's elements."""
+    if t.numel() == 0:
+        return t.data_ptr(), t.data_ptr()
+    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages the tensors live in."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def check_arena(boot: DeviceBoot, name: str) -> None:
+    """Every parameter and buffer of the node on the device, inside its arena, none overlapping."""
+    arena, module = boot.arenas[name], boot.modules[name]
+    lo, hi = _span(arena)
+    spans = []
+    for tname, t in [*module.named_parameters(), *module.named_buffers()]:
+        a, e = _span(t)
+        if t.device != boot.device or not lo <= a <= e <= hi:
+            boot.faults.append(f"weights.{name}: {tname} ({t.numel() * t.element_size():,} B on {t.device}) "
+                               f"is not in the node's {hi - lo:,} B arena")
+        elif e > a:
+            spans.append((a, e, tname))
+    spans.sort()
+    overlaps = [(cur, prev) for (_, end, prev), (start, _, cur) in zip(spans, spans[1:]) if start < end]
+    if overlaps:
+        boot.faults.append(f"weights.{name}: {len(overlaps)} tensor(s) overlap the one before them in the arena, "
+                           f"first {overlaps[0][0]} over {overlaps[0][1]}")
+
+
+def measure_storages(boot: DeviceBoot, binder: Binder) -> None:
+    """Measured weights, KV and workspaces of a CPU boot: the bytes of the storages the modules'
+    tensors, the caches the steps were bound to and the workspaces really live in, read back from
+    torch rather than from the formulas that sized them (the plan's own), so a tensor outside its
+    arena, an arena or cache of another size, or a pool no step wrote into shows as a difference."""
+    for name, module in boot.modules.items():
+        check_arena(boot, name)
+        tensors = [t for t in [*module.parameters(), *module.buffers()] if t.device == boot.device]
+        boot.measured[f"weights.{name}"] = _storage_bytes(tensors)
+    for res in boot.caches:
+        boot.measured[f"kv.{res}"] = _storage_bytes(binder.kv.get(res, []))
+    for name, slots in boot.workspaces.items():
+        boot.measured[f"workspace.{name}"] = _storage_bytes(slots)
 
 
 def boot_plan(plan: Plan, devices: list[int] | None = None, checkpoint: str | None = None, seed: int = 0,
@@ -224,6 +334,6 @@ def boot_plan(plan: Plan, devices: list[int] | None = None, checkpoint: str | No
     for d in wanted:
         boot = DeviceBoot(plan, d, device, ir)
         allocate(boot, checkpoint, seed)
-        run_every_rung(boot)
+        measure_storages(boot, run_every_rung(boot))
         boots.append(boot)
     return boots

@@ -1,11 +1,14 @@
 """Planned against measured, per device and ledger component; the verdict `graphc check` exits with."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from graphc.runtime.boot import DeviceBoot
 
 TOLERANCE = 0.02   # measured peak may exceed planned by at most 2% (issue 5's bar)
+EXACT = ("weights.", "kv.", "workspace.")   # components sized exactly: a CPU boot measures them exactly
+CPU_SCOPE = ("verifies shapes, finiteness and the real storages of weights, KV and workspaces; activations "
+             "measured on CPU kernels (informational); device memory, allocator, capture pool not measured on CPU")
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,25 @@ class DeviceCheck:
         return not self.missing_graphs and not self.over and not self.over_card
 
 
+@dataclass(frozen=True)
+class CpuCheck(DeviceCheck):
+    """A CPU boot has no device memory to measure: its verdict is the exact components' real storages
+    (every byte, no tolerance) and the arena layout; activations are shown, not judged."""
+
+    faults: list[str] = field(default_factory=list)
+    activations: int = 0          # the largest step's peak live op-output bytes on the CPU kernels
+    activations_step: str = ""
+    scope: str = CPU_SCOPE
+
+    @property
+    def ok(self) -> bool:
+        return super().ok and not self.faults
+
+    @property
+    def planned_activations(self) -> int:
+        return next((r.planned for r in self.rows if r.component == "activations"), 0)
+
+
 def compare(boot: DeviceBoot, tolerance: float = TOLERANCE) -> DeviceCheck:
     dev = boot.plan.devices[boot.index]
     rows = [Row(c, b, boot.measured.get(c)) for c, b in dev.ledger.items()]
@@ -57,5 +79,13 @@ def compare(boot: DeviceBoot, tolerance: float = TOLERANCE) -> DeviceCheck:
     planned = dev.total_bytes - dev.ledger.get("headroom", 0)
     # the device's peak (warm-up included) where the GPU boot measured one, else its end state
     measured = boot.measured.get("_peak_device", boot.measured.get("_device_used"))
-    return DeviceCheck(boot.index, rows, planned, measured, list(dev.capture_order), list(boot.graphs),
-                       list(boot.ran), tolerance, list(boot.notes), boot.plan.target.capacity_bytes)
+    args = (boot.index, rows, planned, measured, list(dev.capture_order), list(boot.graphs), list(boot.ran),
+            tolerance, list(boot.notes), boot.plan.target.capacity_bytes)
+    if boot.device.type != "cpu":
+        return DeviceCheck(*args)
+    faults = list(boot.faults) + [
+        f"{r.component}: its storages hold {r.measured or 0:,} B, the plan says {r.planned:,} B "
+        f"({(r.measured or 0) - r.planned:+,} B)"
+        for r in rows if r.component.startswith(EXACT) and r.measured != r.planned]
+    step = max(boot.step_peaks, key=boot.step_peaks.get, default="")
+    return CpuCheck(*args, faults=faults, activations=boot.step_peaks.get(step, 0), activations_step=step)

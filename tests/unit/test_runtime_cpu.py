@@ -1,4 +1,5 @@
-"""The CPU boot: every rung of every walk runs once, weights load by name, wrong plans are refused."""
+"""The CPU boot: every rung of every walk runs once, weights load by name, wrong plans are refused, and
+the check compares the plan with the storages the boot really holds."""
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,8 @@ from safetensors.torch import save_file
 from graphc.cli import main
 from graphc.errors import InvalidInput
 from graphc.plan import load_plan
-from graphc.runtime.boot import boot_plan, plan_ir
+from graphc.report import render
+from graphc.runtime.boot import LiveBytes, boot_plan, plan_ir
 from graphc.runtime.check import compare
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +27,62 @@ def test_cpu_boot_runs_every_walk_at_every_rung(tiny_plan):
     want = {f"{n}/{w}/{r}" for n, node in tiny_plan.nodes.items() for w, b in node.buckets.items() for r in b.rungs}
     assert set(boot.ran) == want and len(want) == 33
     check = compare(boot)
-    assert check.ok and all(r.measured == r.planned for r in check.rows if r.component.startswith(("weights", "kv")))
+    assert check.ok, check.faults
+    assert all(r.measured == r.planned for r in check.rows if r.component.startswith(("weights", "kv")))
+    assert not check.faults and set(boot.step_peaks) == want and check.activations > 0
+
+
+def test_cpu_check_fails_when_the_ledger_disagrees_with_the_storages(tiny_plan):
+    data = tiny_plan.model_dump()
+    data["devices"][0]["ledger"]["weights.decoder"] -= 256
+    data["devices"][0]["ledger"]["kv.decoder_kv"] *= 2
+    (boot,) = boot_plan(type(tiny_plan).model_validate(data))
+    check = compare(boot)
+    assert not check.ok
+    assert check.faults == ["weights.decoder: its storages hold 428,544 B, the plan says 428,288 B (+256 B)",
+                            "kv.decoder_kv: its storages hold 4,194,304 B, the plan says 8,388,608 B (-4,194,304 B)"]
+    out = render("check.txt.j2", plan=boot.plan, checks=[check], tolerance=0.02)
+    assert "device 0: FAILED" in out and "mismatch: weights.decoder" in out
+
+
+def test_cpu_check_catches_a_tensor_the_arena_formula_misses(monkeypatch):
+    """The compiler and the runtime share the arena formula, so both miss the same tensor; only the
+    storages the module really uses tell."""
+    import graphc.modules
+    import graphc.passes.size_weights
+    import graphc.runtime.build
+    from graphc.pipeline import compile_model, load_model
+
+    monkeypatch.chdir(ROOT)
+    full = graphc.modules.tensors_for_arena
+
+    def drops_inv_freq(module):
+        return [(n, t) for n, t in full(module) if not n.endswith("inv_freq")]
+    monkeypatch.setattr(graphc.modules, "tensors_for_arena", drops_inv_freq)
+    monkeypatch.setattr(graphc.runtime.build, "tensors_for_arena", drops_inv_freq)
+    monkeypatch.setattr(graphc.passes.size_weights, "_CACHE", {})
+    plan = compile_model(load_model("models/tiny_omni.py", "tiny"), "cpu").plan
+    assert plan.devices[0].ledger["weights.decoder"] == 428544 - 256     # the compiler undercounts
+    (boot,) = boot_plan(plan)
+    assert boot.arenas["decoder"].numel() == plan.devices[0].ledger["weights.decoder"]   # and so does the arena
+    check = compare(boot)
+    assert not check.ok
+    # inv_freq (32 fp32) lives in a storage of its own; every other component of the fresh plan agrees
+    assert check.faults == ["weights.decoder: inv_freq (128 B on cpu) is not in the node's 428,288 B arena",
+                            "weights.decoder: its storages hold 428,416 B, the plan says 428,288 B (+128 B)"]
+
+
+def test_live_bytes_counts_new_storages_until_they_die():
+    x = torch.ones(1000)                      # before the step: not counted
+    with torch.inference_mode(), LiveBytes() as rec:
+        y = x * 2                             # +4,000
+        x.view(10, 100).add_(1)               # a view and an in-place write: nothing new
+        z = y[:500] + 1                       # +2,000 (6,000 live)
+        del y                                 # -4,000
+        w = torch.cat([z, z])                 # +4,000 (6,000 live)
+        i = torch.tensor([0] * 250)           # +2,000 int64 from host data (8,000 live)
+        assert rec.live == 8000
+    assert rec.peak == 8000 and w.numel() == i.numel() * 4
 
 
 def test_cpu_boot_loads_a_checkpoint_by_public_names(tiny_plan, tmp_path):
@@ -67,4 +124,5 @@ def test_check_cli(monkeypatch, capsys):
     assert main(["check", "plans/tiny_cpu.plan"]) == 0
     out = capsys.readouterr().out
     assert "device 0: OK" in out and "synthetic steps run: 33" in out
+    assert "CPU check: verifies shapes, finiteness and the real storages" in out
     assert main(["check", "plans/tiny_cpu.plan", "--device", "3"]) == 2
