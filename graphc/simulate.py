@@ -12,8 +12,9 @@ does not (aten._unsafe_view, under every reshape of a non-contiguous tensor) alw
 
 A trace is a pure function of the node, its inputs and its bindings: storages are told apart by
 identity while they live (known ones are held, so no id is reused during a step), the cyclic
-garbage collector is off during a step (frees happen in refcount order only), and a forward
-that leaves storages alive past its step is refused (a later step would not see them again).
+garbage collector is off during a step (frees happen in refcount order; what only a reference
+cycle holds dies at the step's end), and a forward that leaves storages alive past its step is
+refused (a later step would not see them again).
 """
 from __future__ import annotations
 
@@ -183,6 +184,16 @@ class FakeNode:
                 for name, port in ports.items()}
 
     def trace(self, ports: dict[str, Port], sizes: dict[str, int], bindings: dict, where: str) -> Trace:
+        trace, cyclic = self._record(ports, sizes, bindings, where)
+        if cyclic:
+            # torch imports lazily on a process's first forward and leaves a reference cycle that
+            # holds the frame's tensors until collected; once more, so no trace depends on that
+            trace, _ = self._record(ports, sizes, bindings, where)
+        return trace
+
+    def _record(self, ports: dict[str, Port], sizes: dict[str, int], bindings: dict,
+                where: str) -> tuple[Trace, bool]:
+        """The step's trace, and whether reference cycles held some of its storages to its end."""
         inputs = self.inputs(ports, sizes)
         rec = _Recorder(self.known + list(inputs.values()))
         collecting = gc.isenabled()
@@ -204,13 +215,17 @@ class FakeNode:
         finally:
             if collecting:
                 gc.enable()
+        cyclic = rec.live > 0
+        if cyclic:
+            gc.collect()             # what only cycles held dies now, at the step's end
         if rec.live:
             raise InvalidInput(f"{where}: the forward keeps {rec.live:,} B of tensors alive after its step",
-                               "a step must hold nothing past its outputs (module attributes set in forward, "
-                               "reference cycles): a captured graph would pin them in the pool, and the next "
-                               "trace of the same module would not see them again",
+                               "a step must hold nothing past its outputs (module attributes set in forward): "
+                               "a captured graph would pin them in the pool, and the next trace of the same "
+                               "module would not see them again",
                                "compute caches in __init__ as buffers, and free temporaries before returning")
-        return Trace(tuple(rec.events), rec.peak, out_bytes, rec.live, rec.ops, rec.launches, tuple(rec.convs))
+        return Trace(tuple(rec.events), rec.peak, out_bytes, rec.live, rec.ops, rec.launches,
+                     tuple(rec.convs)), cyclic
 
     def _check_outputs(self, out: dict, sizes: dict[str, int], where: str) -> None:
         declared = self.node.outputs

@@ -53,9 +53,9 @@ def graph_buffers(spec: RaggedAttentionSpec | PagedKVSpec, rung: StepShape,
                   device: str | torch.device) -> dict[str, torch.Tensor]:
     """The fixed int32 buffers a captured wrapper reads, named as in spec.wrapper_allocs.
 
-    Paged rungs add append_indices [2, rows] (each new row's sequence, then its position), which
-    wrapper_allocs does not count. A decode rung has no qo_indptr of ours: the decode wrapper
-    keeps its own [seqs + 1] range when it runs on tensor cores and needs none otherwise.
+    Paged rungs add append_indices [2, rows] (each new row's sequence, then its position). A decode
+    rung has no qo_indptr of ours: the decode wrapper keeps its own [seqs + 1] range when it runs on
+    tensor cores (wrapper_allocs counts that one) and needs none otherwise.
     """
     def i32(*shape: int) -> torch.Tensor:
         return torch.zeros(shape, dtype=torch.int32, device=device)

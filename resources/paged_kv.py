@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 from graphc.units import ceil_div
 from resources import flashinfer_sizes as fis
 from resources.base import ResourceSpec, Sized, StepShape
-from resources.capabilities import USES_FLOAT_WORKSPACE
+from resources.capabilities import USES_FLOAT_WORKSPACE, tensor_core_decode
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
 
@@ -81,9 +81,12 @@ class PagedKVSpec(ResourceSpec):
         if backend == "torch":
             return []
         max_pages = shape.seqs * self.pages_for(shape.kv_len)
-        bufs = [("int_workspace", self.int_workspace_bytes), ("qo_indptr", 4 * (shape.seqs + 1)),
-                ("kv_indptr", 4 * (shape.seqs + 1)), ("kv_indices", 4 * max_pages),
-                ("kv_last_page_len", 4 * shape.seqs), ("append_indices", 8 * shape.rows)]
+        bufs = [("int_workspace", self.int_workspace_bytes)]
+        # decode needs no qo_indptr of ours; FlashInfer's decode wrapper keeps one on tensor cores only
+        if shape.phase != "decode" or tensor_core_decode(backend, self.num_qo_heads, self.num_kv_heads):
+            bufs.append(("qo_indptr", 4 * (shape.seqs + 1)))
+        bufs += [("kv_indptr", 4 * (shape.seqs + 1)), ("kv_indices", 4 * max_pages),
+                 ("kv_last_page_len", 4 * shape.seqs), ("append_indices", 8 * shape.rows)]
         if shape.phase != "decode":   # FlashInfer's paged prefill wrapper keeps a kv_lens buffer of its own
             bufs.append(("kv_lens", fis.PREFILL_KV_LENS_BYTES))
         return bufs

@@ -33,14 +33,16 @@ class ResourceSizes:
 
 
 def _shapes(ir: IR, buckets: Buckets, res: str):
-    """Every (step, size) at which a node calls this resource: captured rungs and eager steps."""
+    """Every (step, size) at which a node calls this resource: each captured graph at its family's
+    merged step (what the runtime captures it with: each axis at its largest budget), and every rung
+    of a walk that runs eagerly at some sizes."""
+    for (node, fam), rungs in buckets.captured.items():
+        if res in ir.node(node).resources.values():
+            step = ir.family(node, fam)
+            yield from ((step, r) for r in rungs)
     for s in ir.steps:
-        if res not in ir.node(s.node).resources.values():
-            continue
-        cap = set(buckets.captured.get((s.node, s.family), []))
-        for r in buckets.walk_rungs[(s.node, s.walk)]:
-            if r in cap or (s.node, s.walk) in buckets.eager:
-                yield s, r
+        if res in ir.node(s.node).resources.values() and (s.node, s.walk) in buckets.eager:
+            yield from ((s, r) for r in buckets.walk_rungs[(s.node, s.walk)])
 
 
 def size_resources(ir: IR, backends: Backends, buckets: Buckets) -> ResourceSizes:
@@ -60,7 +62,7 @@ def size_resources(ir: IR, backends: Backends, buckets: Buckets) -> ResourceSize
     workspaces = _workspaces(ir, backends, needs)
     wrappers: dict[tuple[str, str, int], list[tuple[str, str, int]]] = {}
     for (node, fam, rung) in buckets.graphs():
-        step = next(s for s in ir.steps if s.node == node and s.family == fam)
+        step = ir.family(node, fam)        # the runtime sizes a graph's wrapper at its family's step
         bufs = []
         for role, res in ir.node(node).resources.items():
             spec = ir.model.resource(res)

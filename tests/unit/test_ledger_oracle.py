@@ -34,7 +34,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch._dynamo  # noqa: F401  imported before any trace: see the note at the end of the file
 import yaml
 
 from graphc.pipeline import compile_model, load_model
@@ -443,12 +442,8 @@ def test_cpu_plan(cpu):
     expect(dev.total_bytes, ARENA + WORKSPACE + peak(32) + pages * PAGE_BYTES, "cpu total", "the sum of the lines")
 
 
-# ------------------------------------------------------------------ where the compiler disagrees with the runtime
+# ------------------------------------------------------------------ wrappers as the runtime allocates them
 
-@pytest.mark.xfail(strict=True, reason=(
-    "resources/paged_kv.py wrapper_allocs counts a qo_indptr [seqs + 1] int32 for every decode rung, but a "
-    "decode graph has none of ours (flashinfer_backend.graph_buffers) and FlashInfer's decode wrapper only "
-    "allocates one on the tensor-core path: a CUDA-core decode rung is over-counted by 4 x (seqs + 1) B"))
 def test_cuda_core_decode_wrappers_hold_no_qo_indptr():
     plan = compile_model(load_model(MODEL, "cuda_core"), "h100").plan   # 8 query heads on 2: group 4, CUDA cores
     want = sum(n for fam, r in GPU_GRAPHS for _, n in wrapper_buffers(fam, r, decode_qo_indptr=False))
@@ -456,19 +451,9 @@ def test_cuda_core_decode_wrappers_hold_no_qo_indptr():
            "as test_wrappers, less the decode rungs' qo_indptr (4*2 + 4*3 + 4*5 = 40 B) that nothing allocates")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "size_resources sizes a captured graph's wrapper buffers with the FIRST walk's step of its family, but the "
-    "runtime (gpu.Graphs.allocate_wrappers) and simulate_steps use the family's merged step (each axis at its "
-    "largest budget): when walks of one family budget different seqs, the wrappers line is under-counted"))
 def test_wrappers_use_the_family_step():
     # prefill budgets 1 seq and mixed 4: the family prefill:tokens runs its rungs 8/16/24 with 4 seqs
     plan = compile_model(load_model(MODEL, "split_seqs"), "h100").plan
     want = sum(n for fam, r in GPU_GRAPHS for _, n in wrapper_buffers(fam, r, family_seqs=4))
     expect(plan.devices[0].ledger["wrappers.cache"], want, "wrappers.cache with 1- and 4-seq walks in one family",
            "prefill rungs at the family's 4 seqs: qo_indptr and kv_indptr 4*5, kv_indices 4*4*64, last 4*4")
-
-
-# Note on `import torch._dynamo`: torch imports it lazily on the first nn.Linear call of a process; that
-# import leaves a reference cycle holding the calling frames, so under a trace with the cyclic garbage
-# collector off (graphc/simulate.py as being reworked) the first forward of a fresh process would look
-# like it keeps its output alive. Importing it first keeps this test independent of that.
