@@ -109,19 +109,3 @@ def test_paged_prefill_in_chunks_then_decode_matches_float64(seqs, page, seed):
             ref = reference(q, torch.cat(history[i][0]), torch.cat(history[i][1]), causal=True)
             assert rel(out[start:start + n], ref) < 1e-5
             start += n
-
-
-@given(st.lists(st.tuples(st.booleans(), st.integers(0, 9)), max_size=40))
-def test_page_allocator_query_act_pairs(ops):
-    pages = PageAllocator(32)
-    held: list[list[int]] = []
-    for alloc, n in ops:
-        if alloc:
-            ok = pages.can_allocate(n)
-            assert ok == (n <= pages.num_free)
-            if ok:
-                held.append(pages.allocate(n))
-        elif held:
-            pages.free(held.pop(n % len(held)))
-        owned = [p for h in held for p in h]
-        assert len(owned) == len(set(owned)) and len(owned) + pages.num_free == 32
