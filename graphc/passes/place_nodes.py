@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from graphc.allocator import LARGE_BUFFER, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_SIZE
 from graphc.errors import InvalidInput
 from graphc.passes.tally_ledger import DeviceLedger, Sizing, device_resources, overhead_bytes, persistent_allocs, \
     tally_ledger
@@ -118,28 +119,65 @@ def _score(s: Sizing, a: dict[str, int]) -> tuple:
     return (feasible, -overflow, worst if worst != float("inf") else 0, -cross, used)
 
 
+# How far past the device's free bytes a fill pool may still fit: its segment's unused tail can take
+# allocations that would otherwise have opened a segment of their own (at most one 20 MiB segment)
+FILL_WINDOW = LARGE_BUFFER + ROUND_LARGE
+
+
 def fill_pages(s: Sizing, index: int, nodes: list[str]) -> DeviceLedger:
-    """The device's ledger with its fill pools as large as fits (binary search on the bytes they
-    share, since allocator rounding makes the total a step function of the page count)."""
+    """The device's ledger with its fill pools as large as fits.
+
+    The total is not monotone in the pools' size: allocator rounding makes it a step function, and
+    a pool's segment tail can take later allocations, so a bigger pool can cost less (one of 1-10 MiB
+    gets a 20 MiB segment, one over 1 MiB leaves the small pool). It is monotone inside each
+    allocator size band of every pool, and only FILL_WINDOW either side of the free bytes is in
+    doubt: the highest band start that fits, searched down from the top, holds the answer."""
     pools = _fill_pools(s, nodes)
     fixed = _fixed_pages(s, nodes)
     shares = sum(p.fill_share for p in pools)
 
-    def ledger_with(budget: int) -> DeviceLedger:
-        pages = dict(fixed, **{p.name: max(0, int(budget * p.fill_share / shares) // p.page_bytes) for p in pools})
-        return tally_ledger(s, index, nodes, pages)
+    def pages_at(budget: int) -> dict[str, int]:
+        return dict(fixed, **{p.name: max(0, int(budget * p.fill_share / shares) // p.page_bytes) for p in pools})
 
-    empty = ledger_with(0)
-    if not pools or empty.free <= 0:
+    def fits(budget: int) -> bool:
+        return tally_ledger(s, index, nodes, pages_at(budget)).free >= 0
+
+    def largest(lo: int, hi: int) -> int:
+        """The largest budget in [lo, hi) that fits, given that lo does and the total grows between."""
+        while hi - lo > min(p.page_bytes for p in pools):
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+    empty = tally_ledger(s, index, nodes, pages_at(0))
+    if not pools:
         return empty
-    lo, hi = 0, empty.free + 1          # ledger_with(lo) fits; ledger_with(hi) does not
-    while hi - lo > min(p.page_bytes for p in pools):
-        mid = (lo + hi) // 2
-        if ledger_with(mid).free >= 0:
-            lo = mid
-        else:
-            hi = mid
-    return ledger_with(lo)
+    base, top = max(0, empty.free - FILL_WINDOW), max(0, empty.free) + FILL_WINDOW
+    starts = [base] + _band_starts(pools, shares, base, top)
+    ends = starts[1:] + [top + 1]
+    best = next((largest(b, e) for b, e in reversed(list(zip(starts, ends))) if fits(b)), None)
+    if best is None and empty.free >= 0:       # not even `base` fits: search below it
+        best = largest(0, base)
+    return tally_ledger(s, index, nodes, pages_at(best)) if best is not None else empty
+
+
+def _band_starts(pools: list[PagedKVSpec], shares: float, lo: int, hi: int) -> list[int]:
+    """Budgets in (lo, hi] at which some fill pool first enters an allocator size band: past 1 MiB
+    (the small pool's limit), 10 MiB (a segment of its own) or a multiple of 2 MiB (the rounding)."""
+    out = set()
+    for p in pools:
+        share = p.fill_share / shares
+        first, last = int(lo * share), int(hi * share)          # this pool's bytes over the range
+        edges = {e for e in (SMALL_SIZE, MIN_LARGE_ALLOC) if first <= e <= last}
+        edges |= set(range(first - first % ROUND_LARGE, last + 1, ROUND_LARGE))
+        for edge in edges:
+            pages = edge // p.page_bytes + 1                  # the first page count past the edge
+            budget = int(pages * p.page_bytes / share)
+            while int(budget * share) // p.page_bytes < pages:   # float rounding: the least that gives it
+                budget += 1
+            if lo < budget <= hi:
+                out.add(budget)
+    return sorted(out)
 
 
 def place_nodes(s: Sizing) -> Placement:

@@ -49,17 +49,11 @@ def tally(r, index, nodes, pages):
 
 # ------------------------------------------------------------------------------ placement
 
-L40S_TIGHT = ("l40s", 1280 * MiB, 1)       # 1.25 GiB: the pool gets 243 pages, 244..278 fit
-H100_OFF_BY_ONE = ("h100", 1543 * MiB, 1)  # the pool gets 8831 pages, 8832 fit with 2,986 B left
+# Where the device's total is not monotone in the fill pool (a pool's segment tail takes later
+# allocations; a pool past 1 MiB leaves the small pool), so a bisection alone stops short:
+L40S_TIGHT = ("l40s", 1280 * MiB, 1)       # 1.25 GiB: 244..278 pages fit (bisection gave 243 and refused)
+H100_OFF_BY_ONE = ("h100", 1543 * MiB, 1)  # 8832 pages fit with 2,986 B left (bisection gave 8831)
 H100_NOT_MONOTONE = ("h100", 1222 * MiB, 2)  # decoder's device: 11 pages fit, 12..32 do not, 33..256 do
-
-
-def initial_bound_fits(r, d, pools) -> bool:
-    """The precondition of the fill_pages bug below: its binary search assumes the pool at the
-    device's whole free bytes (empty.free + 1, as pages) cannot fit, and never checks it."""
-    empty = tally(r, d.index, d.nodes, {k: (0 if p.pages is None else p.pages) for k, p in pools.items()})
-    hi = {k: (max(0, empty.free + 1) // p.page_bytes if p.pages is None else p.pages) for k, p in pools.items()}
-    return tally(r, d.index, d.nodes, hi).free >= 0
 
 
 @SETTINGS
@@ -89,22 +83,10 @@ def test_placement_never_overfills_and_fill_pools_stop_one_page_short(tiny_small
             continue
         (name,) = fill                                             # the tiny model has one fill pool
         bigger = tally(r, d.index, d.nodes, dict(d.kv_pages, **{name: d.kv_pages[name] + 1}))
-        if initial_bound_fits(r, d, pools):
-            event("fill_pages bug precondition: see FILL_PAGES_BUG")
-            continue
         assert bigger.free < 0, f"{name} holds {d.kv_pages[name]} pages but one more fits"
     # check_fit against the re-tallied ledgers: it fits exactly when no device is over (by a single
     # byte: the examples at 1264 / 1266 MiB) and no pool is short of the longest request
     assert r.fit.fits == (not over and not short)
-
-
-FILL_PAGES_BUG = (
-    "graphc/passes/place_nodes.py fill_pages binary-searches as if the device's total grew with the pool, but the "
-    "allocator model makes it a non-monotone step function (a pool of 1-10 MiB gets a 20 MiB segment whose tail "
-    "later buffers reuse; a pool <= 1 MiB lands in the small pool). (1) hi = empty.free + 1 is assumed not to fit "
-    "and never tallied: l40s capped to 1.25 GiB gets 243 pages and the plan is refused (needs 256) though 256..278 "
-    "fit; h100 capped to 1543 MiB gets 8831 pages though 8832 fit. (2) the search stops at a local edge: h100 "
-    "capped to 1222 MiB on 2 devices gets 11 pages and is refused though 33..256 pages fit")
 
 
 def check_fill_pools_are_maximal_and_fit_matches_brute_force(r, n):
@@ -127,13 +109,11 @@ def check_fill_pools_are_maximal_and_fit_matches_brute_force(r, n):
         assert r.fit.fits or not ok, f"refused, but fits with {dict(zip(nodes, combo))} at the pages it needs"
 
 
-@pytest.mark.xfail(strict=True, reason=FILL_PAGES_BUG)
 @pytest.mark.parametrize("gpu, cap, n", [L40S_TIGHT, H100_OFF_BY_ONE, H100_NOT_MONOTONE])
 def test_known_fill_pages_failures(tiny_small, gpu, cap, n):
     check_fill_pools_are_maximal_and_fit_matches_brute_force(run(tiny_small, gpu, {}, cap, n), n)
 
 
-@pytest.mark.xfail(strict=True, reason=FILL_PAGES_BUG)
 @SETTINGS
 @given(ov=overrides, gpu=gpus, cap=tight_caps, n=st.sampled_from([1, 2]))
 @example(ov={}, gpu=L40S_TIGHT[0], cap=L40S_TIGHT[1], n=L40S_TIGHT[2])
