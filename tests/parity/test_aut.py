@@ -1,5 +1,6 @@
 """The AuT audio encoder against HF's Qwen3-Omni and Qwen3-ASR (-hf) encoders, loaded through graphc's
-checkpoint loader from the safetensors HF itself wrote; several audios packed into one step of W windows."""
+checkpoint loader from the safetensors HF itself wrote (every HF weight re-drawn first, LayerNorms and biases
+included); several audios packed into one step of W windows."""
 import pytest
 import torch
 from transformers.models.qwen3_asr.configuration_qwen3_asr import Qwen3ASRConfig
@@ -18,6 +19,7 @@ from models.components.aut import (QWEN3_ASR_0_6B_AUT, QWEN3_ASR_1_7B_AUT, QWEN3
                                    AuTEncoderHF, attention_spec, node_ports)
 from resources.ragged_attention import RaggedTorch
 from tests.conftest import rel
+from tests.parity.weights import assert_norm_eps_match, randomize
 
 TINY = dict(num_mel_bins=128, d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128,
             output_dim=32, downsample_hidden_size=16, n_window=50, n_window_infer=800)
@@ -26,13 +28,6 @@ CFG = AuTConfig(**TINY)
 FRAMES = [1337, 450, 100, 37, 801, 3]
 W = 9   # the audios take 8 windows: one window of the step stays empty
 
-
-
-def perturb(model):
-    """Move every weight off its init (LayerNorms off 1, biases off 0) so a misplaced tensor shows."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +48,7 @@ def run(module, mels, windows=W):
 def omni(tmp_path_factory):
     torch.manual_seed(0)
     hf = Qwen3OmniMoeAudioEncoder(Qwen3OmniMoeAudioEncoderConfig(**TINY)).eval()
-    perturb(hf)
+    randomize(hf, seed=0)   # every tensor off its init: LayerNorms off 1, biases off 0
     path = tmp_path_factory.mktemp("aut_omni")
     hf.save_pretrained(path)
     ours = AuTEncoder(CFG).eval()
@@ -75,6 +70,10 @@ def test_omni_encoder_matches_hf(omni, mels):
     for a, rows in enumerate(got):
         assert rel(rows, ref[start:start + rows.shape[0]]) < 1e-5, f"audio {a} ({FRAMES[a]} frames)"
         start += rows.shape[0]
+
+
+def test_norm_epsilons_match_hf(omni):
+    assert assert_norm_eps_match(omni[1], omni[0]) == 2 * CFG.encoder_layers + 1
 
 
 def test_long_audio_cut_at_a_window_runs_in_pieces(omni, mels):
@@ -120,12 +119,13 @@ def test_qwen3_asr_hf_encoder_matches(tmp_path, mels):
         audio_config=dict(model_type="qwen3_asr_encoder", **TINY),
         text_config=dict(model_type="qwen3", vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                          num_key_value_heads=1, head_dim=16, intermediate_size=64))).eval()
-    perturb(hf)
+    randomize(hf, seed=0)   # every tensor off its init: LayerNorms off 1, biases off 0
     hf.save_pretrained(tmp_path)
     ours = AuTEncoderHF(CFG).eval()
     report = load_weights(ours, tmp_path, prefix="model.", strict=False)   # model.language_model.* is another node's
     audio = {k for k in hf.state_dict() if k.startswith(("model.audio_tower.", "model.multi_modal_projector."))}
     assert audio and report.used == audio
+    assert_norm_eps_match(ours, hf, lambda name: "model." + name)
 
     padded = 100 * -(-max(FRAMES) // 100)     # the -hf encoder wants a multiple of 100 frames, zero-padded
     features = torch.zeros(len(FRAMES), 128, padded)

@@ -5,8 +5,6 @@ per frame) with narrow channels. Weights are re-drawn with a fixed seed so that 
 matters (HF's init leaves LayerScale at 0.01 and ConvNeXt's gamma at 1e-6), saved with
 save_pretrained and loaded by name with load_weights.
 """
-import math
-
 import pytest
 import torch
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
@@ -21,6 +19,7 @@ from models.components.code2wav import (Code2Wav, Code2WavConfig, attention_spec
                                         plan_chunks, ports)
 from resources.ragged_attention import RaggedTorch
 from tests.conftest import rel
+from tests.parity.weights import assert_norm_eps_match, randomize
 
 CHUNK, CONTEXT, WINDOW = 8, 2, 4       # slots of 8 frames, 2 of them left context; the window is smaller
 TINY = dict(codebook_size=32, num_quantizers=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -34,22 +33,11 @@ def hf_model(sliding_window: int = WINDOW) -> Qwen3OmniMoeCode2Wav:
 
 
 def redraw(model: torch.nn.Module) -> None:
-    """LayerScale/gamma near 1, small biases, unit-gain weights except in the decoder: at unit gain
-    its Snake stack turns fp32 rounding (1e-7) into 6e-5 of waveform; at gain 0.5 only about 5x.
-    The last conv is scaled so that about 1% of the samples reach the clamp."""
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if p.dim() >= 2:
-                gain = 20.0 if name.startswith("decoder.6.") else 0.5 if name.startswith("decoder.") else 1.0
-                p.copy_(noise * gain / math.sqrt(p[0].numel()))
-            elif name.endswith((".alpha", ".beta")):
-                p.copy_(0.1 * noise)
-            elif name.endswith((".scale", ".gamma")) or "norm" in name and name.endswith(".weight"):
-                p.copy_(1 + 0.1 * noise)
-            else:
-                p.copy_(0.01 * noise)
+    """weights.randomize (norms, LayerScale and gamma near 1, every bias nonzero) with small biases and unit-gain
+    weights except in the decoder: at unit gain its Snake stack turns fp32 rounding (1e-7) into 6e-5 of waveform;
+    at gain 0.5 only about 5x. The last conv is scaled so that about 1% of the samples reach the clamp."""
+    randomize(model, seed=0, bias_std=0.01,
+              gain=lambda name: 20.0 if name.startswith("decoder.6.") else 0.5 if name.startswith("decoder.") else 1.0)
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +79,10 @@ def test_two_chunks_in_one_packed_step_match_hf(hf):
     assert 0 < (want.abs() >= 1).float().mean() < 0.2           # the clamp is exercised, not everywhere
     assert rel(got[0], got[1]) > 0.5                            # the two chunks differ
     assert rel(got, want) < 1e-5
+
+
+def test_norm_epsilons_match_hf(hf):
+    assert assert_norm_eps_match(ours(hf[1]), hf[0]) == 7       # 2 x 2 in the layers, the final one, 2 ConvNeXt
 
 
 def test_chunked_decode_of_two_requests_matches_hf(hf):

@@ -5,7 +5,11 @@ loader from the safetensors HF wrote.
 Two sequences are packed per step through PagedTorch (prefill chunks mixed with decode rows), the code
 predictor attends through RaggedTorch; every frame's 16 (here 5) greedy codes and the codec_head logits must
 equal HF's. One prompt carries an image, so its positions are 3-D (mrope.rope_index vs HF's).
+Every HF weight is re-drawn first (norms included), and the node's codec logits and its MoE block (shared
+expert included) also run in bf16 against HF's bf16 run (both measured from HF fp32, weights.py's rule).
 """
+import copy
+
 import pytest
 import torch
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeTalkerConfig
@@ -22,6 +26,8 @@ from resources import PagedKVSpec, RaggedAttentionSpec
 from resources.paged_kv import PageAllocator, PagedTorch, new_cache
 from resources.ragged_attention import RaggedTorch
 from tests.conftest import rel
+from tests.parity.weights import (assert_bf16_close, assert_norm_eps_match, bf16, check_moe_block_bf16, randomize,
+                                  route_to_all_experts)
 
 IMAGE, VISION_START, VISION_END, TTS_PAD = 121, 124, 126, 127
 MEDIA = MediaTokens(audio_token_id=120, image_token_id=IMAGE, video_token_id=122, audio_start_token_id=123,
@@ -64,10 +70,7 @@ def hf_config() -> Qwen3OmniMoeTalkerConfig:
 def pair(tmp_path_factory):
     torch.manual_seed(0)
     hf = Qwen3OmniMoeTalkerForConditionalGeneration(hf_config()).eval()
-    with torch.no_grad():      # HF's _init_weights skips the talker's experts (left torch.empty) and router (zeros)
-        for name, w in hf.named_parameters():
-            if "norm" not in name:
-                w.normal_(0.0, 0.05)
+    randomize(hf, seed=0, bf16_exact=True)   # HF's init leaves the experts torch.empty and the router at zeros
     path = tmp_path_factory.mktemp("talker")
     hf.save_pretrained(path)
     ours = Talker(CFG).eval()
@@ -107,15 +110,22 @@ class Prompt:
         return torch.full((3,), index + self.delta)
 
 
-def hf_generate(hf, p: Prompt, frames: int):
-    """HF's own talker loop, greedy: code 0 per step, every complete frame, and the raw codec logits."""
+def hf_prompt_embeds(hf, p: Prompt) -> torch.Tensor:
+    """The talker's prompt rows [L, H] as HF's generate builds them, in the model's dtype."""
+    dtype = hf.model.codec_embedding.weight.dtype
     with torch.no_grad():
-        text = hf.text_projection(p.thinker_embeds)
-        mm = hf.hidden_projection(p.thinker_hidden)
+        text = hf.text_projection(p.thinker_embeds.to(dtype))
+        mm = hf.hidden_projection(p.thinker_hidden.to(dtype))
         kind = torch.tensor(p.kind)[:, None]
         emb = torch.where(kind == 2, mm, text)
         codec = torch.tensor(p.codec)
-        emb = emb + torch.where((codec >= 0)[:, None], hf.model.codec_embedding(codec.clamp(min=0)), 0.0)
+        return emb + torch.where((codec >= 0)[:, None], hf.model.codec_embedding(codec.clamp(min=0)), 0.0)
+
+
+def hf_generate(hf, p: Prompt, frames: int):
+    """HF's own talker loop, greedy: code 0 per step, every complete frame, and the raw codec logits."""
+    emb = hf_prompt_embeds(hf, p)
+    with torch.no_grad():
         kw = dict(image_grid_thw=torch.tensor([p.grid])) if p.grid else {}
         out = hf.generate(inputs_embeds=emb[None], attention_mask=torch.ones(1, len(p.ids), dtype=torch.long),
                           talker_input_ids=torch.tensor([p.ids]),
@@ -183,13 +193,17 @@ class Engine:
         return result
 
 
-def test_frames_match_hf_generate_with_packed_prefill_and_decode(pair):
-    hf, ours, kv, cp_attn = pair
-    gen = torch.Generator().manual_seed(1)
+def two_prompts(gen: torch.Generator) -> dict[int, Prompt]:
+    """A: 5 text rows; B: text, an image of 6 merged tokens, text. Then 9 assistant rows each."""
     user_a = torch.randint(0, 120, (5,), generator=gen).tolist()
     user_b = (torch.randint(0, 120, (2,), generator=gen).tolist() + [VISION_START] + [IMAGE] * 6 + [VISION_END]
               + torch.randint(0, 120, (2,), generator=gen).tolist())
-    prompts = {0: Prompt(gen, user_a, trailing=3), 1: Prompt(gen, user_b, trailing=2, grid=(1, 4, 6))}
+    return {0: Prompt(gen, user_a, trailing=3), 1: Prompt(gen, user_b, trailing=2, grid=(1, 4, 6))}
+
+
+def test_frames_match_hf_generate_with_packed_prefill_and_decode(pair):
+    hf, ours, kv, cp_attn = pair
+    prompts = two_prompts(torch.Generator().manual_seed(1))
     assert prompts[1].delta < 0                                          # the image compresses positions
     frames = 6
     eng = Engine(ours, kv, cp_attn)
@@ -207,6 +221,70 @@ def test_frames_match_hf_generate_with_packed_prefill_and_decode(pair):
         assert [f["codes"].tolist() for f in ours_frames[:frames - 1]] == full     # HF completes frame k at step k+1
         assert rel(torch.stack([f["logits"] for f in ours_frames]), logits) < 1e-5
         assert all(0 <= c < 64 for f in ours_frames for c in f["codes"][1:].tolist())
+
+
+def test_bf16_codec_logits_match_hf_bf16_within_hf_rounding(pair):
+    """Both prompts prefilled in one packed bf16 step, every row sampled (35 rows, each also running the code
+    predictor); codec logits against HF's model + codec_head on the same rows, fp32 (under 1e-5) and bf16
+    (weights.py's rule), rows routed to all 8 experts (weights.route_to_all_experts). Thinker-side inputs are
+    bf16-exact, one input for all runs.
+    Measured rel error from HF fp32, graphc bf16 / HF bf16 (transformers 5.24, torch 2.13, CPU): 0.0115 / 0.0117;
+    weight seeds 1-3: ratios 0.99-1.05. With top-3 routing instead, one row that picked another expert in
+    graphc's run than in HF's made it 0.0266 / 0.0110 (see route_to_all_experts)."""
+    hf, ours, kv, cp_attn = pair
+    prompts = two_prompts(torch.Generator().manual_seed(7))
+    for p in prompts.values():
+        p.thinker_embeds, p.thinker_hidden = p.thinker_embeds.bfloat16().float(), p.thinker_hidden.bfloat16().float()
+    ids = [p.ids for p in prompts.values()]
+    n, th = sum(map(len, ids)), THINKER_H
+
+    def run(model, dtype):
+        pages = PageAllocator(64)
+        tables = [pages.allocate(kv.pages_for(len(i))) for i in ids]
+        spec = kv.model_copy(update={"dtype": str(dtype).removeprefix("torch.")})
+        cu = code_predictor_cu_seqlens(n, GROUPS)
+        ctx = StepContext({"kv": PagedTorch(spec, new_cache(spec, 64), [len(i) for i in ids], [len(i) for i in ids],
+                                            tables),
+                           "cp_attn": RaggedTorch(cp_attn, cu, cu)})
+        cat = lambda f: torch.cat([f(p) for p in prompts.values()])
+        with torch.no_grad():
+            return model(ctx, embeds=torch.zeros(n, CFG.text_config.hidden_size, dtype=dtype),
+                         positions=torch.cat([p.positions for p in prompts.values()], dim=1),
+                         sample_rows=torch.arange(n),
+                         trailing_text=torch.zeros(n, th, dtype=dtype), codec_ids=cat(lambda p: torch.tensor(p.codec)),
+                         thinker_embeds=cat(lambda p: p.thinker_embeds).to(dtype),
+                         thinker_hidden=cat(lambda p: p.thinker_hidden).to(dtype),
+                         prompt_kind=cat(lambda p: torch.tensor(p.kind)))["logits"]
+
+    def reference(model):
+        with torch.no_grad():
+            return torch.cat([model.codec_head(model.model(inputs_embeds=hf_prompt_embeds(model, p)[None],
+                                                           position_ids=p.positions[:, None]).last_hidden_state)[0]
+                              for p in prompts.values()]).float()
+
+    hf, ours = (route_to_all_experts(copy.deepcopy(m)) for m in (hf, ours))   # top-k: the MoE block test
+    ref = reference(hf)
+    assert rel(run(ours, torch.float32), ref) < 1e-5
+    ours_err, hf_err = assert_bf16_close(run(bf16(ours), torch.bfloat16), reference(bf16(hf)), ref, "codec logits")
+    print(f"talker bf16 codec logits: graphc {ours_err:.3g}, HF {hf_err:.3g}")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bf16_moe_block_with_shared_expert_routes_and_matches_like_hf(pair, seed):
+    """The talker's MoE block (routed experts + sigmoid-gated shared expert) alone in bf16 on 256 rows, router
+    drawn narrow (weights.ROUTER_GAIN) so that a softmax taken in bf16 instead of fp32 swaps experts.
+    Measured rel error from HF fp32, graphc bf16 = HF bf16 (the same ops in the same order), seeds 0/1/2:
+    router weights 0.00165 / 0.00171 / 0.00171, block output 0.00495 / 0.00504 / 0.00492. With the router's
+    softmax in bf16: 20-29 of 256 rows route to other experts, router weights 0.22-0.27 and output 0.155-0.195
+    from fp32, 30-160 x HF's; with the top-k probabilities cast to bf16 before renormalising: 1.73-1.86 x."""
+    hf, ours = pair[:2]
+    errors = check_moe_block_bf16(hf.model.layers[0].mlp, ours.model.layers[0].mlp, seed=seed)
+    print(f"talker MoE block bf16 seed {seed}:", {k: f"graphc {g:.3g}, HF {h:.3g}" for k, (g, h) in errors.items()})
+
+
+def test_norm_epsilons_match_hf(pair):
+    t, cp = CFG.text_config, CFG.code_predictor_config
+    assert assert_norm_eps_match(pair[1], pair[0]) == 4 * (t.num_hidden_layers + cp.num_hidden_layers) + 2
 
 
 def test_code0_is_restricted_to_the_codebook_and_eos(pair):

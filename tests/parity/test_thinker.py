@@ -4,8 +4,11 @@ checkpoint loader from the safetensors HF wrote (per-expert tensors fused on loa
 Covers: chunked prefill of two packed sequences plus decode rows through PagedTorch, the audio and visual
 splices (random encoder rows stand in for the encoders), deepstack, M-RoPE positions (mrope.rope_index vs
 HF's get_rope_index, audio-in-video included), the talker-facing outputs, greedy generation, and a fake
-(meta) trace of the node for the compiler.
+(meta) trace of the node for the compiler. Every HF weight is re-drawn first (norms included), and the node
+and its MoE block also run in bf16 against HF's bf16 run (both measured from HF fp32, weights.py's rule).
 """
+import copy
+
 import pytest
 import torch
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeThinkerConfig
@@ -21,6 +24,8 @@ from models.components.thinker import THINKER_30B_A3B, Thinker, ThinkerConfig, t
 from resources import PagedKVSpec
 from resources.paged_kv import PageAllocator, PagedTorch, new_cache
 from tests.conftest import rel
+from tests.parity.weights import (assert_bf16_close, assert_norm_eps_match, bf16, check_moe_block_bf16, randomize,
+                                  route_to_all_experts)
 
 AUDIO, IMAGE, VIDEO, AUDIO_START, VISION_START, AUDIO_END, VISION_END = 120, 121, 122, 123, 124, 125, 126
 MEDIA = MediaTokens(audio_token_id=AUDIO, image_token_id=IMAGE, video_token_id=VIDEO, audio_start_token_id=AUDIO_START,
@@ -54,6 +59,7 @@ def hf_config() -> Qwen3OmniMoeThinkerConfig:
 def pair(tmp_path_factory):
     torch.manual_seed(0)
     hf = Qwen3OmniMoeThinkerForConditionalGeneration(hf_config()).eval()
+    randomize(hf, seed=0, bf16_exact=True)
     path = tmp_path_factory.mktemp("thinker")
     hf.save_pretrained(path)
     ours = Thinker(CFG).eval()
@@ -90,8 +96,9 @@ class Engine:
         self.alloc = PageAllocator(64)
         self.tables, self.lens = {}, {}
 
-    def step(self, seqs: dict[int, Seq], chunks: dict[int, int]) -> dict[str, torch.Tensor]:
-        """chunks: sequence id -> rows to run from where it stands; media: (audio_embeds, visual_embeds, deepstack)."""
+    def step(self, seqs: dict[int, Seq], chunks: dict[int, int], every_row: bool = False) -> dict[str, torch.Tensor]:
+        """chunks: sequence id -> rows to run from where it stands; media: (audio_embeds, visual_embeds, deepstack).
+        Logits of each chunk's last row, or of every row of the step."""
         ids, pos, arows, vrows, qo, kv, tables, sample = [], [], [], [], [], [], [], []
         for sid, n in chunks.items():
             s, table, start = seqs[sid], self.tables.setdefault(sid, []), self.lens.get(sid, 0)
@@ -102,7 +109,7 @@ class Engine:
             vrows += s.visual_rows[start:start + n]
             self.lens[sid] = start + n
             qo.append(n), kv.append(start + n), tables.append(table)
-            sample.append(len(ids) - 1)
+            sample += range(len(ids) - n, len(ids)) if every_row else [len(ids) - 1]
         inputs = dict(token_ids=torch.tensor(ids), positions=torch.cat(pos, dim=1), sample_rows=torch.tensor(sample))
         if self.media is not None:
             audio, visual, deepstack = self.media
@@ -131,6 +138,17 @@ def multimodal_prompts():
     return dict(a=a, b=b, mel=mel, n_audio=n_audio, img_a=img_a, img_b=img_b, vid_b=vid_b)
 
 
+def multimodal_seqs(p) -> dict[int, Seq]:
+    """The two prompts of multimodal_prompts as Seqs: audio rows from row 3 on, B's visual rows after A's 6."""
+    seqs = {}
+    for sid, ids, kw, voff in ((0, p["a"], dict(audio_lengths=[p["n_audio"]], image_grid_thw=[p["img_a"]]), 0),
+                               (1, p["b"], dict(image_grid_thw=[p["img_b"]], video_grid_thw=[p["vid_b"]],
+                                                video_second_per_grid=[1.0]), 6)):
+        pos, delta = rope_index(ids, MEDIA, **kw)
+        seqs[sid] = Seq(ids, pos, delta, running_index(ids, {AUDIO}, 3), running_index(ids, {IMAGE, VIDEO}, voff))
+    return seqs
+
+
 def hf_positions(hf, ids, **kw) -> torch.Tensor:
     pos, _ = hf.model.get_rope_index(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                      **kw)
@@ -150,6 +168,7 @@ def hf_forward(hf, ids, positions, audio, audio_rows, visual, visual_rows, deeps
     lm = hf.model.language_model
     ids_t = torch.tensor([ids])
     emb = lm.embed_tokens(ids_t)
+    audio, visual, deepstack = (t.to(emb.dtype) for t in (audio, visual, deepstack))
     amask = torch.tensor([[r >= 0 for r in audio_rows]])
     vmask = torch.tensor([[r >= 0 for r in visual_rows]])
     arows = [r for r in audio_rows if r >= 0]
@@ -159,7 +178,7 @@ def hf_forward(hf, ids, positions, audio, audio_rows, visual, visual_rows, deeps
     with torch.no_grad():
         out = lm(inputs_embeds=emb, position_ids=positions[:, None], visual_pos_masks=vmask,
                  deepstack_visual_embeds=[d[vrows] for d in deepstack], output_hidden_states=True)
-        logits = hf.lm_head(out.last_hidden_state)[0]
+        logits = hf.lm_head(out.last_hidden_state)[0].float()
     return logits, out.hidden_states[0][0], out.hidden_states[CFG.accept_hidden_layer][0]
 
 
@@ -171,13 +190,7 @@ def test_prefill_chunks_and_decode_with_audio_image_video_and_deepstack_match_hf
     audio = torch.randn(p["n_audio"] + 3, h)                            # 3 spare rows: indices need not start at 0
     n_vis = 6 + 2 + 8
     visual, deepstack = torch.randn(n_vis, h), torch.randn(DEEPSTACK, n_vis, h)
-    vis_tokens = {IMAGE, VIDEO}
-    seqs = {}
-    for sid, ids, kw, voff in ((0, p["a"], dict(audio_lengths=[p["n_audio"]], image_grid_thw=[p["img_a"]]), 0),
-                               (1, p["b"], dict(image_grid_thw=[p["img_b"]], video_grid_thw=[p["vid_b"]],
-                                                video_second_per_grid=[1.0]), 6)):
-        pos, delta = rope_index(ids, MEDIA, **kw)
-        seqs[sid] = Seq(ids, pos, delta, running_index(ids, {AUDIO}, 3), running_index(ids, vis_tokens, voff))
+    seqs = multimodal_seqs(p)
     want_a = hf_positions(hf, p["a"], image_grid_thw=torch.tensor([p["img_a"]]),
                           audio_seqlens=torch.tensor([p["mel"]]))
     want_b = hf_positions(hf, p["b"], image_grid_thw=torch.tensor([p["img_b"]]),
@@ -229,6 +242,11 @@ def test_text_only_step_leaves_the_media_groups_out(pair):
     assert set(out) == {"logits", "embeds", "hidden"} and rel(out["logits"][0], ref) < 1e-5
 
 
+def test_norm_epsilons_match_hf(pair):
+    n = assert_norm_eps_match(pair[1], pair[0], lambda name: name.replace("model.", "model.language_model.", 1))
+    assert n == 4 * CFG.num_hidden_layers + 1
+
+
 def test_greedy_tokens_match_hf_generate(pair):
     hf, ours, spec = pair
     prompt = text(6, torch.Generator().manual_seed(4))
@@ -244,6 +262,51 @@ def test_greedy_tokens_match_hf_generate(pair):
         s.append(got[-1])
         logits = eng.step({0: s}, {0: 1})["logits"]
     assert got == want
+
+
+def test_bf16_node_matches_hf_bf16_within_hf_rounding(pair):
+    """Both multimodal prompts prefilled in two packed chunks through a bf16 cache; logits of every row and
+    the talker-facing outputs against HF's bf16 run, both measured from HF fp32 (weights.py's rule). Rows are
+    routed to all 8 experts in both runs (weights.route_to_all_experts).
+    Measured rel error from HF fp32, graphc bf16 / HF bf16 (transformers 5.24, torch 2.13, CPU): logits
+    0.00915 / 0.00932, hidden 0.00635 / 0.00633; embeds 0 / 0 (bf16-exact weights and media rows). Weight seeds
+    1-3 gave logits ratios 0.98-1.03. With top-3 routing instead, rows that pick other experts than fp32's
+    took both errors to 0.047, a count of swaps rather than rounding (see route_to_all_experts)."""
+    hf, ours, spec = pair
+    hf = route_to_all_experts(copy.deepcopy(hf))          # see route_to_all_experts; top-k: the MoE block test
+    hf16, ours16 = bf16(hf), route_to_all_experts(bf16(ours))
+    p = multimodal_prompts()
+    g = torch.Generator().manual_seed(6)
+    h = CFG.hidden_size
+    audio = torch.randn(p["n_audio"] + 3, h, generator=g).bfloat16()      # bf16-exact: one input for both runs
+    visual = torch.randn(16, h, generator=g).bfloat16()
+    deepstack = torch.randn(DEEPSTACK, 16, h, generator=g).bfloat16()
+    seqs = multimodal_seqs(p)
+    eng = Engine(ours16, spec.model_copy(update={"dtype": "bfloat16"}), media=(audio, visual, deepstack))
+    la, lb = len(p["a"]), len(p["b"])
+    first = eng.step(seqs, {0: 12, 1: 9}, every_row=True)
+    second = eng.step(seqs, {0: la - 12, 1: lb - 9}, every_row=True)
+    got = {k: torch.cat([first[k][:12], second[k][:la - 12], first[k][12:], second[k][la - 12:]])
+           for k in ("logits", "embeds", "hidden")}
+    ref, ref16 = ([torch.cat(t) for t in zip(*(hf_forward(model, s.ids, s.positions, audio.float(), s.audio_rows,
+                                                          visual.float(), s.visual_rows, deepstack.float())
+                                                for s in seqs.values()))] for model in (hf, hf16))
+    for name, want, want16 in zip(("logits", "embeds", "hidden"), ref, ref16):
+        ours_err, hf_err = assert_bf16_close(got[name], want16, want, name)
+        print(f"thinker bf16 {name}: graphc {ours_err:.3g}, HF {hf_err:.3g}")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bf16_moe_block_routes_and_matches_like_hf(pair, seed):
+    """The thinker's MoE block alone in bf16 on 256 rows, router drawn narrow (weights.ROUTER_GAIN) so that a
+    softmax taken in bf16 instead of fp32 swaps experts. Measured rel error from HF fp32, graphc bf16 = HF bf16
+    (the same ops in the same order), seeds 0/1/2: router weights 0.00169 / 0.00167 / 0.00165, block output
+    0.00466 / 0.00473 / 0.00502. With the router's softmax in bf16 (moe.py's dtype=torch.float32 dropped):
+    24-26 of 256 rows route to other experts, router weights 0.245-0.25 and output 0.197-0.229 from fp32,
+    40-150 x HF's; with the top-k probabilities cast to bf16 before renormalising: router weights 1.72-1.86 x."""
+    hf, ours = pair[:2]
+    errors = check_moe_block_bf16(hf.model.language_model.layers[0].mlp, ours.model.layers[0].mlp, seed=seed)
+    print(f"thinker MoE block bf16 seed {seed}:", {k: f"graphc {g:.3g}, HF {h:.3g}" for k, (g, h) in errors.items()})
 
 
 def test_positions_match_hf_for_audio_in_video_and_trailing_items(pair):

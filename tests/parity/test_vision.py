@@ -18,6 +18,7 @@ from models.components.vision_inputs import (VisionProcessing, build_step, merge
 from resources import RaggedAttentionSpec
 from resources.ragged_attention import RaggedTorch
 from tests.conftest import rel
+from tests.parity.weights import assert_norm_eps_match, randomize
 
 HF_CFG = dict(depth=4, hidden_size=32, num_heads=4, intermediate_size=64, patch_size=16, temporal_patch_size=2,
               spatial_merge_size=2, out_hidden_size=48, num_position_embeddings=64, deepstack_visual_indexes=[1, 2, 3])
@@ -30,9 +31,7 @@ PROC = VisionProcessing(video_min_pixels=4 * 32 * 32, video_max_pixels=64 * 32 *
 def towers(tmp_path_factory):
     torch.manual_seed(0)
     hf = Qwen3OmniMoeVisionEncoder(Qwen3OmniMoeVisionEncoderConfig(**HF_CFG)).eval()
-    with torch.no_grad():            # HF's init leaves norms at 1 / 0 and biases at 0: make every tensor matter
-        for p in hf.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    randomize(hf, seed=0)            # HF's init leaves norms at 1 / 0 and biases at 0: make every tensor matter
     path = tmp_path_factory.mktemp("vision")
     hf.save_pretrained(path)
     cfg = VisionConfig.from_hf(hf.config.to_dict())
@@ -67,6 +66,11 @@ def test_packed_step_matches_hf(towers, items):
     assert rel(out["embeds"], ref.pooler_output) < 1e-5
     for k, feature in enumerate(ref.deepstack_features):
         assert rel(out["deepstack"][k], feature) < 1e-5
+
+
+def test_norm_epsilons_match_hf(towers):
+    depth, deepstack = HF_CFG["depth"], HF_CFG["deepstack_visual_indexes"]
+    assert assert_norm_eps_match(towers[1], towers[0]) == 2 * depth + 1 + len(deepstack)
 
 
 def test_padding_the_step_leaves_real_rows_unchanged(towers, items):
