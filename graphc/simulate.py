@@ -43,7 +43,6 @@ class Trace:
     events: tuple[tuple[int, int, int], ...]   # (1 alloc | 0 free, key, nbytes)
     peak_bytes: int                            # peak of live raw bytes during the step
     output_bytes: int                          # bytes of the returned outputs
-    retained_bytes: int                        # bytes still alive after the outputs are dropped
     num_ops: int
     launches: int = 0                          # ops that write memory (not pure views): kernels a graph holds
     convs: tuple[tuple[int, str], ...] = ()    # (events before it, signature) of each convolution
@@ -224,8 +223,7 @@ class FakeNode:
                                "a captured graph would pin them in the pool, and the next trace of the same "
                                "module would not see them again",
                                "compute caches in __init__ as buffers, and free temporaries before returning")
-        return Trace(tuple(rec.events), rec.peak, out_bytes, rec.live, rec.ops, rec.launches,
-                     tuple(rec.convs)), cyclic
+        return Trace(tuple(rec.events), rec.peak, out_bytes, rec.ops, rec.launches, tuple(rec.convs)), cyclic
 
     def _check_outputs(self, out: dict, sizes: dict[str, int], where: str) -> None:
         declared = self.node.outputs

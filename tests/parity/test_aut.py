@@ -153,7 +153,7 @@ def test_forward_traces_on_meta_tensors(module):
     bindings = {"attn": spec.fake(spec.step_shape("windows", sizes, "prefill"))}
     trace = FakeNode(node).trace(node.inputs, sizes, bindings, "audio_encoder")
     assert inputs["mel"].concrete(sizes) == (16, 128, 100) and inputs["rows"].concrete(sizes) == (208,)
-    assert trace.output_bytes == 2 * 104 * 32 * 4 and trace.retained_bytes == 0 and trace.peak_bytes > 0
+    assert trace.output_bytes == 2 * 104 * 32 * 4 and trace.peak_bytes > 0
 
 
 @pytest.mark.parametrize("cfg, params", [(QWEN3_OMNI_AUT, 647_927_168), (QWEN3_ASR_0_6B_AUT, 186_376_192),

@@ -308,7 +308,7 @@ def test_node_traces_on_meta_tensors(pair, groups):
     bindings = {"kv": kv.fake(kv.step_shape("tokens", sizes, "prefill")),
                 "cp_attn": cp_attn.fake(cp_attn.step_shape("seqs", sizes, "prefill"))}
     t = FakeNode(node).trace(ports, sizes, bindings, "talker")
-    assert t.retained_bytes == 0 and t.peak_bytes > 0
+    assert t.peak_bytes > 0
     assert t.output_bytes == 3 * (CFG.text_config.vocab_size * 4 + GROUPS * 8 + CFG.text_config.hidden_size * 2)
 
 

@@ -341,7 +341,7 @@ def test_node_traces_on_meta_tensors(groups):
     ports = {k: p for k, p in node.inputs.items() if p.optional is None or p.optional in groups}
     bindings = {"kv": spec.fake(spec.step_shape("tokens", sizes, "prefill"))}
     t = FakeNode(node).trace(ports, sizes, bindings, "thinker")
-    assert t.retained_bytes == 0 and t.peak_bytes > 0
+    assert t.peak_bytes > 0
     assert t.output_bytes == 3 * CFG.vocab_size * 4 + 2 * 24 * CFG.hidden_size * 2
 
 

@@ -31,7 +31,7 @@ def _conv_trace() -> Trace:
         del x
         z = y + 1
         del y, z
-    return Trace(tuple(rec.events), rec.peak, 0, rec.live, rec.ops, rec.launches, tuple(rec.convs))
+    return Trace(tuple(rec.events), rec.peak, 0, rec.ops, rec.launches, tuple(rec.convs))
 
 
 def test_measured_workspace_is_allocated_where_the_convolution_runs(monkeypatch):
