@@ -44,7 +44,6 @@ class Allocator:
     def __init__(self) -> None:
         self.reserved = 0
         self.allocated = 0
-        self.peak_allocated = 0
         self._segments: list[list[_Block]] = []
         self._seg_small: list[bool] = []
         self._free: dict[bool, list[tuple[int, int, int]]] = {True: [], False: []}  # (size, seg, offset)
@@ -76,7 +75,6 @@ class Allocator:
             bisect.insort(free, (tail.size, tail.seg, tail.offset))
         self._live[key] = block
         self.allocated += block.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
 
     def free(self, key: object) -> None:
         block = self._live.pop(key)

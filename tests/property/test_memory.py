@@ -199,7 +199,6 @@ class ReferenceAllocator:
 
     def __init__(self):
         self.segments = []        # [is_small, bytes, blocks]
-        self.peak = 0
 
     @property
     def reserved(self):
@@ -232,7 +231,6 @@ class ReferenceAllocator:
             blocks[bi:bi + 1] = [[off, size, key], [off + size, rest, None]]
         else:
             blocks[bi][2] = key
-        self.peak = max(self.peak, self.allocated)
 
     def free(self, key):
         for seg in self.segments:
@@ -285,4 +283,3 @@ def test_allocator_matches_a_reference_allocator_event_by_event(trace):
             ref.free(key)
         assert (model.reserved, model.allocated) == (ref.reserved, ref.allocated), i
         assert layout(model) == [[(size, owner is None) for _, size, owner in seg[2]] for seg in ref.segments], i
-    assert model.peak_allocated == ref.peak
