@@ -87,3 +87,47 @@ def test_default_ladder_matches_brute_force(limit):
 def test_default_ladder_by_hand():
     assert default_ladder(100) == [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96]
     assert default_ladder(7) == [1, 2, 4]
+
+
+def test_default_ladder_rungs_are_ints():
+    """Midpoints are 1.5 x 2^k computed in integers: a plan's rungs are step sizes, never 12.0."""
+    for limit in (7, 12, 100, 6144):
+        ladder = default_ladder(limit)
+        assert all(type(r) is int for r in ladder), ladder
+        assert all(type(r) is int for r in rungs_for(limit + 5))
+
+
+# ------------------------------------------------------------------ why each walk has its rungs
+
+def _why(gpu: str, overrides: dict | None = None) -> dict[str, str]:
+    """choose_buckets' why per walk of the oracle model's one node (tests/oracle_model.py)."""
+    from graphc.overrides import apply_overrides
+    from graphc.passes.choose_buckets import choose_buckets
+    from graphc.passes.verify_graph import verify_graph
+    from graphc.targets import get_target
+    from tests import oracle_model
+
+    model = apply_overrides(oracle_model.declare(), overrides or {})
+    return {w: text for (_, w), text in choose_buckets(verify_graph(model, get_target(gpu), 1)).why.items()}
+
+
+DEFAULT = "the default ladder (1,2,4,8 then 2^k and 1.5x2^k)"
+RUNGS = {"prefill": "tokens budget 24 on walk prefill: rungs of ladder [8] below it, then 24 itself",
+         "mixed": "tokens budget 32 on walk mixed: rungs of ladder [8, 16] below it, then 32 itself",
+         "decode": f"seqs budget 4 on walk decode: rungs of {DEFAULT} below it, then 4 itself"}
+EAGER = "; not captured (the walk or target runs eagerly)"
+
+
+def test_why_of_captured_walks():
+    """On a GPU prefill and decode capture every rung; mixed is cut by its capture_limit of 16."""
+    assert _why("h100") == {"prefill": RUNGS["prefill"], "decode": RUNGS["decode"],
+                            "mixed": RUNGS["mixed"] + "; captured up to 16 (capture_limit), larger steps run eagerly"}
+
+
+def test_why_of_walks_that_are_not_captured():
+    """The cpu target captures nothing; on a GPU a walk declared capture=False neither (and its
+    capture_limit no longer matters)."""
+    assert _why("cpu") == {w: text + EAGER for w, text in RUNGS.items()}
+    uncaptured = _why("h100", {"walks": {"mixed": {"capture": False}, "decode": {"capture": False}}})
+    assert uncaptured == {"prefill": RUNGS["prefill"], "mixed": RUNGS["mixed"] + EAGER,
+                          "decode": RUNGS["decode"] + EAGER}

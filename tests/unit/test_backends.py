@@ -75,3 +75,51 @@ def test_padded_head_dim_sizes_the_float_workspace(tiny):
     at72 = spec.float_workspace("fa2", shape, 132).bytes
     at128 = spec.float_workspace("fa2", shape, 132, head_dim=128).bytes
     assert at128 > 20 * 2**20 > at72
+
+
+def choices(model, gpu):
+    return select_backends(verify_graph(model, get_target(gpu), 1)).chosen
+
+
+def test_why_says_whether_the_backend_was_requested(tiny):
+    auto = choices(tiny.model, "h100")["encoder_attn"]
+    assert auto.why == "auto: first in preference order; sm_90 ragged_attention has fa3, fa2, cudnn"
+    m = apply_overrides(tiny.model, {"resources": {"encoder_attn": {"backend": "fa2"}}})
+    asked = choices(m, "h100")["encoder_attn"]
+    assert (asked.prefill, asked.decode) == ("fa2", "fa2")
+    assert asked.why == "requested 'fa2'; sm_90 ragged_attention has fa3, fa2, cudnn"
+
+
+def test_resources_that_are_not_attention_are_skipped_wherever_they_are_declared():
+    """A workspace declared before the attention resource that uses it: the pass steps over it and
+    still chooses backends for what follows."""
+    import graphc as gc
+    from tests import oracle_model
+
+    m = oracle_model.declare()
+    ws, cache = m.resource("ws"), m.resource("cache")
+    first = gc.Model.model_validate({**m.__dict__, "resources": (ws, cache)})
+    chosen = choices(first, "h100")
+    assert set(chosen) == {"cache"} and (chosen["cache"].prefill, chosen["cache"].decode) == ("fa3", "fa2")
+
+
+def test_a_requested_decode_backend_is_never_padded(tiny):
+    """On sm_100 trtllm-gen prefills any head dim; fa2 would decode 96 only zero-padded to 128, which a
+    KV cache (stored at its real head dim) cannot be: refused, where 'auto' keeps trtllm-gen."""
+    m = apply_overrides(tiny.model, {"resources": {"decoder_kv": {"head_dim": 96}}})
+    auto = choices(m, "b200")["decoder_kv"]
+    assert (auto.prefill, auto.decode, auto.head_dim) == ("trtllm-gen", "trtllm-gen", 96)
+    m = apply_overrides(tiny.model, {"resources": {"decoder_kv": {"head_dim": 96, "decode_backend": "fa2"}}})
+    with pytest.raises(InvalidInput, match="backend 'fa2' has no kernels for head_dim 96") as e:
+        choices(m, "b200")
+    assert "--set resources.decoder_kv.decode_backend=auto" in str(e.value)
+
+
+def test_padded_head_dim_is_noted_only_when_padded(tiny):
+    native = choices(tiny.model, "h100")["encoder_attn"]
+    assert native.head_dim == 64 and "zero-padded" not in native.why
+    m = apply_overrides(tiny.model, {"resources": {"encoder_attn": {"head_dim": 72}}})
+    padded = choices(m, "h100")["encoder_attn"]
+    assert (padded.prefill, padded.head_dim) == ("fa3", 128)
+    assert padded.why == ("auto: first in preference order; sm_90 ragged_attention has fa3, fa2, cudnn; "
+                          "fa3 takes no head_dim 72: runs zero-padded to 128")
