@@ -9,6 +9,7 @@ from graphc.errors import GraphcError
 from graphc.overrides import merge
 from graphc.passes.choose_buckets import rungs_for
 from graphc.units import MiB, fmt_bytes, round_up
+from resources.paged_kv import PagedKVSpec
 from resources.workspace import WorkspaceSpec
 
 ENCODER_AXES = ("windows", "patches", "frames")
@@ -114,10 +115,17 @@ def _kv_short(result) -> int:
     return sum(1 for p in result.fit.problems if p.over_bytes == 0)
 
 
+def _held(result, devices: set[int]) -> int:
+    """What these devices hold besides their fill KV pools, which take whatever is left: a remedy
+    that frees memory on a device whose fill pool is short shows as more pages, not a smaller total."""
+    fill = {r.name for r in result.sizing.ir.model.resources if isinstance(r, PagedKVSpec) and r.pages is None}
+    return sum(d.total - sum(d.get(f"kv.{name}") for name in fill) for d in result.placement.devices
+               if d.index in devices)
+
+
 def evaluate(result, overrides: dict, replan: Callable) -> list[Remedy]:
     """Re-plan each candidate and measure it."""
     bad = {p.device for p in result.fit.problems}
-    base_total = sum(d.total for d in result.placement.devices if d.index in bad)
     remedies = []
     for change, extra, flags, why, trim in candidates(result):
         try:
@@ -127,7 +135,7 @@ def evaluate(result, overrides: dict, replan: Callable) -> list[Remedy]:
         if flags:
             freed = _over(result) - _over(new)
         else:
-            freed = base_total - sum(d.total for d in new.placement.devices if d.index in bad)
+            freed = _held(result, bad) - _held(new, bad)
         improves = _over(new) < _over(result) or _kv_short(new) < _kv_short(result)
         if new.fit.fits or improves:
             remedies.append(Remedy(change, extra, flags, freed, new.fit.fits, why, trim))

@@ -30,7 +30,7 @@ FLASHINFER_TRANSIENT_INT_WORKSPACE = 8 << 20
 class Item:
     component: str
     bytes: int
-    source: str      # exact | formula | simulated | calibrated | policy
+    source: str      # exact | formula | declared | simulated | calibrated | policy
     detail: str
 
 

@@ -483,9 +483,6 @@ def test_fit_is_bounded(monkeypatch):
 
 # ------------------------------------------------------------------ a fill pool that is too short
 
-@pytest.mark.xfail(strict=True, reason="freed is the drop in the device's total, and a fill pool takes back "
-                                       "whatever a remedy frees: every remedy for a short fill pool reports "
-                                       "~0 B freed, and the ranking among those that fit is noise")
 def test_remedies_for_a_short_fill_pool_report_what_they_free():
     """A fill pool (pages=None) left 50 of the 64 pages a request needs. Letting the compiler size
     the 2 x 64 MiB workspace frees over 100 MiB (54 more pages of 2 MiB, the most of any remedy);
