@@ -10,12 +10,13 @@ bitwise operator swapped (+ -, * /, // /, % /, ** *, << >>, & |) and each augmen
 and/or swapped, `not` and unary minus dropped, every integer and float constant n -> n + 1,
 True <-> False, min <-> max, break <-> continue, and string constants that are compared, used as
 keys or looked up (prefixed "XX"). Messages are not mutated: f-strings, and whatever a raise,
-print or tqdm call is given. Beside those, the named mutants of issue 9 (HAND below) are planted
+print or tqdm call is given; nor are annotations and decorators. Beside those, the named mutants of issue 9 (HAND below) are planted
 as written.
 
-Which tests run: the test ids that cover the mutated lines, found by one coverage run with a context
-per test (module-level lines, run at import, take every test covering the file), fastest first,
-stopping at the first failure. tests/golden (snapshots that only say "regenerate") and tests/gpu
+Which tests run: every test of each test file that covers the mutated lines, found by one coverage
+run with a context per test and the memo tables cleared before each (module-level lines, run at
+import, take every file covering the file), those that killed the file's mutants so far first, then
+the fastest, stopping at the first failure. tests/golden (snapshots that only say "regenerate") and tests/gpu
 are left out: a mutant counts as killed only by a test that checks a number or a behaviour.
 Hypothesis runs derandomized without its example database, so a result does not depend on luck or
 on which mutant ran before. A mutant whose tests run past a time limit counts as killed (timeout).
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
+import hashlib
 import json
 import os
 import signal
@@ -43,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ["graphc/passes", "graphc/allocator.py", "graphc/simulate.py", "resources/paged_kv.py",
            "models/components/moe.py"]
 TEST_DIRS = ["tests/unit", "tests/property", "tests/parity"]
+RECORD_TEST = "tests/unit/test_mutation_record.py"   # checks this tool's own output: not a test of the code
 PRELOAD = ["torch", "transformers", "hypothesis", "pytest", "networkx", "pydantic", "yaml", "safetensors",
            "jinja2", "tqdm", "numpy", "transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe",
            "transformers.models.qwen3_asr.modeling_qwen3_asr", "transformers.models.qwen3.modeling_qwen3"]
@@ -112,12 +115,14 @@ class _Spans:
 
 
 def _quiet(tree: ast.AST) -> set[int]:
-    """ids of nodes inside messages (f-strings, raise statements, docstrings, print/tqdm calls) and
-    annotations (never evaluated under `from __future__ import annotations`)."""
+    """ids of nodes inside messages (f-strings, raise statements, docstrings, print/tqdm calls),
+    annotations (never evaluated under `from __future__ import annotations`) and decorators."""
     out: set[int] = set()
     for n in ast.walk(tree):
         notes = [n.annotation] if isinstance(n, (ast.arg, ast.AnnAssign)) and n.annotation is not None else []
         notes += [n.returns] if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.returns else []
+        # decorators: dataclass(frozen=True) and the like change nothing unless code breaks the rule
+        notes += n.decorator_list if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else []
         for a in notes:
             out.update(id(m) for m in ast.walk(a))
         inside = isinstance(n, (ast.JoinedStr, ast.Raise))
@@ -236,6 +241,9 @@ durations = {}
 class Plugin:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
+        memo = sys.modules.get("graphc.memo")
+        if memo is not None:      # each test runs what it needs, not what an earlier one memoized
+            memo.clear()
         cov.switch_context(item.nodeid)
         yield
         cov.switch_context("")
@@ -255,7 +263,7 @@ def coverage_map(files: list[str]) -> tuple[dict, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cov.json"
         cmd = [sys.executable, "-c", COVER, json.dumps([str(ROOT / f) for f in files]), str(out), *TEST_DIRS,
-               "-q", "-p", "no:randomly", "-p", "no:cacheprovider", "-o", "addopts="]
+               "-q", "-p", "no:randomly", "-p", "no:cacheprovider", "-o", "addopts=", f"--ignore={RECORD_TEST}"]
         subprocess.run(cmd, cwd=ROOT, check=False, stdout=subprocess.DEVNULL)
         data = json.loads(out.read_text())
     if data["rc"] != 0:
@@ -266,10 +274,14 @@ def coverage_map(files: list[str]) -> tuple[dict, dict]:
 
 
 def tests_for(m: Mutant, lines: dict, durations: dict) -> list[str]:
+    """Every test of each test file that covers the mutated lines: a module-scoped fixture runs the
+    code under test in its first test only, and the others use what it computed."""
     per_line = lines.get(m.file, {})
     ids = {t for ln in range(m.lines[0], m.lines[1] + 1) for t in per_line.get(ln, [])}
     if not ids:   # module-level code runs at import: every test that covers the file
         ids = {t for ts in per_line.values() for t in ts}
+    files = {t.split("::")[0] for t in ids}
+    ids = {t for t in durations if t.split("::")[0] in files}
     return sorted(ids, key=lambda t: (durations.get(t, 0.0), t))
 
 
@@ -306,10 +318,9 @@ def _run_one(tree: Path, m: Mutant, tests: list[str], limit: float) -> tuple[str
                 return "timeout", ""
             time.sleep(0.05)
         rc = os.waitstatus_to_exitcode(status)
-        by = first.read_text() if first.exists() else ""
-        if rc == 0:
-            return "survived", ""
-        return ("killed", by) if rc in (1, 2, 3) or rc < 0 else ("error", f"pytest exit {rc}")
+        if first.exists():        # a test failed, or a test module no longer imports
+            return "killed", first.read_text()
+        return ("survived", "") if rc == 0 else ("error", f"pytest exit {rc}")
     finally:
         target.write_bytes(original)
 
@@ -332,6 +343,10 @@ def _child(tree: Path, tests: list[str], first: Path) -> None:
             def pytest_runtest_logreport(self, report):
                 if report.failed and not first.exists():
                     first.write_text(report.nodeid)
+
+            def pytest_collectreport(self, report):
+                if report.failed and not first.exists():
+                    first.write_text(f"{report.nodeid} (does not import)")
 
         rc = pytest.main([*tests, "-x", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", "-o", "addopts="],
                          plugins=[First()])
@@ -376,7 +391,7 @@ def run(mutants: list[Mutant], lines: dict, durations: dict, workers: int) -> No
         i, tests = pending.pop(0)
         kills = killers.get(mutants[i].file, {})
         tests = sorted(tests, key=lambda t: (-kills.get(t, 0), durations.get(t, 0.0)))
-        limit = 10.0 + 2.0 * sum(durations.get(t, 1.0) for t in tests)
+        limit = 60.0 + 4.0 * sum(durations.get(t, 1.0) for t in tests)   # generous: a loaded machine is slow
         jobs.put((i, mutants[i], tests, limit))
 
     todo = len(pending)
@@ -405,23 +420,33 @@ def run(mutants: list[Mutant], lines: dict, durations: dict, workers: int) -> No
             p.join()
 
 
-def summary(mutants: list[Mutant]) -> str:
-    """Markdown: the score per file and every mutant that was not killed."""
-    rows, files = [], sorted({m.file for m in mutants})
-    caught = lambda ms: sum(m.status in ("killed", "timeout") for m in ms)  # noqa: E731
-    for f in files:
-        ms = [m for m in mutants if m.file == f]
-        rows.append(f"| {f} | {len(ms)} | {caught(ms)} | {100 * caught(ms) / len(ms):.1f}% |")
-    total = f"| **all** | {len(mutants)} | {caught(mutants)} | {100 * caught(mutants) / len(mutants):.1f}% |"
-    out = ["| file | mutants | killed | score |", "|---|---|---|---|", *rows, total, ""]
-    named = [m for m in mutants if m.what.startswith("[named]")]
-    out += ["Named mutants (issue 9):", ""]
-    out += [f"- {m.what.removeprefix('[named] ')} ({m.file}:{m.line}): {m.status}" + (f" by `{m.by}`" if m.by else "")
-            for m in named]
-    left = [m for m in mutants if m.status not in ("killed", "timeout")]
+def summary(rows: list[dict]) -> str:
+    """Markdown: the score per file, the named mutants, and every mutant that was not killed."""
+    def caught(rs: list[dict]) -> int:
+        return sum(r["status"] in ("killed", "timeout") for r in rs)
+
+    out = ["| file | mutants | killed | score |", "|---|---|---|---|"]
+    for f in sorted({r["file"] for r in rows}):
+        rs = [r for r in rows if r["file"] == f]
+        out.append(f"| {f} | {len(rs)} | {caught(rs)} | {100 * caught(rs) / len(rs):.1f}% |")
+    out += [f"| **all** | {len(rows)} | {caught(rows)} | {100 * caught(rows) / len(rows):.1f}% |", "",
+            "Named mutants (issue 9):", ""]
+    out += [f"- {r['what'].removeprefix('[named] ')} ({r['file']}:{r['line']}): {r['status']}"
+            + (f" by `{r['by']}`" if r["by"] else "") for r in rows if r["what"].startswith("[named]")]
+    left = sorted((r for r in rows if r["status"] not in ("killed", "timeout")), key=lambda r: (r["file"], r["line"]))
     out += ["", f"Not killed ({len(left)}):", ""]
-    out += [f"- {m.file}:{m.line} {m.status}: `{m.what}`" for m in sorted(left, key=lambda m: (m.file, m.line))]
+    out += [f"- {r['file']}:{r['line']} {r['status']}: `{r['what']}`" for r in left]
     return "\n".join(out) + "\n"
+
+
+def blob(path: Path) -> str:
+    """git's object id of a file's bytes, as `git hash-object` prints it."""
+    data = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _key(m: dict) -> tuple:
+    return m["file"], m["line"], m["what"]
 
 
 def main(argv: list[str]) -> int:
@@ -430,23 +455,37 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, help="write every mutant's result here")
     ap.add_argument("--limit", type=int, default=0, help="run only the first N mutants (a smoke test)")
+    ap.add_argument("--survivors", type=Path,
+                    help="run again only what an earlier --json run did not kill, and merge (tests only get "
+                         "stronger, so what they killed stays killed); refused if a mutated file changed since")
+    ap.add_argument("--tests", nargs="+", default=TEST_DIRS, help=f"test files or folders (default: {TEST_DIRS})")
     args = ap.parse_args(argv)
+    TEST_DIRS[:] = args.tests
     files = target_files(args.paths)
     named = [m for m in hand_mutants() if m.file in files or not args.paths]
     mutants = named + [m for f in files for m in sorted(mutants_of(f), key=lambda m: m.line)]
+    earlier = json.loads(args.survivors.read_text()) if args.survivors else None
+    if earlier:
+        changed = [f for f, sha in earlier["files"].items() if blob(ROOT / f) != sha]
+        if changed:
+            raise SystemExit(f"{', '.join(changed)} changed since {args.survivors}: run every mutant again")
+        left = {_key(m) for m in earlier["mutants"] if m["status"] not in ("killed", "timeout")}
+        mutants = [m for m in mutants if _key(asdict(m)) in left]
     if args.limit:
         mutants = mutants[:args.limit]
     print(f"{len(mutants)} mutants in {len(files)} files; mapping coverage ...", flush=True)
     lines, durations = coverage_map(sorted({m.file for m in mutants}))
     t0 = time.monotonic()
     run(mutants, lines, durations, args.workers)
-    text = summary(mutants)
-    print(f"\n{time.monotonic() - t0:.0f} s\n\n{text}")
+    rows = [{k: v for k, v in asdict(m).items() if k != "source"} for m in mutants]
+    files_sha = {f: blob(ROOT / f) for f in sorted({m.file for m in mutants})}
+    if earlier:
+        again = {_key(r): r for r in rows}
+        rows = [again.get(_key(r), r) for r in earlier["mutants"]]
+        files_sha = earlier["files"]
+    print(f"\n{time.monotonic() - t0:.0f} s\n\n{summary(rows)}")
     if args.json:
-        sha = {f: subprocess.run(["git", "hash-object", f], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-               for f in sorted({m.file for m in mutants})}
-        rows = [{k: v for k, v in asdict(m).items() if k != "source"} for m in mutants]
-        args.json.write_text(json.dumps({"files": sha, "mutants": rows}, indent=1))
+        args.json.write_text(json.dumps({"files": files_sha, "mutants": rows}, indent=1) + "\n")
     return 0
 
 
