@@ -50,7 +50,7 @@ class Trace:
     @cached_property
     def digest(self) -> str:
         """The allocation events' content: what memo keys of allocator replays are made of."""
-        return hashlib.blake2b(repr(self.events).encode(), digest_size=16).hexdigest()
+        return hashlib.sha256(repr(self.events).encode()).hexdigest()
 
 
 def _meta(a):
