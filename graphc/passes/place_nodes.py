@@ -79,9 +79,9 @@ def _fill_pools(s: Sizing, nodes: list[str]) -> list[PagedKVSpec]:
 def describe(s: Sizing, a: dict[str, int]) -> str:
     """'{a, b} | {c}: thinker_kv holds 6.6 longest requests' -- what the score compares."""
     groups = " | ".join("{" + ", ".join(n for n in a if a[n] == d) + "}" for d in range(s.ir.num_devices))
-    feasible, overflow, worst, cross, _ = _score(s, a)
+    feasible, neg_overflow, worst, cross, _ = _score(s, a)
     if not feasible:
-        return f"{groups}: does not fit ({overflow / 2**30:.2f} GiB short)"
+        return f"{groups}: does not fit ({-neg_overflow / 2**30:.2f} GiB short)"
     pool = _worst_pool(s, a)
     return f"{groups}: {pool} holds {worst:.1f} longest requests" if pool else f"{groups}: no fill pool"
 
@@ -137,14 +137,15 @@ def fill_pages(s: Sizing, index: int, nodes: list[str]) -> DeviceLedger:
     shares = sum(p.fill_share for p in pools)
 
     def pages_at(budget: int) -> dict[str, int]:
-        return dict(fixed, **{p.name: max(0, int(budget * p.fill_share / shares) // p.page_bytes) for p in pools})
+        return dict(fixed, **{p.name: _pool_pages(budget, p, shares) for p in pools})
 
     def fits(budget: int) -> bool:
         return tally_ledger(s, index, nodes, pages_at(budget)).free >= 0
 
     def largest(lo: int, hi: int) -> int:
-        """The largest budget in [lo, hi) that fits, given that lo does and the total grows between."""
-        while hi - lo > min(p.page_bytes for p in pools):
+        """The largest budget in [lo, hi) that fits, given that lo does and the total grows between;
+        it stops once every budget in [lo, hi) gives the same pages."""
+        while pages_at(lo) != pages_at(hi - 1):
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if fits(mid) else (lo, mid)
         return lo
@@ -161,22 +162,32 @@ def fill_pages(s: Sizing, index: int, nodes: list[str]) -> DeviceLedger:
     return tally_ledger(s, index, nodes, pages_at(best)) if best is not None else empty
 
 
+def _pool_pages(budget: int, p: PagedKVSpec, shares: float) -> int:
+    """The pages a fill pool gets of a device's budget: its fill_share of it, in whole pages."""
+    return max(0, int(budget * p.fill_share / shares) // p.page_bytes)
+
+
+def _least_budget(pages: int, p: PagedKVSpec, shares: float) -> int:
+    """The least budget that gives the pool `pages` pages."""
+    budget = int(pages * p.page_bytes * shares / p.fill_share)
+    while budget > 0 and _pool_pages(budget - 1, p, shares) >= pages:
+        budget -= 1
+    while _pool_pages(budget, p, shares) < pages:
+        budget += 1
+    return budget
+
+
 def _band_starts(pools: list[PagedKVSpec], shares: float, lo: int, hi: int) -> list[int]:
-    """Budgets in (lo, hi] at which some fill pool first enters an allocator size band: past 1 MiB
-    (the small pool's limit), 10 MiB (a segment of its own) or a multiple of 2 MiB (the rounding)."""
+    """Budgets in (lo, hi] at which some fill pool first enters an allocator size band (see
+    segment_size): past 1 MiB (the small pool's limit), at 10 MiB (a segment of its own) or past a
+    multiple of 2 MiB (the rounding)."""
     out = set()
     for p in pools:
-        share = p.fill_share / shares
-        first, last = int(lo * share), int(hi * share)          # this pool's bytes over the range
-        edges = {e for e in (SMALL_SIZE, MIN_LARGE_ALLOC) if first <= e <= last}
-        edges |= set(range(first - first % ROUND_LARGE, last + 1, ROUND_LARGE))
-        for edge in edges:
-            pages = edge // p.page_bytes + 1                  # the first page count past the edge
-            budget = int(pages * p.page_bytes / share)
-            while int(budget * share) // p.page_bytes < pages:   # float rounding: the least that gives it
-                budget += 1
-            if lo < budget <= hi:
-                out.add(budget)
+        pb = p.page_bytes
+        k_lo, k_hi = _pool_pages(lo, p, shares), _pool_pages(hi, p, shares)       # its pages over the range
+        firsts = {SMALL_SIZE // pb + 1, -(-MIN_LARGE_ALLOC // pb)}
+        firsts |= {e // pb + 1 for e in range(k_lo * pb - k_lo * pb % ROUND_LARGE, k_hi * pb + 1, ROUND_LARGE)}
+        out |= {_least_budget(k, p, shares) for k in firsts if k_lo < k <= k_hi}
     return sorted(out)
 
 
