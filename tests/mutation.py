@@ -4,6 +4,8 @@ how many the test suite catches. A tool, not a test (pytest does not collect it)
     pip install coverage                        # the only extra it needs
     python tests/mutation.py                    # every target file, 2 workers
     python tests/mutation.py graphc/allocator.py --workers 4 --json out.json
+    python tests/mutation.py --update docs/data/mutation.json --json docs/data/mutation.json
+                                                # after a change: only what it touched
 
 Mutants: each comparison flipped (< <=, > >=, == !=, in / not in, is / is not), each arithmetic or
 bitwise operator swapped (+ -, * /, // /, % /, ** *, << >>, & |) and each augmented assignment,
@@ -455,22 +457,23 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, help="write every mutant's result here")
     ap.add_argument("--limit", type=int, default=0, help="run only the first N mutants (a smoke test)")
-    ap.add_argument("--survivors", type=Path,
-                    help="run again only what an earlier --json run did not kill, and merge (tests only get "
-                         "stronger, so what they killed stays killed); refused if a mutated file changed since")
+    ap.add_argument("--update", type=Path, metavar="RECORD",
+                    help="bring an earlier --json record up to date: every mutant of a file that changed since "
+                         "(or is new), only the survivors of the others (tests only get stronger, so what they "
+                         "killed stays killed), merged into one record")
     ap.add_argument("--tests", nargs="+", default=TEST_DIRS, help=f"test files or folders (default: {TEST_DIRS})")
     args = ap.parse_args(argv)
     TEST_DIRS[:] = args.tests
     files = target_files(args.paths)
     named = [m for m in hand_mutants() if m.file in files or not args.paths]
     mutants = named + [m for f in files for m in sorted(mutants_of(f), key=lambda m: m.line)]
-    earlier = json.loads(args.survivors.read_text()) if args.survivors else None
+    earlier = json.loads(args.update.read_text()) if args.update else None
     if earlier:
-        changed = [f for f, sha in earlier["files"].items() if blob(ROOT / f) != sha]
-        if changed:
-            raise SystemExit(f"{', '.join(changed)} changed since {args.survivors}: run every mutant again")
+        changed = {m.file for m in mutants if earlier["files"].get(m.file) != blob(ROOT / m.file)}
         left = {_key(m) for m in earlier["mutants"] if m["status"] not in ("killed", "timeout")}
-        mutants = [m for m in mutants if _key(asdict(m)) in left]
+        mutants = [m for m in mutants if m.file in changed or _key(asdict(m)) in left]
+        print(f"changed since {args.update}: {', '.join(sorted(changed)) or 'nothing'}; "
+              "their mutants run again, of the others only the survivors", flush=True)
     if args.limit:
         mutants = mutants[:args.limit]
     print(f"{len(mutants)} mutants in {len(files)} files; mapping coverage ...", flush=True)
@@ -481,8 +484,9 @@ def main(argv: list[str]) -> int:
     files_sha = {f: blob(ROOT / f) for f in sorted({m.file for m in mutants})}
     if earlier:
         again = {_key(r): r for r in rows}
-        rows = [again.get(_key(r), r) for r in earlier["mutants"]]
-        files_sha = earlier["files"]
+        kept = [again.pop(_key(r), r) for r in earlier["mutants"] if r["file"] not in changed]
+        rows = kept + list(again.values())
+        files_sha = {f: sha for f, sha in earlier["files"].items() if f not in changed} | {f: files_sha[f] for f in changed}
     print(f"\n{time.monotonic() - t0:.0f} s\n\n{summary(rows)}")
     if args.json:
         args.json.write_text(json.dumps({"files": files_sha, "mutants": rows}, indent=1) + "\n")
