@@ -131,3 +131,27 @@ def test_why_of_walks_that_are_not_captured():
     uncaptured = _why("h100", {"walks": {"mixed": {"capture": False}, "decode": {"capture": False}}})
     assert uncaptured == {"prefill": RUNGS["prefill"], "mixed": RUNGS["mixed"] + EAGER,
                           "decode": RUNGS["decode"] + EAGER}
+
+
+def test_check_refuses_rungs_out_of_order_repeated_short_or_past_the_budget():
+    """Buckets.check, the pass's own guard, on the oracle model's chosen rungs with one walk's
+    rungs broken at a time (prefill's budget is 24)."""
+    import dataclasses
+
+    import pytest
+
+    from graphc.passes.choose_buckets import choose_buckets
+    from graphc.passes.verify_graph import verify_graph
+    from graphc.targets import get_target
+    from tests import oracle_model
+
+    ir = verify_graph(oracle_model.declare(), get_target("h100"), 1)
+    b = choose_buckets(ir)
+    key = next(k for k in b.walk_rungs if k[1] == "prefill")
+    assert b.walk_rungs[key] == [8, 24]
+    b.check(ir)
+    for bad, why in (([24, 8], "bad rungs"), ([8, 8, 24], "bad rungs"), ([8, 16], "bad rungs"),
+                     ([8, 24, 32], "rungs past the budget")):
+        broken = dataclasses.replace(b, walk_rungs=b.walk_rungs | {key: bad})
+        with pytest.raises(AssertionError, match=why):
+            broken.check(ir)

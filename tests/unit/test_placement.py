@@ -714,3 +714,12 @@ def test_band_starts_at_the_ends_of_the_range():
     lo, hi = starts[3], starts[-2]
     got = pn._band_starts(pools, 4.0, lo, hi)
     assert got == bands_by_scan(pools, lo, hi) and got[-1] == hi and lo not in got
+
+
+@pytest.mark.parametrize("fill_share, shares", [(1.0, 1.0), (1.0, 4.0), (3.0, 4.0), (0.7, 2.9), (2.0, 7.3)])
+def test_least_budget_for_each_page_count(fill_share, shares):
+    # the least budget that gives a pool k pages, against the bisection above, for page counts on
+    # both sides of where float rounding of the share could move it
+    p = pool("k", layers=3, fill_share=fill_share)
+    for k in [*range(0, 40), 85, 86, 853, 854, 10_000, 123_457]:
+        assert pn._least_budget(k, p, shares) == least_budget(k, fill_share, shares, p.page_bytes), k

@@ -228,3 +228,51 @@ def test_the_digest_is_of_the_events():
     a = sim.Trace(((1, 0, 64), (0, 0, 64)), 64, 0, 2)
     assert a.digest == sim.Trace(((1, 0, 64), (0, 0, 64)), 64, 64, 5, 3).digest
     assert a.digest != sim.Trace(((1, 0, 64), (0, 0, 65)), 64, 0, 2).digest
+
+
+class OneOp(gc.NodeModule):
+    def forward(self, ctx, x):
+        return {"y": x * 2}
+
+
+def test_ops_are_counted_one_by_one():
+    n = gc.Node(name="n", module=OneOp, dtype="float32", inputs={"x": gc.Port(shape=("tokens", 8), dtype="float32")},
+                outputs={"y": gc.Port(shape=("tokens", 8), dtype="float32")})
+    t = FakeNode(n).trace(n.inputs, {"tokens": 2}, {}, "test")
+    assert (t.num_ops, t.launches) == (1, 1)                    # aten.mul.Tensor, a kernel
+
+
+class TinyCycle(gc.NodeModule):
+    """A cycle that holds a one-byte tensor: the smallest thing a step can leave to the collector."""
+
+    def forward(self, ctx, x):
+        box = [x.new_zeros(1, dtype=torch.uint8)]
+        box.append(box)
+        return {"y": x + 1}
+
+
+def test_a_cycle_holding_one_byte_is_collected_too():
+    n = gc.Node(name="n", module=TinyCycle, dtype="float32", inputs={"x": gc.Port(shape=("tokens", 8), dtype="float32")},
+                outputs={"y": gc.Port(shape=("tokens", 8), dtype="float32")})
+    t = FakeNode(n).trace(n.inputs, {"tokens": 1}, {}, "test")
+    assert list(t.events) == [(1, 0, 1), (1, 1, 32), (0, 1, 32), (0, 0, 1)]
+
+
+class WrongKeys(gc.NodeModule):
+    def forward(self, ctx, x):
+        return {"z": x + 1}
+
+
+class NotADict(gc.NodeModule):
+    def forward(self, ctx, x):
+        return x + 1
+
+
+@pytest.mark.parametrize("module, got", [(WrongKeys, r"\['z'\]"), (NotADict, "Tensor")])
+def test_a_forward_must_return_its_declared_outputs(module, got):
+    from graphc.errors import InvalidInput
+
+    n = gc.Node(name="n", module=module, dtype="float32", inputs={"x": gc.Port(shape=("tokens", 8), dtype="float32")},
+                outputs={"y": gc.Port(shape=("tokens", 8), dtype="float32")})
+    with pytest.raises(InvalidInput, match=rf"node 'n': forward returned {got}, the node declares outputs \['y'\]"):
+        FakeNode(n).trace(n.inputs, {"tokens": 2}, {}, "node 'n'")
