@@ -276,3 +276,15 @@ def test_a_forward_must_return_its_declared_outputs(module, got):
                 outputs={"y": gc.Port(shape=("tokens", 8), dtype="float32")})
     with pytest.raises(InvalidInput, match=rf"node 'n': forward returned {got}, the node declares outputs \['y'\]"):
         FakeNode(n).trace(n.inputs, {"tokens": 2}, {}, "node 'n'")
+
+
+class Reshaped(gc.NodeModule):
+    def forward(self, ctx, x):
+        return {"y": x.view(-1)}           # a view of the input: nothing allocated
+
+
+def test_a_step_that_allocates_nothing_peaks_at_zero():
+    n = gc.Node(name="n", module=Reshaped, dtype="float32", inputs={"x": gc.Port(shape=("tokens", 8), dtype="float32")},
+                outputs={"y": gc.Port(shape=(16,), dtype="float32")})
+    t = FakeNode(n).trace(n.inputs, {"tokens": 2}, {}, "test")
+    assert (t.events, t.peak_bytes, t.launches) == ((), 0, 0)

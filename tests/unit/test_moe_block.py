@@ -1,0 +1,38 @@
+"""The MoE block's parameters as the checkpoint names them (models/components/moe.py's docstring and
+reference/qwen3_omni.md): the fused experts, the router, and a shared expert exactly when one of
+any width is declared. Its numbers against HF are in tests/parity."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.components.moe import SparseMoE
+
+
+@pytest.mark.parametrize("shared", [0, 1, 6])
+def test_parameters_by_hand(shared):
+    h, i, e, k = 8, 4, 5, 2
+    moe = SparseMoE(h, i, e, k, norm_topk_prob=True, shared_intermediate=shared)
+    want = {"gate.weight": (e, h), "experts.gate_up_proj": (e, 2 * i, h), "experts.down_proj": (e, h, i)}
+    if shared:
+        want |= {"shared_expert.gate_proj.weight": (shared, h), "shared_expert.up_proj.weight": (shared, h),
+                 "shared_expert.down_proj.weight": (h, shared), "shared_expert_gate.weight": (1, h)}
+    assert {n: tuple(p.shape) for n, p in moe.state_dict().items()} == want
+
+
+def test_without_a_declared_shared_expert_there_is_none():
+    assert not any(n.startswith("shared") for n in SparseMoE(8, 4, 5, 2, norm_topk_prob=False).state_dict())
+
+
+def test_a_one_wide_shared_expert_adds_its_gated_output():
+    torch.manual_seed(0)
+    moe = SparseMoE(8, 4, 5, 2, norm_topk_prob=True, shared_intermediate=1)
+    for p in moe.parameters():
+        torch.nn.init.normal_(p)
+    x = torch.randn(3, 8)
+    routed = moe.experts(x, *moe.route(x))
+    se = moe.shared_expert
+    # by hand: sigmoid(x . g) x down(silu(x . gate) * (x . up)), one intermediate unit
+    extra = torch.sigmoid(x @ moe.shared_expert_gate.weight.T) * (
+        torch.nn.functional.silu(x @ se.gate_proj.weight.T) * (x @ se.up_proj.weight.T)) @ se.down_proj.weight.T
+    torch.testing.assert_close(moe(x), routed + extra)
