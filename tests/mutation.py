@@ -447,8 +447,17 @@ def blob(path: Path) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def _key(m: dict) -> tuple:
-    return m["file"], m["line"], m["what"]
+def _keys(rows: list[dict]) -> list[tuple]:
+    """Each mutant's identity: file, line, what, and which of the mutants alike on that line it is
+    (two `1` constants on one line read the same), counted in generation order, which a file's
+    unchanged content fixes."""
+    seen: dict[tuple, int] = {}
+    out = []
+    for m in rows:
+        k = (m["file"], m["line"], m["what"])
+        seen[k] = seen.get(k, -1) + 1
+        out.append(k + (seen[k],))
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -467,15 +476,18 @@ def main(argv: list[str]) -> int:
     files = target_files(args.paths)
     named = [m for m in hand_mutants() if m.file in files or not args.paths]
     mutants = named + [m for f in files for m in sorted(mutants_of(f), key=lambda m: m.line)]
+    keyed = list(zip(_keys([asdict(m) for m in mutants]), mutants))
     earlier = json.loads(args.update.read_text()) if args.update else None
     if earlier:
         changed = {m.file for m in mutants if earlier["files"].get(m.file) != blob(ROOT / m.file)}
-        left = {_key(m) for m in earlier["mutants"] if m["status"] not in ("killed", "timeout")}
-        mutants = [m for m in mutants if m.file in changed or _key(asdict(m)) in left]
+        left = {k for k, m in zip(_keys(earlier["mutants"]), earlier["mutants"])
+                if m["status"] not in ("killed", "timeout")}
+        keyed = [(k, m) for k, m in keyed if m.file in changed or k in left]
         print(f"changed since {args.update}: {', '.join(sorted(changed)) or 'nothing'}; "
               "their mutants run again, of the others only the survivors", flush=True)
     if args.limit:
-        mutants = mutants[:args.limit]
+        keyed = keyed[:args.limit]
+    run_keys, mutants = [k for k, _ in keyed], [m for _, m in keyed]
     print(f"{len(mutants)} mutants in {len(files)} files; mapping coverage ...", flush=True)
     lines, durations = coverage_map(sorted({m.file for m in mutants}))
     t0 = time.monotonic()
@@ -483,8 +495,9 @@ def main(argv: list[str]) -> int:
     rows = [{k: v for k, v in asdict(m).items() if k != "source"} for m in mutants]
     files_sha = {f: blob(ROOT / f) for f in sorted({m.file for m in mutants})}
     if earlier:
-        again = {_key(r): r for r in rows}
-        kept = [again.pop(_key(r), r) for r in earlier["mutants"] if r["file"] not in changed]
+        again = dict(zip(run_keys, rows))
+        kept = [again.pop(k, r) for k, r in zip(_keys(earlier["mutants"]), earlier["mutants"])
+                if r["file"] not in changed]
         rows = kept + list(again.values())
         files_sha = {f: sha for f, sha in earlier["files"].items() if f not in changed} | {f: files_sha[f] for f in changed}
     print(f"\n{time.monotonic() - t0:.0f} s\n\n{summary(rows)}")
