@@ -1,0 +1,162 @@
+"""Sampling: one batch of last-position logits to one token per request, each row by its own params.
+
+The order is HF generate's: repetition penalty (over prompt and output), presence and frequency
+penalties (over the output, OpenAI's formula), then temperature, top-k, top-p and min-p. Temperature
+0 is greedy: the argmax of the penalised logits. A request with a seed draws from its own generator,
+so its tokens do not depend on what else is in the batch; the others share the engine's generator.
+Drawing is an exponential race (argmax of p / E, E ~ Exp(1)), which samples p exactly.
+
+Logprobs are of the model's own distribution (log-softmax of the logits before penalties and
+temperature), as the OpenAI API reports them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from pydantic import Field, model_validator
+
+from graphc.strict import Strict
+
+MAX_TOP_LOGPROBS = 20
+
+
+class SamplingParams(Strict):
+    """One request's sampling parameters (OpenAI's names; top_k, min_p and repetition_penalty as
+    vLLM and HF name them). Unknown keys and out-of-range values are refused."""
+
+    max_tokens: int | None = Field(None, ge=1)      # None: up to what the plan allows
+    temperature: float = Field(1.0, ge=0.0)          # 0: greedy
+    top_k: int = Field(0, ge=0)                      # 0: every token
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    seed: int | None = Field(None, ge=0)
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _check(self) -> "SamplingParams":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError(f"top_logprobs={self.top_logprobs} needs logprobs=true")
+        if any(not s for s in self.stop):
+            raise ValueError("a stop string is empty")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids {list(self.stop_token_ids)} holds a negative id")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class Sampled:
+    tokens: torch.Tensor                 # [B] int64
+    logprobs: torch.Tensor               # [B] fp32: each chosen token's logprob (NaN where not asked)
+    top_ids: torch.Tensor                # [B, n] int64, n = the batch's largest top_logprobs
+    top_logprobs: torch.Tensor           # [B, n] fp32, descending
+
+
+def new_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _column(values: list[float], like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, dtype=like.dtype, device=like.device)[:, None]
+
+
+def penalise(logits: torch.Tensor, params: list[SamplingParams], prompts: list[list[int]],
+             outputs: list[list[int]]) -> torch.Tensor:
+    """Repetition penalty over each row's prompt and output tokens (a positive logit divided by it, a
+    negative one multiplied), then logit -= frequency x count + presence x (count > 0) over its output."""
+    b, v = logits.shape
+    out = logits.clone()
+    if any(p.repetition_penalty != 1.0 for p in params):
+        seen = torch.zeros(b, v, dtype=torch.bool, device=logits.device)
+        for i, (pr, ou) in enumerate(zip(prompts, outputs, strict=True)):
+            ids = [t for t in (*pr, *ou) if 0 <= t < v]
+            if ids:
+                seen[i, torch.tensor(ids, device=logits.device)] = True
+        rp = _column([p.repetition_penalty for p in params], logits)
+        out = torch.where(seen, torch.where(out < 0, out * rp, out / rp), out)
+    if any(p.presence_penalty or p.frequency_penalty for p in params):
+        counts = torch.zeros(b, v, dtype=logits.dtype, device=logits.device)
+        for i, ou in enumerate(outputs):
+            if ou:
+                counts[i].index_add_(0, torch.tensor(ou, device=logits.device),
+                                     torch.ones(len(ou), dtype=logits.dtype, device=logits.device))
+        out = out - _column([p.frequency_penalty for p in params], logits) * counts \
+            - _column([p.presence_penalty for p in params], logits) * (counts > 0).to(logits.dtype)
+    return out
+
+
+def warp(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Temperature, then top-k (ties at the k-th value kept), top-p (the smallest set of top tokens
+    whose probability reaches top_p, at least one) and min-p (tokens under min_p x the top token's
+    probability dropped); what is dropped becomes -inf. A greedy row is divided by nothing, and the
+    filters never drop its largest logit, so its argmax stands."""
+    out = logits / _column([p.temperature if not p.greedy else 1.0 for p in params], logits)
+    neg = float("-inf")
+    ks = [p.top_k if 0 < p.top_k < out.shape[1] else 0 for p in params]
+    if any(ks):
+        kth = torch.stack([torch.topk(row, k).values[-1] if k else row.new_tensor(neg)
+                           for row, k in zip(out, ks)])[:, None]
+        out = out.masked_fill(out < kth, neg)
+    if any(p.top_p < 1.0 for p in params):
+        sorted_logits, order = torch.sort(out, dim=-1)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum <= 1 - _column([p.top_p for p in params], out)
+        drop[:, -1] = False
+        out = out.masked_fill(drop.scatter(1, order, drop), neg)
+    if any(p.min_p > 0 for p in params):
+        probs = out.softmax(dim=-1)
+        drop = probs < _column([p.min_p for p in params], out) * probs.amax(dim=-1, keepdim=True)
+        out = out.masked_fill(drop, neg)
+    return out
+
+
+class Sampler:
+    """Samples one token per row; `generators[i]` is request i's own (seeded) generator or None."""
+
+    def __init__(self, seed: int = 0, device: torch.device | str = "cpu"):
+        self.shared = new_generator(seed, device)
+
+    def __call__(self, logits: torch.Tensor, params: list[SamplingParams], prompts: list[list[int]],
+                 outputs: list[list[int]], generators: list[torch.Generator | None]) -> Sampled:
+        if logits.dim() != 2 or logits.shape[0] != len(params) or len(generators) != len(params):
+            raise ValueError(f"logits {list(logits.shape)} for {len(params)} params and {len(generators)} generators")
+        logits = logits.float()
+        processed = warp(penalise(logits, params, prompts, outputs), params)
+        probs = processed.softmax(dim=-1)
+        race = torch.empty_like(probs)
+        shared = [i for i, g in enumerate(generators) if g is None and not params[i].greedy]
+        if shared:
+            race[shared] = torch.empty(len(shared), probs.shape[1], device=probs.device).exponential_(
+                generator=self.shared)
+        for i, g in enumerate(generators):
+            if g is not None and not params[i].greedy:
+                race[i] = torch.empty(probs.shape[1], device=probs.device).exponential_(generator=g)
+        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+        tokens = torch.where(greedy, processed.argmax(dim=-1), (probs / race).argmax(dim=-1))
+        return self._logprobs(logits, tokens, params)
+
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]) -> Sampled:
+        b = logits.shape[0]
+        n = max((p.top_logprobs for p in params), default=0)
+        if not any(p.logprobs for p in params):
+            nan = torch.full((b,), float("nan"), device=logits.device)
+            return Sampled(tokens, nan, tokens.new_empty(b, 0), logits.new_empty(b, 0))
+        lp = logits.log_softmax(dim=-1)
+        chosen = lp.gather(1, tokens[:, None])[:, 0]
+        asked = torch.tensor([p.logprobs for p in params], device=logits.device)
+        chosen = torch.where(asked, chosen, torch.full_like(chosen, float("nan")))
+        top = lp.topk(n, dim=-1) if n else None
+        return Sampled(tokens, chosen, top.indices if top else tokens.new_empty(b, 0),
+                       top.values if top else logits.new_empty(b, 0))
