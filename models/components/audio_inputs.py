@@ -11,6 +11,7 @@ The layout itself is documented in models/components/aut.py.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
@@ -25,29 +26,58 @@ HOP_LENGTH = 160     # 10 ms per mel frame
 N_FFT = 400
 
 
-@lru_cache(maxsize=4)
-def _feature_extractor(n_mels: int):
-    # Qwen3-Omni's processor uses Whisper's extractor (Qwen3-ASR's is the same STFT and log-mel with a
-    # minimum length); torchaudio is not installed here and would need Whisper's slaney filters anyway.
-    from transformers import WhisperFeatureExtractor
+MAX_HZ = SAMPLE_RATE / 2
+LOG_RANGE = 8.0      # log10 units kept below the loudest bin
 
-    return WhisperFeatureExtractor(feature_size=n_mels, sampling_rate=SAMPLE_RATE, hop_length=HOP_LENGTH, n_fft=N_FFT)
+
+def _hz_to_mel(hz: torch.Tensor) -> torch.Tensor:
+    """Slaney's mel scale: linear below 1 kHz (3 mels per 200 Hz), logarithmic above."""
+    log_step = 27.0 / math.log(6.4)
+    return torch.where(hz < 1000.0, 3.0 * hz / 200.0, 15.0 + torch.log(hz.clamp(min=1e-10) / 1000.0) * log_step)
+
+
+def _mel_to_hz(mel: torch.Tensor) -> torch.Tensor:
+    log_step = 27.0 / math.log(6.4)
+    return torch.where(mel < 15.0, 200.0 * mel / 3.0, 1000.0 * torch.exp((mel - 15.0) / log_step))
+
+
+@lru_cache(maxsize=4)
+def mel_filters(n_mels: int) -> torch.Tensor:
+    """[n_mels, N_FFT // 2 + 1] float32: triangles evenly spaced on Slaney's mel scale from 0 to 8 kHz,
+    each scaled to unit area (Slaney norm), as Whisper's feature extractor builds them (in float64)."""
+    edges = _mel_to_hz(torch.linspace(0.0, float(_hz_to_mel(torch.tensor(MAX_HZ, dtype=torch.float64))),
+                                      n_mels + 2, dtype=torch.float64))
+    freqs = torch.linspace(0.0, SAMPLE_RATE // 2, N_FFT // 2 + 1, dtype=torch.float64)
+    width = edges.diff()
+    slopes = edges[None, :] - freqs[:, None]                       # [bins, n_mels + 2]
+    down = -slopes[:, :-2] / width[:-1]
+    up = slopes[:, 2:] / width[1:]
+    bank = torch.clamp(torch.minimum(down, up), min=0.0)          # [bins, n_mels]
+    bank = bank * (2.0 / (edges[2:] - edges[:-2]))[None, :]
+    return bank.T.to(torch.float32).contiguous()
 
 
 def log_mel(waveform: np.ndarray | torch.Tensor, n_mels: int = 128, min_samples: int = 0) -> torch.Tensor:
     """A mono 16 kHz waveform [n] -> Whisper-style log-mel features [n_mels, max(n, min_samples) // 160] fp32.
 
+    Whisper's recipe in torch: a 400-sample periodic Hann window every 160 samples (centred, reflect
+    padded), power spectrum, the mel filters above, log10 floored at 1e-10, everything under the
+    loudest value less 8 raised to it, then (x + 4) / 4. tests/parity checks it against HF's extractor.
     min_samples: zero-pad shorter clips first (Qwen3-ASR's extractor uses 8000, i.e. 0.5 s; Omni's 0).
     Each audio is extracted alone, so its features do not depend on what it is batched with.
     """
-    wave = np.asarray(waveform, dtype=np.float32).reshape(-1)
+    wave = torch.as_tensor(np.asarray(waveform, dtype=np.float32) if not isinstance(waveform, torch.Tensor)
+                           else waveform, dtype=torch.float32).reshape(-1).cpu()
     if wave.shape[0] < min_samples:
-        wave = np.pad(wave, (0, min_samples - wave.shape[0]))
-    if wave.shape[0] < HOP_LENGTH:
-        raise ValueError(f"a waveform of {wave.shape[0]} samples is shorter than one mel frame ({HOP_LENGTH})")
-    feats = _feature_extractor(n_mels)(wave, sampling_rate=SAMPLE_RATE, padding="longest", truncation=False,
-                                       return_tensors="pt")
-    return feats["input_features"][0, :, : wave.shape[0] // HOP_LENGTH].float()
+        wave = torch.nn.functional.pad(wave, (0, min_samples - wave.shape[0]))
+    if wave.shape[0] <= N_FFT // 2:
+        raise ValueError(f"a waveform of {wave.shape[0]} samples is too short for log-mel features: it needs more "
+                         f"than {N_FFT // 2} ({N_FFT // 2 / SAMPLE_RATE * 1000:.1f} ms at {SAMPLE_RATE} Hz)")
+    stft = torch.stft(wave, N_FFT, HOP_LENGTH, window=torch.hann_window(N_FFT), return_complex=True)
+    power = (stft[..., :-1].abs() ** 2).contiguous()              # the last frame is dropped
+    logs = torch.clamp(mel_filters(n_mels) @ power, min=1e-10).log10()
+    logs = torch.maximum(logs, logs.max() - LOG_RANGE)
+    return ((logs + 4.0) / 4.0)[:, : wave.shape[0] // HOP_LENGTH]
 
 
 def num_tokens(frames: int, cfg: AuTConfig) -> int:

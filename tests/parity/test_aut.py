@@ -108,6 +108,29 @@ def test_log_mel_matches_qwen3_asr_extractor():
         torch.testing.assert_close(ours, ref["input_features"][0, :, :frames], rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("n_mels", [128, 80])
+def test_log_mel_matches_whisper_extractor(n_mels):
+    """Qwen3-Omni's processor uses Whisper's extractor; ours is torch alone (no transformers at run time)."""
+    from transformers import WhisperFeatureExtractor
+
+    from models.components.audio_inputs import mel_filters
+
+    fe = WhisperFeatureExtractor(feature_size=n_mels, sampling_rate=16_000, hop_length=160, n_fft=400)
+    torch.testing.assert_close(mel_filters(n_mels), torch.from_numpy(fe.mel_filters.T).float(), rtol=0, atol=1e-7)
+    torch.manual_seed(4)
+    for n in (201, 1000, 16_123, 48_000):        # the shortest it takes, and not a multiple of the hop
+        wave = 0.3 * torch.randn(n)
+        wave[: n // 3] *= 0.001                   # quiet then loud: the 8-decade floor matters
+        ref = fe(wave.numpy(), sampling_rate=16_000, padding="longest", truncation=False,
+                 return_tensors="pt")["input_features"][0, :, : n // 160]
+        torch.testing.assert_close(log_mel(wave, n_mels), ref, rtol=0, atol=1e-5)
+
+
+def test_a_waveform_too_short_for_one_frame_is_refused():
+    with pytest.raises(ValueError, match="200 samples is too short.*more than 200"):
+        log_mel(torch.zeros(200))
+
+
 def test_too_many_windows_are_refused(mels):
     with pytest.raises(ValueError, match="take 8 windows, the step holds 6"):
         pack_audios(mels, 6, CFG)
