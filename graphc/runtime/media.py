@@ -1,0 +1,47 @@
+"""Audio as users have it: a file or its bytes (WAV, FLAC, OGG, MP3: whatever libsndfile reads) to
+the mono float32 waveform at the model's sample rate.
+
+soundfile decodes, soxr resamples (its high-quality setting, as librosa's default that Qwen's
+processors use), channels are averaged. The length is checked from the header before anything is
+decoded, so a two-hour upload is refused without the work. No torchaudio: its version pairing with
+torch breaks installs.
+"""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+
+
+class MediaError(ValueError):
+    """Input media that cannot be used: the message says what, why and what to send instead."""
+
+
+def _source(data: bytes | str | Path):
+    return io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else str(data)
+
+
+def load_audio(data: bytes | str | Path, sample_rate: int = 16_000, max_seconds: float | None = None) -> np.ndarray:
+    """Decode, downmix and resample: float32 [n] at `sample_rate`."""
+    import soundfile as sf
+    import soxr
+
+    try:
+        info = sf.info(_source(data))
+    except Exception as e:       # libsndfile's own message says which format it saw
+        raise MediaError(f"the audio does not decode: {e}; send WAV, FLAC, OGG or MP3") from e
+    seconds = info.frames / info.samplerate if info.samplerate else 0.0
+    if max_seconds is not None and seconds > max_seconds:
+        raise MediaError(f"the audio is {seconds:.1f} s long, at most {max_seconds:.1f} s is allowed; "
+                         "send a shorter clip or split it")
+    try:
+        wave, rate = sf.read(_source(data), dtype="float32", always_2d=True)
+    except Exception as e:
+        raise MediaError(f"the audio does not decode: {e}; send WAV, FLAC, OGG or MP3") from e
+    if wave.shape[0] == 0:
+        raise MediaError("the audio holds no samples; send at least one mel frame (10 ms)")
+    mono = wave.mean(axis=1)
+    if rate != sample_rate:
+        mono = soxr.resample(mono, rate, sample_rate, quality="HQ")
+    return np.ascontiguousarray(mono, dtype=np.float32)
