@@ -103,11 +103,14 @@ class FakePaged:
 
 
 class PageAllocator:
-    """Free-list of pages with query/act pairs: can_allocate(n) before allocate(n)."""
+    """Free-list of pages with query/act pairs: can_allocate(n) before allocate(n). A page is given
+    back once: freeing one that is not held (never handed out, already freed, out of range) is a
+    bookkeeping bug and is refused before anything changes."""
 
     def __init__(self, num_pages: int):
         self.num_pages = num_pages
         self._free = list(range(num_pages - 1, -1, -1))
+        self._held: set[int] = set()
 
     @property
     def num_free(self) -> int:
@@ -119,9 +122,16 @@ class PageAllocator:
     def allocate(self, n: int) -> list[int]:
         if not self.can_allocate(n):
             raise RuntimeError(f"asked for {n} pages with {len(self._free)} free; call can_allocate first")
-        return [self._free.pop() for _ in range(n)]
+        pages = [self._free.pop() for _ in range(n)]
+        self._held.update(pages)
+        return pages
 
     def free(self, pages: list[int]) -> None:
+        bad = [p for p in pages if p not in self._held]
+        if bad or len(set(pages)) != len(pages):
+            raise RuntimeError(f"freeing pages {bad or sorted(p for p in set(pages) if pages.count(p) > 1)} that "
+                               f"are not held (never allocated, already freed or listed twice) of {self.num_pages}")
+        self._held.difference_update(pages)
         self._free.extend(reversed(pages))
 
 

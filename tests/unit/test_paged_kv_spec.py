@@ -3,6 +3,8 @@ bounds a declaration gets, step shapes, the buffers of a captured wrapper, and w
 refuses. (Attention values are checked against float64 in tests/property/test_attention_cpu.py.)"""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from pydantic import ValidationError
@@ -135,3 +137,19 @@ def test_a_sequence_with_no_new_rows_leaves_the_others_theirs():
             w = torch.softmax(kk @ q[i, h].double() / 8 ** 0.5, 0)
             want[i, h] = w @ vv
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_pages_are_given_back_once():
+    from resources.paged_kv import PageAllocator
+
+    pages = PageAllocator(8)
+    a, b = pages.allocate(3), pages.allocate(2)
+    for bad, named in (([7], "[7]"), ([a[0], a[0]], f"[{a[0]}]"), ([99], "[99]"), ([-1], "[-1]")):
+        with pytest.raises(RuntimeError, match=rf"freeing pages {re.escape(named)} that are not held"):
+            pages.free(bad)
+        assert pages.num_free == 3                     # refused before anything changed
+    pages.free(a)
+    with pytest.raises(RuntimeError, match="not held"):
+        pages.free(a[:1])                              # a second time
+    pages.free(b)
+    assert pages.num_free == 8 and sorted(pages.allocate(8)) == list(range(8))
