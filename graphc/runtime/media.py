@@ -1,9 +1,11 @@
-"""Audio as users have it: a file or its bytes (WAV, FLAC, OGG, MP3: whatever libsndfile reads) to
-the mono float32 waveform at the model's sample rate.
+"""Media as users have them. Audio: a file or its bytes (WAV, FLAC, OGG, MP3: whatever libsndfile
+reads) to the mono float32 waveform at the model's sample rate. Images: a file or its bytes
+(whatever Pillow reads) to RGB uint8 [3, H, W], turned upright by its EXIF orientation and
+without alpha, as HF's load_image gives them to Qwen's processors.
 
 soundfile decodes, soxr resamples (its high-quality setting, as librosa's default that Qwen's
 processors use), channels are averaged. The length is checked from the header before anything is
-decoded, so a two-hour upload is refused without the work. No torchaudio: its version pairing with
+decoded, so a two-hour upload is refused without the work; an image's size likewise. No torchaudio: its version pairing with
 torch breaks installs.
 """
 from __future__ import annotations
@@ -45,3 +47,29 @@ def load_audio(data: bytes | str | Path, sample_rate: int = 16_000, max_seconds:
     if rate != sample_rate:
         mono = soxr.resample(mono, rate, sample_rate, quality="HQ")
     return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+MAX_IMAGE_PIXELS = 64 * 1024 * 1024       # 8192 x 8192: what a decoded image may hold by default
+
+
+def load_image(data: bytes | str | Path, max_pixels: int = MAX_IMAGE_PIXELS):
+    """Decode to torch uint8 [3, H, W] RGB, upright; refused from the header when over max_pixels."""
+    import torch
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    try:
+        img = Image.open(_source(data))
+    except (UnidentifiedImageError, OSError) as e:
+        raise MediaError(f"the image does not decode: {e}; send PNG, JPEG, WebP, GIF or BMP") from e
+    w, h = img.size
+    if w * h > max_pixels:
+        raise MediaError(f"the image is {w} x {h} = {w * h:,} pixels, at most {max_pixels:,} are allowed; "
+                         "send it smaller (the model sees at most a few megapixels anyway)")
+    if w == 0 or h == 0:
+        raise MediaError(f"the image is {w} x {h}: it holds no pixels")
+    try:
+        img = ImageOps.exif_transpose(img).convert("RGB")
+    except (OSError, ValueError) as e:          # truncated or corrupt pixel data
+        raise MediaError(f"the image does not decode: {e}; send the whole file") from e
+    return torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).reshape(img.height, img.width, 3).permute(
+        2, 0, 1).contiguous()
