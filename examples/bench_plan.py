@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from graphc import memo  # noqa: E402
-from graphc.pipeline import compile_model, load_model  # noqa: E402
+from graphc.pipeline import compile_model  # noqa: E402
+from graphc.source import load_model  # noqa: E402
 
 t_imported = time.perf_counter()
 

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from graphc.overrides import load_config  # noqa: E402
-from graphc.pipeline import compile_model, load_model  # noqa: E402
+from graphc.pipeline import compile_model  # noqa: E402
+from graphc.source import load_model  # noqa: E402
 from graphc.plan import Plan  # noqa: E402
 
 SEED_80GB = "examples/configs/seed_80gb.yaml"

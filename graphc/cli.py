@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_plan(args) -> int:
     from graphc.overrides import load_config, merge, parse_set
-    from graphc.pipeline import compile_model, load_model
+    from graphc.pipeline import compile_model
+    from graphc.source import load_model
     from graphc.report import plan_html, plan_summary, refusal
 
     overrides = merge(load_config(args.config) if args.config else {}, parse_set(args.sets))

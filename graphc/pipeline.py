@@ -5,17 +5,11 @@
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-
-from pydantic import ValidationError
 
 from graphc.declare import Model
-from graphc.errors import DoesNotFit, GraphcError, InvalidInput
+from graphc.errors import DoesNotFit
 from graphc.overrides import apply_overrides
 from graphc.passes.check_fit import Fit, check_fit
 from graphc.passes.choose_buckets import choose_buckets
@@ -27,10 +21,10 @@ from graphc.passes.size_resources import size_resources
 from graphc.passes.size_weights import size_weights
 from graphc.passes.suggest_remedies import Remedy, apply_trims, evaluate
 from graphc.passes.tally_ledger import Sizing
-from graphc.passes.verify_graph import verify_graph
-from graphc.plan import Plan, file_sha256
-from graphc.strict import explain_validation
+from graphc.plan import Plan
+from graphc.source import ModelSource
 from graphc.targets import Target, get_target
+from graphc.verify import verify_graph
 
 
 @dataclass
@@ -64,52 +58,6 @@ def run_passes(model: Model, target: Target, num_devices: int, headroom: int | N
     fit = _timed(t, "check_fit", check_fit, s, placement)
     ir.check()
     return Result(s, placement, fit, t)
-
-
-@dataclass
-class ModelSource:
-    file: str
-    preset: str
-    model: Model
-
-    def record(self) -> dict:
-        return {"name": self.model.name, "file": self.file, "sha256": file_sha256(self.file), "preset": self.preset}
-
-
-def load_model(path: str, preset: str | None = None) -> ModelSource:
-    """Import a model file and call its declare(preset)."""
-    p = Path(path)
-    if not p.is_file():
-        raise InvalidInput(f"model file {path} does not exist", "", "pass the path of a model .py file")
-    name = "graphc_model_" + hashlib.sha256(str(p.resolve()).encode()).hexdigest()[:16]
-    spec = importlib.util.spec_from_file_location(name, p)
-    mod = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(mod)
-    except GraphcError:
-        raise
-    except Exception as e:
-        raise InvalidInput(f"model file {path} failed to import", f"{type(e).__name__}: {e}",
-                           "fix the model file") from e
-    declare = getattr(mod, "declare", None)
-    if not callable(declare):
-        raise InvalidInput(f"model file {path} has no declare() function",
-                           "a model file defines declare(preset: str = ...) -> graphc.Model", "add it")
-    try:
-        model = declare(preset) if preset is not None else declare()
-    except ValidationError as e:
-        raise explain_validation(e, f"the declaration in {path}") from None
-    except (ValueError, KeyError) as e:
-        raise InvalidInput(f"{path}: declare({preset!r}) failed", str(e).strip("'\""),
-                           "pick a preset the model file offers") from None
-    if not isinstance(model, Model):
-        raise InvalidInput(f"{path}: declare() returned {type(model).__name__}", "it must return a graphc.Model")
-    if preset is None:
-        import inspect
-        preset = inspect.signature(declare).parameters["preset"].default if "preset" in \
-            inspect.signature(declare).parameters else "default"
-    rel = os.path.relpath(p.resolve(), Path.cwd()) if p.resolve().is_relative_to(Path.cwd()) else str(p.resolve())
-    return ModelSource(rel, str(preset), model)
 
 
 @dataclass

@@ -16,14 +16,14 @@ def rel(a, b) -> float:
 
 @pytest.fixture(scope="session")
 def tiny():
-    from graphc.pipeline import load_model
+    from graphc.source import load_model
 
     return load_model(TINY)
 
 
 @pytest.fixture(scope="session")
 def tiny_small():
-    from graphc.pipeline import load_model
+    from graphc.source import load_model
 
     return load_model(TINY, "small")
 

@@ -44,7 +44,7 @@ from multiprocessing import Process, Queue
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGETS = ["graphc/passes", "graphc/allocator.py", "graphc/simulate.py", "resources/paged_kv.py",
+TARGETS = ["graphc/passes", "graphc/verify.py", "graphc/allocator.py", "graphc/simulate.py", "resources/paged_kv.py",
            "models/components/moe.py"]
 TEST_DIRS = ["tests/unit", "tests/property", "tests/parity"]
 RECORD_TEST = "tests/unit/test_mutation_record.py"   # checks this tool's own output: not a test of the code
@@ -479,12 +479,17 @@ def main(argv: list[str]) -> int:
     keyed = list(zip(_keys([asdict(m) for m in mutants]), mutants))
     earlier = json.loads(args.update.read_text()) if args.update else None
     if earlier:
+        current = {m.file for m in mutants}
+        gone = sorted(set(earlier["files"]) - current)       # no longer mutated (moved or removed): dropped
+        earlier = {"files": {f: sha for f, sha in earlier["files"].items() if f in current},
+                   "mutants": [m for m in earlier["mutants"] if m["file"] in current]}
         changed = {m.file for m in mutants if earlier["files"].get(m.file) != blob(ROOT / m.file)}
         left = {k for k, m in zip(_keys(earlier["mutants"]), earlier["mutants"])
                 if m["status"] not in ("killed", "timeout")}
         keyed = [(k, m) for k, m in keyed if m.file in changed or k in left]
         print(f"changed since {args.update}: {', '.join(sorted(changed)) or 'nothing'}; "
-              "their mutants run again, of the others only the survivors", flush=True)
+              "their mutants run again, of the others only the survivors"
+              + (f"; no longer mutated, dropped: {', '.join(gone)}" if gone else ""), flush=True)
     if args.limit:
         keyed = keyed[:args.limit]
     run_keys, mutants = [k for k, _ in keyed], [m for _, m in keyed]

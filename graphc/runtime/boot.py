@@ -22,14 +22,14 @@ from tqdm import tqdm
 from graphc.errors import InvalidInput
 from graphc.ir import IR, Step
 from graphc.overrides import apply_overrides
-from graphc.passes.verify_graph import verify_graph
-from graphc.pipeline import load_model
 from graphc.plan import Plan, file_sha256
 from graphc.runtime.build import fill_seeded, materialize
 from graphc.runtime.checkpoint import Shards, load_weights
 from graphc.runtime.steps import layouts, synthetic_inputs
+from graphc.source import load_model
 from graphc.step import StepContext
 from graphc.targets import get_target
+from graphc.verify import verify_graph
 from resources.paged_kv import PageAllocator, PagedTorch, new_cache
 from resources.ragged_attention import RaggedAttentionSpec, RaggedTorch
 from resources.workspace import WorkspaceSpec

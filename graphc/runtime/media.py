@@ -65,8 +65,6 @@ def load_image(data: bytes | str | Path, max_pixels: int = MAX_IMAGE_PIXELS):
     if w * h > max_pixels:
         raise MediaError(f"the image is {w} x {h} = {w * h:,} pixels, at most {max_pixels:,} are allowed; "
                          "send it smaller (the model sees at most a few megapixels anyway)")
-    if w == 0 or h == 0:
-        raise MediaError(f"the image is {w} x {h}: it holds no pixels")
     try:
         img = ImageOps.exif_transpose(img).convert("RGB")
     except (OSError, ValueError) as e:          # truncated or corrupt pixel data

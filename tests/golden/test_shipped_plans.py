@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from graphc.pipeline import compile_model, load_model
+from graphc.pipeline import compile_model
+from graphc.source import load_model
 from graphc.plan import load_plan
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -103,7 +103,7 @@ def _why(gpu: str, overrides: dict | None = None) -> dict[str, str]:
     """choose_buckets' why per walk of the oracle model's one node (tests/oracle_model.py)."""
     from graphc.overrides import apply_overrides
     from graphc.passes.choose_buckets import choose_buckets
-    from graphc.passes.verify_graph import verify_graph
+    from graphc.verify import verify_graph
     from graphc.targets import get_target
     from tests import oracle_model
 
@@ -141,7 +141,7 @@ def test_check_refuses_rungs_out_of_order_repeated_short_or_past_the_budget():
     import pytest
 
     from graphc.passes.choose_buckets import choose_buckets
-    from graphc.passes.verify_graph import verify_graph
+    from graphc.verify import verify_graph
     from graphc.targets import get_target
     from tests import oracle_model
 

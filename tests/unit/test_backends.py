@@ -3,7 +3,7 @@ import pytest
 from graphc.errors import InvalidInput
 from graphc.overrides import apply_overrides
 from graphc.passes.select_backends import select_backends
-from graphc.passes.verify_graph import verify_graph
+from graphc.verify import verify_graph
 from graphc.targets import get_target
 from resources import RaggedAttentionSpec, capabilities
 

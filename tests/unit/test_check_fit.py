@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from graphc.errors import DoesNotFit
-from graphc.pipeline import compile_model, load_model
+from graphc.pipeline import compile_model
+from graphc.source import load_model
 from graphc.units import GiB, KiB, MiB, fmt_bytes
 from tests import oracle_model as om
 

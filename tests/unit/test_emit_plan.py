@@ -14,7 +14,8 @@ import pytest
 from packaging.version import Version
 
 import graphc as gc
-from graphc.pipeline import ModelSource, compile_model
+from graphc.pipeline import compile_model
+from graphc.source import ModelSource
 from graphc.units import MiB
 from resources import WorkspaceSpec
 

@@ -36,7 +36,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from graphc.pipeline import compile_model, load_model
+from graphc.pipeline import compile_model
+from graphc.source import load_model
 from tests import oracle_model as om
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -92,7 +92,7 @@ def test_request_longer_than_the_pool_is_refused(tiny):
 def test_fit_flag_trims_encoder_rungs_and_records_them(tiny_small):
     # a declared workspace that is far too big is the first thing --fit trims
     from graphc.overrides import apply_overrides
-    from graphc.pipeline import ModelSource
+    from graphc.source import ModelSource
     import graphc as gc
     from resources import WorkspaceSpec
 
@@ -113,7 +113,7 @@ def test_fit_flag_trims_encoder_rungs_and_records_them(tiny_small):
 
 def test_too_small_workspace_is_refused_at_plan_time(tiny):
     import graphc as gc
-    from graphc.pipeline import ModelSource
+    from graphc.source import ModelSource
     from resources import WorkspaceSpec
 
     m = tiny.model

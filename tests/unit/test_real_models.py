@@ -3,7 +3,7 @@ and 6), node by node, built on the meta device."""
 import pytest
 
 from graphc.modules import build_module, weight_sizes
-from graphc.pipeline import load_model
+from graphc.source import load_model
 from tests.conftest import ROOT
 
 OMNI = {"audio_encoder": 1_295_854_336, "vision_encoder": 1_077_262_816, "thinker": 61_065_293_824,

@@ -25,7 +25,8 @@ import pytest
 
 import graphc as gc
 from graphc.overrides import apply_overrides, merge
-from graphc.pipeline import ModelSource, compile_model, run_passes
+from graphc.pipeline import compile_model, run_passes
+from graphc.source import ModelSource
 from graphc.targets import get_target
 from graphc.units import MiB
 from resources import PagedKVSpec, RaggedAttentionSpec, WorkspaceSpec

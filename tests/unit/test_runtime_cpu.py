@@ -51,7 +51,8 @@ def test_cpu_check_catches_a_tensor_the_arena_formula_misses(monkeypatch):
     import graphc.modules
     import graphc.passes.size_weights
     import graphc.runtime.build
-    from graphc.pipeline import compile_model, load_model
+    from graphc.pipeline import compile_model
+    from graphc.source import load_model
 
     monkeypatch.chdir(ROOT)
     full = graphc.modules.tensors_for_arena

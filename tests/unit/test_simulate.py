@@ -61,7 +61,7 @@ def test_data_dependent_forward_is_refused():
 
 def test_tiny_decoder_trace_is_balanced(tiny):
     from graphc.passes.simulate_steps import bindings
-    from graphc.passes.verify_graph import verify_graph
+    from graphc.verify import verify_graph
     from graphc.targets import get_target
 
     ir = verify_graph(tiny.model, get_target("h100"), 1)

@@ -16,7 +16,7 @@ import graphc as gc
 from graphc.passes.choose_buckets import choose_buckets
 from graphc.passes.select_backends import select_backends
 from graphc.passes.simulate_steps import simulate_steps
-from graphc.passes.verify_graph import verify_graph
+from graphc.verify import verify_graph
 from graphc.targets import get_target
 
 WIDTHS = {"narrow": 1024, "wide": 16384}

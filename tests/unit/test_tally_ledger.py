@@ -27,8 +27,8 @@ from graphc.passes.size_weights import size_weights
 from graphc.passes.tally_ledger import (DeviceLedger, Item, Sizing, _conv_note, capture_order, capture_pool_bytes,
                                         device_convs, general_pool_bytes, kernel_modules, overhead_bytes,
                                         persistent_allocs, tally_ledger)
-from graphc.passes.verify_graph import verify_graph
-from graphc.pipeline import load_model
+from graphc.verify import verify_graph
+from graphc.source import load_model
 from graphc.simulate import Trace
 from graphc.targets import get_target
 from tests import tally_model as tm

@@ -3,7 +3,7 @@ import pytest
 
 import graphc as gc
 from graphc.errors import InvalidInput
-from graphc.passes.verify_graph import verify_graph
+from graphc.verify import verify_graph
 from graphc.targets import get_target
 from resources import PagedKVSpec
 

@@ -1,4 +1,7 @@
-"""Check a declaration against a target and build the IR: real paths, agreeing ports, no strays."""
+"""Check a declaration against a target and build the IR: real paths, agreeing ports, no strays.
+
+Core, not a compiler pass: the pipeline starts with it, and the runtime rebuilds a plan's steps
+with it (graphc/runtime never imports graphc/passes)."""
 from __future__ import annotations
 
 from graphc.declare import Model
