@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--gpu", required=True, help="target: h100, h200, a100-80gb, a100-40gb, l40s, b200, b300, cpu")
     pl.add_argument("--gpus", type=int, default=1, help="number of devices (default 1)")
     pl.add_argument("--preset", default=None, help="the model file's preset (default: its declare() default)")
+    pl.add_argument("--checkpoint", default=None, metavar="DIR",
+                    help="declare the nodes from DIR/config.json (HF field names); the plan records it")
     pl.add_argument("-o", "--output", default=None, help="plan file to write (default: <model>.<gpu>x<N>.plan)")
     pl.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="override a setting, e.g. walks.prefill.budget.tokens=256 (repeatable)")
@@ -65,11 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_plan(args) -> int:
     from graphc.overrides import load_config, merge, parse_set
     from graphc.pipeline import compile_model
-    from graphc.source import load_model
+    from graphc.source import load_model, read_config
     from graphc.report import plan_html, plan_summary, refusal
 
     overrides = merge(load_config(args.config) if args.config else {}, parse_set(args.sets))
-    source = load_model(args.model, args.preset)
+    source = load_model(args.model, args.preset, read_config(args.checkpoint) if args.checkpoint else None)
     try:
         compiled = compile_model(source, args.gpu, args.gpus, overrides, fit=args.fit, memory_cap=args.memory_cap,
                                  headroom=args.headroom, remedies=not args.no_remedies)

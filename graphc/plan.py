@@ -20,6 +20,8 @@ class PlanModel(Strict):
     file: str
     sha256: str
     preset: str
+    config_sha256: str | None = None      # declared from a checkpoint's config.json: its hash and content
+    config: dict[str, Any] | None = None
 
 
 class PlanTarget(Strict):
@@ -110,13 +112,19 @@ class Plan(Strict):
     requests: dict[str, list[str | list[str]]]
     fingerprint: str
 
-    def body(self) -> dict:
+    def dump(self) -> dict:
         data = self.model_dump(mode="json")
+        if data["model"]["config"] is None:          # plans of presets carry no checkpoint config
+            del data["model"]["config"], data["model"]["config_sha256"]
+        return data
+
+    def body(self) -> dict:
+        data = self.dump()
         data.pop("fingerprint")
         return data
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, width=120)
+        return yaml.safe_dump(self.dump(), sort_keys=False, width=120)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_yaml())

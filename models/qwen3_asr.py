@@ -6,9 +6,10 @@ thinker.model.* (embeddings tied to the LM head). Real sizes from the fact sheet
 from __future__ import annotations
 
 import graphc as gc
-from models.components.aut import QWEN3_ASR_0_6B_AUT, QWEN3_ASR_1_7B_AUT, AuTConfig, AuTEncoder, attention_spec, \
-    node_ports
-from models.components.qwen3_dense import Qwen3Config, Qwen3LM, lm_ports
+from models.components import hf_config as hf
+from models.components.aut import QWEN3_ASR_0_6B_AUT, QWEN3_ASR_1_7B_AUT, AuTConfig, AuTEncoder, AuTEncoderHF, \
+    attention_spec, node_ports
+from models.components.qwen3_dense import Qwen3Config, Qwen3LM, Qwen3LMNested, lm_ports
 from resources import PagedKVSpec
 
 TINY_AUT = AuTConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128, output_dim=64,
@@ -30,24 +31,43 @@ PRESETS = {
 }
 
 
-def declare(preset: str = "1.7b") -> gc.Model:
+def from_config(config: dict) -> dict:
+    """Node configs, classes, weight prefixes and dtype from a checkpoint's config.json: transformers'
+    layout (model_type qwen3_asr: model.audio_tower.*, model.multi_modal_projector.*, model.language_model.*)
+    or QwenLM's (thinker_config: thinker.audio_tower.*, thinker.model.*)."""
+    if config.get("model_type") == "qwen3_asr":
+        audio, text = hf.sub(config, "audio_config"), hf.sub(config, "text_config")
+        tie = config.get("tie_word_embeddings", text.get("tie_word_embeddings"))
+        return dict(aut=hf.aut(audio), lm=hf.qwen3(text, tie), enc=(AuTEncoderHF, "model."), llm=(Qwen3LMNested, ""),
+                    dtype=hf.dtype(config, text))
+    th = hf.sub(config, "thinker_config")
+    audio, text = hf.sub(th, "audio_config"), hf.sub(th, "text_config")
+    tie = th.get("tie_word_embeddings", text.get("tie_word_embeddings"))
+    return dict(aut=hf.aut(audio), lm=hf.qwen3(text, tie), enc=(AuTEncoder, "thinker.audio_tower."),
+                llm=(Qwen3LM, "thinker."), dtype=hf.dtype(config, th, text))
+
+
+def declare(preset: str = "1.7b", config: dict | None = None) -> gc.Model:
+    """The preset's budgets; the nodes' shapes from `config` (a checkpoint's config.json) when given."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset '{preset}'; presets: {', '.join(PRESETS)}")
     p = PRESETS[preset]
-    aut, lm = p["aut"], p["lm"]
-    enc_in, enc_out = node_ports(aut, "bfloat16")
-    lm_in, lm_out = lm_ports(lm, f"windows*{aut.window_tokens}")
+    c = from_config(config) if config is not None else dict(aut=p["aut"], lm=p["lm"], enc=(AuTEncoder, "thinker.audio_tower."),
+                                                            llm=(Qwen3LM, "thinker."), dtype="bfloat16")
+    aut, lm, dt = c["aut"], c["lm"], c["dtype"]
+    enc_in, enc_out = node_ports(aut, dt)
+    lm_in, lm_out = lm_ports(lm, f"windows*{aut.window_tokens}", dt)
     return gc.Model(
-        name=f"qwen3_asr-{preset}",
+        name=f"qwen3_asr-{preset}" if config is None else f"qwen3_asr-{preset}-checkpoint",
         nodes=[
-            gc.Node(name="audio_encoder", module=AuTEncoder, config=aut, weight_prefix="thinker.audio_tower.",
+            gc.Node(name="audio_encoder", module=c["enc"][0], config=aut, weight_prefix=c["enc"][1], dtype=dt,
                     inputs=enc_in, outputs=enc_out, resources={"attn": "audio_attn"}),
-            gc.Node(name="thinker", module=Qwen3LM, config=lm, weight_prefix="thinker.",
+            gc.Node(name="thinker", module=c["llm"][0], config=lm, weight_prefix=c["llm"][1], dtype=dt,
                     inputs=lm_in, outputs=lm_out, resources={"kv": "thinker_kv"}),
         ],
         resources=[
             attention_spec(aut, "audio_attn"),
-            PagedKVSpec(name="thinker_kv", num_layers=lm.num_layers, num_qo_heads=lm.num_heads,
+            PagedKVSpec(name="thinker_kv", num_layers=lm.num_layers, num_qo_heads=lm.num_heads, dtype=dt,
                         num_kv_heads=lm.num_kv_heads, head_dim=lm.head_dim, page_size=16,
                         max_seq_len=p["max_seq_len"], pages=p.get("pages")),
         ],
@@ -61,3 +81,21 @@ def declare(preset: str = "1.7b") -> gc.Model:
         ],
         requests=[gc.RequestKind(name="a2t", stages=("audio_prefill", "thinker_prefill", "thinker_decode"))],
     )
+
+
+def host(model: gc.Model, checkpoint: str | None = None):
+    """The serving host (graphc/runtime/host.py): 1-D positions, audio through the AuT."""
+    from models.components.hosting import AudioVisualHost, Encoders, checkpoint_config, generation_eos, \
+        random_media_tokens
+    from models.components.mrope import MediaTokens
+
+    vocab = model.node("thinker").config.vocab_size
+    cfg = checkpoint_config(checkpoint)
+    if cfg is not None:
+        media, eos = MediaTokens(audio_token_id=cfg.get("audio_token_id", 151676)), generation_eos(checkpoint, cfg)
+    elif vocab > 151676:
+        media, eos = MediaTokens(audio_token_id=151676), (151645, 151643)
+    else:
+        media, eos = random_media_tokens(vocab), ()
+    return AudioVisualHost(model, "thinker", Encoders(audio=("audio_encoder", "audio_prefill")), media, mrope=False,
+                           eos_token_ids=eos)

@@ -19,6 +19,7 @@ Walks (one engine step each) and their budgets (the most one step carries):
 from __future__ import annotations
 
 import graphc as gc
+from graphc.errors import InvalidInput
 from models.components import code2wav as c2w
 from models.components.aut import QWEN3_OMNI_AUT, AuTConfig, AuTEncoder, attention_spec, node_ports
 from models.components.talker import TALKER_30B_A3B, CodePredictorConfig, Talker, TalkerConfig, TalkerTextConfig, \
@@ -70,10 +71,11 @@ PRESETS = {"30b-a3b": REAL, "tiny": TINY}
 
 
 def thinker_node(p: dict) -> gc.Node:
+    dt = p.get("dtype", "bfloat16")
     inputs, outputs = thinker_ports(p["thinker"], f"windows*{p['aut'].window_tokens}",
-                                    f"patches/{p['vision'].merge_unit}", len(p["vision"].deepstack_visual_indexes))
+                                    f"patches/{p['vision'].merge_unit}", len(p["vision"].deepstack_visual_indexes), dt)
     return gc.Node(name="thinker", module=Thinker, config=p["thinker"], weight_prefix="thinker.",
-                   resources={"kv": "thinker_kv"}, inputs=inputs, outputs=outputs)
+                   resources={"kv": "thinker_kv"}, inputs=inputs, outputs=outputs, dtype=dt)
 
 
 def talker_node(p: dict) -> gc.Node:
@@ -136,34 +138,85 @@ def walks(p: dict) -> list[gc.Walk]:
 SPEECH = ("thinker_decode", "talker_prefill", "talker_decode", "code2wav_chunk")
 
 
-def declare(preset: str = "30b-a3b") -> gc.Model:
+def from_config(p: dict, config: dict) -> dict:
+    """The preset's budgets with the nodes' shapes and dtype from a checkpoint's config.json (HF names)."""
+    from models.components import hf_config as hf
+
+    th = hf.sub(config, "thinker_config")
+    text = hf.sub(th, "text_config")
+    speech = config.get("enable_audio_output", True)
+    if speech:
+        raise InvalidInput("planning Qwen3-Omni's talker and Code2Wav from a config.json is not supported yet",
+                           "the checkpoint has enable_audio_output: true (speech out comes with issue 11)",
+                           "plan the thinker-only variant (enable_audio_output: false), or plan from the preset")
+    p = dict(p, aut=hf.aut(hf.sub(th, "audio_config")), vision=hf.vision(hf.sub(th, "vision_config")),
+             thinker=hf.thinker(text, None), dtype=hf.dtype(config, th, text), speech=False)
+    return p
+
+
+def declare(preset: str = "30b-a3b", config: dict | None = None) -> gc.Model:
+    """The preset's budgets; the nodes' shapes from `config` (a checkpoint's config.json) when given. A
+    checkpoint without audio output declares the thinker alone (kinds t2t, a2t, i2t, v2t)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset '{preset}'; presets: {', '.join(PRESETS)}")
-    p = PRESETS[preset]
-    enc_in, enc_out = node_ports(p["aut"], "bfloat16")
+    p = PRESETS[preset] if config is None else from_config(PRESETS[preset], config)
+    dt, speech = p.get("dtype", "bfloat16"), p.get("speech", True)
+    enc_in, enc_out = node_ports(p["aut"], dt)
     c_in, c_out = c2w.ports(p["code2wav"])
+    nodes = [
+        gc.Node(name="audio_encoder", module=AuTEncoder, config=p["aut"], weight_prefix="thinker.audio_tower.",
+                inputs=enc_in, outputs=enc_out, resources={"attn": "audio_attn"}, dtype=dt),
+        vision_node(p["vision"], name="vision_encoder", attn="vision_attn", dtype=dt),
+        thinker_node(p),
+    ]
+    if speech:
+        nodes += [talker_node(p),
+                  gc.Node(name="code2wav", module=c2w.Code2Wav, config=p["code2wav"], weight_prefix="code2wav.",
+                          inputs=c_in, outputs=c_out, resources={"attn": "code2wav_attn"})]
+    speech_parts = ("talker_kv", "code_predictor_attn", "code2wav_attn")
+    requests = [
+        gc.RequestKind(name="t2t", stages=("thinker_prefill", "thinker_decode")),
+        gc.RequestKind(name="a2t", stages=("audio_prefill", "thinker_decode")),
+        gc.RequestKind(name="i2t", stages=("image_prefill", "thinker_decode")),
+        gc.RequestKind(name="v2t", stages=("video_prefill", "thinker_decode")),
+    ]
+    if speech:
+        requests += [gc.RequestKind(name="t2s", stages=("thinker_prefill", SPEECH)),
+                     gc.RequestKind(name="a2s", stages=("audio_prefill", SPEECH))]
     return gc.Model(
-        name=f"qwen3_omni-{preset}",
-        nodes=[
-            gc.Node(name="audio_encoder", module=AuTEncoder, config=p["aut"], weight_prefix="thinker.audio_tower.",
-                    inputs=enc_in, outputs=enc_out, resources={"attn": "audio_attn"}),
-            vision_node(p["vision"], name="vision_encoder", attn="vision_attn"),
-            thinker_node(p),
-            talker_node(p),
-            gc.Node(name="code2wav", module=c2w.Code2Wav, config=p["code2wav"], weight_prefix="code2wav.",
-                    inputs=c_in, outputs=c_out, resources={"attn": "code2wav_attn"}),
-        ],
-        resources=resources(p),
+        name=f"qwen3_omni-{preset}" if config is None else f"qwen3_omni-{preset}-checkpoint",
+        nodes=nodes,
+        resources=[r.model_copy(update={"dtype": dt}) if r.name == "thinker_kv" else r
+                   for r in resources(p) if speech or r.name not in speech_parts],
         edges=[gc.Edge(src="audio_encoder.embeds", dst="thinker.audio_embeds"),
                gc.Edge(src="vision_encoder.embeds", dst="thinker.visual_embeds"),
                gc.Edge(src="vision_encoder.deepstack", dst="thinker.deepstack")],
-        walks=walks(p),
-        requests=[
-            gc.RequestKind(name="t2t", stages=("thinker_prefill", "thinker_decode")),
-            gc.RequestKind(name="a2t", stages=("audio_prefill", "thinker_decode")),
-            gc.RequestKind(name="i2t", stages=("image_prefill", "thinker_decode")),
-            gc.RequestKind(name="v2t", stages=("video_prefill", "thinker_decode")),
-            gc.RequestKind(name="t2s", stages=("thinker_prefill", SPEECH)),
-            gc.RequestKind(name="a2s", stages=("audio_prefill", SPEECH)),
-        ],
+        walks=[w for w in walks(p) if speech or w.name not in SPEECH[1:]],
+        requests=requests,
     )
+
+def host(model: gc.Model, checkpoint: str | None = None):
+    """The serving host (graphc/runtime/host.py): Qwen3-Omni's media tokens and end-of-turn ids from the
+    checkpoint's config.json, or the real model's (seeded weights on a vocabulary that holds them)."""
+    from models.components.hosting import AudioVisualHost, Encoders, checkpoint_config, random_media_tokens
+    from models.components.mrope import MediaTokens
+
+    encoders = Encoders(audio=("audio_encoder", "audio_prefill"), image=("vision_encoder", "image_prefill"),
+                        video=("vision_encoder", "video_prefill"))
+    vocab = model.node("thinker").config.vocab_size
+    cfg = checkpoint_config(checkpoint)
+    if cfg is not None:
+        th = cfg.get("thinker_config", cfg)
+        media = MediaTokens(**{k: th[k] for k in MediaTokens.model_fields if k in th and k != "spatial_merge_size"})
+        eos = checkpoint_eos(checkpoint, cfg)
+    elif vocab > MediaTokens().audio_token_id:
+        media, eos = MediaTokens(), (151645, 151643)
+    else:
+        media, eos = random_media_tokens(vocab), ()
+    return AudioVisualHost(model, "thinker", encoders, media, mrope=True, eos_token_ids=eos)
+
+
+def checkpoint_eos(checkpoint: str, cfg: dict) -> tuple[int, ...]:
+    from models.components.hosting import generation_eos
+
+    return generation_eos(checkpoint, cfg)

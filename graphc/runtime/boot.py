@@ -106,7 +106,7 @@ def check_target(plan: Plan, emulate: bool, force: bool) -> torch.device:
 
 
 def plan_ir(plan: Plan) -> IR:
-    src = load_model(plan.model.file, plan.model.preset)
+    src = load_model(plan.model.file, plan.model.preset, plan.model.config)
     model = apply_overrides(src.model, plan.overrides)
     base = get_target(plan.target.gpu)
     cap = None if plan.target.capacity_bytes == base.memory_bytes else plan.target.capacity_bytes

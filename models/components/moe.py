@@ -8,8 +8,9 @@ down}_proj scaled by sigmoid(shared_expert_gate [1, H]).
 
 Every shape is static for a given row count: the T*k token-expert pairs are sorted by expert and the
 per-expert end offsets are found on device with searchsorted, so a step captures as one CUDA graph.
-torch's grouped_mm runs fp32 and bf16 on the CPU (bf16 rows 16-byte aligned); its meta kernel takes bf16
-only, so the compiler's fake-tensor simulation of an MoE node needs the node dtype bfloat16.
+torch's grouped_mm runs bf16 (rows 16-byte aligned); its meta kernel takes bf16 only, so the compiler could
+not trace it in fp32. Other dtypes (fp32 for exact parity on tiny models) gather each pair's expert weights
+and run one batched matmul: same static shapes, [T*k, 2I, H] of gathered weights, for small models only.
 """
 from __future__ import annotations
 
@@ -34,8 +35,12 @@ class Experts(nn.Module):
         ends = torch.searchsorted(order, torch.arange(1, self.num_experts + 1, device=x.device),
                                   out_int32=True)                                 # [E] end of each expert's rows
         xs = x.index_select(0, rows // k)                                        # [T*k, H]
-        gate, up = F.grouped_mm(xs, self.gate_up_proj.transpose(-2, -1), offs=ends).chunk(2, dim=-1)
-        y = F.grouped_mm(F.silu(gate) * up, self.down_proj.transpose(-2, -1), offs=ends)   # [T*k, H]
+        if x.dtype == torch.bfloat16:
+            gate, up = F.grouped_mm(xs, self.gate_up_proj.transpose(-2, -1), offs=ends).chunk(2, dim=-1)
+            y = F.grouped_mm(F.silu(gate) * up, self.down_proj.transpose(-2, -1), offs=ends)   # [T*k, H]
+        else:
+            gate, up = torch.bmm(self.gate_up_proj.index_select(0, order), xs[:, :, None])[:, :, 0].chunk(2, dim=-1)
+            y = torch.bmm(self.down_proj.index_select(0, order), (F.silu(gate) * up)[:, :, None])[:, :, 0]
         y = y * weights.reshape(-1).index_select(0, rows)[:, None]
         pairs = torch.empty_like(y)
         pairs[rows] = y                                                          # back to (token, slot) order

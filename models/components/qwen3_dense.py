@@ -89,9 +89,13 @@ class Qwen3LM(NodeModule):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
 
+    @property
+    def body(self) -> Qwen3Body:
+        return self.model
+
     def embed(self, token_ids: torch.Tensor, mm_embeds: torch.Tensor | None, mm_rows: torch.Tensor | None
               ) -> torch.Tensor:
-        x = self.model.embed_tokens(token_ids)                         # [T, D]
+        x = self.body.embed_tokens(token_ids)                         # [T, D]
         if mm_embeds is None:
             return x
         spliced = mm_embeds.to(x.dtype).index_select(0, mm_rows.clamp(min=0))
@@ -103,10 +107,29 @@ class Qwen3LM(NodeModule):
         kv = ctx["kv"]
         x = self.embed(token_ids, mm_embeds, mm_rows)
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
-        for layer in self.model.layers:
+        for layer in self.body.layers:
             x = layer(x, cos, sin, kv)
-        x = self.model.norm(x.index_select(0, sample_rows))             # [S, D]
+        x = self.body.norm(x.index_select(0, sample_rows))             # [S, D]
         return {"logits": self.lm_head(x).float()}
+
+
+class Qwen3LMNested(Qwen3LM):
+    """Qwen3LM with its decoder at model.language_model (transformers' multimodal layout, e.g. the
+    Qwen3-ASR "-hf" checkpoints: model.language_model.*, lm_head)."""
+
+    def __init__(self, cfg: Qwen3Config):
+        NodeModule.__init__(self)
+        self.cfg = cfg
+        self.model = nn.Module()
+        self.model.language_model = Qwen3Body(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.language_model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
+
+    @property
+    def body(self) -> Qwen3Body:
+        return self.model.language_model
 
 
 def lm_ports(cfg: Qwen3Config, mm_rows: str, dtype: str = "bfloat16") -> tuple[dict[str, Port], dict[str, Port]]:

@@ -1,0 +1,125 @@
+"""Write tiny checkpoints the way users have them: HF transformers' save_pretrained (config.json and
+safetensors), a tokenizer.json built with `tokenizers`, and a Qwen-style chat template.
+
+    python examples/make_tiny_checkpoint.py asr ckpt/tiny_asr        # Qwen3-ASR (transformers' layout)
+    python examples/make_tiny_checkpoint.py omni ckpt/tiny_omni      # Qwen3-Omni thinker (no talker)
+
+Then plan and serve it on a CPU:
+
+    graphc plan models/qwen3_asr.py --preset tiny --checkpoint ckpt/tiny_asr --gpu cpu -o asr.plan
+    graphc run asr.plan --checkpoint ckpt/tiny_asr --requests requests.jsonl --output out.jsonl
+
+Needs transformers (the test extra). Weights are HF's random init (seeded); the tests re-draw them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>",
+            "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+CORPUS = ["the quick brown fox jumps over the lazy dog", "transcribe this audio please", "what is in the image",
+          "describe the video", "hello world, how are you today?", "graphc plans and serves multimodal models",
+          "naïve café — 日本語のテキスト 😀", "numbers 0123456789 and symbols !?.,;:"] * 4
+TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<|im_start|>' + message.role + '\\n' }}"
+    "{%- if message.content is string -%}{{ message.content }}"
+    "{%- else -%}{%- for part in message.content -%}"
+    "{%- if part.type == 'text' -%}{{ part.text }}"
+    "{%- elif part.type == 'audio' -%}{{ '<|audio_start|><|audio_pad|><|audio_end|>' }}"
+    "{%- elif part.type == 'image' -%}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif part.type == 'video' -%}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{ '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}")
+VOCAB = 512
+
+
+def build_tokenizer() -> Tokenizer:
+    """Byte-level BPE of under 400 ids, then the special tokens."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=390, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.add_special_tokens(SPECIALS)
+    assert tok.get_vocab_size() <= VOCAB - 8
+    return tok
+
+
+def ids(tok: Tokenizer) -> dict[str, int]:
+    return {s: tok.token_to_id(s) for s in SPECIALS}
+
+
+def asr_model(tok: Tokenizer, seed: int = 0):
+    from transformers.models.qwen3_asr.configuration_qwen3_asr import Qwen3ASRConfig
+    from transformers.models.qwen3_asr.modeling_qwen3_asr import Qwen3ASRForConditionalGeneration
+
+    s = ids(tok)
+    torch.manual_seed(seed)
+    cfg = Qwen3ASRConfig(
+        audio_config=dict(model_type="qwen3_asr_encoder", num_mel_bins=128, d_model=64, encoder_layers=2,
+                          encoder_attention_heads=4, encoder_ffn_dim=128, output_dim=64, downsample_hidden_size=16),
+        text_config=dict(model_type="qwen3", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                         tie_word_embeddings=True),
+        audio_token_id=s["<|audio_pad|>"], pad_token_id=s["<|endoftext|>"],
+        eos_token_id=[s["<|im_end|>"], s["<|endoftext|>"]])
+    return Qwen3ASRForConditionalGeneration(cfg).eval()
+
+
+def omni_model(tok: Tokenizer, seed: int = 0):
+    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeConfig
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeForConditionalGeneration
+
+    s = ids(tok)
+    torch.manual_seed(seed)
+    text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                norm_topk_prob=True, max_position_embeddings=4096,
+                rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [4, 2, 2],
+                                 "interleaved": True})
+    audio = dict(num_mel_bins=128, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128, d_model=64,
+                 output_dim=64, downsample_hidden_size=16)
+    vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=64,
+                  deepstack_visual_indexes=[0, 1], num_position_embeddings=64, patch_size=16)
+    thinker = dict(text_config=text, audio_config=audio, vision_config=vision, audio_token_id=s["<|audio_pad|>"],
+                   image_token_id=s["<|image_pad|>"], video_token_id=s["<|video_pad|>"],
+                   audio_start_token_id=s["<|audio_start|>"], vision_start_token_id=s["<|vision_start|>"],
+                   position_id_per_seconds=13)
+    cfg = Qwen3OmniMoeConfig(thinker_config=thinker, enable_audio_output=False)
+    return Qwen3OmniMoeForConditionalGeneration(cfg).eval()
+
+
+def save(model, tok: Tokenizer, path: str | Path) -> Path:
+    """save_pretrained, tokenizer.json, the chat template and a generation config with our end ids."""
+    path = Path(path)
+    model.save_pretrained(path)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "chat_template.jinja").write_text(TEMPLATE)
+    s = ids(tok)
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [s["<|im_end|>"], s["<|endoftext|>"]]}))
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("kind", choices=["asr", "omni"])
+    ap.add_argument("out")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    tok = build_tokenizer()
+    model = asr_model(tok, a.seed) if a.kind == "asr" else omni_model(tok, a.seed)
+    print(save(model, tok, a.out))
+
+
+if __name__ == "__main__":
+    main()

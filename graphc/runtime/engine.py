@@ -1,0 +1,319 @@
+"""graphc.Engine: boots a plan and serves its request kinds (the Python API `graphc run` uses).
+
+    engine = Engine("plans/qwen3_omni_tiny_cpu.plan", checkpoint="ckpt/")     # or random_weights=True
+    outs = engine.generate([{"messages": [...], "max_tokens": 32}, {"prompt_token_ids": [...]}])
+
+One thread drives it: add() requests, step() until they finish (generate() does both). The server
+calls the same methods from its engine thread.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graphc.errors import InvalidInput
+from graphc.overrides import apply_overrides
+from graphc.plan import Plan, load_plan
+from graphc.runtime.boot import boot_plan
+from graphc.runtime.executor import Executor, llm_node
+from graphc.runtime.host import Host, Media
+from graphc.runtime.request import Request, Status
+from graphc.runtime.sampler import Sampler, SamplingParams, new_generator
+from graphc.runtime.scheduler import Scheduler
+from graphc.source import load_model
+
+
+@dataclass
+class Output:
+    """What one request produced."""
+
+    id: str
+    kind: str
+    prompt_tokens: int
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str | None
+    logprobs: list[dict] | None = None
+    error: str | None = None
+    times: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class Event:
+    """A step's news for one request: new tokens, the text they released, and whether it finished."""
+
+    request: Request
+    token_ids: list[int]
+    text: str
+    finished: bool
+
+
+class Engine:
+    def __init__(self, plan: str | Path | Plan, checkpoint: str | Path | None = None, *, random_weights: bool = False,
+                 seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True):
+        if checkpoint is None and not random_weights:
+            raise InvalidInput("no weights to serve", "graphc run needs a checkpoint",
+                               "pass --checkpoint DIR, or --random-weights to serve seeded weights (token ids only)")
+        self.plan = plan if isinstance(plan, Plan) else load_plan(plan)
+        if len(self.plan.devices) != 1:
+            raise InvalidInput(f"the plan places its nodes on {len(self.plan.devices)} devices",
+                               "this engine serves one-device plans; multi-device serving is issue 12",
+                               "plan with --gpus 1")
+        t0 = time.perf_counter()
+        self.checkpoint = str(checkpoint) if checkpoint is not None else None
+        self.boot = boot_plan(self.plan, checkpoint=self.checkpoint, seed=seed, emulate=emulate, force=force,
+                              prebuild=prebuild)[0]
+        self.boot_seconds = time.perf_counter() - t0
+        self.model = self.boot.ir.model
+        self.llm = llm_node(self.boot)
+        self.host = self._host()
+        self.executor = Executor(self.boot, self.host, self.llm)
+        kv_res = self.model.node(self.llm).resources[self.executor.kv_role]
+        self.scheduler = Scheduler(self.plan, self.model, self.llm, self.executor.kv_spec, self.boot.pages[kv_res])
+        self.sampler = Sampler(seed, self.boot.device)
+        self.tokenizer = self.template = None
+        if self.checkpoint and (Path(self.checkpoint) / "tokenizer.json").is_file():
+            from graphc.runtime.chat import ChatTemplate, load_tokenizer
+            self.tokenizer = load_tokenizer(self.checkpoint)
+            try:
+                self.template = ChatTemplate.from_checkpoint(self.checkpoint)
+            except InvalidInput:
+                self.template = None
+        self._ids = itertools.count()
+        self.requests: dict[str, Request] = {}
+
+    # ---- boot facts
+    def _host(self) -> Host:
+        src = load_model(self.plan.model.file, self.plan.model.preset, self.plan.model.config)
+        make = getattr(src.module, "host", None)
+        if not callable(make):
+            raise InvalidInput(f"{self.plan.model.file} declares no host(model, checkpoint)",
+                               "graphc run builds prompts and encoder steps through the model file's host",
+                               "add a host() to the model file (graphc/runtime/host.py says what it returns)")
+        return make(self.model, self.checkpoint)
+
+    def summary(self) -> str:
+        kv = self.executor.kv_spec
+        pages = self.scheduler.pages.num_pages
+        graphs = len(self.boot.graphs)
+        where = self.boot.device.type if self.boot.device.type == "cpu" else f"{self.plan.target.gpu} x1"
+        return (f"graphc run: {self.plan.model.name} on {where}, {graphs} graphs captured"
+                f"{' (CPU: every step eager)' if graphs == 0 else ''}, {pages * kv.page_size:,} KV tokens "
+                f"({pages:,} pages), kinds {', '.join(self.kinds())}, booted in {self.boot_seconds:.1f} s")
+
+    def kinds(self) -> list[str]:
+        return [k for k, stages in self.plan.requests.items() if _text_kind(stages)]
+
+    # ---- requests
+    def _kind(self, walks: set[str]) -> tuple[str, list[str], str]:
+        decode = self.scheduler.decode_walk
+        for name, stages in self.plan.requests.items():
+            if not _text_kind(stages):
+                continue
+            prefill = [s for s in stages if s != decode]
+            encoders = {w for w in prefill if self.scheduler.encoder.get(w)}
+            if encoders == walks:
+                return name, prefill, decode
+        media = " and ".join(sorted(walks)) or "text only"
+        raise InvalidInput(f"no request kind of this plan takes {media}",
+                           f"its kinds with text out: {', '.join(self.kinds())}",
+                           "send the inputs one of those kinds takes")
+
+    def tokenize(self, messages: list[dict] | None = None, prompt: str | None = None) -> list[int]:
+        if self.tokenizer is None:
+            raise InvalidInput("this engine has no tokenizer", "it was started without a checkpoint tokenizer.json",
+                               "send prompt_token_ids, or start it with --checkpoint DIR holding tokenizer.json")
+        if messages is not None:
+            if self.template is None:
+                raise InvalidInput("the checkpoint has no chat template", "", "send prompt or prompt_token_ids")
+            prompt = self.template.render(messages, add_generation_prompt=True)
+        return self.tokenizer.encode(prompt, add_special_tokens=False).ids
+
+    def add(self, *, prompt_token_ids: list[int] | None = None, messages: list[dict] | None = None,
+            prompt: str | None = None, media: list[Media] = (), params: SamplingParams | None = None,
+            request_id: str | None = None, user: Any = None) -> Request:
+        params = params or SamplingParams()
+        given = [x is not None for x in (prompt_token_ids, messages, prompt)]
+        if sum(given) != 1:
+            raise InvalidInput("a request needs exactly one of prompt_token_ids, messages and prompt",
+                               f"got {sum(given)}", "send one")
+        media = list(media)
+        if messages is not None:
+            from graphc.runtime.inputs import split_messages
+            messages, found = split_messages(messages)
+            media += found
+        ids = list(prompt_token_ids) if prompt_token_ids is not None else self.tokenize(messages, prompt)
+        vocab = self.model.node(self.llm).outputs["logits"].shape[-1]
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidInput(f"prompt token ids {bad[:4]} are outside the vocabulary", f"it has {vocab} ids",
+                               "tokenize with the checkpoint's tokenizer")
+        rp = self.host.prompt(ids, media)
+        if not rp.ids:
+            raise InvalidInput("the prompt is empty", "", "send at least one token")
+        kind, prefill, decode = self._kind(rp.walks())
+        rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        if rid in self.requests:
+            raise InvalidInput(f"request id {rid} is in flight", "", "use another id")
+        most = self.executor.kv_spec.max_seq_len
+        max_tokens = params.max_tokens if params.max_tokens is not None else max(most - len(rp.ids), 1)
+        req = Request(id=rid, kind=kind, prefill_walks=prefill, decode_walk=decode, prompt=rp, params=params,
+                      max_rows=len(rp.ids) + max_tokens, arrival=next(self._ids), max_tokens=max_tokens,
+                      user=user)
+        req.generator = new_generator(params.seed, self.boot.device) if params.seed is not None else None
+        if self.tokenizer is not None:
+            from graphc.runtime.detok import Detokenizer
+            req.detok = Detokenizer(self.tokenizer, params.stop)
+        elif params.stop:
+            raise InvalidInput("stop strings need a tokenizer", "this engine serves token ids only",
+                               "use stop_token_ids, or start it with --checkpoint")
+        req.logprobs = [] if params.logprobs else None
+        self.scheduler.add(req)
+        self.requests[rid] = req
+        return req
+
+    def abort(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        if req is not None and req.status is not Status.FINISHED:
+            req.finish_reason = "abort"
+            self.scheduler.release(req)
+
+    def has_work(self) -> bool:
+        return not self.scheduler.idle()
+
+    # ---- one step
+    def step(self) -> list[Event]:
+        plan = self.scheduler.schedule()
+        if plan is None:
+            return []
+        try:
+            logits = self.executor.run(plan)
+        except Exception as e:           # the step's requests fail; the engine and the others go on
+            events = []
+            for c in plan.chunks:
+                c.req.finish_reason, c.req.error = "error", f"{type(e).__name__}: {e}"
+                events.append(self._finish(c.req))
+            return events
+        for c in plan.chunks:
+            c.req.computed = c.end
+        samplers = [c for c in plan.chunks if c.sample]
+        events = []
+        if samplers:
+            reqs = [c.req for c in samplers]
+            out = self.sampler(logits, [r.params for r in reqs], [r.prompt.ids for r in reqs],
+                               [r.output for r in reqs], [r.generator for r in reqs])
+            tokens = out.tokens.tolist()
+            for i, (req, tok) in enumerate(zip(reqs, tokens)):
+                if req.logprobs is not None:
+                    n = req.params.top_logprobs
+                    req.logprobs.append({"token_id": tok, "logprob": float(out.logprobs[i]),
+                                         "top": list(zip(out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist()))})
+                events.append(self._accept(req, tok))
+        return events
+
+    def _accept(self, req: Request, tok: int) -> Event:
+        now = time.perf_counter()
+        req.times.setdefault("first_token", now)
+        req.output.append(tok)
+        text = req.detok.add([tok]) if req.detok is not None else ""
+        p = req.params
+        if not p.ignore_eos and tok in self.host.eos_token_ids or tok in p.stop_token_ids:
+            req.finish_reason = "stop"
+        elif req.detok is not None and req.detok.stopped:
+            req.finish_reason = "stop"
+        elif len(req.output) >= req.max_tokens or req.rows >= req.max_rows:
+            req.finish_reason = "length"
+        if req.finish_reason:
+            ev = self._finish(req)
+            ev.token_ids, ev.text = [tok], text + ev.text
+            return ev
+        return Event(req, [tok], text, False)
+
+    def _finish(self, req: Request) -> Event:
+        self.scheduler.release(req)
+        self.requests.pop(req.id, None)
+        req.times["finished"] = time.perf_counter()
+        tail = req.detok.finish() if req.detok is not None and req.finish_reason != "error" else ""
+        return Event(req, [], tail, True)
+
+    def output(self, req: Request) -> Output:
+        t = req.times
+        times = {"ttft_s": t["first_token"] - t["arrived"]} if "first_token" in t else {}
+        if "finished" in t:
+            times["total_s"] = t["finished"] - t["arrived"]
+        return Output(id=req.id, kind=req.kind, prompt_tokens=len(req.prompt.ids), token_ids=list(req.output),
+                      text=req.detok.text if req.detok is not None else None, finish_reason=req.finish_reason,
+                      logprobs=req.logprobs, error=req.error, times=times)
+
+    # ---- offline
+    def generate(self, items: list[dict], progress: bool = False) -> list[Output]:
+        """Run a batch of request dicts (parse_request's shape), arriving at once; outputs in input order."""
+        from tqdm import tqdm
+
+        reqs = [self.add(**parse_request(item, i)) for i, item in enumerate(items)]
+        with tqdm(total=len(reqs), desc="requests", unit="req", file=sys.stderr, disable=not progress) as bar:
+            while self.has_work():
+                for ev in self.step():
+                    if ev.finished:
+                        bar.update(1)
+        return [self.output(r) for r in reqs]
+
+
+def _text_kind(stages: list) -> bool:
+    """Kinds whose stages are all single walks (speech runs walks side by side: issue 11)."""
+    return all(isinstance(s, str) for s in stages)
+
+
+REQUEST_KEYS = {"id", "messages", "prompt", "prompt_token_ids", "media"}
+
+
+def parse_request(item: dict, index: int = 0) -> dict:
+    """One offline request (a JSONL line): messages | prompt | prompt_token_ids, optional media
+    [{type: audio|image|video, path, fps}] and id, and sampling parameters by name."""
+    from graphc.runtime.media import load_audio, load_image
+
+    if not isinstance(item, dict):
+        raise InvalidInput(f"request {index} is {type(item).__name__}, not an object", "", "write one JSON object a line")
+    params = {k: v for k, v in item.items() if k not in REQUEST_KEYS}
+    try:
+        sp = SamplingParams(**params)
+    except Exception as e:
+        raise InvalidInput(f"request {index}: bad sampling parameters", str(e),
+                           f"request keys: {sorted(REQUEST_KEYS)}; sampling: {sorted(SamplingParams.model_fields)}") from None
+    media = []
+    for m in item.get("media", []):
+        kind, path = m.get("type"), m.get("path")
+        if kind == "audio":
+            media.append(Media("audio", load_audio(path)))
+        elif kind == "image":
+            media.append(Media("image", load_image(path)))
+        elif kind == "video":
+            from graphc.runtime.media import load_video
+            frames, fps = load_video(path, fps=m.get("fps"))
+            media.append(Media("video", frames, fps))
+        else:
+            raise InvalidInput(f"request {index}: media type {kind!r}", "", "use audio, image or video")
+    return dict(prompt_token_ids=item.get("prompt_token_ids"), messages=item.get("messages"),
+                prompt=item.get("prompt"), media=media, params=sp, request_id=item.get("id"))
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    out = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise InvalidInput(f"{path}:{n} is not JSON", str(e), "write one JSON object a line") from None
+    return out

@@ -1,0 +1,135 @@
+"""Runs one scheduled step on a booted device: the walk's encoders on their pieces, then the LLM node on
+the step's rows, with encoder rows spliced through the declaration's edges. Returns the logits of the
+rows that sample.
+
+The CPU runs every step eagerly on the torch backends. On a GPU a step at a captured rung copies its
+inputs into the family's static buffers, plans the rung's backends and replays the graph; a step past
+the captured rungs runs eagerly on backends of its own size (graphc/runtime/gpu_step.py).
+"""
+from __future__ import annotations
+
+import torch
+
+from graphc.declare import TORCH_DTYPES, Node
+from graphc.errors import InvalidInput
+from graphc.ir import Step
+from graphc.runtime.boot import DeviceBoot
+from graphc.runtime.host import Host
+from graphc.runtime.scheduler import StepPlan
+from graphc.step import StepContext
+from resources.paged_kv import PagedKVSpec, PagedTorch
+from resources.ragged_attention import RaggedAttentionSpec, RaggedTorch
+
+
+def llm_node(boot: DeviceBoot) -> str:
+    """The node that decodes text: the one node on the decode walk that ends the plan's text request
+    kinds (those whose stages are single walks)."""
+    model, found = boot.ir.model, set()
+    for stages in boot.plan.requests.values():
+        if all(isinstance(s, str) for s in stages) and model.walk(stages[-1]).kind == "decode":
+            found.update(model.walk(stages[-1]).path)
+    if len(found) != 1:
+        raise InvalidInput(f"the plan's text request kinds end in decode walks over {sorted(found) or 'no node'}",
+                           "the engine serves kinds that end by decoding one LLM node",
+                           "declare request kinds whose last stage is one decode walk")
+    return found.pop()
+
+
+def rows_port(node: Node, port: str) -> str:
+    """The int64 [tokens] port in the same optional group as `port`: which encoder row each token row takes."""
+    group = node.inputs[port].optional
+    found = [p for p, spec in node.inputs.items() if spec.optional == group and p != port
+             and spec.dtype == "int64" and spec.shape == ("tokens",)]
+    if group is None or len(found) != 1:
+        raise RuntimeError(f"{node.name}.{port}: its optional group needs exactly one int64 [tokens] row-index port")
+    return found[0]
+
+
+class Executor:
+    def __init__(self, boot: DeviceBoot, host: Host, llm: str):
+        self.boot, self.host, self.llm = boot, host, llm
+        self.model = boot.ir.model
+        self.steps: dict[tuple[str, str], Step] = {(s.node, s.walk): s for s in boot.ir.steps}
+        self.kv_role, kv_res = next((role, r) for role, r in self.model.node(llm).resources.items()
+                                    if isinstance(self.model.resource(r), PagedKVSpec))
+        self.kv_spec: PagedKVSpec = self.model.resource(kv_res)
+        self.cache = boot.caches[kv_res]
+        self.gpu = None
+        if boot.device.type == "cuda":
+            from graphc.runtime.gpu_step import GpuSteps
+            self.gpu = GpuSteps(boot)
+
+    def _cast(self, node: Node, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(device=self.boot.device, dtype=TORCH_DTYPES[node.inputs[k].dtype]) for k, v in inputs.items()}
+
+    def _run(self, node: str, walk: str, rung: int | None, size: int, inputs: dict, layouts: dict) -> dict:
+        decl = self.model.node(node)
+        inputs = self._cast(decl, inputs)
+        if self.gpu is not None:
+            return self.gpu.run(node, walk, rung, size, inputs, layouts)
+        binds = {}
+        for role, res in decl.resources.items():
+            spec = self.model.resource(res)
+            if isinstance(spec, RaggedAttentionSpec):
+                binds[role] = RaggedTorch(spec, layouts[role])
+            else:
+                binds[role] = PagedTorch(spec, self.cache, *layouts[role])
+        with torch.inference_mode():
+            return self.boot.modules[node](StepContext(binds), **inputs)
+
+    def run(self, plan: StepPlan) -> torch.Tensor:
+        """Logits [S, vocab] of the chunks that sample, in chunk order."""
+        walk = self.model.walk(plan.walk)
+        spliced: dict[str, tuple[dict, dict]] = {}         # encoder -> (outputs, {(request id, row): out row})
+        for node in walk.path:
+            if node == self.llm:
+                continue
+            pieces = [(c.req, p) for c in plan.chunks for p in c.pieces]
+            if not pieces:
+                continue
+            units = plan.rungs.get(node) or plan.sizes[node]
+            batch = self.host.encode(node, [p for _, p in pieces], units)
+            out = self._run(node, plan.walk, plan.rungs.get(node), plan.sizes[node], batch.inputs, batch.segments)
+            where = {}
+            for (req, piece), offset in zip(pieces, batch.offsets):
+                for j, row in enumerate(piece.rows):
+                    where[(req.id, row)] = offset + j
+            spliced[node] = (out, where)
+        return self._llm(plan, walk, spliced)
+
+    def _llm(self, plan: StepPlan, walk, spliced: dict) -> torch.Tensor:
+        decl = self.model.node(self.llm)
+        ids, positions, sample, qo, kv, tables, order = [], [], [], [], [], [], []
+        for c in plan.chunks:
+            ids += c.req.row_ids(c.start, c.end)
+            positions.append(c.req.prompt.positions_of(c.start, c.end))
+            order += [(c.req.id, r) for r in range(c.start, c.end)]
+            if c.sample:
+                sample.append(len(ids) - 1)
+            qo.append(c.end - c.start)
+            kv.append(c.end)
+            tables.append(c.req.pages)
+        pos = torch.cat(positions, dim=1)
+        if len(decl.inputs["positions"].shape) == 1:
+            pos = pos[0]
+        inputs = {"token_ids": torch.tensor(ids, dtype=torch.int64), "positions": pos,
+                  "sample_rows": torch.tensor(sample, dtype=torch.int64)}
+        step = self.steps[(self.llm, plan.walk)]
+        fed = set(step.inputs)
+        for e in self.model.edges:
+            (src, sport), (dst, dport) = e.ends()
+            if dst != self.llm or dport not in fed:
+                continue
+            rport = rows_port(decl, dport)
+            if src in spliced:
+                out, where = spliced[src]
+                inputs[dport] = out[sport]
+                inputs[rport] = torch.tensor([where.get(k, -1) for k in order], dtype=torch.int64)
+            else:      # the walk feeds the group but no piece ran this step: nothing is spliced
+                sizes = step.sizes_at(plan.rungs.get(self.llm) or plan.sizes[self.llm])
+                port = decl.inputs[dport]
+                inputs[dport] = torch.zeros(port.concrete(sizes), dtype=TORCH_DTYPES[port.dtype])
+                inputs[rport] = torch.full((len(ids),), -1, dtype=torch.int64)
+        out = self._run(self.llm, plan.walk, plan.rungs.get(self.llm), plan.sizes[self.llm], inputs,
+                        {self.kv_role: (qo, kv, tables)})
+        return out["logits"][:len(sample)]

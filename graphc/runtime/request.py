@@ -1,0 +1,91 @@
+"""A request's state as the engine moves it through its kind's walks.
+
+Rows: a request's prompt rows, then one row per generated token. `computed` rows have their K/V in
+the request's pages. The last generated token is fed by the next decode step, so a decoding request
+has computed == rows - 1. Preemption (recompute) drops every page and sets computed to 0: the prompt
+and the tokens so far are prefilled again, up to the last token, which a decode step then feeds.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphc.runtime.host import Piece, Prompt
+from graphc.runtime.sampler import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"        # not holding pages: new, or preempted
+    RUNNING = "running"        # holding pages for every computed row and the rows in flight
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    id: str
+    kind: str                          # the plan's request kind
+    prefill_walks: list[str]           # its prefill stages' walks, in order
+    decode_walk: str
+    prompt: Prompt
+    params: SamplingParams
+    max_rows: int                      # prompt rows + max_tokens: the most rows it may ever hold
+    arrival: int                       # order of arrival (ties broken by it everywhere)
+    output: list[int] = field(default_factory=list)
+    computed: int = 0
+    pages: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: str | None = None   # stop, length, abort, error
+    error: str | None = None
+    preemptions: int = 0
+    times: dict[str, float] = field(default_factory=lambda: {"arrived": time.perf_counter()})
+    max_tokens: int = 0
+    generator: Any = None              # its own seeded torch.Generator, or None (the engine's)
+    detok: Any = None                  # its Detokenizer when the engine has a tokenizer
+    logprobs: list | None = None       # per token, when asked
+    user: Any = None                   # what the engine's caller keeps with it (a stream, ...)
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompt.ids) + len(self.output)
+
+    @property
+    def target(self) -> int:
+        """Rows prefill computes: the whole prompt, or after a preemption every row but the last."""
+        return len(self.prompt.ids) if not self.output else self.rows - 1
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < self.target
+
+    @property
+    def decoding(self) -> bool:
+        return bool(self.output) and self.computed == self.rows - 1
+
+    def row_ids(self, start: int, end: int) -> list[int]:
+        n = len(self.prompt.ids)
+        return (self.prompt.ids[start:min(end, n)] + self.output[max(start - n, 0):max(end - n, 0)])
+
+    def stage_end(self, walk: str) -> int:
+        """The row a prefill stage on `walk` runs to: an encoder stage followed by another prefill stage
+        stops after its last media row; the last prefill stage runs to the target."""
+        i = self.prefill_walks.index(walk)
+        if i == len(self.prefill_walks) - 1:
+            return self.target
+        rows = [p.last + 1 for m in self.prompt.media if m.walk == walk for p in m.pieces]
+        return min(max(rows, default=0), self.target)
+
+    def stage(self) -> str | None:
+        """The walk of the prefill stage it is in, None when it is not prefilling."""
+        if not self.prefilling:
+            return None
+        for w in self.prefill_walks:
+            if self.stage_end(w) > self.computed:
+                return w
+        return self.prefill_walks[-1]
+
+    def pending_pieces(self, walk: str) -> list[Piece]:
+        """Media pieces of `walk` not yet encoded (those starting at or after the computed rows)."""
+        out = [p for m in self.prompt.media if m.walk == walk for p in m.pieces if p.first >= self.computed]
+        return sorted(out, key=lambda p: p.first)

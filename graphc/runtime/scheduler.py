@@ -1,0 +1,278 @@
+"""Continuous batching over a plan's walks: each step runs one walk on a batch that fits its budget.
+
+Policy (nano-vllm's, with walks):
+  - Admission in order of arrival, while the decode walk has a sequence slot and the pool has the pages
+    of the request's rows (prompt, or prompt and tokens so far after a preemption). A request that can
+    never fit (longer than the plan's longest, or a media piece larger than its walk's budget) is
+    refused when it is added, with the numbers.
+  - Prefill before decode, alternating so neither starves: after a prefill step that carried no decode
+    rows, a decode step runs if any request is decoding. The oldest prefilling request picks the walk
+    (its current stage's); others on the same stage join in order of arrival. Chunks never cut a media
+    piece; a stage runs to its end (the last media row, or the prompt's end).
+  - A text prefill joins the decoding requests' rows through the mixed walk when the plan has one.
+  - Decode grows each request by a page when its next row needs one; when the pool is empty the
+    youngest running request is preempted (pages freed, recomputed later).
+  - Each node on the walk is padded to the smallest captured rung that holds it (the plan's graphs);
+    past the captured rungs the step runs eagerly, as the plan says. Steps, rungs and padding are counted.
+"""
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from graphc.declare import Model
+from graphc.errors import InvalidInput
+from graphc.plan import Plan
+from graphc.runtime.host import Piece
+from graphc.runtime.request import Request, Status
+from resources.paged_kv import PageAllocator, PagedKVSpec
+from resources.ragged_attention import RaggedAttentionSpec
+
+
+@dataclass
+class Chunk:
+    req: Request
+    start: int
+    end: int
+    pieces: list[Piece]
+    sample: bool                 # its last row's logits give the request's next token
+
+
+@dataclass
+class StepPlan:
+    walk: str
+    chunks: list[Chunk]                                  # prefill chunks, then decode rows (one row each)
+    sizes: dict[str, int]                                # node -> units on its capture axis (0: not run)
+    rungs: dict[str, int | None]                         # node -> captured rung replayed, None: eager
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return sum(c.end - c.start for c in self.chunks)
+
+
+@dataclass
+class Stats:
+    steps: Counter = field(default_factory=Counter)          # walk -> steps
+    rungs: Counter = field(default_factory=Counter)          # (walk, node, rung or 'eager') -> steps
+    padding: Counter = field(default_factory=Counter)        # (walk, node) -> padded units
+    used: Counter = field(default_factory=Counter)           # (walk, node) -> real units
+    preemptions: int = 0
+
+
+def _limits(model: Model, walk: str, encoder: str | None, units_axis: str | None) -> tuple[int, int, int, int]:
+    """(tokens, seqs, units, segments) one step of the walk may carry."""
+    w = model.walk(walk)
+    b = w.budget.axes()
+    tokens, seqs = b.get("tokens", b.get("seqs", 1)), b.get("seqs", 1)
+    units = b.get(units_axis, 0) if units_axis else 0
+    segments = 0
+    if encoder is not None:
+        for res in model.node(encoder).resources.values():
+            spec = model.resource(res)
+            if isinstance(spec, RaggedAttentionSpec):
+                sizes = dict(b)
+                segments = spec.step_shape(units_axis, sizes, "prefill").seqs
+    return tokens, seqs, units, segments
+
+
+class Scheduler:
+    def __init__(self, plan: Plan, model: Model, llm: str, kv: PagedKVSpec, pages: PageAllocator):
+        self.plan, self.model, self.llm, self.kv, self.pages = plan, model, llm, kv, pages
+        llm_walks = [w for w in model.walks if w.path == (llm,)]
+        self.decode_walk = next(w.name for w in llm_walks if w.kind == "decode")
+        self.mixed_walk = next((w.name for w in llm_walks if w.kind == "mixed"), None)
+        self.max_running = model.walk(self.decode_walk).budget.seqs
+        self.encoder: dict[str, str | None] = {}
+        self.units_axis: dict[str, str | None] = {}
+        for w in model.walks:
+            enc = [n for n in w.path if n != llm]
+            self.encoder[w.name] = enc[0] if enc else None
+            self.units_axis[w.name] = plan.nodes[enc[0]].buckets[w.name].axis if enc else None
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.stats = Stats()
+        self._last_prefill_alone = False
+
+    # ---- requests in and out
+    def check(self, req: Request) -> None:
+        """Refuse, with the numbers, a request the plan can never serve."""
+        most = self.kv.max_seq_len
+        if req.max_rows > most:
+            raise InvalidInput(f"request {req.id} asks for {req.max_rows} tokens ({len(req.prompt.ids)} prompt + "
+                               f"{req.max_rows - len(req.prompt.ids)} to generate); the plan allows {most}",
+                               f"{self.kv.name}.max_seq_len is {most}; the pool holds {self.pages.num_pages} pages "
+                               f"of {self.kv.page_size} tokens, {self.pages.num_free} free now",
+                               "shorten the prompt or max_tokens, or plan with a larger "
+                               f"resources.{self.kv.name}.max_seq_len")
+        if self.kv.pages_for(req.max_rows) > self.pages.num_pages:
+            raise InvalidInput(f"request {req.id} needs {self.kv.pages_for(req.max_rows)} pages; the pool has "
+                               f"{self.pages.num_pages}", "", "shorten it or plan more pages")
+        for walk in req.prefill_walks:
+            tokens, seqs, units, segments = _limits(self.model, walk, self.encoder[walk], self.units_axis[walk])
+            for group in _indivisible(req.pending_pieces(walk)):
+                span = max(p.last for p in group) - min(p.first for p in group) + 1
+                u, s = sum(p.units for p in group), sum(p.segments for p in group)
+                if span > tokens or u > units or (segments and s > segments):
+                    raise InvalidInput(
+                        f"request {req.id}: a media item takes {span} prompt rows, {u} {self.units_axis[walk]} and "
+                        f"{s} attention segments in one step of {walk}",
+                        f"one step of {walk} carries at most {tokens} tokens, {units} {self.units_axis[walk]} and "
+                        f"{segments or 'any number of'} segments", "send a smaller image or video, or plan with a "
+                        f"larger walks.{walk}.budget")
+
+    def add(self, req: Request) -> None:
+        self.check(req)
+        self.waiting.append(req)
+
+    def release(self, req: Request) -> None:
+        """Give back a request's pages and forget it (finished, aborted or failed)."""
+        if req.pages:
+            self.pages.free(req.pages)
+            req.pages = []
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        req.status = Status.FINISHED
+
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    # ---- one step
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_running:
+            req = self.waiting[0]
+            need = self.kv.pages_for(req.target)
+            if not self.pages.can_allocate(need):
+                break
+            self.waiting.popleft()
+            req.pages = self.pages.allocate(need)
+            req.status = Status.RUNNING
+            self.running.append(req)
+            self.running.sort(key=lambda r: r.arrival)
+
+    def _preempt(self, victim: Request, step: list[Request]) -> None:
+        self.pages.free(victim.pages)
+        victim.pages, victim.computed, victim.status = [], 0, Status.WAITING
+        victim.preemptions += 1
+        self.stats.preemptions += 1
+        self.running.remove(victim)
+        self.waiting.appendleft(victim)
+        step.append(victim)
+
+    def _grow_decoders(self, decoders: list[Request], preempted: list[Request]) -> list[Request]:
+        """Pages for each decoding request's next row, preempting the youngest when the pool is empty."""
+        out = []
+        for req in decoders:
+            if req.status is not Status.RUNNING:
+                continue
+            need = self.kv.pages_for(req.computed + 1) - len(req.pages)
+            while need > self.pages.num_free:
+                victim = max(self.running, key=lambda r: r.arrival)
+                self._preempt(victim, preempted)
+                if victim is req:
+                    break
+            if req.status is Status.RUNNING:
+                req.pages += self.pages.allocate(need)
+                out.append(req)
+        return out
+
+    def schedule(self) -> StepPlan | None:
+        self._admit()
+        prefilling = [r for r in self.running if r.prefilling]
+        decoding = [r for r in self.running if r.decoding][:self.max_running]
+        if prefilling and not (decoding and self._last_prefill_alone):
+            walk = prefilling[0].stage()
+            mixed = decoding and self.mixed_walk is not None and self.encoder[walk] is None
+            preempted: list[Request] = []
+            rows = self._grow_decoders(decoding, preempted) if mixed else []
+            plan = self._prefill(self.mixed_walk if mixed else walk, walk, prefilling, rows)
+            plan.preempted = preempted
+            self._last_prefill_alone = not rows
+            if plan.chunks:
+                return self._count(plan)
+        self._last_prefill_alone = False
+        if decoding:
+            preempted = []
+            rows = self._grow_decoders(decoding, preempted)
+            plan = StepPlan(self.decode_walk, [Chunk(r, r.computed, r.computed + 1, [], True) for r in rows],
+                            {}, {}, preempted)
+            plan.sizes[self.llm] = len(rows)
+            if plan.chunks:
+                return self._count(plan)
+            return self.schedule() if self.running or self.waiting else None
+        return None
+
+    def _prefill(self, run_walk: str, stage_walk: str, prefilling: list[Request], decode: list[Request]) -> StepPlan:
+        tokens, seqs, units, segments = _limits(self.model, run_walk, self.encoder[run_walk],
+                                                self.units_axis[run_walk])
+        tokens -= len(decode)
+        seqs -= len(decode)
+        chunks: list[Chunk] = []
+        used_units = used_segments = 0
+        for req in prefilling:
+            if tokens <= 0 or seqs <= 0:
+                break
+            if req.stage() != stage_walk:
+                continue
+            end, pieces = cut(req, stage_walk, tokens, units - used_units,
+                              (segments - used_segments) if segments else None)
+            if end <= req.computed:
+                continue
+            chunks.append(Chunk(req, req.computed, end, pieces, sample=end == req.target and not req.output))
+            tokens -= end - req.computed
+            seqs -= 1
+            used_units += sum(p.units for p in pieces)
+            used_segments += sum(p.segments for p in pieces)
+        chunks += [Chunk(r, r.computed, r.computed + 1, [], True) for r in decode]
+        sizes = {self.llm: sum(c.end - c.start for c in chunks)}
+        if self.encoder[run_walk] is not None:
+            sizes[self.encoder[run_walk]] = used_units
+        return StepPlan(run_walk, chunks, sizes, {})
+
+    def _count(self, plan: StepPlan) -> StepPlan:
+        self.stats.steps[plan.walk] += 1
+        for node, size in plan.sizes.items():
+            if size == 0:
+                continue
+            b = self.plan.nodes[node].buckets[plan.walk]
+            fits = [r for r in b.captured if r >= size]
+            rung = min(fits) if fits else None
+            plan.rungs[node] = rung
+            self.stats.rungs[(plan.walk, node, rung if rung is not None else "eager")] += 1
+            self.stats.used[(plan.walk, node)] += size
+            self.stats.padding[(plan.walk, node)] += (rung - size) if rung is not None else 0
+        return plan
+
+
+def _indivisible(pieces: list[Piece]) -> list[list[Piece]]:
+    """Pieces whose row spans overlap run in one step: groups of them, in row order."""
+    groups: list[list[Piece]] = []
+    for p in sorted(pieces, key=lambda p: p.first):
+        if groups and p.first <= max(q.last for q in groups[-1]):
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    return groups
+
+
+def cut(req: Request, walk: str, tokens: int, units: int, segments: int | None) -> tuple[int, list[Piece]]:
+    """The furthest row a chunk from req.computed may end at, within `tokens` rows, `units` encoder
+    units and `segments` attention segments, never cutting a group of media pieces; and the pieces it
+    encodes."""
+    start = req.computed
+    end = min(req.stage_end(walk), start + tokens)
+    taken: list[Piece] = []
+    used_u = used_s = 0
+    for group in _indivisible(req.pending_pieces(walk)):
+        lo, hi = min(p.first for p in group), max(p.last for p in group)
+        if lo >= end:
+            break
+        u, s = sum(p.units for p in group), sum(p.segments for p in group)
+        if hi >= end or used_u + u > units or (segments is not None and used_s + s > segments):
+            end = lo
+            break
+        taken += group
+        used_u, used_s = used_u + u, used_s + s
+    return end, taken

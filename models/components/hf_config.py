@@ -1,0 +1,84 @@
+"""Node configs from a checkpoint's config.json (HF field names), for `graphc plan --checkpoint DIR`.
+
+Each function takes the sub-dict HF writes for one module and keeps the fields our config declares;
+fields of the HF config that change the computation but that our modules do not implement are refused
+by name rather than ignored."""
+from __future__ import annotations
+
+from typing import Any
+
+from graphc.errors import InvalidInput
+from graphc.strict import Strict
+from models.components.aut import AuTConfig
+from models.components.qwen3_dense import Qwen3Config
+from models.components.thinker import ThinkerConfig
+from models.components.vision import VisionConfig
+
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def sub(cfg: dict, *path: str) -> dict:
+    """cfg[path[0]][path[1]]..., refused by name when absent."""
+    at = cfg
+    for i, key in enumerate(path):
+        if not isinstance(at, dict) or key not in at:
+            raise InvalidInput(f"config.json has no {'.'.join(path[:i + 1])}",
+                               "graphc reads the model's shapes from it", "pass the checkpoint of a supported model")
+        at = at[key]
+    return at
+
+
+def _pick(cls: type[Strict], d: dict, extra: dict[str, Any] | None = None) -> Any:
+    fields = {k: d[k] for k in cls.model_fields if k in d and d[k] is not None}
+    return cls(**{**fields, **(extra or {})})
+
+
+def rope(d: dict, kinds: tuple[str, ...] = ("default",)) -> dict[str, Any]:
+    """rope_theta and mrope_section from rope_parameters (transformers 5) or rope_theta + rope_scaling."""
+    params = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    out = {}
+    theta = params.get("rope_theta", d.get("rope_theta"))
+    if theta is not None:
+        out["rope_theta"] = float(theta)
+    if params.get("mrope_section") is not None:
+        out["mrope_section"] = tuple(params["mrope_section"])
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in kinds:
+        raise InvalidInput(f"rope type '{kind}' is not supported", f"from {params}", "use a checkpoint with default rope")
+    return out
+
+
+def dtype(cfg: dict, *subs: dict) -> str:
+    """The checkpoint's float dtype ('dtype' or 'torch_dtype', nearest first), bfloat16 if none."""
+    for d in (*subs, cfg):
+        v = d.get("dtype", d.get("torch_dtype"))
+        if v is not None:
+            if v not in DTYPES:
+                raise InvalidInput(f"config.json dtype '{v}'", f"graphc serves {sorted(DTYPES)}", "convert the checkpoint")
+            return DTYPES[v]
+    return "bfloat16"
+
+
+def aut(d: dict) -> AuTConfig:
+    act = d.get("activation_function", "gelu")
+    if act != "gelu":
+        raise InvalidInput(f"audio encoder activation '{act}'", "the AuT node runs GELU", "")
+    return _pick(AuTConfig, d)
+
+
+def vision(d: dict) -> VisionConfig:
+    return _pick(VisionConfig, d, {k: v for k, v in rope(d, ("default", "axial")).items() if k == "rope_theta"})
+
+
+def thinker(text: dict, accept_hidden_layer: int | None) -> ThinkerConfig:
+    return _pick(ThinkerConfig, text, {**rope(text), "accept_hidden_layer": accept_hidden_layer})
+
+
+def qwen3(text: dict, tie: bool | None = None) -> Qwen3Config:
+    extra = {"num_layers": text["num_hidden_layers"], "num_heads": text["num_attention_heads"],
+             "num_kv_heads": text["num_key_value_heads"],
+             "head_dim": text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]}
+    extra.update({k: v for k, v in rope(text).items() if k == "rope_theta"})
+    if tie is not None:
+        extra["tie_word_embeddings"] = tie
+    return _pick(Qwen3Config, text, extra)

@@ -1,0 +1,156 @@
+"""The host side of Qwen3-Omni's thinker and Qwen3-ASR (graphc/runtime/host.py's interface).
+
+Audio: 16 kHz waveform -> Whisper log-mel -> cut at multiples of n_window_infer mel frames (8 s), each
+piece one window an AuT step runs alone (models/components/aut.py: windows are independent).
+Images: one piece each. Videos: one piece per temporal patch slice (attention segments, position
+embeddings and merges never cross a slice). Positions: M-RoPE (mrope.rope_index) when the LLM takes
+positions [3, T], else 1-D.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from graphc.declare import Model
+from graphc.errors import InvalidInput
+from graphc.runtime.host import EncodeBatch, Host, Media, MediaItem, Piece, Prompt, expand_placeholders
+from models.components.audio_inputs import SAMPLE_RATE, log_mel, num_tokens, pack_audios
+from models.components.aut import AuTConfig
+from models.components.mrope import MediaTokens, rope_index
+from models.components.vision import VisionConfig
+from models.components.vision_inputs import VisionItem, VisionProcessing, build_step, process_image, process_video
+
+PLACEHOLDERS = {"audio": "<|audio_pad|>", "image": "<|image_pad|>", "video": "<|video_pad|>"}
+
+
+@dataclass(frozen=True)
+class Encoders:
+    """Which node and walk encode each media kind (None: the model takes no such media)."""
+
+    audio: tuple[str, str] | None = None          # (node, walk)
+    image: tuple[str, str] | None = None
+    video: tuple[str, str] | None = None
+
+
+def random_media_tokens(vocab: int) -> MediaTokens:
+    """Media token ids for seeded weights on a vocabulary too small for the real ids: the last ones."""
+    return MediaTokens(audio_token_id=vocab - 1, image_token_id=vocab - 2, video_token_id=vocab - 3,
+                       audio_start_token_id=vocab - 4, vision_start_token_id=vocab - 5)
+
+
+class AudioVisualHost(Host):
+    placeholders = PLACEHOLDERS
+
+    def __init__(self, model: Model, llm: str, encoders: Encoders, media: MediaTokens, mrope: bool,
+                 eos_token_ids: tuple[int, ...], vision: VisionProcessing | None = None):
+        self.model, self.llm, self.encoders, self.media, self.mrope = model, llm, encoders, media, mrope
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.vision = vision or VisionProcessing()
+        self.token_of = {}
+        if encoders.audio:
+            self.aut: AuTConfig = model.node(encoders.audio[0]).config
+            self.token_of["audio"] = media.audio_token_id
+        if encoders.image or encoders.video:
+            node = (encoders.image or encoders.video)[0]
+            self.vcfg: VisionConfig = model.node(node).config
+            self.vision = self.vision.model_copy(update=dict(patch_size=self.vcfg.patch_size,
+                                                             temporal_patch_size=self.vcfg.temporal_patch_size,
+                                                             merge_size=self.vcfg.spatial_merge_size))
+        if encoders.image:
+            self.token_of["image"] = media.image_token_id
+        if encoders.video:
+            self.token_of["video"] = media.video_token_id
+
+    # ---- prompt rows
+    def _prepare(self, item: Media):
+        where = getattr(self.encoders, item.kind)
+        if where is None:
+            raise InvalidInput(f"this model takes no {item.kind} input", f"it takes: {', '.join(self.token_of) or 'text'}",
+                               f"send no {item.kind} parts to it")
+        if item.kind == "audio":
+            wave = torch.as_tensor(item.data, dtype=torch.float32)
+            if wave.ndim != 1 or wave.numel() <= 200:
+                raise InvalidInput(f"audio must be mono samples at {SAMPLE_RATE} Hz, more than 200 of them",
+                                   f"got shape {list(wave.shape)}", "send a longer clip")
+            mel = log_mel(wave, n_mels=self.aut.num_mel_bins)
+            return mel, num_tokens(mel.shape[1], self.aut)
+        frames = torch.as_tensor(item.data)
+        if item.kind == "image":
+            vi = process_image(frames, self.vision)
+        else:
+            if not item.fps or item.fps <= 0:
+                raise InvalidInput("a video needs its sampling rate", f"fps is {item.fps}", "pass the frames' fps")
+            vi = process_video(frames, self.vision)
+        return vi, vi.num_patches // self.vcfg.merge_unit
+
+    def _pieces(self, item: Media, data, rows: list[int]) -> list[Piece]:
+        if item.kind == "audio":
+            step, out, at = self.aut.n_window_infer, [], 0
+            for start in range(0, data.shape[1], step):
+                mel = data[:, start:start + step]
+                n = num_tokens(mel.shape[1], self.aut)
+                out.append(Piece(units=1, segments=1, rows=rows[at:at + n], data=mel))
+                at += n
+            return out
+        if item.kind == "image":
+            return [Piece(units=data.num_patches, segments=1, rows=rows, data=data)]
+        t, h, w = data.grid_thw
+        per, merged = h * w, h * w // self.vcfg.merge_unit
+        return [Piece(units=per, segments=1, rows=rows[k * merged:(k + 1) * merged],
+                      data=VisionItem(data.patches[k * per:(k + 1) * per], (1, h, w))) for k in range(t)]
+
+    def prompt(self, ids: list[int], media: list[Media]) -> Prompt:
+        prepared = [self._prepare(m) for m in media]
+        expanded, starts = expand_placeholders(ids, media, self.token_of, [n for _, n in prepared])
+        if self.mrope:
+            kw = dict(audio_lengths=[n for m, (_, n) in zip(media, prepared) if m.kind == "audio"],
+                      image_grid_thw=[d.grid_thw for m, (d, _) in zip(media, prepared) if m.kind == "image"],
+                      video_grid_thw=[d.grid_thw for m, (d, _) in zip(media, prepared) if m.kind == "video"],
+                      video_second_per_grid=[self.vision.temporal_patch_size / m.fps for m in media
+                                             if m.kind == "video"])
+            positions, delta = rope_index(expanded, self.media, **kw)
+        else:
+            positions, delta = torch.arange(len(expanded), dtype=torch.int64)[None], 0
+        items = []
+        for m, (data, n), start in zip(media, prepared, starts):
+            node, walk = getattr(self.encoders, m.kind)
+            items.append(MediaItem(walk=walk, node=node, kind=m.kind,
+                                   pieces=self._pieces(m, data, list(range(start, start + n)))))
+        return Prompt(ids=expanded, positions=positions, delta=delta, media=items)
+
+    # ---- encoder steps
+    def encode(self, node: str, pieces: list[Piece], units: int) -> EncodeBatch:
+        if self.encoders.audio and node == self.encoders.audio[0]:
+            step = pack_audios([p.data for p in pieces], units, self.aut)
+            return EncodeBatch({"mel": step.mel, "rows": step.rows}, {"attn": step.cu_seqlens}, step.offsets)
+        step = build_step([p.data for p in pieces], self.vcfg, patches=units)
+        return EncodeBatch(step.inputs(), {"attn": step.cu_seqlens}, step.token_offsets[:-1])
+
+
+def checkpoint_config(checkpoint: str | None) -> dict | None:
+    """The checkpoint's config.json as a dict (None without a checkpoint)."""
+    if checkpoint is None:
+        return None
+    import json
+    from pathlib import Path
+
+    path = Path(checkpoint) / "config.json"
+    if not path.is_file():
+        raise InvalidInput(f"{checkpoint} has no config.json", "the host reads media token ids from it",
+                           "point --checkpoint at the folder the model was saved in")
+    return json.loads(path.read_text())
+
+
+def generation_eos(checkpoint: str, cfg: dict) -> tuple[int, ...]:
+    """End-of-sequence ids: generation_config.json's eos_token_id, else config.json's (an int or a list)."""
+    import json
+    from pathlib import Path
+
+    gen = Path(checkpoint) / "generation_config.json"
+    eos = json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else None
+    if eos is None:
+        eos = cfg.get("eos_token_id", cfg.get("thinker_config", {}).get("text_config", {}).get("eos_token_id"))
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)

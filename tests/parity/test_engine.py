@@ -1,0 +1,184 @@
+"""The whole engine against HF generate (greedy, fp32): tiny Qwen3-ASR and a tiny Qwen3-Omni thinker written
+by transformers' save_pretrained with a tokenizer built by `tokenizers` and a chat template
+(examples/make_tiny_checkpoint.py), every weight re-drawn, planned with `graphc plan --checkpoint`, served by
+graphc.Engine from chat messages with audio from a WAV file (our log-mel; HF gets its own extractor's
+features) and an image from a PNG (HF gets the patches our processor made: tests/parity/test_vision.py holds
+the processor to HF's). Each request alone, then again among others of every kind arriving at other steps.
+"""
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from PIL import Image
+from transformers import GenerationConfig, WhisperFeatureExtractor
+from transformers.models.qwen3_asr.feature_extraction_qwen3_asr import Qwen3ASRFeatureExtractor
+from transformers.models.qwen3_asr.processing_qwen3_asr import Qwen3ASRProcessor
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
+
+from examples.make_tiny_checkpoint import asr_model, build_tokenizer, omni_model, save
+from graphc.cli import main
+from graphc.runtime.engine import Engine
+from graphc.runtime.media import load_audio, load_image
+from graphc.runtime.sampler import SamplingParams
+from models.components.vision_inputs import VisionProcessing, process_image
+from tests.parity.weights import randomize
+
+NEW = 10
+GREEDY = GenerationConfig(max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("media")
+    rng = np.random.default_rng(0)
+    t = np.arange(16000 * 3) / 16000
+    waves = {"short": (0.1 * rng.standard_normal(16000 * 2)).astype(np.float32),
+             "long": (0.3 * np.sin(2 * np.pi * 330 * t) * np.exp(-t) + 0.05 * rng.standard_normal(t.size))
+             .astype(np.float32)[: int(16000 * 2.7)]}
+    out = {}
+    for k, w in waves.items():
+        sf.write(d / f"{k}.wav", w, 16000)
+        out[k] = str(d / f"{k}.wav")
+    pixels = rng.integers(0, 256, (40, 56, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(d / "img.png")
+    out["img"] = str(d / "img.png")
+    return out
+
+
+def build(tmp_path_factory, kind):
+    tok = build_tokenizer()
+    hf = asr_model(tok) if kind == "asr" else omni_model(tok)
+    randomize(hf, seed=1)
+    path = tmp_path_factory.mktemp(kind)
+    save(hf, tok, path / "ckpt")
+    model = "models/qwen3_asr.py" if kind == "asr" else "models/qwen3_omni.py"
+    assert main(["plan", model, "--preset", "tiny", "--checkpoint", str(path / "ckpt"), "--gpu", "cpu",
+                 "-o", str(path / "p.plan"), "-q"]) == 0
+    return hf, tok, Engine(path / "p.plan", checkpoint=path / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def asr(tmp_path_factory):
+    return build(tmp_path_factory, "asr")
+
+
+@pytest.fixture(scope="module")
+def omni(tmp_path_factory):
+    return build(tmp_path_factory, "omni")
+
+
+def greedy(**kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, **kw)
+
+
+def expand(tok, engine, parts, counts) -> list[int]:
+    """The chat template's ids with each placeholder repeated as HF's processor counts it."""
+    ids = tok.encode(engine.template.render([{"role": "user", "content": parts}]), add_special_tokens=False).ids
+    pads = {tok.token_to_id(f"<|{k}_pad|>") for k in ("audio", "image", "video")}
+    out, k = [], 0
+    for t in ids:
+        if t in pads:
+            out += [t] * counts[k]
+            k += 1
+        else:
+            out.append(t)
+    return out
+
+
+def run(engine, messages_list, arrivals=None):
+    """Serve requests, adding request i before step arrivals[i]; token ids by request."""
+    arrivals = arrivals or [0] * len(messages_list)
+    reqs, step = {}, 0
+    while len(reqs) < len(messages_list) or engine.has_work():
+        for i, (msgs, at) in enumerate(zip(messages_list, arrivals)):
+            if at == step and i not in reqs:
+                reqs[i] = engine.add(messages=msgs, params=greedy())
+        engine.step()
+        step += 1
+    assert engine.scheduler.idle() and engine.scheduler.pages.num_free == engine.scheduler.pages.num_pages
+    return [reqs[i].output for i in range(len(messages_list))]
+
+
+# ---- Qwen3-ASR (transformers' layout): a2t
+def hf_asr(hf, tok, engine, wav, text) -> list[int]:
+    w = load_audio(wav)
+    fe = Qwen3ASRFeatureExtractor()(w, sampling_rate=16000, padding="longest", return_attention_mask=True,
+                                    return_tensors="pt")
+    pad = -fe["input_features"].shape[-1] % 100         # the -hf encoder takes whole 100-frame chunks
+    feats = torch.nn.functional.pad(fe["input_features"], (0, pad))
+    mask = torch.nn.functional.pad(fe["attention_mask"], (0, pad))
+    n = int(Qwen3ASRProcessor._get_audio_token_length(None, mask.sum(-1))[0])
+    ids = expand(tok, engine, [{"type": "audio"}, {"type": "text", "text": text}], [n])
+    with torch.no_grad():
+        g = hf.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                        input_features=feats, input_features_mask=mask, generation_config=GREEDY)
+    return g[0, len(ids):].tolist()
+
+
+def asr_messages(wav, text):
+    return [{"role": "user", "content": [{"type": "audio", "path": wav}, {"type": "text", "text": text}]}]
+
+
+def test_asr_a2t_alone_and_mixed_equal_hf(asr, files):
+    hf, tok, engine = asr
+    cases = [(files["short"], "transcribe this audio please"), (files["long"], "hello world")]
+    want = [hf_asr(hf, tok, engine, w, t) for w, t in cases]
+    assert [run(engine, [asr_messages(*c)])[0] for c in cases] == want
+    mixed = [asr_messages(*cases[i % 2]) for i in range(9)]
+    got = run(engine, mixed, arrivals=[0, 0, 1, 2, 2, 3, 5, 8, 9])
+    assert got == [want[i % 2] for i in range(9)]
+
+
+# ---- Qwen3-Omni thinker: t2t, a2t, i2t
+def hf_omni(hf, tok, engine, parts, wav=None, img=None) -> list[int]:
+    kw, counts = {}, []
+    if wav is not None:
+        w = load_audio(wav)
+        fe = WhisperFeatureExtractor(feature_size=128)(w, sampling_rate=16000, padding="longest",
+                                                       return_attention_mask=True, return_tensors="pt")
+        frames = int(fe["attention_mask"].sum())
+        kw |= dict(input_features=fe["input_features"][:, :, :frames],
+                   feature_attention_mask=torch.ones(1, frames, dtype=torch.long))
+        counts.append(int(_get_feat_extract_output_lengths(torch.tensor(frames))))
+    if img is not None:
+        item = process_image(load_image(img), VisionProcessing(patch_size=16))
+        kw |= dict(pixel_values=item.patches, image_grid_thw=torch.tensor([item.grid_thw]))
+        counts.append(item.num_patches // 4)
+    ids = expand(tok, engine, parts, counts)
+    with torch.no_grad():
+        g = hf.thinker.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                generation_config=GREEDY, **kw)
+    return g[0, len(ids):].tolist()
+
+
+def omni_cases(files):
+    return {
+        "t2t": ([{"type": "text", "text": "what is in the image"}], None, None),
+        "a2t": ([{"type": "audio"}, {"type": "text", "text": "transcribe this audio please"}], files["long"], None),
+        "i2t": ([{"type": "text", "text": "describe"}, {"type": "image"}], None, files["img"]),
+    }
+
+
+def omni_messages(parts, wav, img):
+    content = []
+    for p in parts:
+        if p["type"] == "audio":
+            content.append({"type": "audio", "path": wav})
+        elif p["type"] == "image":
+            content.append({"type": "image", "path": img})
+        else:
+            content.append(p)
+    return [{"role": "user", "content": content}]
+
+
+def test_omni_t2t_a2t_i2t_alone_and_mixed_equal_hf(omni, files):
+    hf, tok, engine = omni
+    cases = omni_cases(files)
+    want = {k: hf_omni(hf, tok, engine, *c) for k, c in cases.items()}
+    for k, c in cases.items():
+        assert run(engine, [omni_messages(*c)])[0] == want[k], k
+    kinds = ["t2t", "a2t", "i2t"] * 3
+    got = run(engine, [omni_messages(*cases[k]) for k in kinds], arrivals=[0, 0, 0, 1, 3, 3, 4, 6, 7])
+    assert got == [want[k] for k in kinds]
+    walks = engine.scheduler.stats.steps
+    assert walks["audio_prefill"] and walks["image_prefill"] and walks["thinker_decode"]
