@@ -1,5 +1,5 @@
-"""graphc plan | explain | diff | check. Exit codes: 0 fits (plans equal; check passed), 1 does not
-fit (plans differ; check failed), 2 invalid input."""
+"""graphc plan | explain | diff | check | run. Exit codes: 0 fits (plans equal; check passed; every request
+served), 1 does not fit (plans differ; check failed; a request failed), 2 invalid input."""
 from __future__ import annotations
 
 import argparse
@@ -58,6 +58,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="compile FlashInfer kernels on first use, not all in parallel before the boot")
     ck.add_argument("--tolerance", type=float, default=0.02, help="allowed measured/planned excess (default 0.02)")
     ck.add_argument("--json", default=None, metavar="FILE", help="also write planned and measured bytes as JSON")
+    rn = sub.add_parser("run", help="serve a plan: an OpenAI-compatible server, or a JSONL batch offline",
+                        description="Boot PLAN and serve its request kinds.")
+    rn.add_argument("plan")
+    rn.add_argument("--checkpoint", default=None, metavar="DIR",
+                    help="weights, config.json, tokenizer.json and chat template")
+    rn.add_argument("--random-weights", action="store_true", help="seeded weights, token ids only (benchmarks)")
+    rn.add_argument("--seed", type=int, default=0, help="weights (with --random-weights) and unseeded sampling")
+    rn.add_argument("--requests", default=None, metavar="IN.jsonl", help="run these requests offline and exit")
+    rn.add_argument("--output", default=None, metavar="OUT.jsonl", help="where offline results go (default: stdout)")
+    rn.add_argument("--stats", default=None, metavar="FILE.json", help="offline: steps per walk and rung, timings")
+    rn.add_argument("--host", default="127.0.0.1")
+    rn.add_argument("--port", type=int, default=8000)
+    rn.add_argument("--emulate", action="store_true", help="cap this GPU to the plan's card (same arch)")
+    rn.add_argument("--force", action="store_true", help="boot even if the model file or target differ")
     df = sub.add_parser("diff", help="what changed between two plans (exit 1 when they differ)")
     df.add_argument("a")
     df.add_argument("b")
@@ -120,6 +134,51 @@ def cmd_check(args) -> int:
     return EXIT_FITS if all(c.ok for c in checks) else EXIT_DOES_NOT_FIT
 
 
+def cmd_run(args) -> int:
+    import json
+    import time
+
+    from graphc.plan import load_plan
+    from graphc.runtime.engine import Engine, read_jsonl
+    from graphc.source import first_difference, read_config
+
+    plan = load_plan(args.plan)
+    if args.checkpoint and args.random_weights:
+        raise InvalidInput("--checkpoint and --random-weights are exclusive", "", "pass one")
+    if args.checkpoint and plan.model.config is not None:
+        diff = first_difference(plan.model.config, read_config(args.checkpoint))
+        if diff:
+            raise InvalidInput(f"{args.checkpoint}/config.json differs from the config the plan was made from",
+                               f"first difference: {diff}", f"plan again with --checkpoint {args.checkpoint}")
+    if args.random_weights and plan.model.config is not None:
+        raise InvalidInput("this plan was declared from a checkpoint's config", "", "pass --checkpoint DIR")
+    requests = read_jsonl(args.requests) if args.requests else None
+    engine = Engine(plan, args.checkpoint, random_weights=args.random_weights, seed=args.seed,
+                    emulate=args.emulate, force=args.force)
+    print(engine.summary(), file=sys.stderr)
+    if requests is None:
+        from graphc.runtime.server import serve
+
+        print(f"serving on http://{args.host}:{args.port}/v1", file=sys.stderr)
+        serve(engine, args.host, args.port)
+        return EXIT_FITS
+    t0 = time.perf_counter()
+    outs = engine.generate(requests, progress=True)
+    wall = time.perf_counter() - t0
+    lines = "".join(json.dumps(o.to_dict()) + "\n" for o in outs)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(lines)
+    else:
+        sys.stdout.write(lines)
+    stats = engine.stats(wall)
+    print(engine.stats_line(stats), file=sys.stderr)
+    if args.stats:
+        with open(args.stats, "w") as f:
+            json.dump(stats, f, indent=1)
+    return EXIT_FITS if all(o.error is None for o in outs) else EXIT_DOES_NOT_FIT
+
+
 def cmd_diff(args) -> int:
     from graphc.plan import load_plan
     from graphc.plandiff import diff_plans
@@ -135,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:          # --help, or a malformed command line (exit 2)
         return int(e.code or 0)
     try:
-        return {"plan": cmd_plan, "explain": cmd_explain, "diff": cmd_diff, "check": cmd_check}[args.cmd](args)
+        return {"plan": cmd_plan, "explain": cmd_explain, "diff": cmd_diff, "check": cmd_check,
+                "run": cmd_run}[args.cmd](args)
     except GraphcError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

@@ -256,6 +256,25 @@ class Engine:
                       text=req.detok.text if req.detok is not None else None, finish_reason=req.finish_reason,
                       logprobs=req.logprobs, error=req.error, times=times)
 
+    # ---- what ran
+    def stats(self, wall_s: float | None = None) -> dict:
+        st = self.scheduler.stats
+        out = {"steps": dict(st.steps), "preemptions": st.preemptions,
+               "rungs": {f"{w}/{n}/{r}": c for (w, n, r), c in sorted(st.rungs.items(), key=str)},
+               "padding": {f"{w}/{n}": {"used": st.used[(w, n)], "padded": st.padding[(w, n)]}
+                           for (w, n) in sorted(st.used)},
+               "replayed": sum(c for (_, _, r), c in st.rungs.items() if r != "eager"),
+               "eager": sum(c for (_, _, r), c in st.rungs.items() if r == "eager")}
+        if wall_s is not None:
+            out["wall_s"] = wall_s
+        return out
+
+    @staticmethod
+    def stats_line(stats: dict) -> str:
+        steps = ", ".join(f"{w} {n}" for w, n in stats["steps"].items())
+        return (f"steps: {steps}; node steps replayed {stats['replayed']}, eager {stats['eager']}; "
+                f"preemptions {stats['preemptions']}")
+
     # ---- offline
     def generate(self, items: list[dict], progress: bool = False) -> list[Output]:
         """Run a batch of request dicts (parse_request's shape), arriving at once; outputs in input order."""

@@ -71,3 +71,48 @@ def load_image(data: bytes | str | Path, max_pixels: int = MAX_IMAGE_PIXELS):
         raise MediaError(f"the image does not decode: {e}; send the whole file") from e
     return torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).reshape(img.height, img.width, 3).permute(
         2, 0, 1).contiguous()
+
+
+VIDEO_FPS = 2.0          # frames a second taken from a video (Qwen's processors' default)
+MAX_VIDEO_FRAMES = 768
+
+
+def load_video(data: bytes | str | Path, fps: float | None = None, max_frames: int = MAX_VIDEO_FRAMES,
+               max_pixels: int = MAX_IMAGE_PIXELS):
+    """Decode with PyAV and sample `fps` frames a second (default 2): (uint8 [F, 3, H, W] RGB, fps).
+    Frames are taken at the stream times nearest k / fps; an even count (two frames make one temporal
+    patch) is kept by repeating the last when needed."""
+    import av
+    import torch
+
+    fps = VIDEO_FPS if fps is None else float(fps)
+    if not 0 < fps <= 60:
+        raise MediaError(f"fps {fps} is out of range; sample between 0 and 60 frames a second")
+    try:
+        container = av.open(_source(data))
+    except (av.error.FFmpegError, OSError) as e:
+        raise MediaError(f"the video does not decode: {e}; send MP4, WebM, MKV or AVI") from e
+    with container:
+        if not container.streams.video:
+            raise MediaError("the file has no video stream; send a video")
+        stream = container.streams.video[0]
+        w, h = stream.codec_context.width, stream.codec_context.height
+        if w * h > max_pixels:
+            raise MediaError(f"the video is {w} x {h}, over {max_pixels:,} pixels a frame; send it smaller")
+        frames, next_t = [], 0.0
+        try:
+            for frame in container.decode(stream):
+                t = float(frame.time or 0.0)
+                if t + 1e-6 >= next_t:
+                    frames.append(torch.from_numpy(frame.to_ndarray(format="rgb24")).permute(2, 0, 1))
+                    next_t += 1.0 / fps
+                    if len(frames) > max_frames:
+                        raise MediaError(f"the video gives more than {max_frames} frames at {fps} fps; "
+                                         "send a shorter clip or a lower fps")
+        except av.error.FFmpegError as e:
+            raise MediaError(f"the video does not decode: {e}; send the whole file") from e
+    if not frames:
+        raise MediaError("the video has no frames")
+    if len(frames) % 2:
+        frames.append(frames[-1])
+    return torch.stack(frames), fps

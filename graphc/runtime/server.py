@@ -1,0 +1,306 @@
+"""graphc run's OpenAI-compatible server (FastAPI + uvicorn) over one Engine.
+
+Endpoints: POST /v1/chat/completions, POST /v1/completions (stream or not), GET /v1/models, GET /health.
+One engine thread steps the engine; handlers hand it requests through a queue and read their tokens
+from per-request asyncio queues. Request bodies are strict (unknown fields are refused); errors use
+OpenAI's body {"error": {message, type, param, code}}. Speech out is refused until the audio issue.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from graphc.errors import InvalidInput
+from graphc.runtime.engine import Engine, Event
+from graphc.runtime.sampler import MAX_TOP_LOGPROBS, SamplingParams
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    seed: int | None = Field(None, ge=0)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+    n: int = Field(1, ge=1)
+    user: str | None = None
+
+    def params(self, **extra) -> SamplingParams:
+        given = {k: v for k, v in self.model_dump(exclude_unset=True, exclude={"logprobs", "top_logprobs"}).items()
+                 if k in SamplingParams.model_fields}
+        if isinstance(given.get("stop"), str):
+            given["stop"] = [given["stop"]]
+        return SamplingParams(**given, **extra)
+
+
+class ChatBody(Body):
+    messages: list[dict[str, Any]]
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: dict | None = None
+
+
+class CompletionBody(Body):
+    prompt: str | list[int]
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+          code: str | None = None):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
+
+
+class Driver:
+    """The engine thread: adds submitted requests, steps while there is work, routes events."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.inbox: queue.Queue = queue.Queue()
+        self.wake = threading.Event()
+        self.alive = True
+        self.thread = threading.Thread(target=self._loop, name="graphc-engine", daemon=True)
+        self.thread.start()
+
+    def submit(self, loop, kwargs: dict) -> tuple[asyncio.Future, asyncio.Queue]:
+        fut, events = loop.create_future(), asyncio.Queue()
+        self.inbox.put(("add", loop, kwargs, fut, events))
+        self.wake.set()
+        return fut, events
+
+    def abort(self, request_id: str) -> None:
+        self.inbox.put(("abort", request_id))
+        self.wake.set()
+
+    def _loop(self) -> None:
+        while self.alive:
+            while True:
+                try:
+                    item = self.inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if item[0] == "abort":
+                    self.engine.abort(item[1])
+                    continue
+                _, loop, kwargs, fut, events = item
+                try:
+                    req = self.engine.add(**kwargs, user=(loop, events))
+                    loop.call_soon_threadsafe(_settle, fut, req, None)
+                except Exception as e:            # refused: InvalidInput with the numbers, or a bad input
+                    loop.call_soon_threadsafe(_settle, fut, None, e)
+            if not self.engine.has_work():
+                self.wake.wait(0.05)
+                self.wake.clear()
+                continue
+            for ev in self.engine.step():
+                loop, events = ev.request.user
+                loop.call_soon_threadsafe(events.put_nowait, ev)
+
+    def stop(self) -> None:
+        self.alive = False
+        self.wake.set()
+        self.thread.join(timeout=5)
+
+
+def _settle(fut: asyncio.Future, value, exc) -> None:
+    if not fut.done():
+        fut.set_exception(exc) if exc is not None else fut.set_result(value)
+
+
+def build_app(engine: Engine, name: str | None = None):
+    from fastapi import FastAPI
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import StreamingResponse
+
+    model_name = name or engine.plan.model.name
+    app = FastAPI(title="graphc", version="1")
+    driver = Driver(engine)
+    app.state.driver = driver
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = ".".join(str(x) for x in first.get("loc", ())[1:])
+        return error(400, f"{loc or 'body'}: {first.get('msg', 'invalid')}", param=loc or None)
+
+    @app.get("/health")
+    def health():
+        s = engine.scheduler
+        return {"status": "ok", "running": len(s.running), "waiting": len(s.waiting),
+                "free_pages": s.pages.num_free, "pages": s.pages.num_pages}
+
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "graphc"}]}
+
+    def check_model(body: Body):
+        if body.model is not None and body.model != model_name:
+            return error(404, f"model '{body.model}' is not served here; this server serves '{model_name}'",
+                         param="model", code="model_not_found")
+        if body.n != 1:
+            return error(400, f"n={body.n}: one choice per request is served", param="n")
+        return None
+
+    async def start(kwargs: dict):
+        loop = asyncio.get_running_loop()
+        fut, events = driver.submit(loop, kwargs)
+        try:
+            req = await fut
+        except (InvalidInput, ValueError) as e:
+            return None, error(400, str(e))
+        return (req, events), None
+
+    async def collect(req, events) -> list[Event]:
+        out = []
+        while True:
+            ev = await events.get()
+            out.append(ev)
+            if ev.finished:
+                return out
+
+    def usage(req) -> dict:
+        return {"prompt_tokens": len(req.prompt.ids), "completion_tokens": len(req.output),
+                "total_tokens": len(req.prompt.ids) + len(req.output)}
+
+    def chat_logprobs(req, start: int, end: int) -> dict | None:
+        if req.logprobs is None:
+            return None
+        tok = engine.tokenizer
+
+        def entry(tid, lp):
+            text = tok.decode([tid], skip_special_tokens=False) if tok else str(tid)
+            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+        return {"content": [{**entry(e["token_id"], e["logprob"]),
+                             "top_logprobs": [entry(t, v) for t, v in e["top"]]} for e in req.logprobs[start:end]]}
+
+    def stream(req, events, chat: bool, rid: str, created: int, include_usage: bool):
+        async def gen():
+            obj = "chat.completion.chunk" if chat else "text_completion"
+            sent = 0
+            try:
+                if chat:
+                    yield _sse({"id": rid, "object": obj, "created": created, "model": model_name,
+                                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                             "finish_reason": None}]})
+                while True:
+                    ev = await events.get()
+                    n = len(req.output)
+                    piece = {"index": 0, "finish_reason": req.finish_reason if ev.finished else None}
+                    if chat:
+                        piece["delta"] = {"content": ev.text} if ev.text else {}
+                        piece["logprobs"] = chat_logprobs(req, sent, n)
+                    else:
+                        piece["text"] = ev.text
+                    if ev.token_ids or ev.text or ev.finished:
+                        yield _sse({"id": rid, "object": obj, "created": created, "model": model_name,
+                                    "choices": [piece]})
+                    sent = n
+                    if ev.finished:
+                        if req.error:
+                            yield _sse({"error": {"message": req.error, "type": "server_error", "param": None,
+                                                  "code": None}})
+                        if include_usage:
+                            yield _sse({"id": rid, "object": obj, "created": created, "model": model_name,
+                                        "choices": [], "usage": usage(req)})
+                        yield "data: [DONE]\n\n"
+                        return
+            finally:
+                if req.finish_reason is None:          # the client went away: free its pages now
+                    driver.abort(req.id)
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatBody):
+        if (bad := check_model(body)) is not None:
+            return bad
+        if body.audio is not None or (body.modalities and "audio" in body.modalities):
+            return error(400, "audio output is not served yet: this server answers with text "
+                              "(speech out comes with the audio API)", param="modalities")
+        if body.max_tokens is not None and body.max_completion_tokens is not None:
+            return error(400, "give max_tokens or max_completion_tokens, not both", param="max_tokens")
+        try:
+            extra = {"max_tokens": body.max_completion_tokens} if body.max_completion_tokens else {}
+            params = body.params(logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0, **extra)
+        except ValidationError as e:
+            return error(400, str(e.errors()[0]["msg"]))
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        started, bad = await start(dict(messages=body.messages, params=params, request_id=rid))
+        if bad is not None:
+            return bad
+        req, events = started
+        created = int(time.time())
+        if body.stream:
+            return stream(req, events, True, rid, created, bool((body.stream_options or {}).get("include_usage")))
+        evs = await collect(req, events)
+        if req.error:
+            return error(500, req.error, kind="server_error")
+        text = req.detok.text if req.detok is not None else "".join(e.text for e in evs)
+        return {"id": rid, "object": "chat.completion", "created": created, "model": model_name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "logprobs": chat_logprobs(req, 0, len(req.output)), "finish_reason": req.finish_reason}],
+                "usage": usage(req)}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionBody):
+        if (bad := check_model(body)) is not None:
+            return bad
+        if body.echo:
+            return error(400, "echo is not served", param="echo")
+        try:
+            params = body.params(logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0)
+        except ValidationError as e:
+            return error(400, str(e.errors()[0]["msg"]))
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        kw = dict(prompt_token_ids=body.prompt) if isinstance(body.prompt, list) else dict(prompt=body.prompt)
+        started, bad = await start(dict(**kw, params=params, request_id=rid))
+        if bad is not None:
+            return bad
+        req, events = started
+        created = int(time.time())
+        if body.stream:
+            return stream(req, events, False, rid, created, bool((body.stream_options or {}).get("include_usage")))
+        evs = await collect(req, events)
+        if req.error:
+            return error(500, req.error, kind="server_error")
+        text = req.detok.text if req.detok is not None else ""
+        lp = None
+        if req.logprobs is not None:
+            lp = {"tokens": [str(e["token_id"]) for e in req.logprobs],
+                  "token_logprobs": [e["logprob"] for e in req.logprobs],
+                  "top_logprobs": [{str(t): v for t, v in e["top"]} for e in req.logprobs]}
+        return {"id": rid, "object": "text_completion", "created": created, "model": model_name,
+                "choices": [{"index": 0, "text": text, "token_ids": list(req.output), "logprobs": lp,
+                             "finish_reason": req.finish_reason}], "usage": usage(req)}
+
+    return app
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000) -> None:
+    import uvicorn
+
+    uvicorn.run(build_app(engine), host=host, port=port, log_level="warning")

@@ -1,0 +1,167 @@
+"""graphc run end to end on a tiny Qwen3-Omni thinker checkpoint: the OpenAI-compatible server driven by the
+official `openai` client on loopback, the offline JSONL batch, seeded sampling, and what is refused."""
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
+from graphc.cli import main
+from graphc.runtime.engine import Engine
+from graphc.runtime.sampler import SamplingParams
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    import uvicorn
+
+    from graphc.runtime.server import build_app
+
+    d = tmp_path_factory.mktemp("serve")
+    save(omni_model(build_tokenizer()), build_tokenizer(), d / "ckpt")
+    assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu",
+                 "-o", str(d / "p.plan"), "-q"]) == 0
+    engine = Engine(d / "p.plan", checkpoint=d / "ckpt")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(build_app(engine), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    wave = (0.2 * np.sin(np.arange(24000) / 16000 * 2 * np.pi * 220)).astype(np.float32)
+    sf.write(d / "a.wav", wave, 16000)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+    yield dict(engine=engine, client=client, dir=d, port=port)
+    server.should_exit = True
+    thread.join(timeout=5)
+
+
+def wait_idle(engine, timeout=5.0):
+    t = time.time()
+    while not engine.scheduler.idle() and time.time() - t < timeout:
+        time.sleep(0.01)
+    return engine.scheduler.idle() and engine.scheduler.pages.num_free == engine.scheduler.pages.num_pages
+
+
+MESSAGES = [{"role": "user", "content": "hello world, how are you today?"}]
+
+
+def test_chat_streamed_equals_unstreamed_and_the_engine_offline(served):
+    c, engine = served["client"], served["engine"]
+    full = c.chat.completions.create(model=engine.plan.model.name, messages=MESSAGES, max_tokens=12, temperature=0)
+    chunks = list(c.chat.completions.create(model=engine.plan.model.name, messages=MESSAGES, max_tokens=12,
+                                            temperature=0, stream=True, stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == full.choices[0].message.content
+    assert full.usage.completion_tokens == chunks[-1].usage.completion_tokens
+    assert full.choices[0].finish_reason in ("stop", "length")
+    assert wait_idle(engine)
+
+
+def test_completions_take_token_ids_and_return_them(served):
+    c, engine = served["client"], served["engine"]
+    r = c.completions.create(model=engine.plan.model.name, prompt=[5, 6, 7, 8], max_tokens=6, temperature=0,
+                             extra_body={"ignore_eos": True})
+    ids = r.choices[0].model_extra["token_ids"]
+    assert len(ids) == 6 and r.usage.prompt_tokens == 4
+    assert wait_idle(engine)
+
+
+def test_audio_input_part(served):
+    import base64
+
+    c, engine = served["client"], served["engine"]
+    data = base64.b64encode((served["dir"] / "a.wav").read_bytes()).decode()
+    r = c.chat.completions.create(model=engine.plan.model.name, max_tokens=4, temperature=0, messages=[
+        {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": data, "format": "wav"}},
+                                     {"type": "text", "text": "transcribe"}]}])
+    assert r.usage.prompt_tokens > 30        # the audio's rows are in the prompt
+    assert wait_idle(engine)
+
+
+def test_logprobs_are_served(served):
+    c, engine = served["client"], served["engine"]
+    r = c.chat.completions.create(model=engine.plan.model.name, messages=MESSAGES, max_tokens=3, temperature=0,
+                                  logprobs=True, top_logprobs=2)
+    lp = r.choices[0].logprobs.content
+    assert len(lp) == r.usage.completion_tokens and all(len(x.top_logprobs) == 2 for x in lp)
+    assert all(x.logprob <= 0 and x.top_logprobs[0].logprob >= x.top_logprobs[1].logprob for x in lp)
+
+
+def test_refusals_have_openai_bodies(served):
+    c, engine = served["client"], served["engine"]
+    name = engine.plan.model.name
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        c.chat.completions.create(model="gpt-4", messages=MESSAGES)
+    with pytest.raises(openai.BadRequestError, match="audio output"):
+        c.chat.completions.create(model=name, messages=MESSAGES, modalities=["text", "audio"],
+                                  audio={"voice": "ethan", "format": "wav"})
+    with pytest.raises(openai.BadRequestError, match="bogus"):
+        c.chat.completions.create(model=name, messages=MESSAGES, extra_body={"bogus": 1})
+    with pytest.raises(openai.BadRequestError, match=r"asks for .* tokens .* the plan allows 1024"):
+        c.completions.create(model=name, prompt=[5] * 1000, max_tokens=100)
+    with pytest.raises(openai.BadRequestError, match="n=2"):
+        c.chat.completions.create(model=name, messages=MESSAGES, n=2)
+    assert wait_idle(engine)
+
+
+def test_models_and_health(served):
+    from urllib.request import urlopen
+
+    base = f"http://127.0.0.1:{served['port']}"
+    assert json.load(urlopen(base + "/v1/models"))["data"][0]["id"] == served["engine"].plan.model.name
+    h = json.load(urlopen(base + "/health"))
+    assert h["status"] == "ok" and h["pages"] == served["engine"].scheduler.pages.num_pages
+
+
+def own_engine(served) -> Engine:
+    """An engine of the same plan and weights that the server's thread does not step."""
+    return Engine(served["dir"] / "p.plan", checkpoint=served["dir"] / "ckpt")
+
+
+def test_a_seed_gives_the_same_tokens_alone_and_in_a_full_batch(served):
+    engine = own_engine(served)
+    sampled = SamplingParams(temperature=1.0, top_k=50, seed=7, max_tokens=8, ignore_eos=True)
+    alone = engine.generate([{"messages": MESSAGES, **sampled.model_dump()}])[0].token_ids
+    others = [{"prompt_token_ids": list(range(3, 3 + n)), "temperature": 0.8, "max_tokens": 8, "ignore_eos": True}
+              for n in range(2, 9)]
+    batch = engine.generate(others[:3] + [{"messages": MESSAGES, **sampled.model_dump()}] + others[3:])
+    assert batch[3].token_ids == alone
+    unseeded = engine.generate([{"messages": MESSAGES, "temperature": 1.0, "max_tokens": 8, "ignore_eos": True}] * 4)
+    assert len({tuple(o.token_ids) for o in unseeded}) > 1       # unseeded requests draw differently
+
+
+def test_offline_jsonl_run_and_a_changed_config_is_refused(served, tmp_path, capsys):
+    d, engine = served["dir"], own_engine(served)
+    lines = [{"id": "a", "messages": MESSAGES, "max_tokens": 5, "temperature": 0},
+             {"id": "b", "messages": [{"role": "user", "content": [{"type": "audio", "path": str(d / "a.wav")},
+                                                                    {"type": "text", "text": "hi"}]}],
+              "max_tokens": 5, "temperature": 0}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rc = main(["run", str(d / "p.plan"), "--checkpoint", str(d / "ckpt"), "--requests", str(tmp_path / "in.jsonl"),
+               "--output", str(tmp_path / "out.jsonl"), "--stats", str(tmp_path / "stats.json")])
+    assert rc == 0
+    outs = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [o["id"] for o in outs] == ["a", "b"] and [o["kind"] for o in outs] == ["t2t", "a2t"]
+    want = engine.generate([{k: v for k, v in x.items() if k != "id"} for x in lines])
+    assert [o["token_ids"] for o in outs] == [w.token_ids for w in want]
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["steps"]["audio_prefill"] >= 1 and stats["eager"] >= 1
+    cfg = json.loads((d / "ckpt" / "config.json").read_text())
+    cfg["thinker_config"]["text_config"]["num_hidden_layers"] = 2
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    (changed / "config.json").write_text(json.dumps(cfg))
+    capsys.readouterr()
+    assert main(["run", str(d / "p.plan"), "--checkpoint", str(changed), "--requests", str(tmp_path / "in.jsonl")]) == 2
+    assert "thinker_config.text_config.num_hidden_layers: 3 in the plan, 2 in the checkpoint" in capsys.readouterr().err
