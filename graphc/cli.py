@@ -172,11 +172,25 @@ def cmd_run(args) -> int:
     else:
         sys.stdout.write(lines)
     stats = engine.stats(wall)
+    stats |= throughput(outs, wall)
     print(engine.stats_line(stats), file=sys.stderr)
     if args.stats:
         with open(args.stats, "w") as f:
             json.dump(stats, f, indent=1)
     return EXIT_FITS if all(o.error is None for o in outs) else EXIT_DOES_NOT_FIT
+
+
+def throughput(outs, wall: float) -> dict:
+    """Generated tokens a second over the run, and time to first token over the requests."""
+    ttft = sorted(o.times["ttft_s"] for o in outs if "ttft_s" in o.times)
+    gen = sum(len(o.token_ids) for o in outs)
+
+    def q(p: float) -> float:
+        return ttft[min(len(ttft) - 1, int(p * len(ttft)))] if ttft else float("nan")
+    return {"requests": len(outs), "generated_tokens": gen, "prompt_tokens": sum(o.prompt_tokens for o in outs),
+            "tokens_per_s": gen / wall if wall else float("nan"),
+            "ttft_s": {"mean": sum(ttft) / len(ttft) if ttft else float("nan"), "p50": q(0.5), "p90": q(0.9),
+                       "max": ttft[-1] if ttft else float("nan")}}
 
 
 def cmd_diff(args) -> int:

@@ -57,6 +57,7 @@ class DeviceBoot:
     notes: list[str] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)             # CPU: storages that break the arena layout
     step_peaks: dict[str, int] = field(default_factory=dict)    # CPU: step -> peak live op-output bytes
+    runtime: object = None                                      # GPU: the boot's gpu.Graphs, which serving replays
 
     @property
     def nodes(self) -> list[str]:

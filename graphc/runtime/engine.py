@@ -78,9 +78,14 @@ class Engine:
         self.model = self.boot.ir.model
         self.llm = llm_node(self.boot)
         self.host = self._host()
-        self.executor = Executor(self.boot, self.host, self.llm)
-        kv_res = self.model.node(self.llm).resources[self.executor.kv_role]
-        self.scheduler = Scheduler(self.plan, self.model, self.llm, self.executor.kv_spec, self.boot.pages[kv_res])
+        kv_role, kv_res = next((role, r) for role, r in self.model.node(self.llm).resources.items()
+                               if r in self.boot.pages)
+        pages = self.boot.pages[kv_res]
+        # a captured paged rung runs exactly its sequences and rows: padding sits on one scratch page
+        scratch = pages.allocate(1)[0] if self.boot.device.type == "cuda" else None
+        self.executor = Executor(self.boot, self.host, self.llm, scratch)
+        self.scheduler = Scheduler(self.plan, self.model, self.llm, self.executor.kv_spec, pages,
+                                   reserved=0 if scratch is None else 1)
         self.sampler = Sampler(seed, self.boot.device)
         self.tokenizer = self.template = None
         if self.checkpoint and (Path(self.checkpoint) / "tokenizer.json").is_file():
@@ -105,7 +110,7 @@ class Engine:
 
     def summary(self) -> str:
         kv = self.executor.kv_spec
-        pages = self.scheduler.pages.num_pages
+        pages = self.scheduler.capacity
         graphs = len(self.boot.graphs)
         where = self.boot.device.type if self.boot.device.type == "cpu" else f"{self.plan.target.gpu} x1"
         return (f"graphc run: {self.plan.model.name} on {where}, {graphs} graphs captured"
@@ -272,8 +277,12 @@ class Engine:
     @staticmethod
     def stats_line(stats: dict) -> str:
         steps = ", ".join(f"{w} {n}" for w, n in stats["steps"].items())
-        return (f"steps: {steps}; node steps replayed {stats['replayed']}, eager {stats['eager']}; "
+        line = (f"steps: {steps}; node steps replayed {stats['replayed']}, eager {stats['eager']}; "
                 f"preemptions {stats['preemptions']}")
+        if "tokens_per_s" in stats:
+            line += (f"; {stats['generated_tokens']} tokens in {stats['wall_s']:.2f} s = {stats['tokens_per_s']:.1f} "
+                     f"tokens/s; TTFT p50 {stats['ttft_s']['p50'] * 1e3:.0f} ms, p90 {stats['ttft_s']['p90'] * 1e3:.0f} ms")
+        return line
 
     # ---- offline
     def generate(self, items: list[dict], progress: bool = False) -> list[Output]:

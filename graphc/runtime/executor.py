@@ -46,7 +46,7 @@ def rows_port(node: Node, port: str) -> str:
 
 
 class Executor:
-    def __init__(self, boot: DeviceBoot, host: Host, llm: str):
+    def __init__(self, boot: DeviceBoot, host: Host, llm: str, scratch_page: int | None = None):
         self.boot, self.host, self.llm = boot, host, llm
         self.model = boot.ir.model
         self.steps: dict[tuple[str, str], Step] = {(s.node, s.walk): s for s in boot.ir.steps}
@@ -57,7 +57,7 @@ class Executor:
         self.gpu = None
         if boot.device.type == "cuda":
             from graphc.runtime.gpu_step import GpuSteps
-            self.gpu = GpuSteps(boot)
+            self.gpu = GpuSteps(boot, scratch_page)
 
     def _cast(self, node: Node, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(device=self.boot.device, dtype=TORCH_DTYPES[node.inputs[k].dtype]) for k, v in inputs.items()}

@@ -257,6 +257,7 @@ def boot_gpu_device(boot: DeviceBoot, checkpoint: str | None, seed: int) -> Devi
     g.capture_all()
     g.replay_all()
     g.run_eager()
+    boot.runtime = g
     free, total = torch.cuda.mem_get_info()
     boot.measured["_device_used"] = total - free
     boot.measured["_peak_reserved"] = torch.cuda.max_memory_reserved()

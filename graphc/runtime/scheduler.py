@@ -77,8 +77,9 @@ def _limits(model: Model, walk: str, encoder: str | None, units_axis: str | None
 
 
 class Scheduler:
-    def __init__(self, plan: Plan, model: Model, llm: str, kv: PagedKVSpec, pages: PageAllocator):
+    def __init__(self, plan: Plan, model: Model, llm: str, kv: PagedKVSpec, pages: PageAllocator, reserved: int = 0):
         self.plan, self.model, self.llm, self.kv, self.pages = plan, model, llm, kv, pages
+        self.capacity = pages.num_pages - reserved        # pages requests may hold (the rest: the scratch page)
         llm_walks = [w for w in model.walks if w.path == (llm,)]
         self.decode_walk = next(w.name for w in llm_walks if w.kind == "decode")
         self.mixed_walk = next((w.name for w in llm_walks if w.kind == "mixed"), None)
@@ -101,13 +102,13 @@ class Scheduler:
         if req.max_rows > most:
             raise InvalidInput(f"request {req.id} asks for {req.max_rows} tokens ({len(req.prompt.ids)} prompt + "
                                f"{req.max_rows - len(req.prompt.ids)} to generate); the plan allows {most}",
-                               f"{self.kv.name}.max_seq_len is {most}; the pool holds {self.pages.num_pages} pages "
+                               f"{self.kv.name}.max_seq_len is {most}; the pool holds {self.capacity} pages "
                                f"of {self.kv.page_size} tokens, {self.pages.num_free} free now",
                                "shorten the prompt or max_tokens, or plan with a larger "
                                f"resources.{self.kv.name}.max_seq_len")
-        if self.kv.pages_for(req.max_rows) > self.pages.num_pages:
+        if self.kv.pages_for(req.max_rows) > self.capacity:
             raise InvalidInput(f"request {req.id} needs {self.kv.pages_for(req.max_rows)} pages; the pool has "
-                               f"{self.pages.num_pages}", "", "shorten it or plan more pages")
+                               f"{self.capacity}", "", "shorten it or plan more pages")
         for walk in req.prefill_walks:
             tokens, seqs, units, segments = _limits(self.model, walk, self.encoder[walk], self.units_axis[walk])
             for group in _indivisible(req.pending_pieces(walk)):
@@ -138,6 +139,10 @@ class Scheduler:
 
     def idle(self) -> bool:
         return not self.waiting and not self.running
+
+    def pool_full(self) -> bool:
+        """Every page requests may hold is free (what an idle engine must show)."""
+        return self.pages.num_free == self.capacity
 
     # ---- one step
     def _admit(self) -> None:

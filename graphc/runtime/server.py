@@ -148,7 +148,7 @@ def build_app(engine: Engine, name: str | None = None):
     def health():
         s = engine.scheduler
         return {"status": "ok", "running": len(s.running), "waiting": len(s.waiting),
-                "free_pages": s.pages.num_free, "pages": s.pages.num_pages}
+                "free_pages": s.pages.num_free, "pages": s.capacity}
 
     @app.get("/v1/models")
     def models():

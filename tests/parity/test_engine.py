@@ -95,7 +95,7 @@ def run(engine, messages_list, arrivals=None):
                 reqs[i] = engine.add(messages=msgs, params=greedy())
         engine.step()
         step += 1
-    assert engine.scheduler.idle() and engine.scheduler.pages.num_free == engine.scheduler.pages.num_pages
+    assert engine.scheduler.idle() and engine.scheduler.pool_full()
     return [reqs[i].output for i in range(len(messages_list))]
 
 

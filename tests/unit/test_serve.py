@@ -50,7 +50,7 @@ def wait_idle(engine, timeout=5.0):
     t = time.time()
     while not engine.scheduler.idle() and time.time() - t < timeout:
         time.sleep(0.01)
-    return engine.scheduler.idle() and engine.scheduler.pages.num_free == engine.scheduler.pages.num_pages
+    return engine.scheduler.idle() and engine.scheduler.pool_full()
 
 
 MESSAGES = [{"role": "user", "content": "hello world, how are you today?"}]
@@ -121,7 +121,7 @@ def test_models_and_health(served):
     base = f"http://127.0.0.1:{served['port']}"
     assert json.load(urlopen(base + "/v1/models"))["data"][0]["id"] == served["engine"].plan.model.name
     h = json.load(urlopen(base + "/health"))
-    assert h["status"] == "ok" and h["pages"] == served["engine"].scheduler.pages.num_pages
+    assert h["status"] == "ok" and h["pages"] == served["engine"].scheduler.capacity
 
 
 def own_engine(served) -> Engine:

@@ -1,0 +1,55 @@
+"""A JSONL of requests for `graphc run --requests` on seeded weights (token ids, no tokenizer): t2t prompts
+of random ids and a2t prompts whose one audio placeholder id stands for a synthetic WAV written beside it.
+
+    python examples/make_requests.py out/requests.jsonl --t2t 32 --a2t 32 --max-tokens 64
+    graphc run plans/qwen3_omni_h200.plan --random-weights --requests out/requests.jsonl --stats out/stats.json
+
+The placeholder is the host's audio token id (Qwen3-Omni's real one unless --audio-token says otherwise).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("--t2t", type=int, default=32)
+    ap.add_argument("--a2t", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=128, help="text tokens per prompt (t2t), around the audio (a2t)")
+    ap.add_argument("--seconds", type=float, nargs=2, default=(2.0, 20.0), help="audio lengths drawn in this range")
+    ap.add_argument("--vocab", type=int, default=151_000, help="prompt ids are drawn below this")
+    ap.add_argument("--audio-token", type=int, default=151_675)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    import soundfile as sf
+
+    rng = np.random.default_rng(a.seed)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(a.t2t + a.a2t):
+        ids = rng.integers(0, a.vocab, a.prompt).tolist()
+        line = {"id": f"r{i}", "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True}
+        if i >= a.t2t:
+            n = int(rng.uniform(*a.seconds) * 16000)
+            t = np.arange(n) / 16000
+            wave = (0.2 * np.sin(2 * np.pi * rng.uniform(100, 800) * t) + 0.02 * rng.standard_normal(n))
+            wav = out.parent / f"audio_{i}.wav"
+            sf.write(wav, wave.astype(np.float32), 16000)
+            ids = ids[: a.prompt // 2] + [a.audio_token] + ids[a.prompt // 2:]
+            line["media"] = [{"type": "audio", "path": str(wav)}]
+        line["prompt_token_ids"] = ids
+        lines.append(line)
+    rng.shuffle(lines)
+    out.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
