@@ -61,7 +61,8 @@ class Event:
 
 class Engine:
     def __init__(self, plan: str | Path | Plan, checkpoint: str | Path | None = None, *, random_weights: bool = False,
-                 seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True):
+                 seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True, boot=None):
+        """boot: serve an already booted DeviceBoot of this plan (tests run one plan's weights on two devices)."""
         if checkpoint is None and not random_weights:
             raise InvalidInput("no weights to serve", "graphc run needs a checkpoint",
                                "pass --checkpoint DIR, or --random-weights to serve seeded weights (token ids only)")
@@ -72,8 +73,8 @@ class Engine:
                                "plan with --gpus 1")
         t0 = time.perf_counter()
         self.checkpoint = str(checkpoint) if checkpoint is not None else None
-        self.boot = boot_plan(self.plan, checkpoint=self.checkpoint, seed=seed, emulate=emulate, force=force,
-                              prebuild=prebuild)[0]
+        self.boot = boot if boot is not None else boot_plan(
+            self.plan, checkpoint=self.checkpoint, seed=seed, emulate=emulate, force=force, prebuild=prebuild)[0]
         self.boot_seconds = time.perf_counter() - t0
         self.model = self.boot.ir.model
         self.llm = llm_node(self.boot)

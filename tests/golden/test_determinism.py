@@ -34,7 +34,7 @@ def _finish(proc: subprocess.Popen, what: str) -> None:
 
 def _as_shipped(fresh: Path, shipped: Path) -> str:
     """The fresh plan's YAML with the shipped plan's versions stamp (the only field allowed to differ)."""
-    data = load_plan(fresh).model_dump(mode="json")
+    data = load_plan(fresh).dump()
     data["versions"] = load_plan(shipped).versions
     data["fingerprint"] = fingerprint({k: v for k, v in data.items() if k != "fingerprint"})
     return Plan.model_validate(data).to_yaml()
