@@ -65,4 +65,5 @@ def test_replayed_steps_match_a_cpu_fp32_forward_of_the_same_weights():
         for r in rows:
             got, want = seen[(req.id, r)], ref[r]
             worst = max(worst, float((got - want).norm() / want.norm()))
+    print(f"worst relative error of a sampled logit row against CPU fp32: {worst:.2e} over {len(seen)} rows")
     assert worst < 3e-2, worst
