@@ -82,3 +82,25 @@ def qwen3(text: dict, tie: bool | None = None) -> Qwen3Config:
     if tie is not None:
         extra["tie_word_embeddings"] = tie
     return _pick(Qwen3Config, text, extra)
+
+
+def talker(d: dict):
+    """Qwen3-Omni's talker (talker_config: text_config, code_predictor_config and the talker's own ids)."""
+    from models.components.talker import CodePredictorConfig, TalkerConfig, TalkerTextConfig
+
+    text, cp = sub(d, "text_config"), sub(d, "code_predictor_config")
+    own = {k: d[k] for k in ("thinker_hidden_size", "num_code_groups", "codec_eos_token_id") if d.get(k) is not None}
+    return TalkerConfig(text_config=_pick(TalkerTextConfig, text, rope(text)),
+                        code_predictor_config=_pick(CodePredictorConfig, cp,
+                                                    {k: v for k, v in rope(cp).items() if k == "rope_theta"}),
+                        **own)
+
+
+def code2wav(d: dict, serving):
+    """Code2Wav from code2wav_config; how it is chunked for serving (chunk_frames, left_context) stays the
+    preset's, `serving`."""
+    from models.components.code2wav import Code2WavConfig
+
+    extra = {"chunk_frames": serving.chunk_frames, "left_context": serving.left_context}
+    extra |= {k: v for k, v in rope(d).items() if k == "rope_theta"}
+    return _pick(Code2WavConfig, d, extra)
