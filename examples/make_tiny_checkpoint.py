@@ -106,6 +106,9 @@ def save(model, tok: Tokenizer, path: str | Path) -> Path:
     (path / "chat_template.jinja").write_text(TEMPLATE)
     s = ids(tok)
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
+    # pixel bounds the tiny plans hold: a video frame slice within the vision attention's 128-patch segment
+    (path / "preprocessor_config.json").write_text(json.dumps({"min_pixels": 32 * 32, "max_pixels": 128 * 256}))
+    (path / "video_preprocessor_config.json").write_text(json.dumps({"min_pixels": 32 * 32, "max_pixels": 96 * 128}))
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [s["<|im_end|>"], s["<|endoftext|>"]]}))
     return path
 

@@ -19,7 +19,6 @@ Walks (one engine step each) and their budgets (the most one step carries):
 from __future__ import annotations
 
 import graphc as gc
-from graphc.errors import InvalidInput
 from models.components import code2wav as c2w
 from models.components.aut import QWEN3_OMNI_AUT, AuTConfig, AuTEncoder, attention_spec, node_ports
 from models.components.talker import TALKER_30B_A3B, CodePredictorConfig, Talker, TalkerConfig, TalkerTextConfig, \
@@ -139,18 +138,23 @@ SPEECH = ("thinker_decode", "talker_prefill", "talker_decode", "code2wav_chunk")
 
 
 def from_config(p: dict, config: dict) -> dict:
-    """The preset's budgets with the nodes' shapes and dtype from a checkpoint's config.json (HF names)."""
+    """The preset's budgets with the nodes' shapes and dtype from a checkpoint's config.json (HF names):
+    thinker_config (text, audio and vision), and talker_config and code2wav_config when the checkpoint
+    speaks (enable_audio_output). How Code2Wav is chunked for serving stays the preset's."""
     from models.components import hf_config as hf
 
     th = hf.sub(config, "thinker_config")
     text = hf.sub(th, "text_config")
-    speech = config.get("enable_audio_output", True)
-    if speech:
-        raise InvalidInput("planning Qwen3-Omni's talker and Code2Wav from a config.json is not supported yet",
-                           "the checkpoint has enable_audio_output: true (speech out comes with issue 11)",
-                           "plan the thinker-only variant (enable_audio_output: false), or plan from the preset")
+    speech = bool(config.get("enable_audio_output", True))
     p = dict(p, aut=hf.aut(hf.sub(th, "audio_config")), vision=hf.vision(hf.sub(th, "vision_config")),
-             thinker=hf.thinker(text, None), dtype=hf.dtype(config, th, text), speech=False)
+             dtype=hf.dtype(config, th, text), speech=speech)
+    accept = None
+    if speech:
+        talker = hf.sub(config, "talker_config")
+        p["talker"] = hf.talker(talker)
+        p["code2wav"] = hf.code2wav(hf.sub(config, "code2wav_config"), p["code2wav"])
+        accept = hf.sub(talker, "accept_hidden_layer")
+    p["thinker"] = hf.thinker(text, accept)
     return p
 
 
@@ -198,7 +202,8 @@ def declare(preset: str = "30b-a3b", config: dict | None = None) -> gc.Model:
 def host(model: gc.Model, checkpoint: str | None = None):
     """The serving host (graphc/runtime/host.py): Qwen3-Omni's media tokens and end-of-turn ids from the
     checkpoint's config.json, or the real model's (seeded weights on a vocabulary that holds them)."""
-    from models.components.hosting import AudioVisualHost, Encoders, checkpoint_config, random_media_tokens
+    from models.components.hosting import AudioVisualHost, Encoders, checkpoint_config, random_media_tokens, \
+        vision_processing
     from models.components.mrope import MediaTokens
 
     encoders = Encoders(audio=("audio_encoder", "audio_prefill"), image=("vision_encoder", "image_prefill"),
@@ -213,7 +218,8 @@ def host(model: gc.Model, checkpoint: str | None = None):
         media, eos = MediaTokens(), (151645, 151643)
     else:
         media, eos = random_media_tokens(vocab), ()
-    return AudioVisualHost(model, "thinker", encoders, media, mrope=True, eos_token_ids=eos)
+    return AudioVisualHost(model, "thinker", encoders, media, mrope=True, eos_token_ids=eos,
+                           vision=vision_processing(checkpoint))
 
 
 def checkpoint_eos(checkpoint: str, cfg: dict) -> tuple[int, ...]:

@@ -70,8 +70,16 @@ def vision(d: dict) -> VisionConfig:
     return _pick(VisionConfig, d, {k: v for k, v in rope(d, ("default", "axial")).items() if k == "rope_theta"})
 
 
+ALIASES = {"num_experts": "num_local_experts"}     # transformers 5 writes some MoE configs with the new name
+
+
+def moe_text(d: dict) -> dict:
+    """A MoE text config's fields under the names our configs use."""
+    return {**d, **{ours: d[theirs] for ours, theirs in ALIASES.items() if ours not in d and theirs in d}}
+
+
 def thinker(text: dict, accept_hidden_layer: int | None) -> ThinkerConfig:
-    return _pick(ThinkerConfig, text, {**rope(text), "accept_hidden_layer": accept_hidden_layer})
+    return _pick(ThinkerConfig, moe_text(text), {**rope(text), "accept_hidden_layer": accept_hidden_layer})
 
 
 def qwen3(text: dict, tie: bool | None = None) -> Qwen3Config:
@@ -90,7 +98,7 @@ def talker(d: dict):
 
     text, cp = sub(d, "text_config"), sub(d, "code_predictor_config")
     own = {k: d[k] for k in ("thinker_hidden_size", "num_code_groups", "codec_eos_token_id") if d.get(k) is not None}
-    return TalkerConfig(text_config=_pick(TalkerTextConfig, text, rope(text)),
+    return TalkerConfig(text_config=_pick(TalkerTextConfig, moe_text(text), rope(text)),
                         code_predictor_config=_pick(CodePredictorConfig, cp,
                                                     {k: v for k, v in rope(cp).items() if k == "rope_theta"}),
                         **own)

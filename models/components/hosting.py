@@ -142,6 +142,32 @@ def checkpoint_config(checkpoint: str | None) -> dict | None:
     return json.loads(path.read_text())
 
 
+def vision_processing(checkpoint: str | None) -> VisionProcessing:
+    """Pixel bounds, mean and std from the checkpoint's preprocessor_config.json (images) and
+    video_preprocessor_config.json (videos), HF's keys (min_pixels/max_pixels or size.shortest_edge /
+    size.longest_edge); HF's Qwen2-VL defaults where a file or key is absent."""
+    import json
+    from pathlib import Path
+
+    out = VisionProcessing()
+    if checkpoint is None:
+        return out
+
+    def bounds(path: Path, lo: str, hi: str) -> dict:
+        if not path.is_file():
+            return {}
+        d = json.loads(path.read_text())
+        size = d.get("size") or {}
+        got = {lo: d.get("min_pixels", size.get("shortest_edge")), hi: d.get("max_pixels", size.get("longest_edge")),
+               "image_mean": d.get("image_mean"), "image_std": d.get("image_std")}
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in got.items() if v is not None}
+
+    update = bounds(Path(checkpoint) / "preprocessor_config.json", "min_pixels", "max_pixels")
+    video = bounds(Path(checkpoint) / "video_preprocessor_config.json", "video_min_pixels", "video_max_pixels")
+    update |= {k: v for k, v in video.items() if k.startswith("video_")}
+    return VisionProcessing(**{**out.model_dump(), **update})
+
+
 def generation_eos(checkpoint: str, cfg: dict) -> tuple[int, ...]:
     """End-of-sequence ids: generation_config.json's eos_token_id, else config.json's (an int or a list)."""
     import json

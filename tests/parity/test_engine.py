@@ -18,9 +18,10 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat
 from examples.make_tiny_checkpoint import asr_model, build_tokenizer, omni_model, save
 from graphc.cli import main
 from graphc.runtime.engine import Engine
-from graphc.runtime.media import load_audio, load_image
+from graphc.runtime.media import load_audio, load_image, load_video
 from graphc.runtime.sampler import SamplingParams
-from models.components.vision_inputs import VisionProcessing, process_image
+from models.components.hosting import vision_processing
+from models.components.vision_inputs import process_image, process_video
 from tests.parity.weights import randomize
 
 NEW = 10
@@ -34,7 +35,8 @@ def files(tmp_path_factory):
     t = np.arange(16000 * 3) / 16000
     waves = {"short": (0.1 * rng.standard_normal(16000 * 2)).astype(np.float32),
              "long": (0.3 * np.sin(2 * np.pi * 330 * t) * np.exp(-t) + 0.05 * rng.standard_normal(t.size))
-             .astype(np.float32)[: int(16000 * 2.7)]}
+             .astype(np.float32)[: int(16000 * 2.7)],
+             "minute": (0.1 * rng.standard_normal(16000 * 35)).astype(np.float32)}     # past 30 s: 5 windows of 8 s
     out = {}
     for k, w in waves.items():
         sf.write(d / f"{k}.wav", w, 16000)
@@ -42,7 +44,22 @@ def files(tmp_path_factory):
     pixels = rng.integers(0, 256, (40, 56, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(d / "img.png")
     out["img"] = str(d / "img.png")
+    out["video"] = str(d / "clip.mp4")
+    write_video(out["video"], rng.integers(0, 256, (8, 64, 96, 3), dtype=np.uint8), fps=4)
     return out
+
+
+def write_video(path: str, frames: np.ndarray, fps: int) -> None:
+    import av
+
+    with av.open(path, "w") as out:
+        stream = out.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        for f in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
 
 
 def build(tmp_path_factory, kind):
@@ -102,8 +119,8 @@ def run(engine, messages_list, arrivals=None):
 # ---- Qwen3-ASR (transformers' layout): a2t
 def hf_asr(hf, tok, engine, wav, text) -> list[int]:
     w = load_audio(wav)
-    fe = Qwen3ASRFeatureExtractor()(w, sampling_rate=16000, padding="longest", return_attention_mask=True,
-                                    return_tensors="pt")
+    fe = Qwen3ASRFeatureExtractor()(w, sampling_rate=16000, padding="longest", truncation=False,
+                                    return_attention_mask=True, return_tensors="pt")
     pad = -fe["input_features"].shape[-1] % 100         # the -hf encoder takes whole 100-frame chunks
     feats = torch.nn.functional.pad(fe["input_features"], (0, pad))
     mask = torch.nn.functional.pad(fe["attention_mask"], (0, pad))
@@ -121,16 +138,17 @@ def asr_messages(wav, text):
 
 def test_asr_a2t_alone_and_mixed_equal_hf(asr, files):
     hf, tok, engine = asr
-    cases = [(files["short"], "transcribe this audio please"), (files["long"], "hello world")]
+    cases = [(files["short"], "transcribe this audio please"), (files["long"], "hello world"),
+             (files["minute"], "transcribe")]
     want = [hf_asr(hf, tok, engine, w, t) for w, t in cases]
     assert [run(engine, [asr_messages(*c)])[0] for c in cases] == want
-    mixed = [asr_messages(*cases[i % 2]) for i in range(9)]
+    mixed = [asr_messages(*cases[i % 3]) for i in range(9)]
     got = run(engine, mixed, arrivals=[0, 0, 1, 2, 2, 3, 5, 8, 9])
-    assert got == [want[i % 2] for i in range(9)]
+    assert got == [want[i % 3] for i in range(9)]
 
 
 # ---- Qwen3-Omni thinker: t2t, a2t, i2t
-def hf_omni(hf, tok, engine, parts, wav=None, img=None) -> list[int]:
+def hf_omni(hf, tok, engine, parts, wav=None, img=None, video=None) -> list[int]:
     kw, counts = {}, []
     if wav is not None:
         w = load_audio(wav)
@@ -140,9 +158,16 @@ def hf_omni(hf, tok, engine, parts, wav=None, img=None) -> list[int]:
         kw |= dict(input_features=fe["input_features"][:, :, :frames],
                    feature_attention_mask=torch.ones(1, frames, dtype=torch.long))
         counts.append(int(_get_feat_extract_output_lengths(torch.tensor(frames))))
+    proc = vision_processing(str(engine.checkpoint))        # the checkpoint's pixel bounds, as HF's processor reads them
     if img is not None:
-        item = process_image(load_image(img), VisionProcessing(patch_size=16))
+        item = process_image(load_image(img), proc)
         kw |= dict(pixel_values=item.patches, image_grid_thw=torch.tensor([item.grid_thw]))
+        counts.append(item.num_patches // 4)
+    if video is not None:
+        frames, fps = load_video(video)
+        item = process_video(frames, proc)
+        kw |= dict(pixel_values_videos=item.patches, video_grid_thw=torch.tensor([item.grid_thw]),
+                   video_second_per_grid=torch.tensor([proc.temporal_patch_size / fps]))
         counts.append(item.num_patches // 4)
     ids = expand(tok, engine, parts, counts)
     with torch.no_grad():
@@ -156,29 +181,32 @@ def omni_cases(files):
         "t2t": ([{"type": "text", "text": "what is in the image"}], None, None),
         "a2t": ([{"type": "audio"}, {"type": "text", "text": "transcribe this audio please"}], files["long"], None),
         "i2t": ([{"type": "text", "text": "describe"}, {"type": "image"}], None, files["img"]),
+        "v2t": ([{"type": "video"}, {"type": "text", "text": "describe the video"}], None, None, files["video"]),
     }
 
 
-def omni_messages(parts, wav, img):
+def omni_messages(parts, wav, img, video=None):
     content = []
     for p in parts:
         if p["type"] == "audio":
             content.append({"type": "audio", "path": wav})
         elif p["type"] == "image":
             content.append({"type": "image", "path": img})
+        elif p["type"] == "video":
+            content.append({"type": "video", "path": video})
         else:
             content.append(p)
     return [{"role": "user", "content": content}]
 
 
-def test_omni_t2t_a2t_i2t_alone_and_mixed_equal_hf(omni, files):
+def test_omni_t2t_a2t_i2t_v2t_alone_and_mixed_equal_hf(omni, files):
     hf, tok, engine = omni
     cases = omni_cases(files)
     want = {k: hf_omni(hf, tok, engine, *c) for k, c in cases.items()}
     for k, c in cases.items():
         assert run(engine, [omni_messages(*c)])[0] == want[k], k
-    kinds = ["t2t", "a2t", "i2t"] * 3
+    kinds = ["t2t", "a2t", "i2t", "v2t"] * 2 + ["v2t"]
     got = run(engine, [omni_messages(*cases[k]) for k in kinds], arrivals=[0, 0, 0, 1, 3, 3, 4, 6, 7])
     assert got == [want[k] for k in kinds]
     walks = engine.scheduler.stats.steps
-    assert walks["audio_prefill"] and walks["image_prefill"] and walks["thinker_decode"]
+    assert walks["audio_prefill"] and walks["image_prefill"] and walks["video_prefill"] and walks["thinker_decode"]
