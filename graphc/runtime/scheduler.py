@@ -219,8 +219,8 @@ class Scheduler:
         for req in prefilling:
             if tokens <= 0 or seqs <= 0:
                 break
-            if req.stage() != stage_walk:
-                continue
+            if req.status is not Status.RUNNING or req.stage() != stage_walk:
+                continue                  # preempted just now to grow a decoding request, or on another stage
             end, pieces = cut(req, stage_walk, tokens, units - used_units,
                               (segments - used_segments) if segments else None)
             if end <= req.computed:

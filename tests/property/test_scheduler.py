@@ -54,7 +54,7 @@ request_spec = st.tuples(st.sampled_from(list(KINDS)), st.integers(1, 700), st.i
                          st.integers(1, 40), st.integers(0, 6))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(request_spec, min_size=1, max_size=24), st.integers(60, 400))
 def test_random_traces_fit_the_plan_and_leak_nothing(specs, pool):
     drive(specs, pool)
