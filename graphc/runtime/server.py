@@ -115,7 +115,10 @@ class Driver:
                 continue
             for ev in self.engine.step():
                 loop, events = ev.request.user
-                loop.call_soon_threadsafe(events.put_nowait, ev)
+                try:
+                    loop.call_soon_threadsafe(events.put_nowait, ev)
+                except RuntimeError:              # its event loop is gone (shutdown): nobody reads it any more
+                    self.engine.abort(ev.request.id)
 
     def stop(self) -> None:
         self.alive = False

@@ -165,3 +165,20 @@ def test_offline_jsonl_run_and_a_changed_config_is_refused(served, tmp_path, cap
     capsys.readouterr()
     assert main(["run", str(d / "p.plan"), "--checkpoint", str(changed), "--requests", str(tmp_path / "in.jsonl")]) == 2
     assert "thinker_config.text_config.num_hidden_layers: 3 in the plan, 2 in the checkpoint" in capsys.readouterr().err
+
+
+def test_http_tokens_equal_the_engine_and_a_dropped_stream_frees_its_pages(served):
+    c, engine = served["client"], served["engine"]
+    name = engine.plan.model.name
+    prompts = [[5, 6, 7, 8, 9], list(range(20, 60))]
+    want = own_engine(served).generate([{"prompt_token_ids": p, "max_tokens": 7, "temperature": 0, "ignore_eos": True}
+                                        for p in prompts])
+    for p, w in zip(prompts, want):
+        r = c.completions.create(model=name, prompt=p, max_tokens=7, temperature=0, extra_body={"ignore_eos": True})
+        assert r.choices[0].model_extra["token_ids"] == w.token_ids
+    stream = c.chat.completions.create(model=name, messages=MESSAGES, max_tokens=900, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    next(iter(stream))
+    t = time.time()
+    stream.close()                                # the client goes away mid-stream: 900 tokens would take ~10 s
+    assert wait_idle(engine, timeout=3), f"pages still held {time.time() - t:.1f} s after the client left"
