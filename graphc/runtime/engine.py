@@ -17,10 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from graphc.errors import InvalidInput
-from graphc.overrides import apply_overrides
 from graphc.plan import Plan, load_plan
 from graphc.runtime.boot import boot_plan
 from graphc.runtime.executor import Executor, llm_node

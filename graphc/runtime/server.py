@@ -233,6 +233,20 @@ def build_app(engine: Engine, name: str | None = None):
                     driver.abort(req.id)
         return StreamingResponse(gen(), media_type="text/event-stream")
 
+    async def answer(chat: bool, rid: str, body: Body, kwargs: dict):
+        """Submit; a streamed response, an error response, or (request, its events, created) once it finished."""
+        started, bad = await start(kwargs)
+        if bad is not None:
+            return bad
+        req, events = started
+        created = int(time.time())
+        if body.stream:
+            return stream(req, events, chat, rid, created, bool((body.stream_options or {}).get("include_usage")))
+        evs = await collect(req, events)
+        if req.error:
+            return error(500, req.error, kind="server_error")
+        return req, evs, created
+
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody):
         if (bad := check_model(body)) is not None:
@@ -248,16 +262,10 @@ def build_app(engine: Engine, name: str | None = None):
         except ValidationError as e:
             return error(400, str(e.errors()[0]["msg"]))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        started, bad = await start(dict(messages=body.messages, params=params, request_id=rid))
-        if bad is not None:
-            return bad
-        req, events = started
-        created = int(time.time())
-        if body.stream:
-            return stream(req, events, True, rid, created, bool((body.stream_options or {}).get("include_usage")))
-        evs = await collect(req, events)
-        if req.error:
-            return error(500, req.error, kind="server_error")
+        done = await answer(True, rid, body, dict(messages=body.messages, params=params, request_id=rid))
+        if not isinstance(done, tuple):
+            return done
+        req, evs, created = done
         text = req.detok.text if req.detok is not None else "".join(e.text for e in evs)
         return {"id": rid, "object": "chat.completion", "created": created, "model": model_name,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
@@ -276,16 +284,10 @@ def build_app(engine: Engine, name: str | None = None):
             return error(400, str(e.errors()[0]["msg"]))
         rid = f"cmpl-{uuid.uuid4().hex}"
         kw = dict(prompt_token_ids=body.prompt) if isinstance(body.prompt, list) else dict(prompt=body.prompt)
-        started, bad = await start(dict(**kw, params=params, request_id=rid))
-        if bad is not None:
-            return bad
-        req, events = started
-        created = int(time.time())
-        if body.stream:
-            return stream(req, events, False, rid, created, bool((body.stream_options or {}).get("include_usage")))
-        evs = await collect(req, events)
-        if req.error:
-            return error(500, req.error, kind="server_error")
+        done = await answer(False, rid, body, dict(**kw, params=params, request_id=rid))
+        if not isinstance(done, tuple):
+            return done
+        req, _, created = done
         text = req.detok.text if req.detok is not None else ""
         lp = None
         if req.logprobs is not None:
