@@ -1,10 +1,12 @@
 """A JSONL of requests for `graphc run --requests` on seeded weights (token ids, no tokenizer): t2t prompts
-of random ids and a2t prompts whose one audio placeholder id stands for a synthetic WAV written beside it.
+of random ids, a2t prompts whose one audio placeholder id stands for a synthetic WAV written beside it, and
+i2t prompts likewise with a random PNG.
 
     python examples/make_requests.py out/requests.jsonl --t2t 32 --a2t 32 --max-tokens 64
     graphc run plans/qwen3_omni_h200.plan --random-weights --requests out/requests.jsonl --stats out/stats.json
 
-The placeholder is the host's audio token id (Qwen3-Omni's real one unless --audio-token says otherwise).
+The placeholders are the host's media token ids (Qwen3-Omni's real ones unless --audio-token / --image-token
+say otherwise).
 """
 from __future__ import annotations
 
@@ -20,11 +22,13 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--t2t", type=int, default=32)
     ap.add_argument("--a2t", type=int, default=32)
+    ap.add_argument("--i2t", type=int, default=0, help="prompts around one random image (PNG) of 128-1024 px a side")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=128, help="text tokens per prompt (t2t), around the audio (a2t)")
     ap.add_argument("--seconds", type=float, nargs=2, default=(2.0, 20.0), help="audio lengths drawn in this range")
     ap.add_argument("--vocab", type=int, default=151_000, help="prompt ids are drawn below this")
     ap.add_argument("--audio-token", type=int, default=151_675)
+    ap.add_argument("--image-token", type=int, default=151_655)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     import soundfile as sf
@@ -33,10 +37,18 @@ def main() -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     lines = []
-    for i in range(a.t2t + a.a2t):
+    for i in range(a.t2t + a.a2t + a.i2t):
         ids = rng.integers(0, a.vocab, a.prompt).tolist()
         line = {"id": f"r{i}", "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True}
-        if i >= a.t2t:
+        if i >= a.t2t + a.a2t:
+            from PIL import Image
+
+            h, w = (int(x) for x in rng.integers(128, 1025, 2))
+            img = out.parent / f"image_{i}.png"
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(img)
+            ids = ids[: a.prompt // 2] + [a.image_token] + ids[a.prompt // 2:]
+            line["media"] = [{"type": "image", "path": str(img)}]
+        elif i >= a.t2t:
             n = int(rng.uniform(*a.seconds) * 16000)
             t = np.arange(n) / 16000
             wave = (0.2 * np.sin(2 * np.pi * rng.uniform(100, 800) * t) + 0.02 * rng.standard_normal(n))

@@ -172,8 +172,11 @@ def cmd_run(args) -> int:
     else:
         sys.stdout.write(lines)
     stats = engine.stats(wall)
-    stats |= throughput(outs, wall)
+    stats |= throughput([o for o in outs if o.error is None], wall)
     print(engine.stats_line(stats), file=sys.stderr)
+    for o in outs:
+        if o.error is not None:
+            print(f"request {o.id}: {o.finish_reason}: {o.error.splitlines()[0]}", file=sys.stderr)
     if args.stats:
         with open(args.stats, "w") as f:
             json.dump(stats, f, indent=1)

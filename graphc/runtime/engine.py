@@ -285,16 +285,25 @@ class Engine:
 
     # ---- offline
     def generate(self, items: list[dict], progress: bool = False) -> list[Output]:
-        """Run a batch of request dicts (parse_request's shape), arriving at once; outputs in input order."""
+        """Run a batch of request dicts (parse_request's shape), arriving at once; outputs in input order. A
+        request the engine refuses comes back with finish_reason 'refused' and the reason in `error`."""
         from tqdm import tqdm
 
-        reqs = [self.add(**parse_request(item, i)) for i, item in enumerate(items)]
-        with tqdm(total=len(reqs), desc="requests", unit="req", file=sys.stderr, disable=not progress) as bar:
+        reqs: list[Request | Output] = []
+        for i, item in enumerate(items):
+            try:
+                reqs.append(self.add(**parse_request(item, i)))
+            except InvalidInput as e:             # refused with its reason; the others still run
+                rid = item.get("id", f"line-{i}") if isinstance(item, dict) else f"line-{i}"
+                reqs.append(Output(id=rid, kind="", prompt_tokens=0, token_ids=[], text=None,
+                                   finish_reason="refused", error=str(e)))
+        live = sum(isinstance(r, Request) for r in reqs)
+        with tqdm(total=live, desc="requests", unit="req", file=sys.stderr, disable=not progress) as bar:
             while self.has_work():
                 for ev in self.step():
                     if ev.finished:
                         bar.update(1)
-        return [self.output(r) for r in reqs]
+        return [self.output(r) if isinstance(r, Request) else r for r in reqs]
 
 
 def _text_kind(stages: list) -> bool:
