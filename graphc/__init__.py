@@ -1,8 +1,9 @@
-"""graphc: the public declaration API, nothing else.
+"""graphc: the public declaration API, and the Engine that serves a plan.
 
     import graphc as gc
     gc.Model, gc.Node, gc.Port, gc.Edge, gc.Walk, gc.Budget, gc.RequestKind, gc.AXES,
     gc.NodeModule, gc.StepContext
+    graphc.Engine                       # serves a plan (graphc/runtime/engine.py; what `graphc run` drives)
 
 Names resolve on first use, so `resources` (which builds on graphc.strict) and `graphc` can import
 each other in either order.
@@ -13,7 +14,7 @@ import importlib
 
 _API = {"AXES": "graphc.declare", "Budget": "graphc.declare", "Edge": "graphc.declare", "Model": "graphc.declare",
         "Node": "graphc.declare", "Port": "graphc.declare", "RequestKind": "graphc.declare", "Walk": "graphc.declare",
-        "NodeModule": "graphc.step", "StepContext": "graphc.step"}
+        "NodeModule": "graphc.step", "StepContext": "graphc.step", "Engine": "graphc.runtime.engine"}
 
 __all__ = sorted(_API)
 

@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 
+from graphc.cli import main
 from graphc.plan import load_plan
 from graphc.runtime.engine import Engine
 from graphc.runtime.sampler import SamplingParams
@@ -19,9 +20,16 @@ from resources.paged_kv import PageAllocator, PagedTorch, new_cache
 pytestmark = pytest.mark.gpu
 
 
-def test_replayed_steps_match_a_cpu_fp32_forward_of_the_same_weights():
+@pytest.mark.parametrize("limit", [None, 32])
+def test_replayed_steps_match_a_cpu_fp32_forward_of_the_same_weights(limit, tmp_path):
+    """limit: the prefill walk captures rungs up to 32 tokens, so longer chunks run eagerly, as the plan says."""
     pytest.importorskip("flashinfer")
-    engine = Engine(load_plan("plans/tiny_h100.plan"), random_weights=True, emulate=True)
+    path = "plans/tiny_h100.plan"
+    if limit is not None:
+        path = str(tmp_path / "limited.plan")
+        assert main(["plan", "models/tiny_omni.py", "--gpu", "h100", "--set", f"walks.prefill.capture_limit.decoder={limit}",
+                     "-o", path, "-q"]) == 0
+    engine = Engine(load_plan(path), random_weights=True, emulate=True)
     seen: dict[tuple[str, int], torch.Tensor] = {}
     run = engine.executor.run
 
@@ -45,7 +53,13 @@ def test_replayed_steps_match_a_cpu_fp32_forward_of_the_same_weights():
         engine.step()
         step += 1
     stats = engine.stats()
-    assert stats["eager"] == 0 and stats["replayed"] > 0
+    assert stats["replayed"] > 0
+    if limit is None:
+        assert stats["eager"] == 0
+    else:
+        assert stats["rungs"].get("prefill/decoder/eager", 0) > 0
+        assert all(r == "eager" or int(r) <= limit for k, r in (x.rsplit("/", 1) for x in stats["rungs"])
+                   if k == "prefill/decoder")
     assert engine.scheduler.idle() and engine.scheduler.pool_full()
 
     decoder = copy.deepcopy(engine.boot.modules["decoder"]).float().cpu()
