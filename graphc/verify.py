@@ -95,10 +95,19 @@ def _check_walks(model: Model) -> None:
         if len(set(w.path)) != len(w.path):
             raise InvalidInput(f"walk '{w.name}' visits a node twice: {list(w.path)}", "a walk is a path",
                                "split it into two walks")
-        for a, b in zip(w.path, w.path[1:]):
-            if (a, b) not in edges:
-                raise InvalidInput(f"walk '{w.name}' steps from '{a}' to '{b}' with no edge between them",
-                                   f"its path is {' -> '.join(w.path)}", f"declare an Edge from {a}.<out> to {b}.<in>")
+        # the path runs in order: every node but the last feeds a node after it, none feeds one before it
+        # (a chain, or several encoders spliced into one LLM)
+        for i, a in enumerate(w.path):
+            back = [b for b in w.path[:i] if (a, b) in edges]
+            if back:
+                raise InvalidInput(f"walk '{w.name}' runs '{back[0]}' before '{a}', which feeds it",
+                                   f"its path is {' -> '.join(w.path)}", f"put '{a}' before '{back[0]}'")
+        for i, a in enumerate(w.path):
+            later = w.path[i + 1:]
+            if later and not any((a, b) in edges for b in later):
+                raise InvalidInput(f"walk '{w.name}' runs '{a}' but no node after it on the path reads it: "
+                                   "no edge between them", f"its path is {' -> '.join(w.path)}",
+                                   f"declare an Edge from {a}.<out> to a later node's input, or drop '{a}' from the path")
         for key, what in ((w.axes, "axes"), (w.capture_limit, "capture_limit")):
             for name in key:
                 if name not in w.path:

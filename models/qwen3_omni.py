@@ -12,6 +12,7 @@ Walks (one engine step each) and their budgets (the most one step carries):
   audio_prefill    audio_encoder -> thinker     windows (104 tokens each) spliced into a chunk
   image_prefill    vision_encoder -> thinker    patches (4 per LLM token), images per step
   video_prefill    vision_encoder -> thinker    patches, frame groups per step
+  av_prefill       both encoders -> thinker     a video with its sound (use_audio_in_video)
   talker_prefill   talker                       the talker's prompt rows
   talker_decode    talker (+ code predictor)    sequences, one 16-code frame each
   code2wav_chunk   code2wav                     frames (slots of 325 = 300 + 25 left context)
@@ -125,6 +126,10 @@ def walks(p: dict) -> list[gc.Walk]:
         gc.Walk(name="video_prefill", kind="prefill", path=("vision_encoder", "thinker"),
                 budget=gc.Budget(patches=p["patches"], tokens=p["prefill_tokens"], seqs=p["frame_groups"]),
                 ladder=p.get("patch_ladder")),
+        # a video heard with its own sound (use_audio_in_video): both encoders spliced into one chunk
+        gc.Walk(name="av_prefill", kind="prefill", path=("audio_encoder", "vision_encoder", "thinker"),
+                budget=gc.Budget(windows=p["windows"], patches=p["patches"], tokens=p["prefill_tokens"],
+                                 seqs=p["frame_groups"]), ladder=p.get("patch_ladder")),
         gc.Walk(name="talker_prefill", kind="prefill", path=("talker",),
                 budget=gc.Budget(tokens=p["talker_tokens"], seqs=p["talker_seqs"])),
         gc.Walk(name="talker_decode", kind="decode", path=("talker",), budget=gc.Budget(seqs=p["talker_seqs"])),
@@ -183,6 +188,7 @@ def declare(preset: str = "30b-a3b", config: dict | None = None) -> gc.Model:
         gc.RequestKind(name="a2t", stages=("audio_prefill", "thinker_decode")),
         gc.RequestKind(name="i2t", stages=("image_prefill", "thinker_decode")),
         gc.RequestKind(name="v2t", stages=("video_prefill", "thinker_decode")),
+        gc.RequestKind(name="av2t", stages=("av_prefill", "thinker_decode")),
     ]
     if speech:
         requests += [gc.RequestKind(name="t2s", stages=("thinker_prefill", SPEECH)),
@@ -201,25 +207,30 @@ def declare(preset: str = "30b-a3b", config: dict | None = None) -> gc.Model:
 
 def host(model: gc.Model, checkpoint: str | None = None):
     """The serving host (graphc/runtime/host.py): Qwen3-Omni's media tokens and end-of-turn ids from the
-    checkpoint's config.json, or the real model's (seeded weights on a vocabulary that holds them)."""
+    checkpoint's config.json (<|audio_end|> from its tokenizer.json), or the real model's (seeded weights
+    on a vocabulary that holds them)."""
     from models.components.hosting import AudioVisualHost, Encoders, checkpoint_config, random_media_tokens, \
-        vision_processing
+        special_token, vision_processing
     from models.components.mrope import MediaTokens
 
+    walks = {w.name for w in model.walks}
     encoders = Encoders(audio=("audio_encoder", "audio_prefill"), image=("vision_encoder", "image_prefill"),
-                        video=("vision_encoder", "video_prefill"))
+                        video=("vision_encoder", "video_prefill"),
+                        audio_in_video="av_prefill" if "av_prefill" in walks else None)
     vocab = model.node("thinker").config.vocab_size
     cfg = checkpoint_config(checkpoint)
     if cfg is not None:
         th = cfg.get("thinker_config", cfg)
         media = MediaTokens(**{k: th[k] for k in MediaTokens.model_fields if k in th and k != "spatial_merge_size"})
         eos = checkpoint_eos(checkpoint, cfg)
+        audio_end = special_token(checkpoint, "<|audio_end|>", media.audio_start_token_id + 1)
     elif vocab > MediaTokens().audio_token_id:
-        media, eos = MediaTokens(), (151645, 151643)
+        media, eos, audio_end = MediaTokens(), (151645, 151643), 151670
     else:
         media, eos = random_media_tokens(vocab), ()
+        audio_end = vocab - 6
     return AudioVisualHost(model, "thinker", encoders, media, mrope=True, eos_token_ids=eos,
-                           vision=vision_processing(checkpoint))
+                           vision=vision_processing(checkpoint), audio_end=audio_end)
 
 
 def checkpoint_eos(checkpoint: str, cfg: dict) -> tuple[int, ...]:

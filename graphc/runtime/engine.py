@@ -146,7 +146,7 @@ class Engine:
 
     def add(self, *, prompt_token_ids: list[int] | None = None, messages: list[dict] | None = None,
             prompt: str | None = None, media: list[Media] = (), params: SamplingParams | None = None,
-            request_id: str | None = None, user: Any = None) -> Request:
+            request_id: str | None = None, user: Any = None, use_audio_in_video: bool = False) -> Request:
         params = params or SamplingParams()
         given = [x is not None for x in (prompt_token_ids, messages, prompt)]
         if sum(given) != 1:
@@ -155,7 +155,7 @@ class Engine:
         media = list(media)
         if messages is not None:
             from graphc.runtime.inputs import split_messages
-            messages, found = split_messages(messages)
+            messages, found = split_messages(messages, use_audio_in_video)
             media += found
         ids = list(prompt_token_ids) if prompt_token_ids is not None else self.tokenize(messages, prompt)
         vocab = self.model.node(self.llm).outputs["logits"].shape[-1]
@@ -311,12 +311,12 @@ def _text_kind(stages: list) -> bool:
     return all(isinstance(s, str) for s in stages)
 
 
-REQUEST_KEYS = {"id", "messages", "prompt", "prompt_token_ids", "media"}
+REQUEST_KEYS = {"id", "messages", "prompt", "prompt_token_ids", "media", "use_audio_in_video"}
 
 
 def parse_request(item: dict, index: int = 0) -> dict:
     """One offline request (a JSONL line): messages | prompt | prompt_token_ids, optional media
-    [{type: audio|image|video, path, fps}] and id, and sampling parameters by name."""
+    [{type: audio|image|video, path, fps}], id and use_audio_in_video, and sampling parameters by name."""
     from graphc.runtime.media import load_audio, load_image
 
     if not isinstance(item, dict):
@@ -335,13 +335,14 @@ def parse_request(item: dict, index: int = 0) -> dict:
         elif kind == "image":
             media.append(Media("image", load_image(path)))
         elif kind == "video":
-            from graphc.runtime.media import load_video
+            from graphc.runtime.media import load_video, video_audio
             frames, fps = load_video(path, fps=m.get("fps"))
-            media.append(Media("video", frames, fps))
+            media.append(Media("video", frames, fps, audio=video_audio(path) if item.get("use_audio_in_video") else None))
         else:
             raise InvalidInput(f"request {index}: media type {kind!r}", "", "use audio, image or video")
     return dict(prompt_token_ids=item.get("prompt_token_ids"), messages=item.get("messages"),
-                prompt=item.get("prompt"), media=media, params=sp, request_id=item.get("id"))
+                prompt=item.get("prompt"), media=media, params=sp, request_id=item.get("id"),
+                use_audio_in_video=bool(item.get("use_audio_in_video", False)))
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

@@ -84,7 +84,7 @@ class Executor:
         for node in walk.path:
             if node == self.llm:
                 continue
-            pieces = [(c.req, p) for c in plan.chunks for p in c.pieces]
+            pieces = [(c.req, p) for c in plan.chunks for p in c.pieces if p.node in ("", node)]
             if not pieces:
                 continue
             units = plan.rungs.get(node) or plan.sizes[node]

@@ -37,6 +37,7 @@ class Media:
     kind: MediaKind
     data: np.ndarray | torch.Tensor
     fps: float | None = None
+    audio: np.ndarray | None = None     # a video's own sound at 16 kHz, heard with it (use_audio_in_video)
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Piece:
     segments: int
     rows: list[int]
     data: Any = None
+    node: str = ""                      # the encoder that runs it (set by the host)
 
     @property
     def first(self) -> int:
@@ -119,8 +121,9 @@ class Host:
 
 
 def expand_placeholders(ids: list[int], media: list[Media], token_of: dict[str, int],
-                        lengths: list[int]) -> tuple[list[int], list[int]]:
-    """ids with the i-th media placeholder token repeated lengths[i] times, and each item's first row.
+                        replacements: list[list[int]]) -> tuple[list[int], list[int]]:
+    """ids with the i-th media placeholder token replaced by replacements[i], and where each replacement
+    starts.
 
     Placeholders are matched in order (the i-th placeholder of any kind is media[i]'s, and must be of
     its kind); a count that differs from len(media) is refused."""
@@ -132,12 +135,12 @@ def expand_placeholders(ids: list[int], media: list[Media], token_of: dict[str, 
                            f"media item(s)", f"each media item is marked by one placeholder token: {kinds}",
                            "put one placeholder where each item goes (the chat template does this for you)")
     out, starts, prev = [], [], 0
-    for (at, kind), item, n in zip(found, media, lengths):
+    for (at, kind), item, rep in zip(found, media, replacements):
         if kind != item.kind:
             raise InvalidInput(f"media item {len(starts)} is {item.kind} but its placeholder is {kind}'s",
                                "placeholders and items are matched in order", "reorder the media or the prompt")
         out += ids[prev:at]
         starts.append(len(out))
-        out += [token_of[kind]] * n
+        out += rep
         prev = at + 1
     return out + ids[prev:], starts

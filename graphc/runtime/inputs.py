@@ -6,6 +6,7 @@ Content parts taken (OpenAI's shapes, and file paths for offline batches):
   {"type": "image_url", "image_url": {"url": "data:image/...;base64,..." | "file:///path" | path}}
   {"type": "video_url", "video_url": {"url": ... as above}}
   {"type": "audio" | "image" | "video", "path": FILE}        (offline; video may set "fps")
+With use_audio_in_video each video also brings its sound track (PyAV decodes it, soxr resamples it).
 Each media part becomes a {"type": "audio"|"image"|"video"} part for the template (which writes its
 placeholder) and a decoded Media item, in order. Anything else is refused by name.
 """
@@ -45,22 +46,23 @@ def _url(url: str, kind: str, what: str) -> bytes | str:
     return url[7:] if url.startswith("file://") else url
 
 
-def _media(kind: str, source: bytes | str, what: str, fps: float | None = None) -> Media:
+def _media(kind: str, source: bytes | str, what: str, fps: float | None = None, with_audio: bool = False) -> Media:
     try:
         if kind == "audio":
             return Media("audio", load_audio(source))
         if kind == "image":
             return Media("image", load_image(source))
-        from graphc.runtime.media import load_video
+        from graphc.runtime.media import load_video, video_audio
         frames, rate = load_video(source, fps=fps)
-        return Media("video", frames, rate)
+        return Media("video", frames, rate, audio=video_audio(source) if with_audio else None)
     except MediaError as e:
         raise InvalidInput(f"{what}: {e}", "", f"send a {kind} file that decodes") from None
     except FileNotFoundError:
         raise InvalidInput(f"{what}: {source} does not exist", "", "check the path") from None
 
 
-def split_messages(messages: list) -> tuple[list[dict], list[Media]]:
+def split_messages(messages: list, use_audio_in_video: bool = False) -> tuple[list[dict], list[Media]]:
+    """use_audio_in_video: each video is heard with its own sound track (Qwen3-Omni's option)."""
     if not isinstance(messages, list) or not messages:
         raise InvalidInput("messages must be a non-empty list", f"got {type(messages).__name__}", "send [{role, content}]")
     out, media = [], []
@@ -85,10 +87,10 @@ def split_messages(messages: list) -> tuple[list[dict], list[Media]]:
                 parts.append({"type": "audio"})
             elif kind in URL_KEYS:
                 media.append(_media(URL_KEYS[kind], _url((part.get(kind) or {}).get("url"), URL_KEYS[kind], f"{what}.{kind}"),
-                                    what, part.get("fps")))
+                                    what, part.get("fps"), use_audio_in_video))
                 parts.append({"type": URL_KEYS[kind]})
             elif kind in ("audio", "image", "video") and "path" in part:
-                media.append(_media(kind, str(Path(part["path"])), what, part.get("fps")))
+                media.append(_media(kind, str(Path(part["path"])), what, part.get("fps"), use_audio_in_video))
                 parts.append({"type": kind})
             else:
                 raise InvalidInput(f"{what} has type {kind!r}", "parts: text, input_audio, image_url, video_url "

@@ -81,7 +81,7 @@ def load_video(data: bytes | str | Path, fps: float | None = None, max_frames: i
                max_pixels: int = MAX_IMAGE_PIXELS):
     """Decode with PyAV and sample `fps` frames a second (default 2): (uint8 [F, 3, H, W] RGB, fps).
     Frames are taken at the stream times nearest k / fps; an even count (two frames make one temporal
-    patch) is kept by repeating the last when needed."""
+    patch) is kept by repeating the last when needed. video_audio() reads the same file's sound."""
     import av
     import torch
 
@@ -116,3 +116,39 @@ def load_video(data: bytes | str | Path, fps: float | None = None, max_frames: i
     if len(frames) % 2:
         frames.append(frames[-1])
     return torch.stack(frames), fps
+
+
+def video_audio(data: bytes | str | Path, sample_rate: int = 16_000, max_seconds: float | None = None) -> np.ndarray:
+    """A video file's first audio stream, decoded with PyAV, channels averaged, resampled with soxr:
+    float32 [n] at `sample_rate` (what Qwen3-Omni hears with use_audio_in_video)."""
+    import av
+    import soxr
+
+    try:
+        container = av.open(_source(data))
+    except (av.error.FFmpegError, OSError) as e:
+        raise MediaError(f"the video does not decode: {e}; send MP4, WebM, MKV or AVI") from e
+    with container:
+        if not container.streams.audio:
+            raise MediaError("use_audio_in_video: the video has no audio stream; send one with sound or leave it off")
+        stream = container.streams.audio[0]
+        rate = stream.codec_context.sample_rate
+        chunks = []
+        try:
+            for frame in container.decode(stream):
+                x = frame.to_ndarray().astype(np.float32)
+                if frame.format.name in ("s16", "s16p"):
+                    x /= 32768.0
+                elif frame.format.name in ("s32", "s32p"):
+                    x /= 2147483648.0
+                if not frame.format.is_planar:       # packed: [1, n * channels], interleaved
+                    x = x.reshape(-1, len(frame.layout.channels)).T
+                chunks.append(x.mean(axis=0))
+        except av.error.FFmpegError as e:
+            raise MediaError(f"the video's audio does not decode: {e}") from e
+    wave = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+    if max_seconds is not None and wave.size > max_seconds * rate:
+        raise MediaError(f"the video's audio is {wave.size / rate:.1f} s, at most {max_seconds:g} s are allowed")
+    if wave.size <= 200 * rate / sample_rate:
+        raise MediaError("the video's audio is too short to hear (at most 12.5 ms)")
+    return soxr.resample(wave, rate, sample_rate, quality="HQ").astype(np.float32) if rate != sample_rate else wave

@@ -60,20 +60,20 @@ class Stats:
     preemptions: int = 0
 
 
-def _limits(model: Model, walk: str, encoder: str | None, units_axis: str | None) -> tuple[int, int, int, int]:
-    """(tokens, seqs, units, segments) one step of the walk may carry."""
+def _limits(model: Model, walk: str, units_axes: dict[str, str]) -> tuple[int, int, dict[str, tuple[int, int]]]:
+    """(tokens, seqs, {encoder: (units, segments)}) one step of the walk may carry; segments None: any number."""
     w = model.walk(walk)
     b = w.budget.axes()
     tokens, seqs = b.get("tokens", b.get("seqs", 1)), b.get("seqs", 1)
-    units = b.get(units_axis, 0) if units_axis else 0
-    segments = 0
-    if encoder is not None:
-        for res in model.node(encoder).resources.values():
+    per = {}
+    for node, axis in units_axes.items():
+        segments = None
+        for res in model.node(node).resources.values():
             spec = model.resource(res)
             if isinstance(spec, RaggedAttentionSpec):
-                sizes = dict(b)
-                segments = spec.step_shape(units_axis, sizes, "prefill").seqs
-    return tokens, seqs, units, segments
+                segments = spec.step_shape(axis, dict(b), "prefill").seqs
+        per[node] = (b.get(axis, 0), segments)
+    return tokens, seqs, per
 
 
 class Scheduler:
@@ -84,12 +84,12 @@ class Scheduler:
         self.decode_walk = next(w.name for w in llm_walks if w.kind == "decode")
         self.mixed_walk = next((w.name for w in llm_walks if w.kind == "mixed"), None)
         self.max_running = model.walk(self.decode_walk).budget.seqs
-        self.encoder: dict[str, str | None] = {}
-        self.units_axis: dict[str, str | None] = {}
+        self.encoder: dict[str, str | None] = {}                # walk -> its first encoder (None: a text walk)
+        self.units_axes: dict[str, dict[str, str]] = {}         # walk -> {encoder: its capture axis}
         for w in model.walks:
             enc = [n for n in w.path if n != llm]
             self.encoder[w.name] = enc[0] if enc else None
-            self.units_axis[w.name] = plan.nodes[enc[0]].buckets[w.name].axis if enc else None
+            self.units_axes[w.name] = {n: plan.nodes[n].buckets[w.name].axis for n in enc}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.stats = Stats()
@@ -110,17 +110,23 @@ class Scheduler:
             raise InvalidInput(f"request {req.id} needs {self.kv.pages_for(req.max_rows)} pages; the pool has "
                                f"{self.capacity}", "", "shorten it or plan more pages")
         for walk in req.prefill_walks:
-            tokens, seqs, units, segments = _limits(self.model, walk, self.encoder[walk], self.units_axis[walk])
+            tokens, _, per = _limits(self.model, walk, self.units_axes[walk])
             for group in _indivisible(req.pending_pieces(walk)):
                 span = max(p.last for p in group) - min(p.first for p in group) + 1
-                u, s = sum(p.units for p in group), sum(p.segments for p in group)
-                if span > tokens or u > units or (segments and s > segments):
+                over = span > tokens
+                need = []
+                for node, (units, segments) in per.items():
+                    mine = [p for p in group if _node(p, walk, per) == node]
+                    u, sg = sum(p.units for p in mine), sum(p.segments for p in mine)
+                    over |= u > units or (segments is not None and sg > segments)
+                    need.append(f"{u} {self.units_axes[walk][node]} and {sg} attention segments on {node} "
+                                f"(at most {units} and {'any number' if segments is None else segments})")
+                if over:
                     raise InvalidInput(
-                        f"request {req.id}: a media item takes {span} prompt rows, {u} {self.units_axis[walk]} and "
-                        f"{s} attention segments in one step of {walk}",
-                        f"one step of {walk} carries at most {tokens} tokens, {units} {self.units_axis[walk]} and "
-                        f"{segments or 'any number of'} segments", "send a smaller image or video, or plan with a "
-                        f"larger walks.{walk}.budget")
+                        f"request {req.id}: a media item takes {span} prompt rows, " + ", ".join(need)
+                        + f" in one step of {walk}",
+                        f"one step of {walk} carries at most {tokens} tokens", "send a smaller image or video, "
+                        f"or plan with a larger walks.{walk}.budget")
 
     def add(self, req: Request) -> None:
         self.check(req)
@@ -210,30 +216,30 @@ class Scheduler:
         return None
 
     def _prefill(self, run_walk: str, stage_walk: str, prefilling: list[Request], decode: list[Request]) -> StepPlan:
-        tokens, seqs, units, segments = _limits(self.model, run_walk, self.encoder[run_walk],
-                                                self.units_axis[run_walk])
+        tokens, seqs, per = _limits(self.model, run_walk, self.units_axes[run_walk])
         tokens -= len(decode)
         seqs -= len(decode)
         chunks: list[Chunk] = []
-        used_units = used_segments = 0
+        left = dict(per)                          # encoder -> (units, segments) still free in this step
         for req in prefilling:
             if tokens <= 0 or seqs <= 0:
                 break
             if req.status is not Status.RUNNING or req.stage() != stage_walk:
                 continue                  # preempted just now to grow a decoding request, or on another stage
-            end, pieces = cut(req, stage_walk, tokens, units - used_units,
-                              (segments - used_segments) if segments else None)
+            end, pieces = cut(req, stage_walk, tokens, left)
             if end <= req.computed:
                 continue
             chunks.append(Chunk(req, req.computed, end, pieces, sample=end == req.target and not req.output))
             tokens -= end - req.computed
             seqs -= 1
-            used_units += sum(p.units for p in pieces)
-            used_segments += sum(p.segments for p in pieces)
+            for p in pieces:
+                node = _node(p, stage_walk, per)
+                u, sg = left[node]
+                left[node] = (u - p.units, None if sg is None else sg - p.segments)
         chunks += [Chunk(r, r.computed, r.computed + 1, [], True) for r in decode]
         sizes = {self.llm: sum(c.end - c.start for c in chunks)}
-        if self.encoder[run_walk] is not None:
-            sizes[self.encoder[run_walk]] = used_units
+        for node in per:
+            sizes[node] = sum(p.units for c in chunks for p in c.pieces if _node(p, run_walk, per) == node)
         return StepPlan(run_walk, chunks, sizes, {})
 
     def _count(self, plan: StepPlan) -> StepPlan:
@@ -262,22 +268,34 @@ def _indivisible(pieces: list[Piece]) -> list[list[Piece]]:
     return groups
 
 
-def cut(req: Request, walk: str, tokens: int, units: int, segments: int | None) -> tuple[int, list[Piece]]:
-    """The furthest row a chunk from req.computed may end at, within `tokens` rows, `units` encoder
-    units and `segments` attention segments, never cutting a group of media pieces; and the pieces it
-    encodes."""
+def _node(piece: Piece, walk: str, per: dict) -> str:
+    """The encoder that runs a piece: the one the host named, else the walk's only encoder."""
+    return piece.node or next(iter(per))
+
+
+def cut(req: Request, walk: str, tokens: int, left: dict[str, tuple[int, int]]) -> tuple[int, list[Piece]]:
+    """The furthest row a chunk from req.computed may end at, within `tokens` rows and each encoder's
+    units and attention segments still free (`left`: encoder -> (units, segments), None segments: any),
+    never cutting a group of media pieces; and the pieces it encodes."""
     start = req.computed
     end = min(req.stage_end(walk), start + tokens)
     taken: list[Piece] = []
-    used_u = used_s = 0
+    left = dict(left)
     for group in _indivisible(req.pending_pieces(walk)):
         lo, hi = min(p.first for p in group), max(p.last for p in group)
         if lo >= end:
             break
-        u, s = sum(p.units for p in group), sum(p.segments for p in group)
-        if hi >= end or used_u + u > units or (segments is not None and used_s + s > segments):
+        need: dict[str, list[int]] = {}
+        for p in group:
+            n = need.setdefault(_node(p, walk, left), [0, 0])
+            n[0] += p.units
+            n[1] += p.segments
+        fits = all(u <= left[node][0] and (left[node][1] is None or sg <= left[node][1])
+                   for node, (u, sg) in need.items())
+        if hi >= end or not fits:
             end = lo
             break
         taken += group
-        used_u, used_s = used_u + u, used_s + s
+        for node, (u, sg) in need.items():
+            left[node] = (left[node][0] - u, None if left[node][1] is None else left[node][1] - sg)
     return end, taken

@@ -57,6 +57,7 @@ class ChatBody(Body):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     modalities: list[Literal["text", "audio"]] | None = None
     audio: dict | None = None
+    use_audio_in_video: bool = False          # Qwen3-Omni: hear each video's own sound track
 
 
 class CompletionBody(Body):
@@ -262,7 +263,8 @@ def build_app(engine: Engine, name: str | None = None):
         except ValidationError as e:
             return error(400, str(e.errors()[0]["msg"]))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        done = await answer(True, rid, body, dict(messages=body.messages, params=params, request_id=rid))
+        done = await answer(True, rid, body, dict(messages=body.messages, params=params, request_id=rid,
+                                                  use_audio_in_video=body.use_audio_in_video))
         if not isinstance(done, tuple):
             return done
         req, evs, created = done

@@ -31,6 +31,7 @@ class Encoders:
     audio: tuple[str, str] | None = None          # (node, walk)
     image: tuple[str, str] | None = None
     video: tuple[str, str] | None = None
+    audio_in_video: str | None = None             # the walk that runs the audio and the vision encoder together
 
 
 def random_media_tokens(vocab: int) -> MediaTokens:
@@ -43,8 +44,10 @@ class AudioVisualHost(Host):
     placeholders = PLACEHOLDERS
 
     def __init__(self, model: Model, llm: str, encoders: Encoders, media: MediaTokens, mrope: bool,
-                 eos_token_ids: tuple[int, ...], vision: VisionProcessing | None = None):
+                 eos_token_ids: tuple[int, ...], vision: VisionProcessing | None = None, audio_end: int | None = None):
+        """audio_end: the <|audio_end|> id, which closes an audio-in-video run (HF's audio_eos_token)."""
         self.model, self.llm, self.encoders, self.media, self.mrope = model, llm, encoders, media, mrope
+        self.audio_end = audio_end
         self.eos_token_ids = tuple(eos_token_ids)
         self.vision = vision or VisionProcessing()
         self.token_of = {}
@@ -63,18 +66,21 @@ class AudioVisualHost(Host):
             self.token_of["video"] = media.video_token_id
 
     # ---- prompt rows
+    def _mel(self, wave) -> tuple[torch.Tensor, int]:
+        wave = torch.as_tensor(wave, dtype=torch.float32)
+        if wave.ndim != 1 or wave.numel() <= 200:
+            raise InvalidInput(f"audio must be mono samples at {SAMPLE_RATE} Hz, more than 200 of them",
+                               f"got shape {list(wave.shape)}", "send a longer clip")
+        mel = log_mel(wave, n_mels=self.aut.num_mel_bins)
+        return mel, num_tokens(mel.shape[1], self.aut)
+
     def _prepare(self, item: Media):
         where = getattr(self.encoders, item.kind)
         if where is None:
             raise InvalidInput(f"this model takes no {item.kind} input", f"it takes: {', '.join(self.token_of) or 'text'}",
                                f"send no {item.kind} parts to it")
         if item.kind == "audio":
-            wave = torch.as_tensor(item.data, dtype=torch.float32)
-            if wave.ndim != 1 or wave.numel() <= 200:
-                raise InvalidInput(f"audio must be mono samples at {SAMPLE_RATE} Hz, more than 200 of them",
-                                   f"got shape {list(wave.shape)}", "send a longer clip")
-            mel = log_mel(wave, n_mels=self.aut.num_mel_bins)
-            return mel, num_tokens(mel.shape[1], self.aut)
+            return self._mel(item.data)
         frames = torch.as_tensor(item.data)
         if item.kind == "image":
             vi = process_image(frames, self.vision)
@@ -82,41 +88,92 @@ class AudioVisualHost(Host):
             if not item.fps or item.fps <= 0:
                 raise InvalidInput("a video needs its sampling rate", f"fps is {item.fps}", "pass the frames' fps")
             vi = process_video(frames, self.vision)
+            if item.audio is not None:
+                if self.encoders.audio_in_video is None or self.encoders.audio is None:
+                    raise InvalidInput("this model cannot hear a video's sound (use_audio_in_video)",
+                                       "it has no walk that runs the audio and vision encoders together",
+                                       "leave use_audio_in_video off")
+                return (vi, *self._mel(item.audio)), vi.num_patches // self.vcfg.merge_unit
         return vi, vi.num_patches // self.vcfg.merge_unit
 
-    def _pieces(self, item: Media, data, rows: list[int]) -> list[Piece]:
-        if item.kind == "audio":
+    def _interleaved(self, vi: VisionItem, seconds_per_grid: float, audio_tokens: int) -> list[str]:
+        """HF's audio-in-video layout: each temporal grid's video tokens at its start time (grid x
+        seconds x position_id_per_seconds), the audio tokens (one position each) between, video first on
+        ties. 'v' and 'a' for each token, in prompt order."""
+        t, h, w = vi.grid_thw
+        per = h * w // self.vcfg.merge_unit
+        video = [k * seconds_per_grid * self.media.position_id_per_seconds for k in range(t) for _ in range(per)]
+        out, vi_, ai = [], 0, 0
+        while vi_ < len(video) and ai < audio_tokens:
+            if video[vi_] <= ai:
+                out.append("v")
+                vi_ += 1
+            else:
+                out.append("a")
+                ai += 1
+        return out + ["v"] * (len(video) - vi_) + ["a"] * (audio_tokens - ai)
+
+    def _pieces(self, kind: str, data, rows: list[int], node: str) -> list[Piece]:
+        if kind == "audio":
             step, out, at = self.aut.n_window_infer, [], 0
             for start in range(0, data.shape[1], step):
                 mel = data[:, start:start + step]
                 n = num_tokens(mel.shape[1], self.aut)
-                out.append(Piece(units=1, segments=1, rows=rows[at:at + n], data=mel))
+                out.append(Piece(units=1, segments=1, rows=rows[at:at + n], data=mel, node=node))
                 at += n
             return out
-        if item.kind == "image":
-            return [Piece(units=data.num_patches, segments=1, rows=rows, data=data)]
+        if kind == "image":
+            return [Piece(units=data.num_patches, segments=1, rows=rows, data=data, node=node)]
         t, h, w = data.grid_thw
         per, merged = h * w, h * w // self.vcfg.merge_unit
-        return [Piece(units=per, segments=1, rows=rows[k * merged:(k + 1) * merged],
+        return [Piece(units=per, segments=1, rows=rows[k * merged:(k + 1) * merged], node=node,
                       data=VisionItem(data.patches[k * per:(k + 1) * per], (1, h, w))) for k in range(t)]
 
     def prompt(self, ids: list[int], media: list[Media]) -> Prompt:
         prepared = [self._prepare(m) for m in media]
-        expanded, starts = expand_placeholders(ids, media, self.token_of, [n for _, n in prepared])
+        reps, layouts = [], []
+        for m, (data, n) in zip(media, prepared):
+            if m.kind == "video" and m.audio is not None:
+                vi, _, audio_tokens = data
+                layout = self._interleaved(vi, self.vision.temporal_patch_size / m.fps, audio_tokens)
+                token = {"v": self.media.video_token_id, "a": self.media.audio_token_id}
+                reps.append([self.media.audio_start_token_id] + [token[x] for x in layout] + [self.audio_end])
+                layouts.append(layout)
+            else:
+                reps.append([self.token_of[m.kind]] * n)
+                layouts.append(None)
+        expanded, starts = expand_placeholders(ids, media, self.token_of, reps)
         if self.mrope:
-            kw = dict(audio_lengths=[n for m, (_, n) in zip(media, prepared) if m.kind == "audio"],
-                      image_grid_thw=[d.grid_thw for m, (d, _) in zip(media, prepared) if m.kind == "image"],
-                      video_grid_thw=[d.grid_thw for m, (d, _) in zip(media, prepared) if m.kind == "video"],
-                      video_second_per_grid=[self.vision.temporal_patch_size / m.fps for m in media
-                                             if m.kind == "video"])
-            positions, delta = rope_index(expanded, self.media, **kw)
+            audio_lengths, images, videos, seconds = [], [], [], []
+            for m, (data, n) in zip(media, prepared):
+                if m.kind == "audio":
+                    audio_lengths.append(n)
+                elif m.kind == "image":
+                    images.append(data.grid_thw)
+                else:
+                    vi = data[0] if m.audio is not None else data
+                    videos.append(vi.grid_thw)
+                    seconds.append(self.vision.temporal_patch_size / m.fps)
+                    if m.audio is not None:
+                        audio_lengths.append(data[2])
+            positions, delta = rope_index(expanded, self.media, audio_lengths=audio_lengths, image_grid_thw=images,
+                                          video_grid_thw=videos, video_second_per_grid=seconds)
         else:
             positions, delta = torch.arange(len(expanded), dtype=torch.int64)[None], 0
         items = []
-        for m, (data, n), start in zip(media, prepared, starts):
-            node, walk = getattr(self.encoders, m.kind)
-            items.append(MediaItem(walk=walk, node=node, kind=m.kind,
-                                   pieces=self._pieces(m, data, list(range(start, start + n)))))
+        for m, (data, n), start, layout in zip(media, prepared, starts, layouts):
+            if layout is None:
+                node, walk = getattr(self.encoders, m.kind)
+                rows = list(range(start, start + n))
+                items.append(MediaItem(walk=walk, node=node, kind=m.kind, pieces=self._pieces(m.kind, data, rows, node)))
+                continue
+            vi, mel, _ = data
+            walk = self.encoders.audio_in_video
+            vrows = [start + 1 + i for i, x in enumerate(layout) if x == "v"]
+            arows = [start + 1 + i for i, x in enumerate(layout) if x == "a"]
+            vnode, anode = self.encoders.video[0], self.encoders.audio[0]
+            items += [MediaItem(walk=walk, node=vnode, kind="video", pieces=self._pieces("video", vi, vrows, vnode)),
+                      MediaItem(walk=walk, node=anode, kind="audio", pieces=self._pieces("audio", mel, arows, anode))]
         return Prompt(ids=expanded, positions=positions, delta=delta, media=items)
 
     # ---- encoder steps
@@ -166,6 +223,19 @@ def vision_processing(checkpoint: str | None) -> VisionProcessing:
     video = bounds(Path(checkpoint) / "video_preprocessor_config.json", "video_min_pixels", "video_max_pixels")
     update |= {k: v for k, v in video.items() if k.startswith("video_")}
     return VisionProcessing(**{**out.model_dump(), **update})
+
+
+def special_token(checkpoint: str | None, text: str, default: int) -> int:
+    """A special token's id from the checkpoint's tokenizer.json (config.json does not name every one)."""
+    from pathlib import Path
+
+    if checkpoint is not None and (Path(checkpoint) / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        found = Tokenizer.from_file(str(Path(checkpoint) / "tokenizer.json")).token_to_id(text)
+        if found is not None:
+            return found
+    return default
 
 
 def generation_eos(checkpoint: str, cfg: dict) -> tuple[int, ...]:

@@ -46,20 +46,34 @@ def files(tmp_path_factory):
     out["img"] = str(d / "img.png")
     out["video"] = str(d / "clip.mp4")
     write_video(out["video"], rng.integers(0, 256, (8, 64, 96, 3), dtype=np.uint8), fps=4)
+    out["av"] = str(d / "av.mkv")                  # 3 s of frames with 3 s of 44.1 kHz stereo sound
+    write_video(out["av"], rng.integers(0, 256, (12, 64, 96, 3), dtype=np.uint8), fps=4,
+                sound=(0.3 * np.sin(2 * np.pi * np.arange(3 * 44100) / 44100 * np.array([[440.0], [660.0]])))
+                .astype(np.float32))
     return out
 
 
-def write_video(path: str, frames: np.ndarray, fps: int) -> None:
+def write_video(path: str, frames: np.ndarray, fps: int, sound: np.ndarray | None = None) -> None:
+    """frames [F, H, W, 3] uint8; sound [2, n] float32 at 44.1 kHz, written as 16-bit PCM."""
     import av
 
     with av.open(path, "w") as out:
         stream = out.add_stream("mpeg4", rate=fps)
         stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        audio = out.add_stream("pcm_s16le", rate=44100, layout="stereo") if sound is not None else None
         for f in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
                 out.mux(packet)
         for packet in stream.encode():
             out.mux(packet)
+        if audio is not None:
+            pcm = (sound.T.reshape(1, -1) * 32767).astype(np.int16)          # packed: L R L R ...
+            frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout="stereo")
+            frame.sample_rate = 44100
+            for packet in audio.encode(frame):
+                out.mux(packet)
+            for packet in audio.encode():
+                out.mux(packet)
 
 
 def build(tmp_path_factory, kind):
@@ -109,7 +123,8 @@ def run(engine, messages_list, arrivals=None):
     while len(reqs) < len(messages_list) or engine.has_work():
         for i, (msgs, at) in enumerate(zip(messages_list, arrivals)):
             if at == step and i not in reqs:
-                reqs[i] = engine.add(messages=msgs, params=greedy())
+                kw = msgs if isinstance(msgs, dict) else {"messages": msgs}    # a dict: add()'s arguments
+                reqs[i] = engine.add(**kw, params=greedy())
         engine.step()
         step += 1
     assert engine.scheduler.idle() and engine.scheduler.pool_full()
@@ -210,3 +225,54 @@ def test_omni_t2t_a2t_i2t_v2t_alone_and_mixed_equal_hf(omni, files):
     assert got == [want[k] for k in kinds]
     walks = engine.scheduler.stats.steps
     assert walks["audio_prefill"] and walks["image_prefill"] and walks["video_prefill"] and walks["thinker_decode"]
+
+
+def test_omni_video_heard_with_its_sound_equals_hf(omni, files):
+    """use_audio_in_video: the video's frames and its sound track (decoded by PyAV, averaged to mono,
+    resampled by soxr) interleave in the prompt as HF's processor lays them out, and both encoders run in
+    one av_prefill step. HF gets the layout from its processor's own function, its extractor's features of
+    the same 16 kHz waveform, and our patches (tests/parity/test_vision.py holds them to HF's)."""
+    from types import SimpleNamespace
+
+    from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import Qwen3OmniMoeProcessor
+
+    from graphc.runtime.media import video_audio
+
+    hf, tok, engine = omni
+    parts = [{"type": "video"}, {"type": "text", "text": "describe the video"}]
+    wave = video_audio(files["av"])
+    assert abs(wave.size / 16000 - 3.0) < 0.01
+    fe = WhisperFeatureExtractor(feature_size=128)(wave, sampling_rate=16000, padding="longest",
+                                                   return_attention_mask=True, return_tensors="pt")
+    frames_mel = int(fe["attention_mask"].sum())
+    n_audio = int(_get_feat_extract_output_lengths(torch.tensor(frames_mel)))
+    proc = vision_processing(str(engine.checkpoint))
+    frames, fps = load_video(files["av"])
+    item = process_video(frames, proc)
+    seconds = proc.temporal_patch_size / fps
+    fake = SimpleNamespace(audio_bos_token="<|audio_start|>", audio_eos_token="<|audio_end|>", video_token="<|video_pad|>",
+                           audio_token="<|audio_pad|>", video_processor=SimpleNamespace(merge_size=2))
+    layout = Qwen3OmniMoeProcessor.replace_video_with_audio_token(
+        fake, {"video_grid_thw": [torch.tensor(item.grid_thw)], "video_second_per_grid": [seconds]}, 0,
+        {"num_audio_tokens": [n_audio]}, 0, position_id_per_seconds=13)
+    text = engine.template.render([{"role": "user", "content": parts}]).replace("<|video_pad|>", layout)
+    ids = tok.encode(text, add_special_tokens=False).ids
+    with torch.no_grad():
+        want = hf.thinker.generate(
+            input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            generation_config=GREEDY, input_features=fe["input_features"][:, :, :frames_mel],
+            feature_attention_mask=torch.ones(1, frames_mel, dtype=torch.long), pixel_values_videos=item.patches,
+            video_grid_thw=torch.tensor([item.grid_thw]), video_second_per_grid=torch.tensor([seconds]),
+            use_audio_in_video=True)[0, len(ids):].tolist()
+    msgs = [{"role": "user", "content": [{"type": "video", "path": files["av"]},
+                                         {"type": "text", "text": "describe the video"}]}]
+    req = engine.add(messages=msgs, params=greedy(), use_audio_in_video=True)
+    assert req.kind == "av2t" and req.prompt.ids == ids
+    while engine.has_work():
+        engine.step()
+    assert req.output == want
+    assert engine.scheduler.stats.steps["av_prefill"] >= 1 and engine.scheduler.pool_full()
+    others = [omni_messages(*c) for c in omni_cases(files).values()] * 2
+    got = run(engine, others[:3] + [{"messages": msgs, "use_audio_in_video": True}] + others[3:],
+              arrivals=[0, 0, 1, 1, 2, 2, 4, 5, 5])
+    assert got[3] == want                                    # among 8 others of every kind, arriving apart

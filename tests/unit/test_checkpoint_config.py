@@ -45,7 +45,7 @@ def test_real_omni_config_declares_the_preset_nodes():
     for node, want in [("thinker", r["thinker"]), ("talker", r["talker"]), ("code2wav", r["code2wav"]),
                        ("audio_encoder", r["aut"]), ("vision_encoder", r["vision"])]:
         assert m.node(node).config == want, node
-    assert [k.name for k in m.requests] == ["t2t", "a2t", "i2t", "v2t", "t2s", "a2s"]
+    assert [k.name for k in m.requests] == ["t2t", "a2t", "i2t", "v2t", "av2t", "t2s", "a2s"]
 
 
 def test_omni_without_audio_output_declares_the_thinker_alone():
@@ -53,8 +53,8 @@ def test_omni_without_audio_output_declares_the_thinker_alone():
     assert [n.name for n in m.nodes] == ["audio_encoder", "vision_encoder", "thinker"]
     assert m.node("thinker").config.accept_hidden_layer is None
     assert {w.name for w in m.walks} == {"thinker_decode", "thinker_prefill", "thinker_mixed", "audio_prefill",
-                                         "image_prefill", "video_prefill"}
-    assert [k.name for k in m.requests] == ["t2t", "a2t", "i2t", "v2t"]
+                                         "image_prefill", "video_prefill", "av_prefill"}
+    assert [k.name for k in m.requests] == ["t2t", "a2t", "i2t", "v2t", "av2t"]
 
 
 def asr_dicts() -> tuple[dict, dict]:

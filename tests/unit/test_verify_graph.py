@@ -66,8 +66,25 @@ def test_edge_to_unknown_port(tiny):
 
 def test_walk_must_follow_edges(tiny):
     m = _edit(tiny.model, walks=_walks(tiny.model, "audio_prefill", path=("decoder", "encoder")))
-    with pytest.raises(InvalidInput, match="with no edge between them"):
+    with pytest.raises(InvalidInput, match="runs 'decoder' before 'encoder', which feeds it"):
         check(m)
+    m = _edit(tiny.model, walks=_walks(tiny.model, "audio_prefill", path=("encoder",)))
+    check(m)                                               # a walk of one node reads nothing
+    m = _edit(tiny.model, edges=(), walks=_walks(tiny.model, "audio_prefill", path=("encoder", "decoder")))
+    with pytest.raises(InvalidInput, match="runs 'encoder' but no node after it on the path reads it"):
+        check(m)
+
+
+def test_two_encoders_may_feed_one_llm_in_one_walk():
+    from models.qwen3_omni import declare
+
+    m = declare("tiny")
+    assert m.walk("av_prefill").path == ("audio_encoder", "vision_encoder", "thinker")
+    check(m)
+    bad = m.model_copy(update={"walks": tuple(w.model_copy(update={"path": ("audio_encoder", "thinker", "vision_encoder")})
+                                              if w.name == "av_prefill" else w for w in m.walks)})
+    with pytest.raises(InvalidInput, match="runs 'thinker' before 'vision_encoder', which feeds it"):
+        check(bad)
 
 
 def test_walk_must_budget_the_capture_axis(tiny):
