@@ -77,6 +77,16 @@ VIDEO_FPS = 2.0          # frames a second taken from a video (Qwen's processors
 MAX_VIDEO_FRAMES = 768
 
 
+def _open_av(data: bytes | str | Path):
+    """A PyAV container of a video file or its bytes; what does not open is refused."""
+    import av
+
+    try:
+        return av.open(_source(data))
+    except (av.error.FFmpegError, OSError) as e:
+        raise MediaError(f"the video does not decode: {e}; send MP4, WebM, MKV or AVI") from e
+
+
 def load_video(data: bytes | str | Path, fps: float | None = None, max_frames: int = MAX_VIDEO_FRAMES,
                max_pixels: int = MAX_IMAGE_PIXELS):
     """Decode with PyAV and sample `fps` frames a second (default 2): (uint8 [F, 3, H, W] RGB, fps).
@@ -88,11 +98,7 @@ def load_video(data: bytes | str | Path, fps: float | None = None, max_frames: i
     fps = VIDEO_FPS if fps is None else float(fps)
     if not 0 < fps <= 60:
         raise MediaError(f"fps {fps} is out of range; sample between 0 and 60 frames a second")
-    try:
-        container = av.open(_source(data))
-    except (av.error.FFmpegError, OSError) as e:
-        raise MediaError(f"the video does not decode: {e}; send MP4, WebM, MKV or AVI") from e
-    with container:
+    with _open_av(data) as container:
         if not container.streams.video:
             raise MediaError("the file has no video stream; send a video")
         stream = container.streams.video[0]
@@ -124,11 +130,7 @@ def video_audio(data: bytes | str | Path, sample_rate: int = 16_000, max_seconds
     import av
     import soxr
 
-    try:
-        container = av.open(_source(data))
-    except (av.error.FFmpegError, OSError) as e:
-        raise MediaError(f"the video does not decode: {e}; send MP4, WebM, MKV or AVI") from e
-    with container:
+    with _open_av(data) as container:
         if not container.streams.audio:
             raise MediaError("use_audio_in_video: the video has no audio stream; send one with sound or leave it off")
         stream = container.streams.audio[0]
