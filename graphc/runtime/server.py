@@ -145,6 +145,10 @@ def build_app(engine: Engine, name: str | None = None):
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type") == "json_invalid":
+            where = first.get("ctx", {}).get("error", "")
+            return error(400, f"the body is not valid JSON ({where or first.get('msg')}, at character "
+                              f"{first.get('loc', ('body', '?'))[-1]})", param=None)
         loc = ".".join(str(x) for x in first.get("loc", ())[1:])
         return error(400, f"{loc or 'body'}: {first.get('msg', 'invalid')}", param=loc or None)
 

@@ -120,6 +120,14 @@ def test_models_and_health(served):
 
     base = f"http://127.0.0.1:{served['port']}"
     assert json.load(urlopen(base + "/v1/models"))["data"][0]["id"] == served["engine"].plan.model.name
+    from urllib.error import HTTPError
+    from urllib.request import Request
+
+    try:
+        urlopen(Request(base + "/v1/chat/completions", data=b"{bad json", headers={"content-type": "application/json"}))
+        raise AssertionError("malformed JSON was accepted")
+    except HTTPError as e:
+        assert e.code == 400 and "not valid JSON" in json.load(e)["error"]["message"]
     h = json.load(urlopen(base + "/health"))
     assert h["status"] == "ok" and h["pages"] == served["engine"].scheduler.capacity
 
