@@ -1,0 +1,120 @@
+"""Time every captured graph of a plan device on its GPU: ms per replay, tokens (or units) per second,
+kernel launches per step (the compiler's simulation counts them), and the step's memory-bandwidth floor.
+
+    python examples/bench_steps.py plans/qwen3_omni_2xh100.plan --device 1 --emulate --json OUT.json
+    python examples/bench_steps.py PLAN --only thinker/decode:seqs --replays 30
+
+Each graph replays on the boot's synthetic layout of its rung (decode rows sit after a short history),
+after --warmup replays, timed with CUDA events over --replays replays (the median of per-replay times).
+
+The floor is the bytes one step must read at --bandwidth (default 4.26 TB/s, the H200's measured
+device copy rate): every parameter of the node, except that a sparse MoE layer reads only the experts its
+tokens touch, E x (1 - (1 - k/E)^T) of E for T tokens routed to k of E each (the expected count for
+uniform routing), each of which is read once.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from graphc.plan import load_plan  # noqa: E402
+
+
+def launches_per_graph(plan, ir) -> dict[str, int]:
+    """node/family/rung -> kernel launches, from the compiler's simulation of the same steps."""
+    from graphc.passes.choose_buckets import choose_buckets
+    from graphc.passes.select_backends import select_backends
+    from graphc.passes.simulate_steps import simulate_steps
+
+    acts = simulate_steps(ir, choose_buckets(ir), select_backends(ir))
+    return {f"{n}/{f}/{r}": trace.launches for (n, f, r), (_, trace) in acts.graphs.items()}
+
+
+def moe_blocks(module: torch.nn.Module) -> list[tuple[int, int, int]]:
+    """(expert bytes, num_experts, top_k) of each sparse MoE block in the module."""
+    from models.components.moe import SparseMoE
+
+    out = []
+    for m in module.modules():
+        if isinstance(m, SparseMoE):
+            e = m.experts
+            nbytes = sum(p.numel() * p.element_size() for p in (e.gate_up_proj, e.down_proj))
+            out.append((nbytes, e.num_experts, m.top_k))
+    return out
+
+
+def floor_bytes(module: torch.nn.Module, tokens: int) -> int:
+    total = sum(p.numel() * p.element_size() for p in module.parameters())
+    for nbytes, experts, k in moe_blocks(module):
+        touched = experts * (1 - (1 - k / experts) ** tokens)
+        total -= nbytes - round(nbytes * touched / experts)
+    return total
+
+
+def time_graph(graph, warmup: int, replays: int) -> float:
+    for _ in range(warmup):
+        graph.replay()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("plan")
+    ap.add_argument("--device", type=int, default=0, help="the plan device to boot (default 0)")
+    ap.add_argument("--emulate", action="store_true", help="cap this GPU to the plan's card")
+    ap.add_argument("--only", default=None, help="NODE or NODE/FAMILY: time only these graphs")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--bandwidth", type=float, default=4.26e12, help="bytes per second the floor assumes")
+    ap.add_argument("--no-launches", action="store_true", help="skip the simulation that counts launches")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_steps needs a CUDA device: it replays the plan's captured graphs")
+    from graphc.runtime.boot import boot_plan, plan_ir
+
+    plan = load_plan(a.plan)
+    launches = {} if a.no_launches else launches_per_graph(plan, plan_ir(plan))
+    (boot,) = boot_plan(plan, devices=[a.device], emulate=a.emulate)
+    g, ir = boot.runtime, boot.ir
+    rows = []
+    with torch.inference_mode():
+        for key in plan.devices[a.device].capture_order:
+            node, family, rung = key.rsplit("/", 2)
+            if a.only and not (key.startswith(a.only + "/") or node == a.only):
+                continue
+            rung = int(rung)
+            step = ir.family(node, family)
+            g.static_inputs(node, family, step, rung)
+            g.plan_step(g.backends[(node, family, rung)], step, rung)
+            ms = time_graph(boot.graphs[key], a.warmup, a.replays)
+            tokens = step.sizes_at(rung).get("tokens", rung)
+            floor = floor_bytes(boot.modules[node], tokens) / a.bandwidth * 1e3
+            rows.append({"graph": key, "node": node, "family": family, "rung": rung, "axis": step.axis,
+                         "ms": ms, "units_per_s": rung / ms * 1e3, "launches": launches.get(key),
+                         "floor_ms": floor, "ratio": ms / floor if floor else None})
+            print(f"{key:48s} {ms:8.3f} ms  {rung / ms * 1e3:12,.0f} {step.axis}/s  "
+                  f"launches {launches.get(key, '-')!s:>6}  floor {floor:7.3f} ms  x{ms / floor:5.1f}", flush=True)
+    info = {"plan": a.plan, "device": a.device, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "replays": a.replays, "warmup": a.warmup, "bandwidth": a.bandwidth, "rows": rows}
+    if a.json:
+        Path(a.json).write_text(json.dumps(info, indent=1))
+
+
+if __name__ == "__main__":
+    main()
