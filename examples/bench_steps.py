@@ -10,7 +10,11 @@ after --warmup replays, timed with CUDA events over --replays replays (the media
 The floor is the bytes one step must read at --bandwidth (default 4.26 TB/s, the H200's measured
 device copy rate): every parameter of the node, except that a sparse MoE layer reads only the experts its
 tokens touch, E x (1 - (1 - k/E)^T) of E for T tokens routed to k of E each (the expected count for
-uniform routing), each of which is read once.
+uniform routing), each of which is read once, and an embedding table only its T rows. It is a memory
+floor only: compute-bound steps (prefill of many tokens, the encoders, Code2Wav) sit far above it.
+
+`--floors-from JSON` prints the table of an earlier run with floors recomputed on this machine (no GPU:
+the node modules are built on the meta device).
 """
 from __future__ import annotations
 
@@ -52,6 +56,11 @@ def moe_blocks(module: torch.nn.Module) -> list[tuple[int, int, int]]:
 
 def floor_bytes(module: torch.nn.Module, tokens: int) -> int:
     total = sum(p.numel() * p.element_size() for p in module.parameters())
+    linear = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Linear)}
+    for m in module.modules():          # an embedding table is read at its T rows (unless a tied head reads it all)
+        if isinstance(m, torch.nn.Embedding) and id(m.weight) not in linear:
+            w = m.weight
+            total -= (w.shape[0] - min(tokens, w.shape[0])) * w[0].numel() * w.element_size()
     for nbytes, experts, k in moe_blocks(module):
         touched = experts * (1 - (1 - k / experts) ** tokens)
         total -= nbytes - round(nbytes * touched / experts)
@@ -74,7 +83,7 @@ def time_graph(graph, warmup: int, replays: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("plan")
+    ap.add_argument("plan", nargs="?", help="the plan (not needed with --floors-from)")
     ap.add_argument("--device", type=int, default=0, help="the plan device to boot (default 0)")
     ap.add_argument("--emulate", action="store_true", help="cap this GPU to the plan's card")
     ap.add_argument("--only", default=None, help="NODE or NODE/FAMILY: time only these graphs")
@@ -83,7 +92,12 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=4.26e12, help="bytes per second the floor assumes")
     ap.add_argument("--no-launches", action="store_true", help="skip the simulation that counts launches")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--floors-from", default=None, metavar="JSON", help="re-render an earlier run's table")
     a = ap.parse_args()
+    if a.floors_from:
+        return rerender(a.floors_from, a.bandwidth)
+    if a.plan is None:
+        ap.error("give a PLAN (or --floors-from JSON)")
     if not torch.cuda.is_available():
         sys.exit("bench_steps needs a CUDA device: it replays the plan's captured graphs")
     from graphc.runtime.boot import boot_plan, plan_ir
@@ -114,6 +128,25 @@ def main() -> None:
             "replays": a.replays, "warmup": a.warmup, "bandwidth": a.bandwidth, "rows": rows}
     if a.json:
         Path(a.json).write_text(json.dumps(info, indent=1))
+
+
+def rerender(path: str, bandwidth: float) -> None:
+    """A markdown table of a saved run, floors recomputed from meta modules of the plan's nodes."""
+    from graphc.runtime.boot import plan_ir
+    from graphc.runtime.build import build_shell
+
+    info = json.loads(Path(path).read_text())
+    plan = load_plan(info["plan"])
+    ir = plan_ir(plan)
+    shells: dict[str, torch.nn.Module] = {}
+    print("| graph | ms | units/s | launches | floor ms | x floor |\n|---|---|---|---|---|---|")
+    for r in info["rows"]:
+        if r["node"] not in shells:
+            shells[r["node"]] = build_shell(ir.node(r["node"]))
+        tokens = ir.family(r["node"], r["family"]).sizes_at(r["rung"]).get("tokens", r["rung"])
+        floor = floor_bytes(shells[r["node"]], tokens) / bandwidth * 1e3
+        print(f"| {r['graph']} | {r['ms']:.2f} | {r['units_per_s']:,.0f} {r['axis']} | {r['launches'] or '-'} | "
+              f"{floor:.3f} | {r['ms'] / floor:.1f} |")
 
 
 if __name__ == "__main__":
