@@ -200,6 +200,10 @@ class Engine:
     def step(self) -> list[Event]:
         plan = self.scheduler.schedule()
         if plan is None:
+            if self.has_work():              # a bookkeeping bug: say so rather than spin forever
+                s = self.scheduler
+                raise RuntimeError(f"the scheduler holds {len(s.running)} running and {len(s.waiting)} waiting "
+                                   f"requests but no step to run ({s.pages.num_free} of {s.capacity} pages free)")
             return []
         try:
             logits = self.executor.run(plan)

@@ -57,7 +57,9 @@ def ragged_layout(spec: RaggedAttentionSpec, step: Step, rung: int) -> RaggedLay
 
 def paged_layout(spec: PagedKVSpec, step: Step, rung: int, num_pages: int, history: int = 0) -> PagedLayout:
     """Rows spread over the step's sequences; each sequence has `history` earlier tokens (decode
-    rows sit after it). Pages are handed out from the start of the pool."""
+    rows sit after it). Pages are handed out from the start of the pool; a pool smaller than the step's
+    sequences need at once (a plan may hold fewer pages than its largest rung touches) is reused
+    round-robin: the data is synthetic, so sequences may share pages."""
     shape = spec.step_shape(step.axis, step.sizes_at(rung), step.phase)
     qo = split(shape.rows, shape.seqs)
     if step.phase == "decode":
@@ -66,9 +68,7 @@ def paged_layout(spec: PagedKVSpec, step: Step, rung: int, num_pages: int, histo
     tables, nxt = [], 0
     for n in kv:
         need = spec.pages_for(n)
-        if nxt + need > num_pages:
-            raise ValueError(f"a synthetic step needs {nxt + need} pages of {spec.name}; the pool has {num_pages}")
-        tables.append(list(range(nxt, nxt + need)))
+        tables.append([(nxt + i) % num_pages for i in range(need)])
         nxt += need
     return PagedLayout(qo, kv, tables)
 
