@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from graphc.plan import load_plan  # noqa: E402
 
 
-def launches_per_graph(plan, ir) -> dict[str, int]:
+def launches_per_graph(ir) -> dict[str, int]:
     """node/family/rung -> kernel launches, from the compiler's simulation of the same steps."""
     from graphc.passes.choose_buckets import choose_buckets
     from graphc.passes.select_backends import select_backends
@@ -100,12 +100,12 @@ def main() -> None:
         ap.error("give a PLAN (or --floors-from JSON)")
     if not torch.cuda.is_available():
         sys.exit("bench_steps needs a CUDA device: it replays the plan's captured graphs")
-    from graphc.runtime.boot import boot_plan, plan_ir
+    from graphc.runtime.boot import boot_plan
 
     plan = load_plan(a.plan)
-    launches = {} if a.no_launches else launches_per_graph(plan, plan_ir(plan))
     (boot,) = boot_plan(plan, devices=[a.device], emulate=a.emulate)
     g, ir = boot.runtime, boot.ir
+    launches = {} if a.no_launches else launches_per_graph(ir)
     rows = []
     with torch.inference_mode():
         for key in plan.devices[a.device].capture_order:

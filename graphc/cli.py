@@ -140,18 +140,9 @@ def cmd_run(args) -> int:
 
     from graphc.plan import load_plan
     from graphc.runtime.engine import Engine, read_jsonl
-    from graphc.source import first_difference, read_config
-
     plan = load_plan(args.plan)
     if args.checkpoint and args.random_weights:
         raise InvalidInput("--checkpoint and --random-weights are exclusive", "", "pass one")
-    if args.checkpoint and plan.model.config is not None:
-        diff = first_difference(plan.model.config, read_config(args.checkpoint))
-        if diff:
-            raise InvalidInput(f"{args.checkpoint}/config.json differs from the config the plan was made from",
-                               f"first difference: {diff}", f"plan again with --checkpoint {args.checkpoint}")
-    if args.random_weights and plan.model.config is not None:
-        raise InvalidInput("this plan was declared from a checkpoint's config", "", "pass --checkpoint DIR")
     requests = read_jsonl(args.requests) if args.requests else None
     engine = Engine(plan, args.checkpoint, random_weights=args.random_weights, seed=args.seed,
                     emulate=args.emulate, force=args.force)

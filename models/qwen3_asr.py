@@ -92,7 +92,8 @@ def host(model: gc.Model, checkpoint: str | None = None):
     vocab = model.node("thinker").config.vocab_size
     cfg = checkpoint_config(checkpoint)
     if cfg is not None:
-        media, eos = MediaTokens(audio_token_id=cfg.get("audio_token_id", 151676)), generation_eos(checkpoint, cfg)
+        audio = cfg.get("audio_token_id", cfg.get("thinker_config", {}).get("audio_token_id", 151676))
+        media, eos = MediaTokens(audio_token_id=audio), generation_eos(checkpoint, cfg)
     elif vocab > 151676:
         media, eos = MediaTokens(audio_token_id=151676), (151645, 151643)
     else:

@@ -209,8 +209,8 @@ def host(model: gc.Model, checkpoint: str | None = None):
     """The serving host (graphc/runtime/host.py): Qwen3-Omni's media tokens and end-of-turn ids from the
     checkpoint's config.json (<|audio_end|> from its tokenizer.json), or the real model's (seeded weights
     on a vocabulary that holds them)."""
-    from models.components.hosting import AudioVisualHost, Encoders, checkpoint_config, random_media_tokens, \
-        special_token, vision_processing
+    from models.components.hosting import AudioVisualHost, Encoders, checkpoint_config, generation_eos, \
+        random_media_tokens, special_token, vision_processing
     from models.components.mrope import MediaTokens
 
     walks = {w.name for w in model.walks}
@@ -222,7 +222,7 @@ def host(model: gc.Model, checkpoint: str | None = None):
     if cfg is not None:
         th = cfg.get("thinker_config", cfg)
         media = MediaTokens(**{k: th[k] for k in MediaTokens.model_fields if k in th and k != "spatial_merge_size"})
-        eos = checkpoint_eos(checkpoint, cfg)
+        eos = generation_eos(checkpoint, cfg)
         audio_end = special_token(checkpoint, "<|audio_end|>", media.audio_start_token_id + 1)
     elif vocab > MediaTokens().audio_token_id:
         media, eos, audio_end = MediaTokens(), (151645, 151643), 151670
@@ -232,8 +232,3 @@ def host(model: gc.Model, checkpoint: str | None = None):
     return AudioVisualHost(model, "thinker", encoders, media, mrope=True, eos_token_ids=eos,
                            vision=vision_processing(checkpoint), audio_end=audio_end)
 
-
-def checkpoint_eos(checkpoint: str, cfg: dict) -> tuple[int, ...]:
-    from models.components.hosting import generation_eos
-
-    return generation_eos(checkpoint, cfg)

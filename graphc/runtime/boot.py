@@ -58,6 +58,7 @@ class DeviceBoot:
     faults: list[str] = field(default_factory=list)             # CPU: storages that break the arena layout
     step_peaks: dict[str, int] = field(default_factory=dict)    # CPU: step -> peak live op-output bytes
     runtime: object = None                                      # GPU: the boot's gpu.Graphs, which serving replays
+    module: object = None                                       # the imported model file (its host() serves it)
 
     @property
     def nodes(self) -> list[str]:
@@ -107,12 +108,17 @@ def check_target(plan: Plan, emulate: bool, force: bool) -> torch.device:
 
 
 def plan_ir(plan: Plan) -> IR:
+    return _plan_ir(plan)[0]
+
+
+def _plan_ir(plan: Plan) -> tuple[IR, object]:
+    """The plan's IR, and the model file's module it was declared by."""
     src = load_model(plan.model.file, plan.model.preset, plan.model.config)
     model = apply_overrides(src.model, plan.overrides)
     base = get_target(plan.target.gpu)
     cap = None if plan.target.capacity_bytes == base.memory_bytes else plan.target.capacity_bytes
     target = get_target(plan.target.gpu, cap)
-    return verify_graph(model, target, plan.target.count)
+    return verify_graph(model, target, plan.target.count), src.module
 
 
 class Binder:
@@ -313,7 +319,7 @@ def boot_plan(plan: Plan, devices: list[int] | None = None, checkpoint: str | No
               emulate: bool = False, force: bool = False, prebuild: bool = True) -> list[DeviceBoot]:
     check_plan_source(plan, force)
     device = check_target(plan, emulate, force)
-    ir = plan_ir(plan)
+    ir, module = _plan_ir(plan)
     wanted = devices if devices is not None else list(range(len(plan.devices)))
     for d in wanted:
         if not 0 <= d < len(plan.devices):
@@ -324,7 +330,7 @@ def boot_plan(plan: Plan, devices: list[int] | None = None, checkpoint: str | No
 
         # before this process touches the device: the children's contexts are gone when it measures
         built = warm(kernel_jobs(plan, ir, wanted)) if prebuild else {}
-        boots = [DeviceBoot(plan, d, device, ir) for d in wanted]
+        boots = [DeviceBoot(plan, d, device, ir, module=module) for d in wanted]
         for boot in boots:
             if built:
                 boot.notes.append(f"{len(built)} kernel jobs built or loaded in parallel in "
@@ -333,7 +339,7 @@ def boot_plan(plan: Plan, devices: list[int] | None = None, checkpoint: str | No
         return boots
     boots = []
     for d in wanted:
-        boot = DeviceBoot(plan, d, device, ir)
+        boot = DeviceBoot(plan, d, device, ir, module=module)
         allocate(boot, checkpoint, seed)
         measure_storages(boot, run_every_rung(boot))
         boots.append(boot)

@@ -21,12 +21,12 @@ from typing import Any
 from graphc.errors import InvalidInput
 from graphc.plan import Plan, load_plan
 from graphc.runtime.boot import boot_plan
-from graphc.runtime.executor import Executor, llm_node
+from graphc.runtime.executor import Executor, llm_node, text_kind
 from graphc.runtime.host import Host, Media
 from graphc.runtime.request import Request, Status
 from graphc.runtime.sampler import Sampler, SamplingParams, new_generator
 from graphc.runtime.scheduler import Scheduler
-from graphc.source import load_model
+from graphc.source import first_difference, read_config
 
 
 @dataclass
@@ -65,6 +65,7 @@ class Engine:
             raise InvalidInput("no weights to serve", "graphc run needs a checkpoint",
                                "pass --checkpoint DIR, or --random-weights to serve seeded weights (token ids only)")
         self.plan = plan if isinstance(plan, Plan) else load_plan(plan)
+        check_checkpoint(self.plan, checkpoint)
         if len(self.plan.devices) != 1:
             raise InvalidInput(f"the plan places its nodes on {len(self.plan.devices)} devices",
                                "this engine serves one-device plans; multi-device serving is issue 12",
@@ -99,8 +100,7 @@ class Engine:
 
     # ---- boot facts
     def _host(self) -> Host:
-        src = load_model(self.plan.model.file, self.plan.model.preset, self.plan.model.config)
-        make = getattr(src.module, "host", None)
+        make = getattr(self.boot.module, "host", None)
         if not callable(make):
             raise InvalidInput(f"{self.plan.model.file} declares no host(model, checkpoint)",
                                "graphc run builds prompts and encoder steps through the model file's host",
@@ -117,13 +117,13 @@ class Engine:
                 f"({pages:,} pages), kinds {', '.join(self.kinds())}, booted in {self.boot_seconds:.1f} s")
 
     def kinds(self) -> list[str]:
-        return [k for k, stages in self.plan.requests.items() if _text_kind(stages)]
+        return [k for k, stages in self.plan.requests.items() if text_kind(stages)]
 
     # ---- requests
     def _kind(self, walks: set[str]) -> tuple[str, list[str], str]:
         decode = self.scheduler.decode_walk
         for name, stages in self.plan.requests.items():
-            if not _text_kind(stages):
+            if not text_kind(stages):
                 continue
             prefill = [s for s in stages if s != decode]
             encoders = {w for w in prefill if self.scheduler.encoder.get(w)}
@@ -310,12 +310,21 @@ class Engine:
         return [self.output(r) if isinstance(r, Request) else r for r in reqs]
 
 
-def _text_kind(stages: list) -> bool:
-    """Kinds whose stages are all single walks (speech runs walks side by side: issue 11)."""
-    return all(isinstance(s, str) for s in stages)
-
-
 REQUEST_KEYS = {"id", "messages", "prompt", "prompt_token_ids", "media", "use_audio_in_video"}
+
+
+def check_checkpoint(plan: Plan, checkpoint: str | Path | None) -> None:
+    """A plan declared from a checkpoint's config serves that checkpoint only: a differing config.json is
+    refused by its first differing field, and seeded weights by name."""
+    if plan.model.config is None:
+        return
+    if checkpoint is None:
+        raise InvalidInput("this plan was declared from a checkpoint's config.json", "seeded weights have no config",
+                           "pass the checkpoint (--checkpoint DIR)")
+    diff = first_difference(plan.model.config, read_config(checkpoint))
+    if diff:
+        raise InvalidInput(f"{checkpoint}/config.json differs from the config the plan was made from",
+                           f"first difference: {diff}", f"plan again with --checkpoint {checkpoint}")
 
 
 def parse_request(item: dict, index: int = 0) -> dict:

@@ -21,12 +21,17 @@ from resources.paged_kv import PagedKVSpec, PagedTorch
 from resources.ragged_attention import RaggedAttentionSpec, RaggedTorch
 
 
+def text_kind(stages: list) -> bool:
+    """A request kind with text out: its stages are single walks (speech runs walks side by side)."""
+    return all(isinstance(s, str) for s in stages)
+
+
 def llm_node(boot: DeviceBoot) -> str:
     """The node that decodes text: the one node on the decode walk that ends the plan's text request
     kinds (those whose stages are single walks)."""
     model, found = boot.ir.model, set()
     for stages in boot.plan.requests.values():
-        if all(isinstance(s, str) for s in stages) and model.walk(stages[-1]).kind == "decode":
+        if text_kind(stages) and model.walk(stages[-1]).kind == "decode":
             found.update(model.walk(stages[-1]).path)
     if len(found) != 1:
         raise InvalidInput(f"the plan's text request kinds end in decode walks over {sorted(found) or 'no node'}",

@@ -11,6 +11,8 @@ before it is read), and only real rows are sampled or spliced.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from graphc.runtime.boot import DeviceBoot
@@ -69,10 +71,7 @@ class GpuSteps:
         bufs = g.io[(node, family)]
         for p in fstep.inputs:
             shape = decl.inputs[p].concrete(sizes)
-            n = 1
-            for d in shape:
-                n *= d
-            _fill(bufs[f"in.{p}"][:n].view(shape), inputs[p])
+            _fill(bufs[f"in.{p}"][:math.prod(shape)].view(shape), inputs[p])
         binds = g.backends[(node, family, rung)]
         for role, res in decl.resources.items():
             spec = ir.model.resource(res)
@@ -85,10 +84,7 @@ class GpuSteps:
         out = {}
         for p, port in decl.outputs.items():
             shape = port.concrete(sizes)
-            n = 1
-            for d in shape:
-                n *= d
-            out[p] = bufs[f"out.{p}"][:n].view(shape)
+            out[p] = bufs[f"out.{p}"][:math.prod(shape)].view(shape)
         return out
 
     def _eager_run(self, node: str, step, inputs: dict, layouts: dict) -> dict:

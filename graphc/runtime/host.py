@@ -109,9 +109,6 @@ class Host:
     """Base of a model file's host. Subclasses set `eos_token_ids` and implement prompt() and encode()."""
 
     eos_token_ids: tuple[int, ...] = ()
-    # chat-template placeholder per media kind, e.g. {"audio": "<|audio_pad|>"}; the engine renders
-    # each media part of a chat message as its placeholder and prompt() expands it
-    placeholders: dict[str, str] = {}
 
     def prompt(self, ids: list[int], media: list[Media]) -> Prompt:
         raise NotImplementedError

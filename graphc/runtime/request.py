@@ -79,11 +79,8 @@ class Request:
     def stage(self) -> str | None:
         """The walk of the prefill stage it is in, None when it is not prefilling."""
         if not self.prefilling:
-            return None
-        for w in self.prefill_walks:
-            if self.stage_end(w) > self.computed:
-                return w
-        return self.prefill_walks[-1]
+            return None          # else the last stage, which runs to the target, is still open
+        return next(w for w in self.prefill_walks if self.stage_end(w) > self.computed)
 
     def pending_pieces(self, walk: str) -> list[Piece]:
         """Media pieces of `walk` not yet encoded (those starting at or after the computed rows)."""

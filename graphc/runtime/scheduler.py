@@ -46,10 +46,6 @@ class StepPlan:
     rungs: dict[str, int | None]                         # node -> captured rung replayed, None: eager
     preempted: list[Request] = field(default_factory=list)
 
-    @property
-    def rows(self) -> int:
-        return sum(c.end - c.start for c in self.chunks)
-
 
 @dataclass
 class Stats:

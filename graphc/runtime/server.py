@@ -80,7 +80,6 @@ class Driver:
         self.engine = engine
         self.inbox: queue.Queue = queue.Queue()
         self.wake = threading.Event()
-        self.alive = True
         self.thread = threading.Thread(target=self._loop, name="graphc-engine", daemon=True)
         self.thread.start()
 
@@ -95,7 +94,7 @@ class Driver:
         self.wake.set()
 
     def _loop(self) -> None:
-        while self.alive:
+        while True:
             while True:
                 try:
                     item = self.inbox.get_nowait()
@@ -120,11 +119,6 @@ class Driver:
                     loop.call_soon_threadsafe(events.put_nowait, ev)
                 except RuntimeError:              # its event loop is gone (shutdown): nobody reads it any more
                     self.engine.abort(ev.request.id)
-
-    def stop(self) -> None:
-        self.alive = False
-        self.wake.set()
-        self.thread.join(timeout=5)
 
 
 def _settle(fut: asyncio.Future, value, exc) -> None:

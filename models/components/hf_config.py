@@ -14,7 +14,7 @@ from models.components.qwen3_dense import Qwen3Config
 from models.components.thinker import ThinkerConfig
 from models.components.vision import VisionConfig
 
-DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def sub(cfg: dict, *path: str) -> dict:
@@ -55,7 +55,7 @@ def dtype(cfg: dict, *subs: dict) -> str:
         if v is not None:
             if v not in DTYPES:
                 raise InvalidInput(f"config.json dtype '{v}'", f"graphc serves {sorted(DTYPES)}", "convert the checkpoint")
-            return DTYPES[v]
+            return v
     return "bfloat16"
 
 

@@ -21,8 +21,6 @@ from models.components.mrope import MediaTokens, rope_index
 from models.components.vision import VisionConfig
 from models.components.vision_inputs import VisionItem, VisionProcessing, build_step, process_image, process_video
 
-PLACEHOLDERS = {"audio": "<|audio_pad|>", "image": "<|image_pad|>", "video": "<|video_pad|>"}
-
 
 @dataclass(frozen=True)
 class Encoders:
@@ -41,8 +39,6 @@ def random_media_tokens(vocab: int) -> MediaTokens:
 
 
 class AudioVisualHost(Host):
-    placeholders = PLACEHOLDERS
-
     def __init__(self, model: Model, llm: str, encoders: Encoders, media: MediaTokens, mrope: bool,
                  eos_token_ids: tuple[int, ...], vision: VisionProcessing | None = None, audio_end: int | None = None):
         """audio_end: the <|audio_end|> id, which closes an audio-in-video run (HF's audio_eos_token)."""
@@ -187,16 +183,9 @@ class AudioVisualHost(Host):
 
 def checkpoint_config(checkpoint: str | None) -> dict | None:
     """The checkpoint's config.json as a dict (None without a checkpoint)."""
-    if checkpoint is None:
-        return None
-    import json
-    from pathlib import Path
+    from graphc.source import read_config
 
-    path = Path(checkpoint) / "config.json"
-    if not path.is_file():
-        raise InvalidInput(f"{checkpoint} has no config.json", "the host reads media token ids from it",
-                           "point --checkpoint at the folder the model was saved in")
-    return json.loads(path.read_text())
+    return None if checkpoint is None else read_config(checkpoint)
 
 
 def vision_processing(checkpoint: str | None) -> VisionProcessing:

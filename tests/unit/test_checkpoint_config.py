@@ -108,3 +108,12 @@ def test_the_plan_records_the_config_and_a_difference_is_named(tmp_path):
     assert first_difference(plan.model.config, changed) == "audio_config.d_model: 1024 in the plan, 512 in the checkpoint"
     assert first_difference(plan.model.config, hf) is None
     assert "in the plan, absent in the checkpoint" in first_difference({"a": 1}, {})
+
+
+def test_the_asr_host_reads_the_audio_token_of_either_layout(tmp_path):
+    hf, qwenlm = asr_dicts()
+    hf["audio_token_id"], qwenlm["thinker_config"]["audio_token_id"] = 123, 321
+    for config, want in ((hf, 123), (qwenlm, 321)):
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        host = qwen3_asr.host(qwen3_asr.declare("1.7b", config=config), str(tmp_path))
+        assert host.media.audio_token_id == want
