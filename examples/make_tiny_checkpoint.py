@@ -7,7 +7,9 @@ safetensors), a tokenizer.json built with `tokenizers`, and a Qwen-style chat te
 Then plan and serve it on a CPU:
 
     graphc plan models/qwen3_asr.py --preset tiny --checkpoint ckpt/tiny_asr --gpu cpu -o asr.plan
-    graphc run asr.plan --checkpoint ckpt/tiny_asr --requests requests.jsonl --output out.jsonl
+    graphc run asr.plan --checkpoint ckpt/tiny_asr --requests examples/requests_tiny_asr.jsonl --output out.jsonl
+
+Each checkpoint folder also gets sample.wav, a 2 s tone to send it.
 
 Needs transformers (the test extra). Weights are HF's random init (seeded); the tests re-draw them.
 """
@@ -109,6 +111,12 @@ def save(model, tok: Tokenizer, path: str | Path) -> Path:
     # pixel bounds the tiny plans hold: a video frame slice within the vision attention's 128-patch segment
     (path / "preprocessor_config.json").write_text(json.dumps({"min_pixels": 32 * 32, "max_pixels": 128 * 256}))
     (path / "video_preprocessor_config.json").write_text(json.dumps({"min_pixels": 32 * 32, "max_pixels": 96 * 128}))
+    # a 2 s tone to send it (examples/requests_tiny_asr.jsonl reads ckpt/tiny_asr/sample.wav)
+    import numpy as np
+    import soundfile as sf
+
+    t = np.arange(32000) / 16000
+    sf.write(path / "sample.wav", (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 16000)
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [s["<|im_end|>"], s["<|endoftext|>"]]}))
     return path
 

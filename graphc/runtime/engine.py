@@ -282,7 +282,7 @@ class Engine:
         steps = ", ".join(f"{w} {n}" for w, n in stats["steps"].items())
         line = (f"steps: {steps}; node steps replayed {stats['replayed']}, eager {stats['eager']}; "
                 f"preemptions {stats['preemptions']}")
-        if "tokens_per_s" in stats:
+        if stats.get("generated_tokens"):
             line += (f"; {stats['generated_tokens']} tokens in {stats['wall_s']:.2f} s = {stats['tokens_per_s']:.1f} "
                      f"tokens/s; TTFT p50 {stats['ttft_s']['p50'] * 1e3:.0f} ms, p90 {stats['ttft_s']['p90'] * 1e3:.0f} ms")
         return line
