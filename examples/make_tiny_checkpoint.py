@@ -3,6 +3,7 @@ safetensors), a tokenizer.json built with `tokenizers`, and a Qwen-style chat te
 
     python examples/make_tiny_checkpoint.py asr ckpt/tiny_asr        # Qwen3-ASR (transformers' layout)
     python examples/make_tiny_checkpoint.py omni ckpt/tiny_omni      # Qwen3-Omni thinker (no talker)
+    python examples/make_tiny_checkpoint.py omni-speech ckpt/tiny_omni_speech   # with talker and Code2Wav
 
 Then plan and serve it on a CPU:
 
@@ -23,7 +24,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>",
-            "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+            "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<tts_pad>", "<tts_text_bos>",
+            "<tts_text_eod>"]
+ROLES = ["system", "user", "assistant"]          # one token each, as in Qwen's vocabulary
 CORPUS = ["the quick brown fox jumps over the lazy dog", "transcribe this audio please", "what is in the image",
           "describe the video", "hello world, how are you today?", "graphc plans and serves multimodal models",
           "naïve café — 日本語のテキスト 😀", "numbers 0123456789 and symbols !?.,;:"] * 4
@@ -52,12 +55,13 @@ def build_tokenizer() -> Tokenizer:
                                   show_progress=False)
     tok.train_from_iterator(CORPUS, trainer)
     tok.add_special_tokens(SPECIALS)
+    tok.add_tokens(ROLES)
     assert tok.get_vocab_size() <= VOCAB - 8
     return tok
 
 
 def ids(tok: Tokenizer) -> dict[str, int]:
-    return {s: tok.token_to_id(s) for s in SPECIALS}
+    return {s: tok.token_to_id(s) for s in SPECIALS + ROLES}
 
 
 def asr_model(tok: Tokenizer, seed: int = 0):
@@ -77,7 +81,9 @@ def asr_model(tok: Tokenizer, seed: int = 0):
     return Qwen3ASRForConditionalGeneration(cfg).eval()
 
 
-def omni_model(tok: Tokenizer, seed: int = 0):
+def omni_model(tok: Tokenizer, seed: int = 0, speech: bool = False):
+    """The thinker alone, or with speech: a talker (code predictor) and Code2Wav whose codec vocabulary is
+    its codebook plus 1024 special ids, as the real one (HF's generate suppresses the top 1024 ids)."""
     from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeConfig
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeForConditionalGeneration
 
@@ -96,7 +102,34 @@ def omni_model(tok: Tokenizer, seed: int = 0):
                    image_token_id=s["<|image_pad|>"], video_token_id=s["<|video_pad|>"],
                    audio_start_token_id=s["<|audio_start|>"], vision_start_token_id=s["<|vision_start|>"],
                    position_id_per_seconds=13)
-    cfg = Qwen3OmniMoeConfig(thinker_config=thinker, enable_audio_output=False)
+    if not speech:
+        cfg = Qwen3OmniMoeConfig(thinker_config=thinker, enable_audio_output=False)
+        return Qwen3OmniMoeForConditionalGeneration(cfg).eval()
+    book, groups = 64, 4
+    codec = dict(codec_pad_id=book + 996, codec_bos_id=book + 997, codec_eos_token_id=book + 998,
+                 codec_nothink_id=book + 999, codec_think_bos_id=book + 1000, codec_think_eos_id=book + 1001,
+                 speaker_id={"chelsie": book + 1010, "ethan": book + 1011, "aiden": book + 1012})
+    talker_text = dict(vocab_size=book + 1024, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, moe_intermediate_size=16,
+                       num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, shared_expert_intermediate_size=32,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [4, 2, 2],
+                                        "interleaved": True})
+    predictor = dict(vocab_size=book, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, num_code_groups=groups,
+                     rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
+    talker = dict(text_config=talker_text, code_predictor_config=predictor, num_code_groups=groups,
+                  thinker_hidden_size=64, accept_hidden_layer=2, spatial_merge_size=2,
+                  audio_token_id=s["<|audio_pad|>"], image_token_id=s["<|image_pad|>"],
+                  video_token_id=s["<|video_pad|>"], audio_start_token_id=s["<|audio_start|>"],
+                  vision_start_token_id=s["<|vision_start|>"], position_id_per_seconds=13, **codec)
+    code2wav = dict(codebook_size=book, num_quantizers=groups, hidden_size=32, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=4, intermediate_size=64, sliding_window=8,
+                    upsampling_ratios=[2, 2], upsample_rates=[2, 2, 2, 2], decoder_dim=64)
+    cfg = Qwen3OmniMoeConfig(thinker_config=thinker, talker_config=talker, code2wav_config=code2wav,
+                             enable_audio_output=True, im_start_token_id=s["<|im_start|>"],
+                             im_end_token_id=s["<|im_end|>"], tts_pad_token_id=s["<tts_pad>"],
+                             tts_bos_token_id=s["<tts_text_bos>"], tts_eos_token_id=s["<tts_text_eod>"],
+                             system_token_id=s["system"], user_token_id=s["user"], assistant_token_id=s["assistant"])
     return Qwen3OmniMoeForConditionalGeneration(cfg).eval()
 
 
@@ -123,12 +156,12 @@ def save(model, tok: Tokenizer, path: str | Path) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=["asr", "omni"])
+    ap.add_argument("kind", choices=["asr", "omni", "omni-speech"])
     ap.add_argument("out")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     tok = build_tokenizer()
-    model = asr_model(tok, a.seed) if a.kind == "asr" else omni_model(tok, a.seed)
+    model = asr_model(tok, a.seed) if a.kind == "asr" else omni_model(tok, a.seed, speech=a.kind == "omni-speech")
     print(save(model, tok, a.out))
 
 

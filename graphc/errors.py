@@ -29,6 +29,10 @@ class InvalidInput(GraphcError):
 
     exit_code = EXIT_INVALID
 
+    def __init__(self, what: str, why: str = "", fix: str = "", param: str | None = None):
+        self.param = param            # the request field at fault, when a request is refused
+        super().__init__(what, why, fix)
+
 
 class DoesNotFit(GraphcError):
     """The model, as declared and overridden, does not fit the target; carries ranked remedies."""

@@ -79,9 +79,11 @@ def thinker_node(p: dict) -> gc.Node:
 
 
 def talker_node(p: dict) -> gc.Node:
-    inputs, outputs = talker_ports(p["talker"])
+    dt = p.get("dtype", "bfloat16")
+    inputs, outputs = talker_ports(p["talker"], dt)
     return gc.Node(name="talker", module=Talker, config=p["talker"], weight_prefix="talker.",
-                   resources={"kv": "talker_kv", "cp_attn": "code_predictor_attn"}, inputs=inputs, outputs=outputs)
+                   resources={"kv": "talker_kv", "cp_attn": "code_predictor_attn"}, inputs=inputs, outputs=outputs,
+                   dtype=dt)
 
 
 def resources(p: dict) -> list:
@@ -181,7 +183,7 @@ def declare(preset: str = "30b-a3b", config: dict | None = None) -> gc.Model:
     if speech:
         nodes += [talker_node(p),
                   gc.Node(name="code2wav", module=c2w.Code2Wav, config=p["code2wav"], weight_prefix="code2wav.",
-                          inputs=c_in, outputs=c_out, resources={"attn": "code2wav_attn"})]
+                          inputs=c_in, outputs=c_out, resources={"attn": "code2wav_attn"}, dtype=dt)]
     speech_parts = ("talker_kv", "code_predictor_attn", "code2wav_attn")
     requests = [
         gc.RequestKind(name="t2t", stages=("thinker_prefill", "thinker_decode")),
@@ -196,7 +198,7 @@ def declare(preset: str = "30b-a3b", config: dict | None = None) -> gc.Model:
     return gc.Model(
         name=f"qwen3_omni-{preset}" if config is None else f"qwen3_omni-{preset}-checkpoint",
         nodes=nodes,
-        resources=[r.model_copy(update={"dtype": dt}) if r.name == "thinker_kv" else r
+        resources=[r.model_copy(update={"dtype": dt}) if r.name in ("thinker_kv", "talker_kv") else r
                    for r in resources(p) if speech or r.name not in speech_parts],
         edges=[gc.Edge(src="audio_encoder.embeds", dst="thinker.audio_embeds"),
                gc.Edge(src="vision_encoder.embeds", dst="thinker.visual_embeds"),
@@ -208,7 +210,7 @@ def declare(preset: str = "30b-a3b", config: dict | None = None) -> gc.Model:
 def host(model: gc.Model, checkpoint: str | None = None):
     """The serving host (graphc/runtime/host.py): Qwen3-Omni's media tokens and end-of-turn ids from the
     checkpoint's config.json (<|audio_end|> from its tokenizer.json), or the real model's (seeded weights
-    on a vocabulary that holds them)."""
+    on a vocabulary that holds them); with a talker, its speech (models/components/speech_host.py)."""
     from models.components.hosting import AudioVisualHost, Encoders, checkpoint_config, generation_eos, \
         random_media_tokens, special_token, vision_processing
     from models.components.mrope import MediaTokens
@@ -229,6 +231,10 @@ def host(model: gc.Model, checkpoint: str | None = None):
     else:
         media, eos = random_media_tokens(vocab), ()
         audio_end = vocab - 6
-    return AudioVisualHost(model, "thinker", encoders, media, mrope=True, eos_token_ids=eos,
+    host = AudioVisualHost(model, "thinker", encoders, media, mrope=True, eos_token_ids=eos,
                            vision=vision_processing(checkpoint), audio_end=audio_end)
+    if any(n.name == "talker" for n in model.nodes):
+        from models.components.speech_host import QwenOmniSpeech, speech_ids
+        host.speech = QwenOmniSpeech(model, media, speech_ids(cfg, vocab))
+    return host
 

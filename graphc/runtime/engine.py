@@ -25,7 +25,8 @@ from graphc.runtime.executor import Executor, llm_node, text_kind
 from graphc.runtime.host import Host, Media
 from graphc.runtime.request import Request, Status
 from graphc.runtime.sampler import Sampler, SamplingParams, new_generator
-from graphc.runtime.scheduler import Scheduler
+from graphc.runtime.scheduler import Scheduler, StepPlan
+from graphc.runtime.speech import SpeechLane, SpeechParams
 from graphc.source import first_difference, read_config
 
 
@@ -42,9 +43,13 @@ class Output:
     logprobs: list[dict] | None = None
     error: str | None = None
     times: dict[str, float] = field(default_factory=dict)
+    audio: Any = None                  # float32 samples in [-1, 1] at sample_rate, when it spoke
+    sample_rate: int | None = None
+    audio_codes: list[list[int]] | None = None     # the codec frames the audio was made from
+    audio_finish_reason: str | None = None         # why the speech ended: stop (its end code) or length
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+        return {k: v for k, v in self.__dict__.items() if v is not None and k != "audio"}
 
 
 @dataclass
@@ -55,6 +60,7 @@ class Event:
     token_ids: list[int]
     text: str
     finished: bool
+    audio: Any = None                  # new float32 samples (speech), or None
 
 
 class Engine:
@@ -81,11 +87,18 @@ class Engine:
         kv_role, kv_res = next((role, r) for role, r in self.model.node(self.llm).resources.items()
                                if r in self.boot.pages)
         pages = self.boot.pages[kv_res]
-        # a captured paged rung runs exactly its sequences and rows: padding sits on one scratch page
-        scratch = pages.allocate(1)[0] if self.boot.device.type == "cuda" else None
+        # a captured paged rung runs exactly its sequences and rows: padding sits on one scratch page of each pool
+        scratch = ({res: alloc.allocate(1)[0] for res, alloc in self.boot.pages.items()}
+                   if self.boot.device.type == "cuda" else {})
         self.executor = Executor(self.boot, self.host, self.llm, scratch)
         self.scheduler = Scheduler(self.plan, self.model, self.llm, self.executor.kv_spec, pages,
-                                   reserved=0 if scratch is None else 1)
+                                   reserved=self.executor.reserved.get(kv_res, 0))
+        self.speech: SpeechLane | None = None
+        if getattr(self.host, "speech", None) is not None and self._speech_kinds():
+            self.host.speech.bind(self.boot.modules, self.boot.device)
+            self.speech = SpeechLane(self.host.speech, self.executor, self.scheduler, self.boot)
+        self.talking: list[Request] = []          # speaking requests not closed, in arrival order
+        self._lane = 0
         self.sampler = Sampler(seed, self.boot.device)
         self.tokenizer = self.template = None
         if self.checkpoint and (Path(self.checkpoint) / "tokenizer.json").is_file():
@@ -116,23 +129,32 @@ class Engine:
                 f"{' (CPU: every step eager)' if graphs == 0 else ''}, {pages * kv.page_size:,} KV tokens "
                 f"({pages:,} pages), kinds {', '.join(self.kinds())}, booted in {self.boot_seconds:.1f} s")
 
+    def _speech_kinds(self) -> list[str]:
+        """Kinds that end in a group of walks holding the thinker's decode walk (text and speech out)."""
+        decode = self.scheduler.decode_walk
+        return [k for k, stages in self.plan.requests.items()
+                if not text_kind(stages) and text_kind(stages[:-1]) and decode in stages[-1]]
+
     def kinds(self) -> list[str]:
-        return [k for k, stages in self.plan.requests.items() if text_kind(stages)]
+        return ([k for k, stages in self.plan.requests.items() if text_kind(stages)]
+                + (self._speech_kinds() if self.speech is not None else []))
 
     # ---- requests
-    def _kind(self, walks: set[str]) -> tuple[str, list[str], str]:
+    def _kind(self, walks: set[str], speech: bool = False) -> tuple[str, list[str], str]:
         decode = self.scheduler.decode_walk
-        for name, stages in self.plan.requests.items():
-            if not text_kind(stages):
-                continue
-            prefill = [s for s in stages if s != decode]
+        names = self._speech_kinds() if speech else [k for k, st in self.plan.requests.items() if text_kind(st)]
+        for name in names:
+            stages = self.plan.requests[name]
+            prefill = [s for s in (stages[:-1] if speech else stages) if s != decode]
             encoders = {w for w in prefill if self.scheduler.encoder.get(w)}
             if encoders == walks:
                 return name, prefill, decode
         media = " and ".join(sorted(walks)) or "text only"
-        raise InvalidInput(f"no request kind of this plan takes {media}",
-                           f"its kinds with text out: {', '.join(self.kinds())}",
-                           "send the inputs one of those kinds takes")
+        out = "text and speech" if speech else "text"
+        raise InvalidInput(f"no request kind of this plan takes {media} with {out} out",
+                           f"its kinds: {', '.join(self.kinds()) or 'none'}",
+                           "send the inputs one of those kinds takes" if names else
+                           "ask for text out (this plan declares no speaking kind)", param="modalities")
 
     def tokenize(self, messages: list[dict] | None = None, prompt: str | None = None) -> list[int]:
         if self.tokenizer is None:
@@ -146,7 +168,9 @@ class Engine:
 
     def add(self, *, prompt_token_ids: list[int] | None = None, messages: list[dict] | None = None,
             prompt: str | None = None, media: list[Media] = (), params: SamplingParams | None = None,
-            request_id: str | None = None, user: Any = None, use_audio_in_video: bool = False) -> Request:
+            request_id: str | None = None, user: Any = None, use_audio_in_video: bool = False,
+            speech: SpeechParams | None = None) -> Request:
+        """speech: answer with speech too (a speaking kind: t2s, a2s); its voice and frame limit."""
         params = params or SamplingParams()
         given = [x is not None for x in (prompt_token_ids, messages, prompt)]
         if sum(given) != 1:
@@ -166,7 +190,14 @@ class Engine:
         rp = self.host.prompt(ids, media)
         if not rp.ids:
             raise InvalidInput("the prompt is empty", "", "send at least one token")
-        kind, prefill, decode = self._kind(rp.walks())
+        if speech is not None and self.speech is None:
+            raise InvalidInput("this plan does not speak", f"its kinds: {', '.join(self.kinds())}",
+                               "ask for text out only, or plan a model with a talker", param="modalities")
+        kind, prefill, decode = self._kind(rp.walks(), speech is not None)
+        state = None
+        if speech is not None:
+            state = self.speech.new_state(speech)
+            self.host.speech.check(rp)
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         if rid in self.requests:
             raise InvalidInput(f"request id {rid} is in flight", "", "use another id")
@@ -184,37 +215,104 @@ class Engine:
                                "use stop_token_ids, or start it with --checkpoint")
         req.logprobs = [] if params.logprobs else None
         self.scheduler.add(req)
+        if state is not None:
+            req.speech = state
+            self.talking.append(req)
         self.requests[rid] = req
         return req
 
     def abort(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
-        if req is not None and req.status is not Status.FINISHED:
-            req.finish_reason = "abort"
-            self.scheduler.release(req)
+        if req is not None and not req.closed:
+            req.finish_reason = req.finish_reason or "abort"
+            if req.speech is not None and req.speech.ended is None:
+                req.speech.ended = "abort"
+            self._close(req)
 
     def has_work(self) -> bool:
-        return not self.scheduler.idle()
+        return not self.scheduler.idle() or bool(self.talking)
 
     # ---- one step
     def step(self) -> list[Event]:
+        """One step of one walk: the thinker's, the talker's or the vocoder's lane, taken in turn."""
+        lanes = (self._thinker_step, self._talker_step, self._vocoder_step) if self.speech else (self._thinker_step,)
+        for k in range(len(lanes)):
+            i = (self._lane + k) % len(lanes)
+            events = lanes[i]()
+            if events is not None:
+                self._lane = (i + 1) % len(lanes)
+                return events
+        if self.has_work():              # a bookkeeping bug: say so rather than spin forever
+            s = self.scheduler
+            raise RuntimeError(f"the scheduler holds {len(s.running)} running and {len(s.waiting)} waiting "
+                               f"requests and {len(self.talking)} speaking, but no step to run "
+                               f"({s.pages.num_free} of {s.capacity} pages free)")
+        return []
+
+    def _fail(self, reqs: list[Request], e: Exception) -> list[Event]:
+        """A step's requests fail; the engine and the others go on."""
+        events = []
+        for req in reqs:
+            if req.closed:
+                continue
+            req.finish_reason, req.error = "error", f"{type(e).__name__}: {e}"
+            if req.speech is not None:
+                req.speech.ended = req.speech.ended or "error"
+            events.append(self._finish(req))
+        return events
+
+    def _talker_step(self) -> list[Event] | None:
+        step = self.speech.schedule_talker([r for r in self.talking if r.speech.ended is None])
+        if step is None:
+            return None
+        self._count(step)
+        try:
+            self.speech.run_talker(step)
+        except Exception as e:
+            return self._fail(step.reqs, e)
+        return [ev for r in step.reqs if (ev := self._maybe_close(r)) is not None]
+
+    def _vocoder_step(self) -> list[Event] | None:
+        step = self.speech.schedule_vocoder(self.talking)
+        if step is None:
+            return None
+        self._count(step)
+        try:
+            served = self.speech.run_vocoder(step)
+        except Exception as e:
+            return self._fail(step.reqs, e)
+        events = []
+        for r in served:
+            ev = self._maybe_close(r) or Event(r, [], "", False)
+            ev.audio = r.speech.audio[-1]
+            events.append(ev)
+        return events
+
+    def _count(self, step) -> None:
+        plan = StepPlan(step.walk, [], dict(step.sizes), {})
+        self.scheduler._count(plan)
+        step.rungs = plan.rungs
+
+    def _maybe_close(self, req: Request) -> Event | None:
+        s = req.speech
+        if s is not None and s.text_done and s.done and not req.closed:
+            self._close(req)
+            return Event(req, [], "", True)
+        return None
+
+    def _thinker_step(self) -> list[Event] | None:
         plan = self.scheduler.schedule()
         if plan is None:
-            if self.has_work():              # a bookkeeping bug: say so rather than spin forever
-                s = self.scheduler
-                raise RuntimeError(f"the scheduler holds {len(s.running)} running and {len(s.waiting)} waiting "
-                                   f"requests but no step to run ({s.pages.num_free} of {s.capacity} pages free)")
-            return []
+            return None
         try:
-            logits = self.executor.run(plan)
-        except Exception as e:           # the step's requests fail; the engine and the others go on
-            events = []
-            for c in plan.chunks:
-                c.req.finish_reason, c.req.error = "error", f"{type(e).__name__}: {e}"
-                events.append(self._finish(c.req))
-            return events
+            result = self.executor.run(plan)
+        except Exception as e:
+            return self._fail([c.req for c in plan.chunks], e)
+        logits = result.logits
         for c in plan.chunks:
             c.req.computed = c.end
+        if self.speech is not None:
+            self._keep_hidden(plan, result)
         samplers = [c for c in plan.chunks if c.sample]
         events = []
         if samplers:
@@ -248,11 +346,40 @@ class Engine:
             return ev
         return Event(req, [tok], text, False)
 
-    def _finish(self, req: Request) -> Event:
+    def _keep_hidden(self, plan, result) -> None:
+        """The LLM rows a speaking request's talker prompt reads (multimodal rows of its user turns)."""
+        sh = self.host.speech
+        speaking = {c.req.id: c.req for c in plan.chunks if c.req.speech is not None}
+        if not speaking or sh.hidden_port not in result.outputs:
+            return
+        want = {rid: set(sh.hidden_rows(r.prompt)) for rid, r in speaking.items()}
+        hidden = result.outputs[sh.hidden_port]
+        for i, (rid, row) in enumerate(result.rows):
+            if rid in want and row in want[rid]:
+                speaking[rid].speech.hidden[row] = hidden[i].clone()
+
+    def _close(self, req: Request) -> None:
         self.scheduler.release(req)
+        if req.speech is not None:
+            self.speech.release(req.speech)
+            if req in self.talking:
+                self.talking.remove(req)
         self.requests.pop(req.id, None)
+        req.closed = True
         req.times["finished"] = time.perf_counter()
+
+    def _finish(self, req: Request) -> Event:
+        """The thinker is done with it (or it failed). A speaking request stays open for its speech."""
         tail = req.detok.finish() if req.detok is not None and req.finish_reason != "error" else ""
+        s = req.speech
+        if s is not None and req.finish_reason != "error":
+            self.scheduler.release(req)
+            req.times["text_finished"] = time.perf_counter()
+            s.text_done = True
+            ev = self._maybe_close(req) or Event(req, [], "", False)
+            ev.text = tail + ev.text
+            return ev
+        self._close(req)
         return Event(req, [], tail, True)
 
     def output(self, req: Request) -> Output:
@@ -260,9 +387,18 @@ class Engine:
         times = {"ttft_s": t["first_token"] - t["arrived"]} if "first_token" in t else {}
         if "finished" in t:
             times["total_s"] = t["finished"] - t["arrived"]
-        return Output(id=req.id, kind=req.kind, prompt_tokens=len(req.prompt.ids), token_ids=list(req.output),
-                      text=req.detok.text if req.detok is not None else None, finish_reason=req.finish_reason,
-                      logprobs=req.logprobs, error=req.error, times=times)
+        out = Output(id=req.id, kind=req.kind, prompt_tokens=len(req.prompt.ids), token_ids=list(req.output),
+                     text=req.detok.text if req.detok is not None else None, finish_reason=req.finish_reason,
+                     logprobs=req.logprobs, error=req.error, times=times)
+        s = req.speech
+        if s is not None:
+            import numpy as np
+
+            out.audio = np.concatenate(s.audio) if s.audio else np.zeros(0, dtype=np.float32)
+            out.sample_rate, out.audio_codes, out.audio_finish_reason = self.host.speech.sample_rate, s.frames, s.ended
+            if "first_audio" in t:
+                times["first_audio_s"] = t["first_audio"] - t["arrived"]
+        return out
 
     # ---- what ran
     def stats(self, wall_s: float | None = None) -> dict:

@@ -8,6 +8,8 @@ the captured rungs runs eagerly on backends of its own size (graphc/runtime/gpu_
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from graphc.declare import TORCH_DTYPES, Node
@@ -50,24 +52,33 @@ def rows_port(node: Node, port: str) -> str:
     return found[0]
 
 
+@dataclass
+class StepResult:
+    logits: torch.Tensor                      # [S, vocab] of the rows that sample, in chunk order
+    outputs: dict[str, torch.Tensor]          # every output of the LLM node (views: read before the next step)
+    rows: list[tuple[str, int]]               # (request id, row) of each LLM row
+
+
 class Executor:
-    def __init__(self, boot: DeviceBoot, host: Host, llm: str, scratch_page: int | None = None):
+    def __init__(self, boot: DeviceBoot, host: Host, llm: str, scratch: dict[str, int] | None = None):
+        """scratch: a page of each paged resource that padding rows of a captured rung write (GPU)."""
         self.boot, self.host, self.llm = boot, host, llm
+        self.reserved = {res: 1 for res in (scratch or {})}
         self.model = boot.ir.model
         self.steps: dict[tuple[str, str], Step] = {(s.node, s.walk): s for s in boot.ir.steps}
         self.kv_role, kv_res = next((role, r) for role, r in self.model.node(llm).resources.items()
                                     if isinstance(self.model.resource(r), PagedKVSpec))
         self.kv_spec: PagedKVSpec = self.model.resource(kv_res)
-        self.cache = boot.caches[kv_res]
         self.gpu = None
         if boot.device.type == "cuda":
             from graphc.runtime.gpu_step import GpuSteps
-            self.gpu = GpuSteps(boot, scratch_page)
+            self.gpu = GpuSteps(boot, scratch or {})
 
     def _cast(self, node: Node, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(device=self.boot.device, dtype=TORCH_DTYPES[node.inputs[k].dtype]) for k, v in inputs.items()}
 
-    def _run(self, node: str, walk: str, rung: int | None, size: int, inputs: dict, layouts: dict) -> dict:
+    def run_node(self, node: str, walk: str, rung: int | None, size: int, inputs: dict, layouts: dict) -> dict:
+        """One node of a step: replay its rung (GPU), or run it eagerly. layouts: role -> its layout."""
         decl = self.model.node(node)
         inputs = self._cast(decl, inputs)
         if self.gpu is not None:
@@ -78,12 +89,11 @@ class Executor:
             if isinstance(spec, RaggedAttentionSpec):
                 binds[role] = RaggedTorch(spec, layouts[role])
             else:
-                binds[role] = PagedTorch(spec, self.cache, *layouts[role])
+                binds[role] = PagedTorch(spec, self.boot.caches[res], *layouts[role])
         with torch.inference_mode():
             return self.boot.modules[node](StepContext(binds), **inputs)
 
-    def run(self, plan: StepPlan) -> torch.Tensor:
-        """Logits [S, vocab] of the chunks that sample, in chunk order."""
+    def run(self, plan: StepPlan) -> StepResult:
         walk = self.model.walk(plan.walk)
         spliced: dict[str, tuple[dict, dict]] = {}         # encoder -> (outputs, {(request id, row): out row})
         for node in walk.path:
@@ -94,7 +104,7 @@ class Executor:
                 continue
             units = plan.rungs.get(node) or plan.sizes[node]
             batch = self.host.encode(node, [p for _, p in pieces], units)
-            out = self._run(node, plan.walk, plan.rungs.get(node), plan.sizes[node], batch.inputs, batch.segments)
+            out = self.run_node(node, plan.walk, plan.rungs.get(node), plan.sizes[node], batch.inputs, batch.segments)
             where = {}
             for (req, piece), offset in zip(pieces, batch.offsets):
                 for j, row in enumerate(piece.rows):
@@ -102,7 +112,7 @@ class Executor:
             spliced[node] = (out, where)
         return self._llm(plan, walk, spliced)
 
-    def _llm(self, plan: StepPlan, walk, spliced: dict) -> torch.Tensor:
+    def _llm(self, plan: StepPlan, walk, spliced: dict) -> StepResult:
         decl = self.model.node(self.llm)
         ids, positions, sample, qo, kv, tables, order = [], [], [], [], [], [], []
         for c in plan.chunks:
@@ -135,6 +145,6 @@ class Executor:
                 port = decl.inputs[dport]
                 inputs[dport] = torch.zeros(port.concrete(sizes), dtype=TORCH_DTYPES[port.dtype])
                 inputs[rport] = torch.full((len(ids),), -1, dtype=torch.int64)
-        out = self._run(self.llm, plan.walk, plan.rungs.get(self.llm), plan.sizes[self.llm], inputs,
-                        {self.kv_role: (qo, kv, tables)})
-        return out["logits"][:len(sample)]
+        out = self.run_node(self.llm, plan.walk, plan.rungs.get(self.llm), plan.sizes[self.llm], inputs,
+                            {self.kv_role: (qo, kv, tables)})
+        return StepResult(out["logits"][:len(sample)], out, order)

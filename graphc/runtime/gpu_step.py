@@ -52,10 +52,10 @@ def _fill(view: torch.Tensor, value: torch.Tensor) -> None:
 
 
 class GpuSteps:
-    def __init__(self, boot: DeviceBoot, scratch_page: int | None = None):
+    def __init__(self, boot: DeviceBoot, scratch: dict[str, int]):
         self.boot = boot
         self.graphs = boot.runtime                # gpu.Graphs of the boot: buffers, backends, captured graphs
-        self.scratch = scratch_page
+        self.scratch = scratch                    # paged resource -> its scratch page
         self.steps = {(s.node, s.walk): s for s in boot.ir.steps}
         self._eager: dict[tuple[str, str], dict] = {}
 
@@ -79,7 +79,8 @@ class GpuSteps:
                 binds[role].plan(layouts[role], layouts[role])
             else:
                 shape = binds[role].rung
-                binds[role].plan(*pad_paged(*layouts[role], shape.rows, shape.seqs, spec.page_size, self.scratch))
+                binds[role].plan(*pad_paged(*layouts[role], shape.rows, shape.seqs, spec.page_size,
+                                             self.scratch[res]))
         self.boot.graphs[f"{node}/{family}/{rung}"].replay()
         out = {}
         for p, port in decl.outputs.items():

@@ -78,6 +78,7 @@ class Prompt:
     positions: torch.Tensor             # [P, L] int64
     delta: int                          # a row i >= L sits at position i + delta (on every one of the P rows)
     media: list[MediaItem] = field(default_factory=list)
+    rope: dict = field(default_factory=dict)   # what the host's position rule read besides ids (M-RoPE grids)
 
     def positions_of(self, start: int, end: int) -> torch.Tensor:
         """[P, end - start] int64 positions of rows [start, end), prompt rows and generated rows alike."""
@@ -106,9 +107,11 @@ class EncodeBatch:
 
 
 class Host:
-    """Base of a model file's host. Subclasses set `eos_token_ids` and implement prompt() and encode()."""
+    """Base of a model file's host. Subclasses set `eos_token_ids` and implement prompt() and encode().
+    A model that speaks sets `speech` (graphc/runtime/speech.py's SpeechHost)."""
 
     eos_token_ids: tuple[int, ...] = ()
+    speech: Any = None
 
     def prompt(self, ids: list[int], media: list[Media]) -> Prompt:
         raise NotImplementedError

@@ -45,6 +45,8 @@ class Request:
     detok: Any = None                  # its Detokenizer when the engine has a tokenizer
     logprobs: list | None = None       # per token, when asked
     user: Any = None                   # what the engine's caller keeps with it (a stream, ...)
+    speech: Any = None                 # its SpeechState when it speaks (graphc/runtime/speech.py)
+    closed: bool = False               # the engine is done with it: text (and speech) ended, or it failed
 
     @property
     def rows(self) -> int:

@@ -339,3 +339,31 @@ def pack_slots(cfg: Code2WavConfig, filled: list[tuple[torch.Tensor, Slot]], tot
         row = i * cfg.chunk_frames
         step[row: row + s.frames] = codes[:, s.start: s.start + s.frames].T
     return step
+
+
+def stream_chunk_frames(cfg: Code2WavConfig, index: int, first: int) -> int:
+    """New frames of a request's `index`-th streamed chunk: `first`, doubling, up to what a slot holds
+    (all chunk_frames for the first chunk, which has no left context; chunk_frames - left_context after)."""
+    return min(first << min(index, 30), cfg.chunk_frames - (cfg.left_context if index else 0))
+
+
+def stream_slot(cfg: Code2WavConfig, start: int, end: int) -> Slot:
+    """The slot that streams new frames [start, end) of a request, with up to left_context frames of
+    left context, and the samples of its output that continue the waveform without a gap.
+
+    A slot of n frames gives samples(n) = U*n - tail samples: its last `tail` samples would need the
+    next frame (the transposed convolutions look one frame ahead), so a chunk stops there and the next
+    chunk, which holds that frame, starts its kept samples `tail` early, inside its left context.
+    Concatenated, the chunks give U*N - tail samples for N frames, the length of one HF call on all
+    of them. HF's chunked_decode instead drops those `tail` samples at every chunk boundary (555
+    samples, 23 ms, for the real rates): a gap graphc does not serve."""
+    if not 0 <= start < end or end - start > cfg.chunk_frames - min(cfg.left_context, start):
+        raise ValueError(f"frames [{start}, {end}) do not fit one {cfg.chunk_frames}-frame slot "
+                         f"beside {min(cfg.left_context, start)} context frames")
+    context = min(cfg.left_context, start)
+    n = context + end - start
+    tail = cfg.total_upsample * n - cfg.samples(n)
+    if start and context * cfg.total_upsample < tail:
+        raise ValueError(f"left_context {cfg.left_context} is too short to cover the {tail}-sample tail")
+    keep_start = context * cfg.total_upsample - (tail if start else 0)
+    return Slot(start=start - context, frames=n, keep_start=keep_start, keep_stop=cfg.samples(n))

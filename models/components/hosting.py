@@ -170,7 +170,9 @@ class AudioVisualHost(Host):
             vnode, anode = self.encoders.video[0], self.encoders.audio[0]
             items += [MediaItem(walk=walk, node=vnode, kind="video", pieces=self._pieces("video", vi, vrows, vnode)),
                       MediaItem(walk=walk, node=anode, kind="audio", pieces=self._pieces("audio", mel, arows, anode))]
-        return Prompt(ids=expanded, positions=positions, delta=delta, media=items)
+        rope = dict(audio_lengths=audio_lengths, image_grid_thw=images, video_grid_thw=videos,
+                    video_second_per_grid=seconds) if self.mrope else {}
+        return Prompt(ids=expanded, positions=positions, delta=delta, media=items, rope=rope)
 
     # ---- encoder steps
     def encode(self, node: str, pieces: list[Piece], units: int) -> EncodeBatch:

@@ -1,0 +1,307 @@
+"""Speech out: the talker and the vocoder beside the thinker, as planned walks.
+
+A speaking request kind ends in a group of walks run side by side (Qwen3-Omni's t2s and a2s:
+thinker_decode, talker_prefill, talker_decode, code2wav_chunk). The thinker decodes the request's text
+as any text request; the talker starts as soon as the text it needs exists and emits one codec frame
+per step; the vocoder turns frames into audio in chunks as soon as a chunk's frames exist. The engine
+runs one walk a step, taking the three lanes (thinker, talker, vocoder) in turn, so a request's first
+audio does not wait for its text to end, nor other requests' text for its audio.
+
+What is model-specific (the talker's prompt rows and inputs, the text it speaks next, how frames end
+and chunks are cut) comes from the model host's `speech` (SpeechHost below); the lane schedules rows,
+pages and rungs, and runs the steps.
+
+Talker rows: a request's talker prompt (T rows), then one row per frame after the first: frame k is
+sampled at row T - 1 + k, and a decode step feeds row T + k - 1 (the previous frame's next_embeds) to
+emit frame k. Pages grow with the rows; a request whose next row finds the pool empty waits a step
+(the talker's rows are small: 20 KiB a row for the real talker). A talker step copies its codes to the
+host once (one sync a step for every request in it), to know which requests ended.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from graphc.errors import InvalidInput
+from graphc.strict import Strict
+from resources.paged_kv import PagedKVSpec
+
+
+class SpeechParams(Strict):
+    """A request's speech: the voice (the model's default when None), the most codec frames, and the
+    frames of its first audio chunk (the model's default when None; later chunks double, up to a slot).
+    A smaller first chunk is heard sooner; speech that fits the first chunk is decoded in one piece."""
+
+    voice: str | None = None
+    max_frames: int | None = Field(None, ge=1)
+    first_chunk: int | None = Field(None, ge=1)
+
+
+@dataclass
+class TalkerPrompt:
+    """A request's talker prompt: rows, positions [P, rows], the delta decode rows continue at, and its
+    per-row prompt inputs by talker port. empty: the request has nothing to say."""
+
+    rows: int
+    positions: torch.Tensor
+    delta: int
+    inputs: dict[str, torch.Tensor]
+    empty: bool = False
+
+    @classmethod
+    def silent(cls) -> "TalkerPrompt":
+        return cls(0, torch.zeros(3, 0, dtype=torch.int64), 0, {}, empty=True)
+
+    def positions_of(self, start: int, end: int) -> torch.Tensor:
+        if end <= self.rows:
+            return self.positions[:, start:end]
+        return torch.arange(start + self.delta, end + self.delta).expand(self.positions.shape[0], -1)
+
+
+class SpeechHost:
+    """What a speaking model's host provides (models/components/speech_host.py is Qwen3-Omni's).
+
+    talker, vocoder: nodes; prefill_walk, decode_walk, chunk_walk: their walks; voices: name -> the
+    model's speaker id; default_voice; sample_rate; hidden_port: the LLM output read at hidden_rows().
+    bind(modules, device); check(prompt) refuses a prompt that cannot be spoken;
+    talker_prompt(prompt, output, text_done, voice, hidden) -> TalkerPrompt, or None until the text it
+    needs exists; trailing(prompt, output, text_done, frame) -> the embedding frame `frame` adds, or
+    None until known; talker_inputs(parts, samples, trailing, prefill) -> a step's inputs;
+    talker_layouts(samples) -> ragged layouts; is_end(codes) -> the frame ends the speech;
+    chunk_frames(index, first) -> new frames of a request's index-th chunk; first_chunk: its default; slot(start, end) -> its Slot;
+    vocoder_inputs(filled, slots) -> (inputs, layouts); slot_frames: frames a slot holds."""
+
+    voices: dict[str, int] = {}
+    default_voice: str = ""
+    sample_rate: int = 24000
+
+
+@dataclass
+class SpeechState:
+    voice: str
+    max_frames: int | None
+    first_chunk: int
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)   # LLM hidden rows the talker prompt reads
+    prompt: TalkerPrompt | None = None
+    pages: list[int] = field(default_factory=list)
+    computed: int = 0                          # talker rows with K/V in pages
+    frames: list[list[int]] = field(default_factory=list)
+    next_embed: torch.Tensor | None = None     # the talker's next input row, on the device
+    ended: str | None = None                   # why the talker stopped: 'stop' (its end code), 'length'
+    vocoded: int = 0                           # frames already turned into audio
+    chunk: int = 0                             # chunks sent
+    audio: list[np.ndarray] = field(default_factory=list)
+    text_done: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.ended is not None and self.vocoded == len(self.frames)
+
+    @property
+    def samples(self) -> int:
+        return sum(a.size for a in self.audio)
+
+
+@dataclass
+class SpeechStep:
+    walk: str
+    node: str
+    reqs: list                                 # the requests it serves, in order
+    sizes: dict[str, int]
+    rungs: dict[str, int | None] = field(default_factory=dict)
+    data: Any = None
+
+
+class SpeechLane:
+    def __init__(self, speech: SpeechHost, executor, scheduler, boot):
+        self.sh, self.executor, self.scheduler = speech, executor, scheduler
+        model = boot.ir.model
+        self.model = model
+        self.kv_role, kv_res = next((role, r) for role, r in model.node(speech.talker).resources.items()
+                                    if isinstance(model.resource(r), PagedKVSpec))
+        self.kv: PagedKVSpec = model.resource(kv_res)
+        self.pages = boot.pages[kv_res]
+        self.capacity = self.pages.num_pages - executor.reserved.get(kv_res, 0)
+        self.prefill_budget = model.walk(speech.prefill_walk).budget.axes()
+        self.decode_seqs = model.walk(speech.decode_walk).budget.seqs
+        self.chunk_seqs = model.walk(speech.chunk_walk).budget.seqs
+
+    def new_state(self, params: SpeechParams | None) -> SpeechState:
+        params = params or SpeechParams()
+        voice = (params.voice or self.sh.default_voice).lower()
+        if voice not in self.sh.voices:
+            raise InvalidInput(f"unknown voice '{params.voice}'", f"this model speaks with: "
+                               f"{', '.join(sorted(self.sh.voices))}", "pick one of those voices", param="voice")
+        return SpeechState(voice=voice, max_frames=params.max_frames,
+                           first_chunk=params.first_chunk or self.sh.first_chunk)
+
+    # ---- the talker
+    def _prepare(self, req) -> None:
+        s = req.speech
+        if s.prompt is not None or s.ended:
+            return
+        tp = self.sh.talker_prompt(req.prompt, req.output, s.text_done, s.voice, s.hidden)
+        if tp is None:
+            return
+        s.prompt = tp
+        if tp.empty:
+            s.ended = "stop"
+            return
+        most = self.kv.max_seq_len - tp.rows + 1
+        s.max_frames = min(s.max_frames or most, most)
+        if most < 1:
+            s.ended = "length"
+
+    def _grow(self, s: SpeechState, rows: int) -> bool:
+        need = self.kv.pages_for(rows) - len(s.pages)
+        if need > 0:
+            if not self.pages.can_allocate(need):
+                return False
+            s.pages += self.pages.allocate(need)
+        return True
+
+    def release(self, s: SpeechState) -> None:
+        if s.pages:
+            self.pages.free(s.pages)
+            s.pages = []
+
+    def _decode_ready(self, req):
+        s = req.speech
+        if s.prompt is None or s.ended or s.computed != s.prompt.rows + len(s.frames) - 1 or not s.frames:
+            return None
+        return self.sh.trailing(req.prompt, req.output, s.text_done, len(s.frames))
+
+    def schedule_talker(self, reqs: list) -> SpeechStep | None:
+        for r in reqs:
+            self._prepare(r)
+        live = [r for r in reqs if r.speech.prompt is not None and not r.speech.ended]
+        prefilling = [r for r in live if r.speech.computed < r.speech.prompt.rows]
+        decode = []
+        for r in live:
+            if r in prefilling:
+                continue
+            t = self._decode_ready(r)
+            if t is not None:
+                decode.append((r, t))
+        if not prefilling and not decode:
+            return None
+        if prefilling:
+            walk, tokens, seqs = self.sh.prefill_walk, self.prefill_budget["tokens"], self.prefill_budget["seqs"]
+        else:
+            walk, tokens, seqs = self.sh.decode_walk, self.decode_seqs, self.decode_seqs
+        parts, samples, trailing, served, qo, kv, tables, emit = [], [], [], [], [], [], [], []
+        rows = 0
+
+        def add(req, part, n, t):
+            nonlocal rows
+            s = req.speech
+            parts.append(part)
+            rows += n
+            qo.append(n), kv.append(s.computed + n), tables.append(s.pages)
+            served.append((req, n))
+            if t is not None:
+                samples.append(rows - 1)
+                trailing.append(t)
+                emit.append(req)
+
+        for r, t in decode:
+            if len(served) >= (seqs - 1 if prefilling else seqs) or rows >= tokens - (1 if prefilling else 0):
+                break
+            s = r.speech
+            if not self._grow(s, s.computed + 1):
+                continue
+            add(r, ("decode", s.next_embed, s.computed + s.prompt.delta), 1, t)
+        for r in prefilling:
+            if len(served) >= seqs or rows >= tokens:
+                break
+            s = r.speech
+            n = min(s.prompt.rows - s.computed, tokens - rows)
+            if not self._grow(s, s.computed + n):
+                continue
+            t = None
+            if s.computed + n == s.prompt.rows:
+                t = self.sh.trailing(r.prompt, r.output, s.text_done, 0)
+                if t is None:                     # its first frame's text is not known yet: stop short of it
+                    n -= 1
+                    if n == 0:
+                        continue
+            add(r, ("prompt", s.prompt, s.computed, s.computed + n), n, t)
+        if not served:
+            return None
+        real = len(samples)
+        if not samples:                           # a step of partial prompts still runs one (discarded) sample
+            samples.append(rows - 1)
+            trailing.append(torch.zeros(self.model.node(self.sh.talker).config.thinker_hidden_size))
+        step = SpeechStep(walk, self.sh.talker, [r for r, _ in served], {self.sh.talker: rows})
+        step.data = (parts, samples, trailing, qo, kv, tables, emit[:real], served)
+        return step
+
+    def run_talker(self, step: SpeechStep) -> list:
+        parts, samples, trailing, qo, kv, tables, emit, served = step.data
+        rung = step.rungs.get(self.sh.talker)
+        seqs = len(samples)
+        if rung is not None and self.executor.gpu is not None:
+            seqs = self.executor.steps[(self.sh.talker, step.walk)].sizes_at(rung)["seqs"]
+        inputs = self.sh.talker_inputs(parts, samples, trailing, prefill=step.walk == self.sh.prefill_walk)
+        layouts = {self.kv_role: (qo, kv, tables), **self.sh.talker_layouts(seqs)}
+        out = self.executor.run_node(self.sh.talker, step.walk, rung, step.sizes[self.sh.talker], inputs, layouts)
+        for req, n in served:
+            req.speech.computed += n
+        codes = out["codes"][:len(emit)].tolist() if emit else []
+        done = []
+        for i, req in enumerate(emit):
+            s = req.speech
+            if self.sh.is_end(codes[i]):
+                s.ended = "stop"
+            else:
+                s.frames.append(codes[i])
+                s.next_embed = out["next_embeds"][i].clone()
+                if len(s.frames) >= s.max_frames:
+                    s.ended = "length"
+            if s.ended:
+                self.release(s)
+                done.append(req)
+        return done
+
+    # ---- the vocoder
+    def schedule_vocoder(self, reqs: list) -> SpeechStep | None:
+        filled = []
+        for r in reqs:
+            s = r.speech
+            have = len(s.frames) - s.vocoded
+            if have <= 0:
+                continue
+            n = self.sh.chunk_frames(s.chunk, s.first_chunk)
+            if have < n and not s.ended:
+                continue
+            filled.append((r, s.vocoded, s.vocoded + min(n, have)))
+            if len(filled) == self.chunk_seqs:
+                break
+        if not filled:
+            return None
+        step = SpeechStep(self.sh.chunk_walk, self.sh.vocoder, [r for r, _, _ in filled],
+                          {self.sh.vocoder: len(filled) * self.sh.slot_frames})
+        step.data = filled
+        return step
+
+    def run_vocoder(self, step: SpeechStep) -> list:
+        node = self.sh.vocoder
+        rung = step.rungs.get(node)
+        slots = (rung or step.sizes[node]) // self.sh.slot_frames
+        slots_of = [(r, self.sh.slot(a, b), b) for r, a, b in step.data]
+        filled = [(torch.tensor(r.speech.frames, dtype=torch.int64).T, slot) for r, slot, _ in slots_of]
+        inputs, layouts = self.sh.vocoder_inputs(filled, slots)
+        out = self.executor.run_node(node, step.walk, rung, slots * self.sh.slot_frames, inputs, layouts)
+        wav = out["wav"][:len(filled)].float().cpu().numpy()
+        now = time.perf_counter()
+        for i, (r, slot, end) in enumerate(slots_of):
+            s = r.speech
+            s.audio.append(wav[i, slot.keep_start:slot.keep_stop].copy())
+            s.vocoded, s.chunk = end, s.chunk + 1
+            r.times.setdefault("first_audio", now)
+        return [r for r, _, _ in slots_of]

@@ -1,0 +1,215 @@
+"""Qwen3-Omni's speech on the host: the talker's prompt rows, the text it speaks next, its step inputs,
+and Code2Wav's streamed chunks (graphc/runtime/speech.py's SpeechHost).
+
+The talker prompt is HF's Qwen3OmniMoeForConditionalGeneration.generate's, built as the thinker goes:
+  user rows     every row whose latest <|im_start|> is followed by the user token: multimodal rows
+                (audio/image/video ids) take hidden_projection(the thinker's layer-accept_hidden_layer
+                hidden), text rows text_projection(the thinker's embedding of the id)
+  assistant     from the last <|im_start|>assistant: its first 3 rows, 4 x tts_pad, tts_bos, its 4th
+                row (the first generated token), each text-projected, plus the codec embeddings of
+                [nothink, think_bos, think_eos, speaker, codec_pad, codec_bos] on the last 6 of those 9
+The text spoken next at frame k (trailing_text) is assistant row 4 + k; the thinker's last token (its
+end of turn, or the token that hit max_tokens) is never spoken: tts_eos takes its place, then tts_pad.
+HF builds all of this after the thinker finished; here the talker starts as soon as the rows it needs
+exist (the first generated tokens, and whether the next one is the last), so text and speech overlap.
+Positions: mrope.rope_index over the talker's ids (the user rows' ids, then 9 x tts_pad) with the
+request's media grids, 1-D without media; decode rows continue at index + delta.
+"""
+from __future__ import annotations
+
+import torch
+
+from graphc.declare import Model
+from graphc.errors import InvalidInput
+from graphc.runtime.host import Prompt
+from graphc.runtime.speech import SpeechHost, TalkerPrompt
+from models.components import code2wav as c2w
+from models.components.mrope import MediaTokens, rope_index
+
+# Qwen/Qwen3-Omni-30B-A3B-Instruct's ids (config.json, the fact sheet's sections 1d and 1g)
+REAL_IDS = dict(im_start_token_id=151644, user_token_id=872, assistant_token_id=77091, tts_pad_token_id=151671,
+                tts_bos_token_id=151672, tts_eos_token_id=151673, codec_nothink_id=2155, codec_think_bos_id=2156,
+                codec_think_eos_id=2157, codec_pad_id=2148, codec_bos_id=2149,
+                speaker_id={"chelsie": 2301, "ethan": 2302, "aiden": 2303})
+TOP = ("im_start_token_id", "user_token_id", "assistant_token_id", "tts_pad_token_id", "tts_bos_token_id",
+       "tts_eos_token_id")
+TALKER = ("codec_nothink_id", "codec_think_bos_id", "codec_think_eos_id", "codec_pad_id", "codec_bos_id", "speaker_id")
+
+
+def speech_ids(config: dict | None, vocab: int) -> dict:
+    """The ids speech reads: from a checkpoint's config.json (top level and talker_config), else the real
+    model's when its thinker vocabulary holds them, else ids at the top of a small vocabulary (seeded
+    weights of a tiny preset: the talker's special codec ids then sit just above its codebook)."""
+    if config is not None:
+        talker = config.get("talker_config", {})
+        missing = [k for k in TOP if config.get(k) is None] + [k for k in TALKER if talker.get(k) is None]
+        if missing:
+            raise InvalidInput(f"config.json lacks what speech needs: {', '.join(missing)}",
+                               "Qwen3-Omni's talker prompt reads these ids", "use the checkpoint's own config.json")
+        return {**{k: config[k] for k in TOP}, **{k: talker[k] for k in TALKER}}
+    if vocab > REAL_IDS["tts_eos_token_id"]:
+        return dict(REAL_IDS)
+    return {**dict(zip(TOP, range(vocab - 16, vocab - 10))), "codec_nothink_id": -1}
+
+
+class QwenOmniSpeech(SpeechHost):
+    def __init__(self, model: Model, media: MediaTokens, ids: dict, talker: str = "talker", vocoder: str = "code2wav",
+                 thinker: str = "thinker", first_chunk: int = 5):
+        self.model, self.media, self.ids = model, media, ids
+        self.talker, self.vocoder, self.thinker = talker, vocoder, thinker
+        self.prefill_walk, self.decode_walk, self.chunk_walk = "talker_prefill", "talker_decode", "code2wav_chunk"
+        self.tcfg = model.node(talker).config
+        self.vcfg: c2w.Code2WavConfig = model.node(vocoder).config
+        if ids.get("codec_nothink_id", 0) < 0:            # seeded tiny weights: special codec ids above the codebook
+            base = self.tcfg.code_predictor_config.vocab_size
+            names = ("codec_pad_id", "codec_bos_id", "codec_nothink_id", "codec_think_bos_id", "codec_think_eos_id")
+            free = [i for i in range(base, self.tcfg.text_config.vocab_size) if i != self.tcfg.codec_eos_token_id]
+            if len(free) < 8:
+                raise InvalidInput("the talker's codec vocabulary has no room for its special ids", "", "")
+            ids = {**ids, **dict(zip(names, free)), "speaker_id": {"chelsie": free[5], "ethan": free[6], "aiden": free[7]}}
+            self.ids = ids
+        self.voices = {k.lower(): int(v) for k, v in ids["speaker_id"].items()}
+        self.default_voice = "ethan" if "ethan" in self.voices else sorted(self.voices)[0]
+        self.sample_rate = 24000
+        self.first_chunk = first_chunk
+        self.groups = self.tcfg.num_code_groups
+        self.hidden_port = "hidden"
+        self.mm = {media.audio_token_id, media.image_token_id, media.video_token_id}
+        self.embedding = None
+
+    # ---- what the thinker gives
+    def bind(self, modules: dict, device: torch.device) -> None:
+        """The thinker's token embedding table (its 'embeds' for text rows are exactly these rows)."""
+        self.embedding = modules[self.thinker].model.embed_tokens
+        self.device = device
+
+    def embed(self, ids: list[int]) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.embedding(torch.tensor(ids, dtype=torch.int64, device=self.device))
+
+    def _user_rows(self, ids: list[int]) -> list[int]:
+        """HF's rule: rows whose most recent <|im_start|> (or row 0) is followed by the user token."""
+        out, prev = [], 0
+        for i, t in enumerate(ids):
+            if t == self.ids["im_start_token_id"]:
+                prev = i
+            if ids[min(prev + 1, len(ids) - 1)] == self.ids["user_token_id"]:
+                out.append(i)
+        return out
+
+    def hidden_rows(self, prompt: Prompt) -> list[int]:
+        return [i for i in self._user_rows(prompt.ids) if prompt.ids[i] in self.mm]
+
+    def _assistant(self, ids: list[int]) -> int:
+        start, asst = self.ids["im_start_token_id"], self.ids["assistant_token_id"]
+        found = [i for i in range(len(ids) - 1) if ids[i] == start and ids[i + 1] == asst]
+        if not found:
+            raise InvalidInput("the prompt has no assistant turn to speak", "speech starts at the last "
+                               "<|im_start|>assistant", "send messages (the chat template adds it) or end the "
+                               "prompt with <|im_start|>assistant")
+        return found[-1]
+
+    def check(self, prompt: Prompt) -> None:
+        self._assistant(prompt.ids)
+
+    # ---- the talker's rows
+    def talker_prompt(self, prompt: Prompt, output: list[int], finished: bool, voice: str,
+                      hidden: dict[int, torch.Tensor]) -> TalkerPrompt | None:
+        ids = prompt.ids
+        seq = ids[self._assistant(ids):] + output            # the assistant rows, prompt part then generated
+        if len(seq) < 5 and finished or len(seq) < 4:
+            return None if not finished else TalkerPrompt.silent()
+        if not finished and len(seq) < 6:                   # frame 0 speaks row 4: is it the last?
+            return None
+        user = self._user_rows(ids)
+        i = self.ids
+        special = self.embed([i["tts_pad_token_id"], i["tts_bos_token_id"]])
+        text_ids = [ids[r] for r in user]
+        embeds = self.embed(text_ids + seq[:4]) if text_ids or seq else None
+        n = len(user)
+        rows = [embeds[:n], embeds[n:n + 3], special[:1].expand(4, -1), special[1:2], embeds[n + 3:n + 4]]
+        thinker_embeds = torch.cat(rows)
+        thinker_hidden = torch.zeros_like(thinker_embeds)
+        kind = torch.ones(n + 9, dtype=torch.int64)
+        for k, r in enumerate(user):
+            if ids[r] in self.mm:
+                thinker_hidden[k] = hidden[r]
+                thinker_embeds[k] = 0
+                kind[k] = 2
+        codec = [-1] * (n + 3) + [i["codec_nothink_id"], i["codec_think_bos_id"], i["codec_think_eos_id"],
+                                  self.voices[voice], i["codec_pad_id"], i["codec_bos_id"]]
+        talker_ids = text_ids + [i["tts_pad_token_id"]] * 9
+        if any(prompt.rope.get(k) for k in ("audio_lengths", "image_grid_thw", "video_grid_thw")):
+            positions, delta = rope_index(talker_ids, self.media, **prompt.rope)
+        else:
+            positions, delta = torch.arange(n + 9, dtype=torch.int64).expand(3, -1), 0
+        return TalkerPrompt(rows=n + 9, positions=positions, delta=delta,
+                            inputs={"codec_ids": torch.tensor(codec, dtype=torch.int64),
+                                    "thinker_embeds": thinker_embeds, "thinker_hidden": thinker_hidden,
+                                    "prompt_kind": kind})
+
+    def trailing(self, prompt: Prompt, output: list[int], finished: bool, frame: int) -> torch.Tensor | None:
+        """The thinker embedding of what frame `frame` speaks next; None until it is known."""
+        seq_len = len(prompt.ids) - self._assistant(prompt.ids) + len(output)
+        at = 4 + frame
+        if at < seq_len - 1:
+            n = len(prompt.ids) - self._assistant(prompt.ids)
+            tok = prompt.ids[self._assistant(prompt.ids) + at] if at < n else output[at - n]
+            return self.embed([tok])[0]
+        if not finished:
+            return None
+        return self.embed([self.ids["tts_eos_token_id"] if at == seq_len - 1 else self.ids["tts_pad_token_id"]])[0]
+
+    def talker_inputs(self, parts: list, samples: list[int], trailing: list[torch.Tensor], prefill: bool) -> dict:
+        """One talker step's inputs. parts: ("prompt", TalkerPrompt, start, end) or ("decode", next_embed [H],
+        position); samples: the rows that emit a frame; trailing: each one's next text embedding."""
+        h = self.tcfg.text_config.hidden_size
+        th = self.tcfg.thinker_hidden_size
+        embeds, positions, codec, te, tk, kind = [], [], [], [], [], []
+        dev = self.device
+        for p in parts:
+            if p[0] == "prompt":
+                _, tp, a, b = p
+                embeds.append(torch.zeros(b - a, h, device=dev))
+                positions.append(tp.positions_of(a, b))
+                codec.append(tp.inputs["codec_ids"][a:b])
+                te.append(tp.inputs["thinker_embeds"][a:b])
+                tk.append(tp.inputs["thinker_hidden"][a:b])
+                kind.append(tp.inputs["prompt_kind"][a:b])
+            else:
+                _, nxt, pos = p
+                embeds.append(nxt[None])
+                positions.append(torch.full((3, 1), pos, dtype=torch.int64))
+                codec.append(torch.full((1,), -1, dtype=torch.int64))
+                te.append(torch.zeros(1, th, device=dev))
+                tk.append(torch.zeros(1, th, device=dev))
+                kind.append(torch.zeros(1, dtype=torch.int64))
+        out = {"embeds": torch.cat([e.float() for e in embeds]), "positions": torch.cat(positions, dim=1),
+               "sample_rows": torch.tensor(samples, dtype=torch.int64),
+               "trailing_text": torch.stack([t.float() for t in trailing]) if trailing else torch.zeros(0, th)}
+        if prefill:
+            out |= {"codec_ids": torch.cat(codec), "thinker_embeds": torch.cat([t.float() for t in te]),
+                    "thinker_hidden": torch.cat([t.float() for t in tk]), "prompt_kind": torch.cat(kind)}
+        return out
+
+    def talker_layouts(self, samples: int) -> dict:
+        from models.components.talker import code_predictor_cu_seqlens
+
+        return {"cp_attn": code_predictor_cu_seqlens(samples, self.groups)}
+
+    def is_end(self, codes: list[int]) -> bool:
+        return codes[0] == self.tcfg.codec_eos_token_id
+
+    # ---- Code2Wav
+    def chunk_frames(self, index: int, first: int) -> int:
+        return c2w.stream_chunk_frames(self.vcfg, index, first)
+
+    def slot(self, start: int, end: int) -> c2w.Slot:
+        return c2w.stream_slot(self.vcfg, start, end)
+
+    def vocoder_inputs(self, filled: list[tuple[torch.Tensor, c2w.Slot]], slots: int) -> tuple[dict, dict]:
+        return ({"codes": c2w.pack_slots(self.vcfg, filled, slots)}, {"attn": c2w.cu_seqlens(self.vcfg, slots)})
+
+    @property
+    def slot_frames(self) -> int:
+        return self.vcfg.chunk_frames

@@ -1,0 +1,185 @@
+"""Speech out (t2s, a2s) through the whole engine against HF's Qwen3OmniMoeForConditionalGeneration.generate
+with audio output (transformers 5.24, greedy, fp32): a tiny Qwen3-Omni with talker and Code2Wav written by
+save_pretrained (examples/make_tiny_checkpoint.py omni-speech), every weight re-drawn (Code2Wav's as
+test_code2wav draws them), planned from its
+config.json and served by graphc.Engine from chat messages.
+
+HF runs the talker after the thinker finished; the engine starts it while the thinker still decodes and
+runs Code2Wav chunk by chunk. The codec frames must equal HF's exactly, alone and among other requests;
+the waveform equals HF's within 1e-5 when the speech fits one chunk. Streamed in chunks, each chunk is
+HF's Code2Wav on the same frames (checked), and the whole differs from HF's chunked_decode only by the
+samples HF drops at every chunk boundary (checked against HF's chunked_decode on the same chunking).
+"""
+import numpy as np
+import pytest
+import torch
+from transformers import WhisperFeatureExtractor
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
+
+from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
+from graphc.cli import main
+from graphc.runtime.engine import Engine
+from graphc.runtime.media import load_audio
+from graphc.runtime.sampler import SamplingParams
+from graphc.runtime.speech import SpeechParams
+from models.components.code2wav import stream_chunk_frames, stream_slot
+from tests.parity.test_code2wav import redraw
+from tests.parity.weights import randomize
+
+TEXT = 8
+
+
+@pytest.fixture(scope="module")
+def omni(tmp_path_factory):
+    tok = build_tokenizer()
+    hf = omni_model(tok, speech=True)
+    randomize(hf, seed=3)
+    redraw(hf.code2wav)             # test_code2wav's draw: unit gain in its Snake stack turns fp32 rounding into 1e-4
+    path = tmp_path_factory.mktemp("speech")
+    save(hf, tok, path / "ckpt")
+    assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(path / "ckpt"), "--gpu",
+                 "cpu", "-o", str(path / "p.plan"), "-q"]) == 0
+    return hf, tok, Engine(path / "p.plan", checkpoint=path / "ckpt"), path
+
+
+def hf_speak(hf, tok, engine, parts, frames, voice="Ethan", wav=None):
+    """HF generate with audio out: (text ids, codes [frames][G], waveform). Frames past an end code are not
+    made; talker_max_new_tokens = frames + 1 gives `frames` complete frames (HF completes frame k at step k+1)."""
+    kw, counts = {}, []
+    if wav is not None:
+        w = load_audio(wav)
+        fe = WhisperFeatureExtractor(feature_size=128)(w, sampling_rate=16000, padding="longest",
+                                                       return_attention_mask=True, return_tensors="pt")
+        n = int(fe["attention_mask"].sum())
+        kw |= dict(input_features=fe["input_features"][:, :, :n], feature_attention_mask=torch.ones(1, n, dtype=torch.long))
+        counts.append(int(_get_feat_extract_output_lengths(torch.tensor(n))))
+    ids = tok.encode(engine.template.render([{"role": "user", "content": parts}], add_generation_prompt=True),
+                     add_special_tokens=False).ids
+    pads, out, k = {tok.token_to_id("<|audio_pad|>")}, [], 0
+    for t in ids:
+        out += [t] * (counts[k] if t in pads else 1)
+        k += t in pads
+    seen = {}
+    real = hf.code2wav.chunked_decode
+
+    def spy(codes, **kw2):
+        seen["codes"] = codes
+        return real(codes, **kw2)
+
+    hf.code2wav.chunked_decode = spy
+    try:
+        with torch.no_grad():
+            seq, audio = hf.generate(input_ids=torch.tensor([out]), attention_mask=torch.ones(1, len(out), dtype=torch.long),
+                                     speaker=voice, return_audio=True, thinker_max_new_tokens=TEXT,
+                                     thinker_do_sample=False, thinker_eos_token_id=tok.token_to_id("<|im_end|>"),
+                                     talker_do_sample=False, talker_max_new_tokens=frames + 1,
+                                     talker_repetition_penalty=1.0, **kw)
+    finally:
+        hf.code2wav.chunked_decode = real
+    return seq[0, len(out):].tolist(), seen["codes"][0].T.tolist(), audio.reshape(-1)
+
+
+def serve(engine, items, arrivals=None):
+    """items: (messages, SpeechParams or None); request i is added before step arrivals[i]."""
+    arrivals = arrivals or [0] * len(items)
+    reqs, step = {}, 0
+    while len(reqs) < len(items) or engine.has_work():
+        for i, ((msgs, sp), at) in enumerate(zip(items, arrivals)):
+            if at == step and i not in reqs:
+                reqs[i] = engine.add(messages=msgs, params=SamplingParams(temperature=0, max_tokens=TEXT), speech=sp)
+        engine.step()
+        step += 1
+    assert engine.scheduler.idle() and engine.scheduler.pool_full() and not engine.talking
+    assert engine.speech.pages.num_free == engine.speech.capacity
+    return [engine.output(reqs[i]) for i in range(len(items))]
+
+
+def rel(a, b) -> float:
+    a, b = torch.as_tensor(np.asarray(a)).double(), torch.as_tensor(np.asarray(b)).double()
+    return float((a - b).norm() / b.norm())
+
+
+def msgs(parts):
+    return [{"role": "user", "content": parts}]
+
+
+T2S = [{"type": "text", "text": "hello world, how are you today?"}]
+
+
+def test_t2s_and_a2s_codes_and_one_chunk_waveform_equal_hf(omni, tmp_path):
+    hf, tok, engine, path = omni
+    wav = str(path / "ckpt" / "sample.wav")
+    a2s = [{"type": "audio", "path": wav}, {"type": "text", "text": "transcribe this audio please"}]
+    reasons = set()
+    for parts, hf_parts, w, voice in [(T2S, T2S, None, "chelsie"),
+                                      (a2s, [{"type": "audio"}, a2s[1]], wav, "ethan")]:
+        text, codes, audio = hf_speak(hf, tok, engine, hf_parts, 20, voice=voice.capitalize(), wav=w)
+        assert 0 < len(codes) <= 20 and len(codes[0]) == 4
+        one = SpeechParams(voice=voice, max_frames=20, first_chunk=20)        # 20 frames: one Code2Wav slot
+        out = serve(engine, [(msgs(parts), one)])[0]
+        assert out.token_ids == text
+        assert out.audio_codes == codes
+        assert out.audio_finish_reason == ("length" if len(codes) == 20 else "stop") and out.sample_rate == 24000
+        reasons.add(out.audio_finish_reason)
+        assert out.audio.shape == audio.shape and rel(out.audio, audio) < 1e-5
+    assert reasons == {"stop", "length"}             # weights seed 3: chelsie's talker ends itself at frame 18
+
+
+def test_streamed_chunks_are_hf_code2wav_on_the_same_frames_among_other_requests(omni):
+    """Default chunking (5 frames, then 10, then 20 new frames beside 4 of context), 45 frames, t2s among a
+    second t2s with another voice and a text request arriving later: frames equal HF's; each chunk's samples
+    are HF Code2Wav's on that chunk's frames; the chunks join without a gap (U*N - tail samples in all)."""
+    hf, tok, engine, _ = omni
+    _, codes, _ = hf_speak(hf, tok, engine, T2S, 45)
+    _, codes_b, _ = hf_speak(hf, tok, engine, T2S, 12, voice="Aiden")
+    items = [(msgs(T2S), SpeechParams(max_frames=45)), (msgs(T2S), SpeechParams(voice="aiden", max_frames=12)),
+             (msgs([{"type": "text", "text": "what is in the image"}]), None)]
+    outs = serve(engine, items, arrivals=[0, 3, 5])
+    assert outs[0].audio_codes == codes and outs[1].audio_codes == codes_b
+    assert outs[2].audio is None and len(outs[2].token_ids) == TEXT
+    cfg = hf.code2wav.config
+    c = torch.tensor(codes).T[None]                                    # [1, G, N]
+    vcfg = engine.host.speech.vcfg
+    want, start, i = [], 0, 0
+    while start < 45:
+        end = min(start + stream_chunk_frames(vcfg, i, 5), 45)
+        s = stream_slot(vcfg, start, end)
+        with torch.no_grad():
+            w = hf.code2wav(c[..., s.start:s.start + s.frames])[0, 0]
+        want.append(w[s.keep_start:s.keep_stop])
+        start, i = end, i + 1
+    want = torch.cat(want)
+    u = 2 * 2 * 2 ** 4
+    assert len(want) == len(outs[0].audio) == u * 45 - (u * 1 - vcfg.samples(1)) and i == 4
+    assert rel(outs[0].audio, want) < 1e-5
+    del cfg
+
+
+def test_fixed_chunks_differ_from_hf_chunked_decode_only_by_the_samples_it_drops(omni):
+    """first_chunk = chunk_frames - left_context (20 for tiny) gives HF chunked_decode's own chunking (20 new
+    frames, 4 of context): removing the `tail` samples graphc keeps at each of the 2 boundaries gives HF's."""
+    hf, tok, engine, _ = omni
+    vcfg = engine.host.speech.vcfg
+    new = vcfg.chunk_frames - vcfg.left_context
+    _, codes, _ = hf_speak(hf, tok, engine, T2S, 45)
+    out = serve(engine, [(msgs(T2S), SpeechParams(max_frames=45, first_chunk=new))])[0]
+    with torch.no_grad():
+        theirs = hf.code2wav.chunked_decode(torch.tensor(codes).T[None], chunk_size=new,
+                                            left_context_size=vcfg.left_context)[0, 0]
+    tail = vcfg.total_upsample - vcfg.samples(1)
+    ours = torch.as_tensor(out.audio)
+    assert len(ours) == len(theirs) + 2 * tail
+    # in graphc's waveform, boundary k (k = 1, 2) sits at k * new frames; HF's chunk before it ends `tail` early
+    cut = [k * new * vcfg.total_upsample - tail for k in (1, 2)]
+    kept = torch.cat([ours[:cut[0]], ours[cut[0] + tail:cut[1]], ours[cut[1] + tail:]])
+    assert rel(kept, theirs) < 1e-5
+    # the samples HF drops are real audio: they continue the waveform (no click at the joins)
+    gap = ours[cut[0]:cut[0] + tail]
+    assert gap.abs().max() > 0
+
+
+def test_unknown_voice_is_refused_with_the_voices(omni):
+    engine = omni[2]
+    with pytest.raises(Exception) as e:
+        engine.add(messages=msgs(T2S), speech=SpeechParams(voice="nobody"))
+    assert "aiden, chelsie, ethan" in str(e.value) and getattr(e.value, "param", None) == "voice"
