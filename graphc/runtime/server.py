@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import queue
 import threading
 import time
@@ -20,6 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from graphc.errors import InvalidInput
 from graphc.runtime.engine import Engine, Event
 from graphc.runtime.sampler import MAX_TOP_LOGPROBS, SamplingParams
+from graphc.runtime.transcribe import DEFAULT_MAX_AUDIO_BYTES
+
+log = logging.getLogger("graphc.server")
 
 
 class Body(BaseModel):
@@ -74,10 +78,13 @@ def error(status: int, message: str, kind: str = "invalid_request_error", param:
 
 
 class Driver:
-    """The engine thread: adds submitted requests, steps while there is work, routes events."""
+    """The engine thread: adds submitted requests, steps while there is work, routes events. Observers
+    (graphc/runtime/ops.py's metrics) are called in it with each Event, and with a finished one when an
+    abort frees a request."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
+        self.observers: list = []
         self.inbox: queue.Queue = queue.Queue()
         self.wake = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="graphc-engine", daemon=True)
@@ -93,6 +100,19 @@ class Driver:
         self.inbox.put(("abort", request_id))
         self.wake.set()
 
+    def _observe(self, ev: Event) -> None:
+        for observer in self.observers:
+            try:
+                observer(ev)
+            except Exception:                 # an observer never stops the engine
+                log.exception("observer %r failed", observer)
+
+    def _abort(self, request_id: str) -> None:
+        req = self.engine.requests.get(request_id)
+        self.engine.abort(request_id)
+        if req is not None and req.finish_reason == "abort":
+            self._observe(Event(req, [], "", True))
+
     def _loop(self) -> None:
         while True:
             while True:
@@ -101,7 +121,7 @@ class Driver:
                 except queue.Empty:
                     break
                 if item[0] == "abort":
-                    self.engine.abort(item[1])
+                    self._abort(item[1])
                     continue
                 _, loop, kwargs, fut, events = item
                 try:
@@ -114,11 +134,12 @@ class Driver:
                 self.wake.clear()
                 continue
             for ev in self.engine.step():
+                self._observe(ev)
                 loop, events = ev.request.user
                 try:
                     loop.call_soon_threadsafe(events.put_nowait, ev)
                 except RuntimeError:              # its event loop is gone (shutdown): nobody reads it any more
-                    self.engine.abort(ev.request.id)
+                    self._abort(ev.request.id)
 
 
 def _settle(fut: asyncio.Future, value, exc) -> None:
@@ -126,7 +147,10 @@ def _settle(fut: asyncio.Future, value, exc) -> None:
         fut.set_exception(exc) if exc is not None else fut.set_result(value)
 
 
-def build_app(engine: Engine, name: str | None = None):
+def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = None, access_log: bool = False,
+              max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES):
+    """api_key: /v1/* wants it as a bearer token; access_log: a JSON line a request on `graphc.access`;
+    max_audio_bytes: the largest transcription upload (graphc/runtime/ops.py, transcribe.py)."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import StreamingResponse
@@ -298,6 +322,8 @@ def build_app(engine: Engine, name: str | None = None):
                 "choices": [{"index": 0, "text": text, "token_ids": list(req.output), "logprobs": lp,
                              "finish_reason": req.finish_reason}], "usage": usage(req)}
 
+    from graphc.runtime.ops import install
+    install(app, engine, driver, model_name, api_key=api_key, access_log=access_log, max_audio_bytes=max_audio_bytes)
     return app
 
 
@@ -305,7 +331,12 @@ def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000) -> None:
+def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, api_key: str | None = None,
+          access_log: bool = False, max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES) -> None:
     import uvicorn
 
-    uvicorn.run(build_app(engine), host=host, port=port, log_level="warning")
+    app = build_app(engine, api_key=api_key, access_log=access_log, max_audio_bytes=max_audio_bytes)
+    if access_log:
+        from graphc.runtime.ops import access_log_to_stderr
+        access_log_to_stderr()
+    uvicorn.run(app, host=host, port=port, log_level="warning")
