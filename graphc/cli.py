@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--stats", default=None, metavar="FILE.json", help="offline: steps per walk and rung, timings")
     rn.add_argument("--host", default="127.0.0.1")
     rn.add_argument("--port", type=int, default=8000)
+    rn.add_argument("--api-key", default=None, metavar="KEY",
+                    help="/v1/* wants 'Authorization: Bearer KEY' (default: $GRAPHC_API_KEY; unset: open)")
+    rn.add_argument("--access-log", action="store_true", help="one JSON line per HTTP request on stderr")
+    rn.add_argument("--max-upload-mb", type=float, default=25.0, metavar="MB",
+                    help="largest /v1/audio/transcriptions upload in MiB (default 25, as OpenAI's)")
     rn.add_argument("--emulate", action="store_true", help="cap this GPU to the plan's card (same arch)")
     rn.add_argument("--force", action="store_true", help="boot even if the model file or target differ")
     df = sub.add_parser("diff", help="what changed between two plans (exit 1 when they differ)")
@@ -143,15 +148,22 @@ def cmd_run(args) -> int:
     plan = load_plan(args.plan)
     if args.checkpoint and args.random_weights:
         raise InvalidInput("--checkpoint and --random-weights are exclusive", "", "pass one")
+    if not args.max_upload_mb > 0:
+        raise InvalidInput(f"--max-upload-mb {args.max_upload_mb} is not a size", "", "pass a positive number")
     requests = read_jsonl(args.requests) if args.requests else None
     engine = Engine(plan, args.checkpoint, random_weights=args.random_weights, seed=args.seed,
                     emulate=args.emulate, force=args.force)
     print(engine.summary(), file=sys.stderr)
     if requests is None:
+        import os
+
         from graphc.runtime.server import serve
 
-        print(f"serving on http://{args.host}:{args.port}/v1", file=sys.stderr)
-        serve(engine, args.host, args.port)
+        api_key = args.api_key or os.environ.get("GRAPHC_API_KEY") or None
+        print(f"serving on http://{args.host}:{args.port}/v1{' (API key required)' if api_key else ''}",
+              file=sys.stderr)
+        serve(engine, args.host, args.port, api_key=api_key, access_log=args.access_log,
+              max_audio_bytes=int(args.max_upload_mb * 1024 * 1024))
         return EXIT_FITS
     t0 = time.perf_counter()
     outs = engine.generate(requests, progress=True)
