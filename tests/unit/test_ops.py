@@ -1,0 +1,160 @@
+"""graphc run's server in operation, on a tiny Qwen3-ASR checkpoint: /metrics counts requests by kind and
+how they ended and shows the engine's steps, the API key guards /v1/* only, the access log writes one
+JSON line a request, and `graphc run` passes its flags (and GRAPHC_API_KEY) on."""
+import base64
+import json
+import logging
+import time
+import urllib.request
+from urllib.error import HTTPError
+
+import pytest
+
+from tests.unit.test_transcribe import serve, tiny_asr, wait_idle
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("prometheus_client")
+
+KEY = "sekrit-key"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ops")
+    engine = tiny_asr(d)
+    server, port = serve(engine, api_key=KEY, access_log=True)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=60)
+    audio = base64.b64encode((d / "ckpt" / "sample.wav").read_bytes()).decode()
+    messages = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": audio, "format": "wav"}}]}]
+    yield dict(engine=engine, client=client, port=port, dir=d, messages=messages, app=server.config.app)
+    server.should_exit = True
+
+
+def get(port: int, path: str, headers: dict | None = None) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})) as r:
+            return r.status, r.read()
+    except HTTPError as e:
+        return e.code, e.read()
+
+
+def scrape(port: int) -> dict:
+    """/metrics as {(name, sorted labels): value} (no key needed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, text = get(port, "/metrics")
+    assert status == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text.decode()) for s in fam.samples}
+
+
+def count(m: dict, kind: str, status: str) -> float:
+    return m.get(("graphc_requests_total", (("kind", kind), ("status", status))), 0.0)
+
+
+def test_metrics_count_requests_by_kind_and_end_and_show_the_engines_steps(served):
+    c, engine, port = served["client"], served["engine"], served["port"]
+    name, msgs = engine.plan.model.name, served["messages"]
+    before = scrape(port)
+    r = c.chat.completions.create(model=name, messages=msgs, max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length"
+    r = c.chat.completions.create(model=name, messages=msgs, max_tokens=3, temperature=0,
+                                  extra_body={"stop_token_ids": list(range(512))})     # its first token stops it
+    assert r.choices[0].finish_reason == "stop"
+    with pytest.raises(openai.BadRequestError, match="the plan allows"):
+        c.chat.completions.create(model=name, messages=msgs, max_tokens=5000)
+    stream = c.chat.completions.create(model=name, messages=msgs, max_tokens=1500, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    it = iter(stream)
+    next(it), next(it)                            # the role, then a token: then the client goes away
+    stream.close()
+    assert wait_idle(engine)
+    for _ in range(100):                          # the abort is counted in the engine thread as it frees the pages
+        after = scrape(port)
+        if count(after, "a2t", "abort") > count(before, "a2t", "abort"):
+            break
+        time.sleep(0.02)
+    assert {s: count(after, k, s) - count(before, k, s) for k, s in
+            [("a2t", "length"), ("a2t", "stop"), ("a2t", "abort"), ("a2t", "error"), ("unknown", "refused")]} == \
+        {"length": 1, "stop": 1, "abort": 1, "error": 0, "refused": 1}
+    ttft = ("graphc_time_to_first_token_seconds_count", ())
+    assert after[ttft] - before.get(ttft, 0) == 3
+    assert after[("graphc_time_per_output_token_seconds_count", ())] >= 1
+    stats = engine.stats()
+    for walk, n in stats["steps"].items():
+        assert after[("graphc_walk_steps_total", (("walk", walk),))] == n
+    assert after[("graphc_node_steps_total", (("mode", "replayed"),))] == stats["replayed"]
+    assert after[("graphc_node_steps_total", (("mode", "eager"),))] == stats["eager"] > 0
+    assert after[("graphc_kv_pages_free", ())] == engine.scheduler.capacity
+    assert after[("graphc_kv_pages_used", ())] == 0
+
+
+def test_the_api_key_guards_v1_only(served):
+    port, c, name = served["port"], served["client"], served["engine"].plan.model.name
+    status, body = get(port, "/v1/models")
+    err = json.loads(body)["error"]
+    assert status == 401 and err["code"] == "invalid_api_key" and err["type"] == "invalid_request_error"
+    assert get(port, "/v1/models", {"Authorization": "Bearer " + KEY})[0] == 200
+    assert get(port, "/v1/models", {"Authorization": "Basic " + KEY})[0] == 401
+    wrong = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="not-it", max_retries=0)
+    with pytest.raises(openai.AuthenticationError, match="not this server's") as e:
+        wrong.audio.transcriptions.create(model=name, file=open(served["dir"] / "ckpt" / "sample.wav", "rb"))
+    assert e.value.status_code == 401 and e.value.body["code"] == "invalid_api_key"
+    assert [m.id for m in c.models.list()] == [name]
+    assert get(port, "/health")[0] == 200 and get(port, "/metrics")[0] == 200
+
+
+def test_the_access_log_writes_one_json_line_a_request(served, caplog):
+    port = served["port"]
+    with caplog.at_level(logging.INFO, logger="graphc.access"):
+        get(port, "/health", {"X-Request-Id": "abc-123"})
+        get(port, "/v1/models")
+        for _ in range(100):                      # written once the response has gone
+            if len(caplog.records) >= 2:
+                break
+            time.sleep(0.01)
+        time.sleep(0.05)
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "graphc.access"]
+    assert [(x["method"], x["path"], x["status"], x["request_id"]) for x in lines] == \
+        [("GET", "/health", 200, "abc-123"), ("GET", "/v1/models", 401, None)]
+    assert all(x["client"].startswith("127.0.0.1:") and x["duration_ms"] >= 0 for x in lines)
+
+
+def test_a_failing_observer_does_not_stop_the_engine(served):
+    c, engine, driver = served["client"], served["engine"], served["app"].state.driver
+
+    def broken(ev):
+        raise ValueError("observer bug")
+    driver.observers.insert(0, broken)
+    try:
+        r = c.chat.completions.create(model=engine.plan.model.name, messages=served["messages"], max_tokens=2,
+                                      temperature=0, extra_body={"ignore_eos": True})
+        assert r.choices[0].finish_reason == "length"
+    finally:
+        driver.observers.remove(broken)
+
+
+def test_graphc_run_passes_its_flags_and_the_env_key(served, monkeypatch):
+    import graphc.runtime.engine
+    import graphc.runtime.server
+    from graphc.cli import main
+
+    calls = []
+
+    class Booted:
+        def __init__(self, *a, **k):
+            pass
+
+        def summary(self):
+            return "booted"
+    monkeypatch.setattr(graphc.runtime.engine, "Engine", Booted)
+    monkeypatch.setattr(graphc.runtime.server, "serve", lambda engine, host, port, **kw: calls.append(kw))
+    plan = str(served["dir"] / "p.plan")
+    monkeypatch.setenv("GRAPHC_API_KEY", "from-env")
+    assert main(["run", plan]) == 0
+    assert calls[-1] == {"api_key": "from-env", "access_log": False, "max_audio_bytes": 25 * 1024 * 1024}
+    assert main(["run", plan, "--api-key", "flag", "--access-log", "--max-upload-mb", "1.5"]) == 0
+    assert calls[-1] == {"api_key": "flag", "access_log": True, "max_audio_bytes": 1536 * 1024}
+    monkeypatch.delenv("GRAPHC_API_KEY")
+    assert main(["run", plan]) == 0 and calls[-1]["api_key"] is None
+    assert main(["run", plan, "--max-upload-mb", "0"]) == 2 and len(calls) == 3
