@@ -234,13 +234,19 @@ class Engine:
 
     # ---- one step
     def step(self) -> list[Event]:
-        """One step of one walk: the thinker's, the talker's or the vocoder's lane, taken in turn."""
+        """One step of one walk: the thinker's, the talker's or the vocoder's lane, taken in turn (a chunk
+        that would be some request's first audio goes first)."""
         lanes = (self._thinker_step, self._talker_step, self._vocoder_step) if self.speech else (self._thinker_step,)
-        for k in range(len(lanes)):
-            i = (self._lane + k) % len(lanes)
+        order = [(self._lane + k) % len(lanes) for k in range(len(lanes))]
+        if self.speech is not None and self.speech.first_chunk_ready(self.talking):
+            order.remove(2)
+            order.insert(0, 2)                # a request's first audio goes out before anything else runs
+        for i in order:
+            t0 = time.perf_counter()
             events = lanes[i]()
             if events is not None:
                 self._lane = (i + 1) % len(lanes)
+                self.scheduler.stats.seconds[self._walk] += time.perf_counter() - t0
                 return events
         if self.has_work():              # a bookkeeping bug: say so rather than spin forever
             s = self.scheduler
@@ -289,6 +295,7 @@ class Engine:
         return events
 
     def _count(self, step) -> None:
+        self._walk = step.walk
         plan = StepPlan(step.walk, [], dict(step.sizes), {})
         self.scheduler._count(plan)
         step.rungs = plan.rungs
@@ -304,6 +311,7 @@ class Engine:
         plan = self.scheduler.schedule()
         if plan is None:
             return None
+        self._walk = plan.walk
         try:
             result = self.executor.run(plan)
         except Exception as e:
@@ -352,7 +360,11 @@ class Engine:
         speaking = {c.req.id: c.req for c in plan.chunks if c.req.speech is not None}
         if not speaking or sh.hidden_port not in result.outputs:
             return
-        want = {rid: set(sh.hidden_rows(r.prompt)) for rid, r in speaking.items()}
+        want = {}
+        for rid, r in speaking.items():
+            if r.speech.hidden_rows is None:
+                r.speech.hidden_rows = set(sh.hidden_rows(r.prompt))
+            want[rid] = r.speech.hidden_rows
         hidden = result.outputs[sh.hidden_port]
         for i, (rid, row) in enumerate(result.rows):
             if rid in want and row in want[rid]:
@@ -408,7 +420,8 @@ class Engine:
                "padding": {f"{w}/{n}": {"used": st.used[(w, n)], "padded": st.padding[(w, n)]}
                            for (w, n) in sorted(st.used)},
                "replayed": sum(c for (_, _, r), c in st.rungs.items() if r != "eager"),
-               "eager": sum(c for (_, _, r), c in st.rungs.items() if r == "eager")}
+               "eager": sum(c for (_, _, r), c in st.rungs.items() if r == "eager"),
+               "step_ms": {w: 1e3 * st.seconds[w] / st.steps[w] for w in st.steps if st.seconds[w]}}
         if wall_s is not None:
             out["wall_s"] = wall_s
         return out

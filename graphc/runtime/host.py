@@ -79,6 +79,7 @@ class Prompt:
     delta: int                          # a row i >= L sits at position i + delta (on every one of the P rows)
     media: list[MediaItem] = field(default_factory=list)
     rope: dict = field(default_factory=dict)   # what the host's position rule read besides ids (M-RoPE grids)
+    host_data: dict = field(default_factory=dict)   # the host's own facts about this prompt, kept with it
 
     def positions_of(self, start: int, end: int) -> torch.Tensor:
         """[P, end - start] int64 positions of rows [start, end), prompt rows and generated rows alike."""

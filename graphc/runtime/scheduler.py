@@ -54,6 +54,7 @@ class Stats:
     padding: Counter = field(default_factory=Counter)        # (walk, node) -> padded units
     used: Counter = field(default_factory=Counter)           # (walk, node) -> real units
     preemptions: int = 0
+    seconds: Counter = field(default_factory=Counter)        # walk -> wall seconds of its steps (host and device)
 
 
 def _limits(model: Model, walk: str, units_axes: dict[str, str]) -> tuple[int, int, dict[str, tuple[int, int]]]:

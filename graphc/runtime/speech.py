@@ -70,8 +70,8 @@ class SpeechHost:
     model's speaker id; default_voice; sample_rate; hidden_port: the LLM output read at hidden_rows().
     bind(modules, device); check(prompt) refuses a prompt that cannot be spoken;
     talker_prompt(prompt, output, text_done, voice, hidden) -> TalkerPrompt, or None until the text it
-    needs exists; trailing(prompt, output, text_done, frame) -> the embedding frame `frame` adds, or
-    None until known; talker_inputs(parts, samples, trailing, prefill) -> a step's inputs;
+    needs exists; trailing(prompt, output, text_done, frame) -> the token id whose embedding frame
+    `frame` adds, or None until known; embed(ids) -> their LLM embeddings [n, H]; talker_inputs(parts, samples, trailing, prefill) -> a step's inputs;
     talker_layouts(samples) -> ragged layouts; is_end(codes) -> the frame ends the speech;
     chunk_frames(index, first) -> new frames of a request's index-th chunk; first_chunk: its default; slot(start, end) -> its Slot;
     vocoder_inputs(filled, slots) -> (inputs, layouts); slot_frames: frames a slot holds."""
@@ -87,6 +87,7 @@ class SpeechState:
     max_frames: int | None
     first_chunk: int
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)   # LLM hidden rows the talker prompt reads
+    hidden_rows: set[int] | None = None        # which rows those are (the host's, kept)
     prompt: TalkerPrompt | None = None
     pages: list[int] = field(default_factory=list)
     computed: int = 0                          # talker rows with K/V in pages
@@ -170,7 +171,8 @@ class SpeechLane:
             self.pages.free(s.pages)
             s.pages = []
 
-    def _decode_ready(self, req):
+    def _decode_ready(self, req) -> int | None:
+        """The token the request's next frame speaks, when its next decode row can run."""
         s = req.speech
         if s.prompt is None or s.ended or s.computed != s.prompt.rows + len(s.frames) - 1 or not s.frames:
             return None
@@ -236,7 +238,8 @@ class SpeechLane:
         real = len(samples)
         if not samples:                           # a step of partial prompts still runs one (discarded) sample
             samples.append(rows - 1)
-            trailing.append(torch.zeros(self.model.node(self.sh.talker).config.thinker_hidden_size))
+            trailing.append(self.sh.trailing_pad)
+        trailing = list(self.sh.embed(trailing))  # one lookup for the step's rows
         step = SpeechStep(walk, self.sh.talker, [r for r, _ in served], {self.sh.talker: rows})
         step.data = (parts, samples, trailing, qo, kv, tables, emit[:real], served)
         return step
@@ -269,17 +272,21 @@ class SpeechLane:
         return done
 
     # ---- the vocoder
+    def _chunk_ready(self, s: SpeechState) -> int:
+        """New frames of the request's next chunk when it can run now, else 0."""
+        have = len(s.frames) - s.vocoded
+        n = self.sh.chunk_frames(s.chunk, s.first_chunk)
+        return min(n, have) if have > 0 and (have >= n or s.ended) else 0
+
+    def first_chunk_ready(self, reqs: list) -> bool:
+        return any(r.speech.chunk == 0 and self._chunk_ready(r.speech) for r in reqs)
+
     def schedule_vocoder(self, reqs: list) -> SpeechStep | None:
         filled = []
-        for r in reqs:
-            s = r.speech
-            have = len(s.frames) - s.vocoded
-            if have <= 0:
-                continue
-            n = self.sh.chunk_frames(s.chunk, s.first_chunk)
-            if have < n and not s.ended:
-                continue
-            filled.append((r, s.vocoded, s.vocoded + min(n, have)))
+        for r in sorted(reqs, key=lambda r: r.speech.chunk > 0):      # first chunks first, then by arrival
+            n = self._chunk_ready(r.speech)
+            if n:
+                filled.append((r, r.speech.vocoded, r.speech.vocoded + n))
             if len(filled) == self.chunk_seqs:
                 break
         if not filled:

@@ -100,23 +100,28 @@ class QwenOmniSpeech(SpeechHost):
     def hidden_rows(self, prompt: Prompt) -> list[int]:
         return [i for i in self._user_rows(prompt.ids) if prompt.ids[i] in self.mm]
 
-    def _assistant(self, ids: list[int]) -> int:
+    def _assistant(self, prompt: Prompt) -> int:
+        """The last <|im_start|>assistant row (kept in the prompt's host_data)."""
+        if "assistant" in prompt.host_data:
+            return prompt.host_data["assistant"]
+        ids = prompt.ids
         start, asst = self.ids["im_start_token_id"], self.ids["assistant_token_id"]
         found = [i for i in range(len(ids) - 1) if ids[i] == start and ids[i + 1] == asst]
         if not found:
             raise InvalidInput("the prompt has no assistant turn to speak", "speech starts at the last "
                                "<|im_start|>assistant", "send messages (the chat template adds it) or end the "
                                "prompt with <|im_start|>assistant")
+        prompt.host_data["assistant"] = found[-1]
         return found[-1]
 
     def check(self, prompt: Prompt) -> None:
-        self._assistant(prompt.ids)
+        self._assistant(prompt)
 
     # ---- the talker's rows
     def talker_prompt(self, prompt: Prompt, output: list[int], finished: bool, voice: str,
                       hidden: dict[int, torch.Tensor]) -> TalkerPrompt | None:
         ids = prompt.ids
-        seq = ids[self._assistant(ids):] + output            # the assistant rows, prompt part then generated
+        seq = ids[self._assistant(prompt):] + output            # the assistant rows, prompt part then generated
         if len(seq) < 5 and finished or len(seq) < 4:
             return None if not finished else TalkerPrompt.silent()
         if not finished and len(seq) < 6:                   # frame 0 speaks row 4: is it the last?
@@ -148,48 +153,54 @@ class QwenOmniSpeech(SpeechHost):
                                     "thinker_embeds": thinker_embeds, "thinker_hidden": thinker_hidden,
                                     "prompt_kind": kind})
 
-    def trailing(self, prompt: Prompt, output: list[int], finished: bool, frame: int) -> torch.Tensor | None:
-        """The thinker embedding of what frame `frame` speaks next; None until it is known."""
-        seq_len = len(prompt.ids) - self._assistant(prompt.ids) + len(output)
+    def trailing(self, prompt: Prompt, output: list[int], finished: bool, frame: int) -> int | None:
+        """The token (its thinker embedding) frame `frame` adds to the talker's next row; None until known."""
+        a = self._assistant(prompt)
+        seq_len = len(prompt.ids) - a + len(output)
         at = 4 + frame
         if at < seq_len - 1:
-            n = len(prompt.ids) - self._assistant(prompt.ids)
-            tok = prompt.ids[self._assistant(prompt.ids) + at] if at < n else output[at - n]
-            return self.embed([tok])[0]
+            n = len(prompt.ids) - a
+            return prompt.ids[a + at] if at < n else output[at - n]
         if not finished:
             return None
-        return self.embed([self.ids["tts_eos_token_id"] if at == seq_len - 1 else self.ids["tts_pad_token_id"]])[0]
+        return self.ids["tts_eos_token_id"] if at == seq_len - 1 else self.ids["tts_pad_token_id"]
+
+    @property
+    def trailing_pad(self) -> int:
+        return self.ids["tts_pad_token_id"]
 
     def talker_inputs(self, parts: list, samples: list[int], trailing: list[torch.Tensor], prefill: bool) -> dict:
         """One talker step's inputs. parts: ("prompt", TalkerPrompt, start, end) or ("decode", next_embed [H],
         position); samples: the rows that emit a frame; trailing: each one's next text embedding."""
         h = self.tcfg.text_config.hidden_size
         th = self.tcfg.thinker_hidden_size
-        embeds, positions, codec, te, tk, kind = [], [], [], [], [], []
         dev = self.device
+        embeds, positions, codec, te, tk, kind = [], [], [], [], [], []
         for p in parts:
             if p[0] == "prompt":
                 _, tp, a, b = p
                 embeds.append(torch.zeros(b - a, h, device=dev))
                 positions.append(tp.positions_of(a, b))
-                codec.append(tp.inputs["codec_ids"][a:b])
-                te.append(tp.inputs["thinker_embeds"][a:b])
-                tk.append(tp.inputs["thinker_hidden"][a:b])
-                kind.append(tp.inputs["prompt_kind"][a:b])
+                if prefill:
+                    codec.append(tp.inputs["codec_ids"][a:b])
+                    te.append(tp.inputs["thinker_embeds"][a:b].float())
+                    tk.append(tp.inputs["thinker_hidden"][a:b].float())
+                    kind.append(tp.inputs["prompt_kind"][a:b])
             else:
                 _, nxt, pos = p
-                embeds.append(nxt[None])
+                embeds.append(nxt[None].float())
                 positions.append(torch.full((3, 1), pos, dtype=torch.int64))
-                codec.append(torch.full((1,), -1, dtype=torch.int64))
-                te.append(torch.zeros(1, th, device=dev))
-                tk.append(torch.zeros(1, th, device=dev))
-                kind.append(torch.zeros(1, dtype=torch.int64))
-        out = {"embeds": torch.cat([e.float() for e in embeds]), "positions": torch.cat(positions, dim=1),
+                if prefill:
+                    codec.append(torch.full((1,), -1, dtype=torch.int64))
+                    te.append(torch.zeros(1, th, device=dev))
+                    tk.append(torch.zeros(1, th, device=dev))
+                    kind.append(torch.zeros(1, dtype=torch.int64))
+        out = {"embeds": torch.cat(embeds), "positions": torch.cat(positions, dim=1),
                "sample_rows": torch.tensor(samples, dtype=torch.int64),
-               "trailing_text": torch.stack([t.float() for t in trailing]) if trailing else torch.zeros(0, th)}
+               "trailing_text": torch.stack(trailing).float()}
         if prefill:
-            out |= {"codec_ids": torch.cat(codec), "thinker_embeds": torch.cat([t.float() for t in te]),
-                    "thinker_hidden": torch.cat([t.float() for t in tk]), "prompt_kind": torch.cat(kind)}
+            out |= {"codec_ids": torch.cat(codec), "thinker_embeds": torch.cat(te), "thinker_hidden": torch.cat(tk),
+                    "prompt_kind": torch.cat(kind)}
         return out
 
     def talker_layouts(self, samples: int) -> dict:
