@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--seed", type=int, default=0, help="weights (with --random-weights) and unseeded sampling")
     rn.add_argument("--requests", default=None, metavar="IN.jsonl", help="run these requests offline and exit")
     rn.add_argument("--output", default=None, metavar="OUT.jsonl", help="where offline results go (default: stdout)")
+    rn.add_argument("--audio-dir", default=None, metavar="DIR",
+                    help="where spoken answers go as ID.wav (default: OUT.audio/ beside --output, else graphc-audio/)")
     rn.add_argument("--stats", default=None, metavar="FILE.json", help="offline: steps per walk and rung, timings")
     rn.add_argument("--host", default="127.0.0.1")
     rn.add_argument("--port", type=int, default=8000)
@@ -168,6 +170,18 @@ def cmd_run(args) -> int:
     t0 = time.perf_counter()
     outs = engine.generate(requests, progress=True)
     wall = time.perf_counter() - t0
+    spoken = [o for o in outs if o.audio is not None]
+    if spoken:                          # each spoken answer as a WAV file, named by its request id
+        from pathlib import Path
+
+        import soundfile as sf
+
+        where = Path(args.audio_dir or (Path(args.output).with_suffix(".audio") if args.output else "graphc-audio"))
+        where.mkdir(parents=True, exist_ok=True)
+        for o in spoken:
+            path = where / f"{o.id}.wav"
+            sf.write(path, o.audio, o.sample_rate, subtype="PCM_16")
+            o.audio_path = str(path)
     lines = "".join(json.dumps(o.to_dict()) + "\n" for o in outs)
     if args.output:
         with open(args.output, "w") as f:

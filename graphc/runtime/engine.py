@@ -47,9 +47,14 @@ class Output:
     sample_rate: int | None = None
     audio_codes: list[list[int]] | None = None     # the codec frames the audio was made from
     audio_finish_reason: str | None = None         # why the speech ended: stop (its end code) or length
+    audio_path: str | None = None                  # where graphc run wrote it (offline)
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None and k != "audio"}
+        out = {k: v for k, v in self.__dict__.items() if v is not None and k not in ("audio", "audio_codes")}
+        if self.audio_codes is not None:
+            out["audio_frames"] = len(self.audio_codes)
+            out["audio_seconds"] = len(self.audio) / self.sample_rate
+        return out
 
 
 @dataclass
@@ -169,8 +174,10 @@ class Engine:
     def add(self, *, prompt_token_ids: list[int] | None = None, messages: list[dict] | None = None,
             prompt: str | None = None, media: list[Media] = (), params: SamplingParams | None = None,
             request_id: str | None = None, user: Any = None, use_audio_in_video: bool = False,
-            speech: SpeechParams | None = None) -> Request:
-        """speech: answer with speech too (a speaking kind: t2s, a2s); its voice and frame limit."""
+            speech: SpeechParams | None = None, speak: list[int] | None = None) -> Request:
+        """speech: answer with speech too (a speaking kind: t2s, a2s); its voice and frame limit.
+        speak: the answer's text token ids, spoken as given (text to speech): the thinker does not run,
+        since the talker reads only its embedding table for text rows."""
         params = params or SamplingParams()
         given = [x is not None for x in (prompt_token_ids, messages, prompt)]
         if sum(given) != 1:
@@ -214,7 +221,23 @@ class Engine:
             raise InvalidInput("stop strings need a tokenizer", "this engine serves token ids only",
                                "use stop_token_ids, or start it with --checkpoint")
         req.logprobs = [] if params.logprobs else None
-        self.scheduler.add(req)
+        if speak is not None:
+            if state is None or rp.media:
+                raise InvalidInput("speak (text to speech) needs speech out and a text-only prompt",
+                                   f"speech {'off' if state is None else 'on'}, {len(rp.media)} media items", "")
+            bad = [t for t in speak if not 0 <= t < vocab]
+            if not speak or bad:
+                raise InvalidInput("the text to speak is empty or holds ids outside the vocabulary",
+                                   f"{len(speak)} ids, outside: {bad[:4]}", "send some text")
+            end = self.host.eos_token_ids[:1] or [speak[-1]]
+            req.output = list(speak) + list(end)           # its end token is never spoken (tts_eos takes it)
+            if req.detok is not None:
+                req.detok.add(list(speak))
+                req.detok.finish()
+            req.finish_reason, state.text_done = "stop", True
+            req.times["text_finished"] = req.times["arrived"]
+        else:
+            self.scheduler.add(req)
         if state is not None:
             req.speech = state
             self.talking.append(req)
@@ -459,7 +482,7 @@ class Engine:
         return [self.output(r) if isinstance(r, Request) else r for r in reqs]
 
 
-REQUEST_KEYS = {"id", "messages", "prompt", "prompt_token_ids", "media", "use_audio_in_video"}
+REQUEST_KEYS = {"id", "messages", "prompt", "prompt_token_ids", "media", "use_audio_in_video", "modalities", "audio"}
 
 
 def check_checkpoint(plan: Plan, checkpoint: str | Path | None) -> None:
@@ -478,7 +501,8 @@ def check_checkpoint(plan: Plan, checkpoint: str | Path | None) -> None:
 
 def parse_request(item: dict, index: int = 0) -> dict:
     """One offline request (a JSONL line): messages | prompt | prompt_token_ids, optional media
-    [{type: audio|image|video, path, fps}], id and use_audio_in_video, and sampling parameters by name."""
+    [{type: audio|image|video, path, fps}], id and use_audio_in_video, modalities ["text", "audio"] with
+    audio {voice, max_frames, first_chunk} for speech out, and sampling parameters by name."""
     from graphc.runtime.media import load_audio, load_image
 
     if not isinstance(item, dict):
@@ -502,9 +526,21 @@ def parse_request(item: dict, index: int = 0) -> dict:
             media.append(Media("video", frames, fps, audio=video_audio(path) if item.get("use_audio_in_video") else None))
         else:
             raise InvalidInput(f"request {index}: media type {kind!r}", "", "use audio, image or video")
+    speech = None
+    modalities = item.get("modalities") or ["text"]
+    if modalities not in (["text"], ["text", "audio"]) or ("audio" in item) != ("audio" in modalities):
+        raise InvalidInput(f"request {index}: modalities {modalities} with audio {item.get('audio')}",
+                           "speech out takes modalities [\"text\", \"audio\"] and an audio object",
+                           "send both, or neither for text only")
+    if "audio" in modalities:
+        try:
+            speech = SpeechParams(**item["audio"])
+        except Exception as e:
+            raise InvalidInput(f"request {index}: bad audio", str(e),
+                               f"audio keys: {sorted(SpeechParams.model_fields)}") from None
     return dict(prompt_token_ids=item.get("prompt_token_ids"), messages=item.get("messages"),
                 prompt=item.get("prompt"), media=media, params=sp, request_id=item.get("id"),
-                use_audio_in_video=bool(item.get("use_audio_in_video", False)))
+                use_audio_in_video=bool(item.get("use_audio_in_video", False)), speech=speech)
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

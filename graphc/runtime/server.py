@@ -1,13 +1,16 @@
 """graphc run's OpenAI-compatible server (FastAPI + uvicorn) over one Engine.
 
-Endpoints: POST /v1/chat/completions, POST /v1/completions (stream or not), GET /v1/models, GET /health.
+Endpoints: POST /v1/chat/completions (text, or text and audio with modalities ["text", "audio"]),
+POST /v1/completions (stream or not), POST /v1/audio/speech, GET /v1/models, GET /health; and
+graphc/runtime/ops.py's /metrics and /v1/audio/transcriptions.
 One engine thread steps the engine; handlers hand it requests through a queue and read their tokens
 from per-request asyncio queues. Request bodies are strict (unknown fields are refused); errors use
-OpenAI's body {"error": {message, type, param, code}}. Speech out is refused until the audio issue.
+OpenAI's body {"error": {message, type, param, code}}.
 """
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import queue
@@ -16,6 +19,7 @@ import time
 import uuid
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from graphc.errors import InvalidInput
@@ -24,6 +28,8 @@ from graphc.runtime.sampler import MAX_TOP_LOGPROBS, SamplingParams
 from graphc.runtime.transcribe import DEFAULT_MAX_AUDIO_BYTES
 
 log = logging.getLogger("graphc.server")
+JSON_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/audio/speech")
+AUDIO_EXPIRES_S = 3600            # message.audio.expires_at: graphc keeps no audio, so this only follows OpenAI's shape
 
 
 class Body(BaseModel):
@@ -54,14 +60,33 @@ class Body(BaseModel):
         return SamplingParams(**given, **extra)
 
 
+class AudioOut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    voice: str
+    format: str = "wav"
+
+
 class ChatBody(Body):
     messages: list[dict[str, Any]]
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     modalities: list[Literal["text", "audio"]] | None = None
-    audio: dict | None = None
+    audio: AudioOut | None = None
     use_audio_in_video: bool = False          # Qwen3-Omni: hear each video's own sound track
+
+
+class SpeechBody(BaseModel):
+    """POST /v1/audio/speech: OpenAI's fields. speed other than 1 is refused (the talker speaks at its pace)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    input: str = Field(min_length=1, max_length=4096)
+    voice: str
+    instructions: str | None = None
+    response_format: str = "mp3"
+    speed: float = Field(1.0, ge=0.25, le=4.0)
+    stream_format: Literal["audio", "sse"] = "audio"
 
 
 class CompletionBody(Body):
@@ -135,6 +160,8 @@ class Driver:
                 continue
             for ev in self.engine.step():
                 self._observe(ev)
+                if ev.request.user is None:       # added to the engine directly, not through this server
+                    continue
                 loop, events = ev.request.user
                 try:
                     loop.call_soon_threadsafe(events.put_nowait, ev)
@@ -170,6 +197,17 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
         loc = ".".join(str(x) for x in first.get("loc", ())[1:])
         return error(400, f"{loc or 'body'}: {first.get('msg', 'invalid')}", param=loc or None)
 
+    max_body = max_audio_bytes * 4 // 3 + (1 << 20)        # base64 media parts in JSON, and the rest of the body
+
+    @app.middleware("http")
+    async def _body_limit(request, call_next):
+        """413 before a byte of an oversized JSON body is read (Content-Length), so before any GPU work."""
+        size = request.headers.get("content-length", "")
+        if request.method == "POST" and request.url.path in JSON_ROUTES and size.isdigit() and int(size) > max_body:
+            return error(413, f"the request body is {int(size):,} bytes; this server takes at most {max_body:,} "
+                              f"(media up to {max_audio_bytes:,} bytes, base64-encoded)", code="request_too_large")
+        return await call_next(request)
+
     @app.get("/health")
     def health():
         s = engine.scheduler
@@ -193,7 +231,9 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
         fut, events = driver.submit(loop, kwargs)
         try:
             req = await fut
-        except (InvalidInput, ValueError) as e:
+        except InvalidInput as e:
+            return None, error(400, str(e), param=e.param)
+        except ValueError as e:
             return None, error(400, str(e))
         return (req, events), None
 
@@ -206,8 +246,11 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
                 return out
 
     def usage(req) -> dict:
-        return {"prompt_tokens": len(req.prompt.ids), "completion_tokens": len(req.output),
-                "total_tokens": len(req.prompt.ids) + len(req.output)}
+        out = {"prompt_tokens": len(req.prompt.ids), "completion_tokens": len(req.output),
+               "total_tokens": len(req.prompt.ids) + len(req.output)}
+        if req.speech is not None:           # codec frames (12.5 a second of audio) as audio tokens
+            out["completion_tokens_details"] = {"audio_tokens": len(req.speech.frames), "text_tokens": len(req.output)}
+        return out
 
     def chat_logprobs(req, start: int, end: int) -> dict | None:
         if req.logprobs is None:
@@ -220,7 +263,16 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
         return {"content": [{**entry(e["token_id"], e["logprob"]),
                              "top_logprobs": [entry(t, v) for t, v in e["top"]]} for e in req.logprobs[start:end]]}
 
-    def stream(req, events, chat: bool, rid: str, created: int, include_usage: bool):
+    def audio_id() -> str:
+        return f"audio_{uuid.uuid4().hex}"
+
+    def stream(req, events, chat: bool, rid: str, created: int, include_usage: bool, audio: str | None = None):
+        """audio: the format of a speaking request's audio deltas (its transcript goes in delta.audio too)."""
+        from graphc.runtime.audio_out import Stream
+
+        enc = Stream(audio, engine.host.speech.sample_rate) if audio else None
+        aid, expires = audio_id(), created + AUDIO_EXPIRES_S
+
         async def gen():
             obj = "chat.completion.chunk" if chat else "text_completion"
             sent = 0
@@ -233,12 +285,21 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
                     ev = await events.get()
                     n = len(req.output)
                     piece = {"index": 0, "finish_reason": req.finish_reason if ev.finished else None}
-                    if chat:
+                    if chat and enc is not None:
+                        delta = {}
+                        if ev.text:
+                            delta["transcript"] = ev.text
+                        if ev.audio is not None and len(ev.audio):
+                            delta |= {"id": aid, "data": base64.b64encode(enc.add(ev.audio)).decode(),
+                                      "expires_at": expires}
+                        piece["delta"] = {"audio": delta} if delta else {}
+                        piece["logprobs"] = chat_logprobs(req, sent, n)
+                    elif chat:
                         piece["delta"] = {"content": ev.text} if ev.text else {}
                         piece["logprobs"] = chat_logprobs(req, sent, n)
                     else:
                         piece["text"] = ev.text
-                    if ev.token_ids or ev.text or ev.finished:
+                    if ev.token_ids or ev.text or ev.finished or piece.get("delta"):
                         yield _sse({"id": rid, "object": obj, "created": created, "model": model_name,
                                     "choices": [piece]})
                     sent = n
@@ -252,11 +313,11 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
                         yield "data: [DONE]\n\n"
                         return
             finally:
-                if req.finish_reason is None:          # the client went away: free its pages now
+                if not req.closed:                     # the client went away: free its pages now
                     driver.abort(req.id)
         return StreamingResponse(gen(), media_type="text/event-stream")
 
-    async def answer(chat: bool, rid: str, body: Body, kwargs: dict):
+    async def answer(chat: bool, rid: str, body: Body, kwargs: dict, audio: str | None = None):
         """Submit; a streamed response, an error response, or (request, its events, created) once it finished."""
         started, bad = await start(kwargs)
         if bad is not None:
@@ -264,7 +325,8 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
         req, events = started
         created = int(time.time())
         if body.stream:
-            return stream(req, events, chat, rid, created, bool((body.stream_options or {}).get("include_usage")))
+            return stream(req, events, chat, rid, created, bool((body.stream_options or {}).get("include_usage")),
+                          audio)
         evs = await collect(req, events)
         if req.error:
             return error(500, req.error, kind="server_error")
@@ -274,9 +336,19 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
     async def chat(body: ChatBody):
         if (bad := check_model(body)) is not None:
             return bad
-        if body.audio is not None or (body.modalities and "audio" in body.modalities):
-            return error(400, "audio output is not served yet: this server answers with text "
-                              "(speech out comes with the audio API)", param="modalities")
+        speak = bool(body.modalities and "audio" in body.modalities)
+        if speak != (body.audio is not None):
+            return error(400, "audio output needs both modalities [\"text\", \"audio\"] and audio {voice, format}",
+                         param="audio" if speak else "modalities")
+        speech = None
+        if speak:
+            from graphc.runtime.audio_out import check_format
+            from graphc.runtime.speech import SpeechParams
+            try:
+                check_format(body.audio.format, stream=body.stream, param="audio.format")
+            except InvalidInput as e:
+                return error(400, str(e), param=e.param)
+            speech = SpeechParams(voice=body.audio.voice)
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             return error(400, "give max_tokens or max_completion_tokens, not both", param="max_tokens")
         try:
@@ -286,13 +358,22 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
             return error(400, str(e.errors()[0]["msg"]))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         done = await answer(True, rid, body, dict(messages=body.messages, params=params, request_id=rid,
-                                                  use_audio_in_video=body.use_audio_in_video))
+                                                  use_audio_in_video=body.use_audio_in_video, speech=speech),
+                            audio=body.audio.format if speak else None)
         if not isinstance(done, tuple):
             return done
         req, evs, created = done
         text = req.detok.text if req.detok is not None else "".join(e.text for e in evs)
+        message = {"role": "assistant", "content": text}
+        if speak:
+            from graphc.runtime.audio_out import encode
+            wave = np.concatenate(req.speech.audio) if req.speech.audio else np.zeros(0, np.float32)
+            data = encode(wave, engine.host.speech.sample_rate, body.audio.format)
+            message = {"role": "assistant", "content": None,
+                       "audio": {"id": audio_id(), "data": base64.b64encode(data).decode(),
+                                 "expires_at": created + AUDIO_EXPIRES_S, "transcript": text}}
         return {"id": rid, "object": "chat.completion", "created": created, "model": model_name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                "choices": [{"index": 0, "message": message,
                              "logprobs": chat_logprobs(req, 0, len(req.output)), "finish_reason": req.finish_reason}],
                 "usage": usage(req)}
 
@@ -321,6 +402,71 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
         return {"id": rid, "object": "text_completion", "created": created, "model": model_name,
                 "choices": [{"index": 0, "text": text, "token_ids": list(req.output), "logprobs": lp,
                              "finish_reason": req.finish_reason}], "usage": usage(req)}
+
+    @app.post("/v1/audio/speech")
+    async def speech_route(body: SpeechBody):
+        """Text to speech: the input is spoken as given (the talker reads the text's embeddings; the thinker
+        does not run). A system turn holds `instructions` when given; the user turn holds the input."""
+        from fastapi.responses import Response
+
+        from graphc.runtime.audio_out import MEDIA_TYPES, STREAMED, Stream, check_format, encode
+        from graphc.runtime.speech import SpeechParams
+
+        if body.model is not None and body.model != model_name:
+            return error(404, f"model '{body.model}' is not served here; this server serves '{model_name}'",
+                         param="model", code="model_not_found")
+        if body.speed != 1.0:
+            return error(400, f"speed {body.speed} is not served: the talker speaks at its own pace", param="speed")
+        try:
+            fmt = check_format(body.response_format, stream=body.stream_format == "sse", param="response_format")
+            if engine.speech is None:
+                raise InvalidInput("this plan does not speak", f"its kinds: {', '.join(engine.kinds())}",
+                                   "serve a plan of a model with a talker", param="model")
+            ids = engine.tokenize(prompt=body.input)
+        except InvalidInput as e:
+            return error(400, str(e), param=e.param)
+        messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + \
+            [{"role": "user", "content": body.input}]
+        rid = f"speech-{uuid.uuid4().hex}"
+        started, bad = await start(dict(messages=messages, request_id=rid, speech=SpeechParams(voice=body.voice),
+                                        speak=ids))
+        if bad is not None:
+            return bad
+        req, events = started
+        rate = engine.host.speech.sample_rate
+
+        def speech_usage() -> dict:
+            frames = len(req.speech.frames)
+            return {"input_tokens": len(req.prompt.ids), "output_tokens": frames,
+                    "total_tokens": len(req.prompt.ids) + frames}
+
+        if body.stream_format == "sse" or fmt in STREAMED:
+            enc = Stream(fmt, rate)
+
+            async def gen():
+                try:
+                    while True:
+                        ev = await events.get()
+                        if ev.audio is not None and len(ev.audio):
+                            chunk = enc.add(ev.audio)
+                            yield (_sse({"type": "speech.audio.delta", "audio": base64.b64encode(chunk).decode()})
+                                   if body.stream_format == "sse" else chunk)
+                        if ev.finished:
+                            if body.stream_format == "sse":
+                                yield _sse({"error": {"message": req.error, "type": "server_error", "param": None,
+                                                      "code": None}} if req.error else
+                                           {"type": "speech.audio.done", "usage": speech_usage()})
+                            return
+                finally:
+                    if not req.closed:
+                        driver.abort(req.id)
+            media = "text/event-stream" if body.stream_format == "sse" else MEDIA_TYPES[fmt]
+            return StreamingResponse(gen(), media_type=media)
+        await collect(req, events)
+        if req.error:
+            return error(500, req.error, kind="server_error")
+        wave = np.concatenate(req.speech.audio) if req.speech.audio else np.zeros(0, np.float32)
+        return Response(encode(wave, rate, fmt), media_type=MEDIA_TYPES[fmt])
 
     from graphc.runtime.ops import install
     install(app, engine, driver, model_name, api_key=api_key, access_log=access_log, max_audio_bytes=max_audio_bytes)
