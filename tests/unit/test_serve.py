@@ -103,7 +103,7 @@ def test_refusals_have_openai_bodies(served):
     name = engine.plan.model.name
     with pytest.raises(openai.NotFoundError, match="not served here"):
         c.chat.completions.create(model="gpt-4", messages=MESSAGES)
-    with pytest.raises(openai.BadRequestError, match="audio output"):
+    with pytest.raises(openai.BadRequestError, match="this plan does not speak"):
         c.chat.completions.create(model=name, messages=MESSAGES, modalities=["text", "audio"],
                                   audio={"voice": "ethan", "format": "wav"})
     with pytest.raises(openai.BadRequestError, match="bogus"):
