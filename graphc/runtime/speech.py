@@ -16,6 +16,13 @@ sampled at row T - 1 + k, and a decode step feeds row T + k - 1 (the previous fr
 emit frame k. Pages grow with the rows; a request whose next row finds the pool empty waits a step
 (the talker's rows are small: 20 KiB a row for the real talker). A talker step copies its codes to the
 host once (one sync a step for every request in it), to know which requests ended.
+
+Sampling: each request's parameters (SpeechParams, the model's defaults where it names none) become one
+row of the talker's `sampling` input; the talker samples inside its (captured) step. Beside each step the
+lane draws every sampling row's random numbers on the device (`noise`, Exp(1)), from the request's own
+generator when it has a seed, so its frames do not depend on what else runs, else from the lane's shared
+one; and it keeps each request's `seen` mask (the first codes it generated, for the repetition penalty)
+on the device, updated from the step's codes without a host read. Greedy requests draw nothing.
 """
 from __future__ import annotations
 
@@ -32,14 +39,46 @@ from graphc.strict import Strict
 from resources.paged_kv import PagedKVSpec
 
 
+class SpeechSampling(Strict):
+    """How the talker picks a frame's first code (temperature 0: greedy, and the other codes greedy too;
+    top_k 0: every id; repetition_penalty over the request's earlier first codes). A model's host says its
+    defaults (SpeechHost.sampling)."""
+
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, allow_inf_nan=False)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
 class SpeechParams(Strict):
     """A request's speech: the voice (the model's default when None), the most codec frames, and the
     frames of its first audio chunk (the model's default when None; later chunks double, up to a slot).
-    A smaller first chunk is heard sooner; speech that fits the first chunk is decoded in one piece."""
+    A smaller first chunk is heard sooner; speech that fits the first chunk is decoded in one piece.
+    Sampling (SpeechSampling's fields; None: the model's default, for Qwen3-Omni HF's temperature 0.9,
+    top_k 50, top_p 1.0, repetition_penalty 1.05; temperature 0 is greedy); seed: the request draws from
+    its own generator, so its frames are the same alone or among others (else from the engine's)."""
 
     voice: str | None = None
     max_frames: int | None = Field(None, ge=1)
     first_chunk: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, allow_inf_nan=False)
+    seed: int | None = Field(None, ge=0)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def sampling(self, defaults: SpeechSampling) -> SpeechSampling:
+        """These parameters, the defaults where None."""
+        given = {k: getattr(self, k) for k in SpeechSampling.model_fields if getattr(self, k) is not None}
+        return SpeechSampling(**{**defaults.model_dump(), **given})
 
 
 @dataclass
@@ -68,10 +107,14 @@ class SpeechHost:
 
     talker, vocoder: nodes; prefill_walk, decode_walk, chunk_walk: their walks; voices: name -> the
     model's speaker id; default_voice; sample_rate; hidden_port: the LLM output read at hidden_rows().
+    sampling: the model's default SpeechSampling; sampling_row(SpeechSampling) -> the talker's `sampling`
+    row; noise_shape: a frame's random draws (the `noise` row); seen_size: the `seen` row's width;
+    seen_codes(codes [n, G]) -> [n, 1] the ids a frame adds to `seen`.
     bind(modules, device); check(prompt) refuses a prompt that cannot be spoken;
     talker_prompt(prompt, output, text_done, voice, hidden) -> TalkerPrompt, or None until the text it
     needs exists; trailing(prompt, output, text_done, frame) -> the token id whose embedding frame
-    `frame` adds, or None until known; embed(ids) -> their LLM embeddings [n, H]; talker_inputs(parts, samples, trailing, prefill) -> a step's inputs;
+    `frame` adds, or None until known; embed(ids) -> their LLM embeddings [n, H];
+    talker_inputs(parts, samples, trailing, prefill, sampling, noise, seen) -> a step's inputs;
     talker_layouts(samples) -> ragged layouts; is_end(codes) -> the frame ends the speech;
     chunk_frames(index, first) -> new frames of a request's index-th chunk; first_chunk: its default; slot(start, end) -> its Slot;
     vocoder_inputs(filled, slots) -> (inputs, layouts); slot_frames: frames a slot holds."""
@@ -79,6 +122,7 @@ class SpeechHost:
     voices: dict[str, int] = {}
     default_voice: str = ""
     sample_rate: int = 24000
+    sampling: SpeechSampling = SpeechSampling()
 
 
 @dataclass
@@ -86,6 +130,10 @@ class SpeechState:
     voice: str
     max_frames: int | None
     first_chunk: int
+    sampling: torch.Tensor                     # the talker's `sampling` row, on the device
+    greedy: bool
+    seen: torch.Tensor                         # [seen_size] bool on the device: first codes generated so far
+    generator: torch.Generator | None = None   # the request's own (seeded) noise generator
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)   # LLM hidden rows the talker prompt reads
     hidden_rows: set[int] | None = None        # which rows those are (the host's, kept)
     prompt: TalkerPrompt | None = None
@@ -119,7 +167,8 @@ class SpeechStep:
 
 
 class SpeechLane:
-    def __init__(self, speech: SpeechHost, executor, scheduler, boot):
+    def __init__(self, speech: SpeechHost, executor, scheduler, boot, seed: int = 0):
+        """seed: the shared noise generator's, for requests without their own."""
         self.sh, self.executor, self.scheduler = speech, executor, scheduler
         model = boot.ir.model
         self.model = model
@@ -131,6 +180,11 @@ class SpeechLane:
         self.prefill_budget = model.walk(speech.prefill_walk).budget.axes()
         self.decode_seqs = model.walk(speech.decode_walk).budget.seqs
         self.chunk_seqs = model.walk(speech.chunk_walk).budget.seqs
+        self.device = boot.device
+        self.shared = torch.Generator(device=self.device).manual_seed(seed)
+        self.no_noise = torch.zeros(speech.noise_shape, device=self.device)
+        self.nothing_seen = torch.zeros(speech.seen_size, dtype=torch.bool, device=self.device)
+        self.greedy_row = torch.zeros(len(speech.sampling_row(SpeechSampling())), device=self.device)
 
     def new_state(self, params: SpeechParams | None) -> SpeechState:
         params = params or SpeechParams()
@@ -138,8 +192,33 @@ class SpeechLane:
         if voice not in self.sh.voices:
             raise InvalidInput(f"unknown voice '{params.voice}'", f"this model speaks with: "
                                f"{', '.join(sorted(self.sh.voices))}", "pick one of those voices", param="voice")
+        sampling = params.sampling(self.sh.sampling)
+        gen = (torch.Generator(device=self.device).manual_seed(params.seed)
+               if params.seed is not None and not sampling.greedy else None)
         return SpeechState(voice=voice, max_frames=params.max_frames,
-                           first_chunk=params.first_chunk or self.sh.first_chunk)
+                           first_chunk=params.first_chunk or self.sh.first_chunk, sampling=self._row(sampling),
+                           greedy=sampling.greedy, seen=self.nothing_seen, generator=gen)
+
+    def _row(self, sampling: SpeechSampling) -> torch.Tensor:
+        return torch.tensor(self.sh.sampling_row(sampling), dtype=torch.float32, device=self.device)
+
+    def _sampling_inputs(self, emit: list, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A step's sampling [rows, K], noise [rows, *noise_shape] and seen [rows, V]: the emitting requests'
+        rows, then zeros (a discarded sample: greedy, nothing drawn). Drawn on the device, nothing read back."""
+        states = [r.speech for r in emit]
+        pad = rows - len(states)
+        shared = [i for i, s in enumerate(states) if not s.greedy and s.generator is None]
+        drawn = (torch.empty(len(shared), *self.sh.noise_shape, device=self.device).exponential_(
+            generator=self.shared) if shared else None)
+        noise = [self.no_noise] * rows
+        for j, i in enumerate(shared):
+            noise[i] = drawn[j]
+        for i, s in enumerate(states):
+            if s.generator is not None:
+                noise[i] = torch.empty(self.sh.noise_shape, device=self.device).exponential_(generator=s.generator)
+        sampling = torch.stack([s.sampling for s in states] + [self.greedy_row] * pad)
+        seen = torch.stack([s.seen for s in states] + [self.nothing_seen] * pad)
+        return sampling, torch.stack(noise), seen
 
     # ---- the talker
     def _prepare(self, req) -> None:
@@ -250,11 +329,17 @@ class SpeechLane:
         seqs = len(samples)
         if rung is not None and self.executor.gpu is not None:
             seqs = self.executor.steps[(self.sh.talker, step.walk)].sizes_at(rung)["seqs"]
-        inputs = self.sh.talker_inputs(parts, samples, trailing, prefill=step.walk == self.sh.prefill_walk)
+        sampling, noise, seen = self._sampling_inputs(emit, len(samples))
+        inputs = self.sh.talker_inputs(parts, samples, trailing, step.walk == self.sh.prefill_walk, sampling, noise,
+                                       seen)
         layouts = {self.kv_role: (qo, kv, tables), **self.sh.talker_layouts(seqs)}
         out = self.executor.run_node(self.sh.talker, step.walk, rung, step.sizes[self.sh.talker], inputs, layouts)
         for req, n in served:
             req.speech.computed += n
+        if emit:                                  # each request's seen ids, on the device
+            seen = seen[:len(emit)].scatter(1, self.sh.seen_codes(out["codes"][:len(emit)]), True)
+            for i, req in enumerate(emit):
+                req.speech.seen = seen[i]
         codes = out["codes"][:len(emit)].tolist() if emit else []
         done = []
         for i, req in enumerate(emit):

@@ -14,6 +14,12 @@ HF builds all of this after the thinker finished; here the talker starts as soon
 exist (the first generated tokens, and whether the next one is the last), so text and speech overlap.
 Positions: mrope.rope_index over the talker's ids (the user rows' ids, then 9 x tts_pad) with the
 request's media grids, 1-D without media; decode rows continue at index + delta.
+Sampling defaults are HF's (transformers 5.24): Qwen3OmniMoeForConditionalGeneration.generate's talker_*
+arguments for code 0 (do_sample True, temperature 0.9, top_k 50, top_p 1.0, repetition_penalty 1.05 over
+the generated code-0 ids: the talker generates from inputs_embeds, so its input_ids hold those only), and
+for the residual codes what the talker's prepare_inputs_for_generation passes its code predictor (top_k
+50, top_p 0.8, do_sample the talker's) over the code predictor's generation config, which sets no
+temperature: GenerationConfig's global default, 1.0.
 """
 from __future__ import annotations
 
@@ -22,9 +28,14 @@ import torch
 from graphc.declare import Model
 from graphc.errors import InvalidInput
 from graphc.runtime.host import Prompt
-from graphc.runtime.speech import SpeechHost, TalkerPrompt
+from graphc.runtime.speech import SpeechHost, SpeechSampling, TalkerPrompt
 from models.components import code2wav as c2w
 from models.components.mrope import MediaTokens, rope_index
+from models.components.talker import sampling_row
+
+# HF's talker defaults (the module docstring says where they come from)
+TALKER_SAMPLING = SpeechSampling(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
+RESIDUAL_SAMPLING = dict(residual_temperature=1.0, residual_top_k=50, residual_top_p=0.8)
 
 # Qwen/Qwen3-Omni-30B-A3B-Instruct's ids (config.json, the fact sheet's sections 1d and 1g)
 REAL_IDS = dict(im_start_token_id=151644, user_token_id=872, assistant_token_id=77091, tts_pad_token_id=151671,
@@ -53,6 +64,9 @@ def speech_ids(config: dict | None, vocab: int) -> dict:
 
 
 class QwenOmniSpeech(SpeechHost):
+    sampling = TALKER_SAMPLING
+    residual_sampling = RESIDUAL_SAMPLING
+
     def __init__(self, model: Model, media: MediaTokens, ids: dict, talker: str = "talker", vocoder: str = "code2wav",
                  thinker: str = "thinker", first_chunk: int = 5):
         self.model, self.media, self.ids = model, media, ids
@@ -73,6 +87,8 @@ class QwenOmniSpeech(SpeechHost):
         self.sample_rate = 24000
         self.first_chunk = first_chunk
         self.groups = self.tcfg.num_code_groups
+        self.noise_shape = (self.groups, self.tcfg.text_config.vocab_size)
+        self.seen_size = self.tcfg.text_config.vocab_size
         self.hidden_port = "hidden"
         self.mm = {media.audio_token_id, media.image_token_id, media.video_token_id}
         self.embedding = None
@@ -169,9 +185,20 @@ class QwenOmniSpeech(SpeechHost):
     def trailing_pad(self) -> int:
         return self.ids["tts_pad_token_id"]
 
-    def talker_inputs(self, parts: list, samples: list[int], trailing: list[torch.Tensor], prefill: bool) -> dict:
+    # ---- sampling
+    def sampling_row(self, s: SpeechSampling) -> list[float]:
+        return sampling_row(s.temperature, s.top_k, s.top_p, s.repetition_penalty, **self.residual_sampling)
+
+    @staticmethod
+    def seen_codes(codes: torch.Tensor) -> torch.Tensor:
+        """codes [n, G] -> [n, 1]: code 0, the one the repetition penalty reads."""
+        return codes[:, :1]
+
+    def talker_inputs(self, parts: list, samples: list[int], trailing: list[torch.Tensor], prefill: bool,
+                      sampling: torch.Tensor, noise: torch.Tensor, seen: torch.Tensor) -> dict:
         """One talker step's inputs. parts: ("prompt", TalkerPrompt, start, end) or ("decode", next_embed [H],
-        position); samples: the rows that emit a frame; trailing: each one's next text embedding."""
+        position); samples: the rows that emit a frame; trailing: each one's next text embedding; sampling,
+        noise, seen: each sample row's (the node's ports)."""
         h = self.tcfg.text_config.hidden_size
         th = self.tcfg.thinker_hidden_size
         dev = self.device
@@ -197,7 +224,7 @@ class QwenOmniSpeech(SpeechHost):
                     kind.append(torch.zeros(1, dtype=torch.int64))
         out = {"embeds": torch.cat(embeds), "positions": torch.cat(positions, dim=1),
                "sample_rows": torch.tensor(samples, dtype=torch.int64),
-               "trailing_text": torch.stack(trailing).float()}
+               "trailing_text": torch.stack(trailing).float(), "sampling": sampling, "noise": noise, "seen": seen}
         if prefill:
             out |= {"codec_ids": torch.cat(codec), "thinker_embeds": torch.cat(te), "thinker_hidden": torch.cat(tk),
                     "prompt_kind": torch.cat(kind)}

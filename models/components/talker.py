@@ -29,10 +29,18 @@ token k+1 at frame k, then tts_eos, then tts_pad). Positions: mrope.rope_index o
 user turns' thinker ids, then tts_pad for the 9 assistant rows) with the talker's media ids when the
 request has media, else 1-D; decode rows continue at index + delta.
 
-Selection is greedy (argmax) for code 0 and the 15 residual codes. Code 0 is restricted to the codebook
-(ids < code predictor vocab_size) plus codec_eos, which for the real config (3072 ids, codebook 2048) is
-HF's suppress_tokens. Sampling plugs in at `select`: a device-side sampler (temperature, top-k/top-p,
-repetition penalty) fed per-step random numbers as an extra input stays capturable.
+Selection (`select`), per sampled row by its own `sampling` row, in HF generate's processor order: code 0
+from the codec_head logits: repetition penalty over the code-0 ids the request generated before (`seen`),
+then suppression (code 0 is restricted to the codebook, ids < code predictor vocab_size, plus codec_eos:
+for the real config, 3072 ids and codebook 2048, HF's suppress_tokens), then temperature, top-k, top-p;
+the 15 residual codes from the code predictor's heads: temperature, top-k, top-p (no penalty). A row of
+temperature 0 is greedy: the argmax of the penalised, suppressed logits (of the raw logits for residual
+codes), exactly what HF's do_sample=False picks. A sampling row draws by an exponential race on its
+`noise` (E ~ Exp(1), drawn by the caller): argmax of p / E, taken as the argmax of x - log E over the
+processed logits x, which is exactly a draw from p. Every op has a static shape and none reads a value
+on the host (per-row top-k through a sort and a gathered threshold, top-p through the sorted cumulative
+softmax), so sampling runs inside the captured step. The caller (graphc/runtime/speech.py) keeps each
+request's `seen` and its noise generator; zero rows (a captured rung's padding) are greedy, filters off.
 
 The code predictor's short cache lives inside the forward: per layer, G = num_code_groups slots per
 sampled row for q, k and v. Its attention goes through role "cp_attn" (a causal ragged_attention with
@@ -110,9 +118,69 @@ def code_predictor_cu_seqlens(num_seqs: int, num_code_groups: int) -> list[int]:
     return [i * num_code_groups for i in range(num_seqs + 1)]
 
 
-def select(logits: torch.Tensor) -> torch.Tensor:
-    """logits [S, V] -> codes [S] int64. Greedy; a capturable sampler replaces this."""
-    return logits.argmax(dim=-1)
+# the `sampling` port's columns: code 0's temperature (0: greedy), top_k (0: off), 1 - top_p (0: off; taken
+# in double on the host, as HF takes it before comparing with fp32 probabilities, so the fp32 threshold is
+# HF's), repetition_penalty (over `seen`; 0 reads as 1), then the residual codes' temperature, top_k, 1 - top_p
+SAMPLING = ("temperature", "top_k", "top_p_floor", "repetition_penalty",
+            "residual_temperature", "residual_top_k", "residual_top_p_floor")
+
+
+def sampling_row(temperature: float, top_k: int, top_p: float, repetition_penalty: float,
+                 residual_temperature: float, residual_top_k: int, residual_top_p: float) -> list[float]:
+    """One request's `sampling` row (SAMPLING's columns). temperature 0 makes the residual codes greedy too
+    (HF mirrors the talker's do_sample onto the code predictor)."""
+    greedy = temperature == 0
+    return [temperature, top_k, 1 - top_p, repetition_penalty,
+            0.0 if greedy else residual_temperature, residual_top_k, 1 - residual_top_p]
+
+
+class RowParams:
+    """A step's per-row sampling parameters, prepared once for every select that shares them (the 15
+    residual codes share theirs). params [S, 3 or 4]: temperature (0: greedy), top_k (0: off), 1 - top_p
+    (0: off), and for code 0 the repetition penalty (0 reads as 1: a padding row)."""
+
+    def __init__(self, params: torch.Tensor, vocab: int):
+        t, k, floor = params[:, 0:1], params[:, 1:2], params[:, 2:3]
+        self.sampled = t[:, 0] > 0
+        self.temperature = torch.where(t > 0, t, 1.0)
+        # the ascending sorted row's index of the k-th largest logit; off: 0, the smallest (nothing is below it)
+        self.kth = torch.where(k > 0, vocab - k.long().clamp(1, vocab), 0)
+        self.floor = torch.where(floor > 0, floor, -1.0)           # off: no cumulative probability is <= -1
+        self.penalty = torch.where(params[:, 3:4] > 0, params[:, 3:4], 1.0) if params.shape[1] > 3 else None
+
+
+def select(logits: torch.Tensor, rows: RowParams, log_noise: torch.Tensor, seen: torch.Tensor | None = None,
+           suppress: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [S, V] -> codes [S] int64, each row by its RowParams. HF's processors in generate's order:
+    repetition penalty over seen [S, V] (bool; None: none), suppression (suppress [V] bool -> -inf),
+    temperature, top-k, top-p; a greedy row takes the argmax after suppression, a sampling row wins an
+    exponential race on its draws (log_noise [S, V] = log E, E ~ Exp(1)): argmax(x - log E) = argmax(p / E).
+    Static shapes, no host reads."""
+    neg = float("-inf")
+    x = logits.float()
+    if seen is not None:
+        rp = rows.penalty
+        x = torch.where(seen, torch.where(x < 0, x * rp, x / rp), x)
+    if suppress is not None:
+        x = x.masked_fill(suppress, neg)
+    greedy = x.argmax(dim=-1)
+    x = x / rows.temperature
+    # one ascending sort serves both filters: top-k drops the sorted row's head, after which the row is
+    # still sorted and holds what HF's top-p sorts
+    sorted_x, order = torch.sort(x, dim=-1)
+    drop = sorted_x < sorted_x.gather(-1, rows.kth)
+    cum = sorted_x.masked_fill(drop, neg).softmax(dim=-1).cumsum(dim=-1)
+    drop_p = cum <= rows.floor
+    drop_p[:, -1] = False                                                        # the top token stays
+    drop = drop | drop_p
+    race = torch.where(drop.scatter(-1, order, drop), neg, x - log_noise)
+    return torch.where(rows.sampled, race.argmax(dim=-1), greedy)
+
+
+def log_draws(noise: torch.Tensor) -> torch.Tensor:
+    """log E of Exp(1) draws; E floored at the smallest normal float (a CPU draw can be 0), so the race
+    never meets -inf - (-inf)."""
+    return noise.clamp_min(torch.finfo(torch.float32).tiny).log()
 
 
 class ResizeMLP(nn.Module):
@@ -176,9 +244,13 @@ class CodePredictor(nn.Module):
             x = layer(x, cos[slots], sin[slots], partial(cache.attend, i, slots))
         return self.model.norm(x[:, -1])
 
-    def forward(self, hidden: torch.Tensor, code0_embed: torch.Tensor, attn: Attend
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden, code0_embed [S, H] -> codes [S, G-1] int64, their embeddings [S, G-1, H]."""
+    def forward(self, hidden: torch.Tensor, code0_embed: torch.Tensor, attn: Attend, params: torch.Tensor,
+                log_noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden, code0_embed [S, H] -> codes [S, G-1] int64, their embeddings [S, G-1, H]. params [S, 3]:
+        the residual codes' temperature, top_k, 1 - top_p; log_noise [S, G-1, >= vocab_size]: each code's
+        log draws (log_draws)."""
+        rows = RowParams(params, self.cfg.vocab_size)
+        v = self.cfg.vocab_size
         s, g = hidden.shape[0], self.groups
         cache = FrameCache(attn, self.cfg, s, g, hidden)
         positions = torch.arange(g, device=hidden.device)
@@ -187,7 +259,8 @@ class CodePredictor(nn.Module):
         codes, embeds = [], []
         for j in range(g - 1):
             slots = slice(0, 2) if j == 0 else slice(j + 1, j + 2)
-            code = select(self.lm_head[j](self.run(x, slots, cos, sin, cache)))  # [S]
+            logits = self.lm_head[j](self.run(x, slots, cos, sin, cache))
+            code = select(logits, rows, log_noise[:, j, :v])                    # [S]
             e = self.model.codec_embedding[j](code)                             # [S, H]
             codes.append(code)
             embeds.append(e)
@@ -207,7 +280,9 @@ class TalkerBody(nn.Module):
 class Talker(NodeModule):
     """Node: talker rows -> whole codec frames for the sampled rows, and their next input embeddings.
 
-    Inputs: embeds [T, H], positions [3, T] int64, sample_rows [S] int64, trailing_text [S, Ht];
+    Inputs: embeds [T, H], positions [3, T] int64, sample_rows [S] int64, trailing_text [S, Ht],
+    sampling [S, len(SAMPLING)] fp32, noise [S, G, vocab] fp32 (Exp(1) draws: code 0's, then each residual
+    code's in its first codebook columns), seen [S, vocab] bool (code-0 ids generated before);
     optional group 'prompt': codec_ids [T] int64, thinker_embeds [T, Ht], thinker_hidden [T, Ht],
     prompt_kind [T] int64. Outputs: logits [S, vocab] fp32 (codec_head, before suppression),
     codes [S, G] int64, next_embeds [S, H].
@@ -239,7 +314,8 @@ class Talker(NodeModule):
         return side + torch.where((codec_ids >= 0)[:, None], codec, 0.0)
 
     def forward(self, ctx: StepContext, embeds: torch.Tensor, positions: torch.Tensor, sample_rows: torch.Tensor,
-                trailing_text: torch.Tensor, codec_ids: torch.Tensor | None = None,
+                trailing_text: torch.Tensor, sampling: torch.Tensor, noise: torch.Tensor, seen: torch.Tensor,
+                codec_ids: torch.Tensor | None = None,
                 thinker_embeds: torch.Tensor | None = None, thinker_hidden: torch.Tensor | None = None,
                 prompt_kind: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         kv = ctx["kv"]
@@ -251,17 +327,19 @@ class Talker(NodeModule):
             x = layer(x, cos, sin, partial(kv, i))
         h = self.model.norm(x.index_select(0, sample_rows))                      # [S, H]
         logits = self.codec_head(h).float()                                      # [S, V]
-        code0 = select(logits.masked_fill(self.suppress, float("-inf")))
+        log_noise = log_draws(noise)                                             # [S, G, V]
+        code0 = select(logits, RowParams(sampling[:, :4], logits.shape[-1]), log_noise[:, 0], seen, self.suppress)
         e0 = self.model.codec_embedding(code0)                                   # [S, H]
-        residual, residual_embeds = self.code_predictor(h, e0, ctx["cp_attn"])
+        residual, residual_embeds = self.code_predictor(h, e0, ctx["cp_attn"], sampling[:, 4:], log_noise[:, 1:])
         frame = torch.cat((e0[:, None], residual_embeds), dim=1)                # [S, G, H]
         next_embeds = frame.sum(dim=1) + self.text_projection(trailing_text)
         return {"logits": logits, "codes": torch.cat((code0[:, None], residual), dim=1), "next_embeds": next_embeds}
 
 
 def talker_ports(cfg: TalkerConfig, dtype: str = "bfloat16") -> tuple[dict, dict]:
-    """The node's (inputs, outputs): a step's rows and sample rows; the optional 'prompt' group
-    builds prompt rows from the thinker's embeddings and hidden states."""
+    """The node's (inputs, outputs): a step's rows and sample rows, each sample row's sampling parameters,
+    random draws and seen code-0 ids; the optional 'prompt' group builds prompt rows from the thinker's
+    embeddings and hidden states."""
     from graphc.declare import Port
 
     h, th, v = cfg.text_config.hidden_size, cfg.thinker_hidden_size, cfg.text_config.vocab_size
@@ -269,6 +347,9 @@ def talker_ports(cfg: TalkerConfig, dtype: str = "bfloat16") -> tuple[dict, dict
               "positions": Port(shape=(3, "tokens"), dtype="int64"),
               "sample_rows": Port(shape=("seqs",), dtype="int64"),
               "trailing_text": Port(shape=("seqs", th), dtype=dtype),
+              "sampling": Port(shape=("seqs", len(SAMPLING)), dtype="float32"),
+              "noise": Port(shape=("seqs", cfg.num_code_groups, v), dtype="float32"),
+              "seen": Port(shape=("seqs", v), dtype="bool"),
               "codec_ids": Port(shape=("tokens",), dtype="int64", optional="prompt"),
               "thinker_embeds": Port(shape=("tokens", th), dtype=dtype, optional="prompt"),
               "thinker_hidden": Port(shape=("tokens", th), dtype=dtype, optional="prompt"),

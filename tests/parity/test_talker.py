@@ -20,8 +20,8 @@ from graphc.runtime.checkpoint import load_weights
 from graphc.simulate import FakeNode
 from graphc.step import StepContext
 from models.components.mrope import MediaTokens, rope_index
-from models.components.talker import (TALKER_30B_A3B, CodePredictorConfig, Talker, TalkerConfig, TalkerTextConfig,
-                                      code_predictor_cu_seqlens, talker_ports)
+from models.components.talker import (SAMPLING, TALKER_30B_A3B, CodePredictorConfig, Talker, TalkerConfig,
+                                      TalkerTextConfig, code_predictor_cu_seqlens, talker_ports)
 from resources import PagedKVSpec, RaggedAttentionSpec
 from resources.paged_kv import PageAllocator, PagedTorch, new_cache
 from resources.ragged_attention import RaggedTorch
@@ -110,6 +110,13 @@ class Prompt:
         return torch.full((3,), index + self.delta)
 
 
+def greedy(rows: int) -> dict[str, torch.Tensor]:
+    """The sampling inputs of greedy rows: temperature 0 (zeros), no draws, nothing seen."""
+    v = CFG.text_config.vocab_size
+    return dict(sampling=torch.zeros(rows, len(SAMPLING)), noise=torch.zeros(rows, GROUPS, v),
+                seen=torch.zeros(rows, v, dtype=torch.bool))
+
+
 def hf_prompt_embeds(hf, p: Prompt) -> torch.Tensor:
     """The talker's prompt rows [L, H] as HF's generate builds them, in the model's dtype."""
     dtype = hf.model.codec_embedding.weight.dtype
@@ -173,7 +180,7 @@ class Engine:
             trailing.append(p.trailing_at(self.frames.get(sid, 0)) if done else torch.zeros(THINKER_H))
             sampled.append(sid if done else None)
         inputs = dict(embeds=torch.stack(rows["embeds"]), positions=torch.stack(rows["positions"], dim=1),
-                      sample_rows=torch.tensor(sample), trailing_text=torch.stack(trailing))
+                      sample_rows=torch.tensor(sample), trailing_text=torch.stack(trailing), **greedy(len(sample)))
         if has_prompt:
             inputs.update(codec_ids=torch.tensor(rows["codec_ids"]), prompt_kind=torch.tensor(rows["prompt_kind"]),
                           thinker_embeds=torch.stack(rows["thinker_embeds"]),
@@ -250,7 +257,7 @@ def test_bf16_codec_logits_match_hf_bf16_within_hf_rounding(pair):
         with torch.no_grad():
             return model(ctx, embeds=torch.zeros(n, CFG.text_config.hidden_size, dtype=dtype),
                          positions=torch.cat([p.positions for p in prompts.values()], dim=1),
-                         sample_rows=torch.arange(n),
+                         sample_rows=torch.arange(n), **greedy(n),
                          trailing_text=torch.zeros(n, th, dtype=dtype), codec_ids=cat(lambda p: torch.tensor(p.codec)),
                          thinker_embeds=cat(lambda p: p.thinker_embeds).to(dtype),
                          thinker_hidden=cat(lambda p: p.thinker_hidden).to(dtype),
@@ -280,6 +287,51 @@ def test_bf16_moe_block_with_shared_expert_routes_and_matches_like_hf(pair, seed
     hf, ours = pair[:2]
     errors = check_moe_block_bf16(hf.model.layers[0].mlp, ours.model.layers[0].mlp, seed=seed)
     print(f"talker MoE block bf16 seed {seed}:", {k: f"graphc {g:.3g}, HF {h:.3g}" for k, (g, h) in errors.items()})
+
+
+def test_sampling_columns_reach_code0_and_the_residual_codes(pair):
+    """Every row of both prompts sampled in one fp32 prefill step, against the greedy step on the same rows:
+    code 0 is select() on the node's own logits with its columns, draws, seen and suppression; top_k 1 is the
+    greedy code whatever the draws; a hot residual temperature changes residual codes but not code 0; a
+    large penalty over the greedy code 0 moves a greedy row off it."""
+    from models.components.talker import RowParams, log_draws, sampling_row, select
+
+    ours, kv, cp_attn = pair[1:]
+    prompts = two_prompts(torch.Generator().manual_seed(5))
+    ids = [p.ids for p in prompts.values()]
+    n, v = sum(map(len, ids)), CFG.text_config.vocab_size
+    gen = torch.Generator().manual_seed(6)
+    noise = torch.empty(n, GROUPS, v).exponential_(generator=gen)
+
+    def run(row: list[float], seen: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        pages = PageAllocator(64)
+        tables = [pages.allocate(kv.pages_for(len(i))) for i in ids]
+        cu = code_predictor_cu_seqlens(n, GROUPS)
+        ctx = StepContext({"kv": PagedTorch(kv, new_cache(kv, 64), [len(i) for i in ids], [len(i) for i in ids],
+                                            tables), "cp_attn": RaggedTorch(cp_attn, cu, cu)})
+        cat = lambda f: torch.cat([f(p) for p in prompts.values()])
+        with torch.no_grad():
+            return ours(ctx, embeds=torch.zeros(n, CFG.text_config.hidden_size),
+                        positions=torch.cat([p.positions for p in prompts.values()], dim=1),
+                        sample_rows=torch.arange(n), trailing_text=torch.zeros(n, THINKER_H),
+                        sampling=torch.tensor([row] * n), noise=noise,
+                        seen=seen if seen is not None else torch.zeros(n, v, dtype=torch.bool),
+                        codec_ids=cat(lambda p: torch.tensor(p.codec)), thinker_embeds=cat(lambda p: p.thinker_embeds),
+                        thinker_hidden=cat(lambda p: p.thinker_hidden), prompt_kind=cat(lambda p: torch.tensor(p.kind)))
+
+    greedy = run([0.0] * len(SAMPLING))["codes"]
+    hot = sampling_row(1.5, 0, 1.0, 1.3, 1.0, 0, 1.0)
+    seen = torch.rand(n, v, generator=gen) < 0.2
+    out = run(hot, seen)
+    code0 = select(out["logits"], RowParams(torch.tensor([hot[:4]] * n), v), log_draws(noise[:, 0]), seen,
+                   ours.suppress)
+    assert torch.equal(out["codes"][:, 0], code0) and (code0 != greedy[:, 0]).sum() > n // 4
+    assert torch.equal(run(sampling_row(1.5, 1, 1.0, 1.0, 1.5, 1, 1.0))["codes"], greedy)
+    residual_hot = run(sampling_row(1.0, 1, 1.0, 1.0, 5.0, 0, 1.0))["codes"]
+    assert torch.equal(residual_hot[:, 0], greedy[:, 0]) and (residual_hot[:, 1:] != greedy[:, 1:]).float().mean() > 0.5
+    penalised = run(sampling_row(0.0, 0, 1.0, 100.0, 0.0, 0, 1.0),
+                    torch.zeros(n, v, dtype=torch.bool).scatter(1, greedy[:, :1], True))["codes"]
+    assert (penalised[:, 0] != greedy[:, 0]).all()
 
 
 def test_norm_epsilons_match_hf(pair):
