@@ -1,8 +1,9 @@
 """The talker's in-step sampler (models/components/talker.py's select) against HF's own logits processors
 (transformers 5.24: RepetitionPenaltyLogitsProcessor, SuppressTokensLogitsProcessor, TemperatureLogitsWarper,
 TopKLogitsWarper, TopPLogitsWarper, applied row by row in generate's order) followed by the same exponential
-race on the same draws; the distribution it draws from, counted; the repetition penalty worked by hand; the
-defaults Qwen3-Omni's host declares, read back from HF's source; and SpeechParams' ranges.
+race on the same draws; top-p's threshold, HF's to the last bit; the distribution it draws from, counted; the
+repetition penalty worked by hand; the defaults Qwen3-Omni's host declares, read back from HF's source; and
+SpeechParams' ranges.
 """
 from __future__ import annotations
 
@@ -107,6 +108,21 @@ def test_zero_rows_are_greedy_and_a_zero_draw_never_picks_a_dropped_id():
     noise = torch.zeros(8, V).scatter(1, top3, 1.0)
     got = select(logits, RowParams(params, V), log_draws(noise), None, SUPPRESS)
     assert (got[:, None] == top3).any(dim=1).all()
+    # no filter at all: only suppression drops ids, and they draw E = 0
+    params = torch.tensor([sampling_row(1.0, 0, 1.0, 1.0, 1.0, 0, 1.0)[:4]] * 8)
+    got = select(logits, RowParams(params, V), log_draws((~SUPPRESS).float().expand(8, V)), None, SUPPRESS)
+    assert not SUPPRESS[got].any()
+
+
+def test_top_p_threshold_is_hfs_to_the_last_bit():
+    """Logits [log 0.25, 0] (fp32): the smaller id's probability is exactly fp32 0.2. HF compares the cumulative
+    probability with 1 - top_p taken in double (0.19999999999999996, fp32 0.2): at top_p 0.8 the id is dropped
+    (in fp32, 1 - 0.8 = 0.19999999 would keep it). A draw that favours it must not pick it."""
+    logits = torch.tensor([[float(torch.tensor(0.25).log()), 0.0]])
+    assert logits.softmax(-1)[0, 0] == torch.tensor(0.2)
+    assert torch.isinf(TopPLogitsWarper(0.8)(None, logits.clone())[0, 0])
+    params = torch.tensor([sampling_row(1.0, 0, 0.8, 1.0, 1.0, 0, 1.0)[:3]])
+    assert int(select(logits, RowParams(params, 2), log_draws(torch.tensor([[1e-6, 1.0]])))[0]) == 1
 
 
 def test_draws_follow_the_processed_distribution():
