@@ -101,7 +101,7 @@ class Engine:
         self.speech: SpeechLane | None = None
         if getattr(self.host, "speech", None) is not None and self._speech_kinds():
             self.host.speech.bind(self.boot.modules, self.boot.device)
-            self.speech = SpeechLane(self.host.speech, self.executor, self.scheduler, self.boot)
+            self.speech = SpeechLane(self.host.speech, self.executor, self.scheduler, self.boot, seed=seed)
         self.talking: list[Request] = []          # speaking requests not closed, in arrival order
         self._lane = 0
         self.sampler = Sampler(seed, self.boot.device)
@@ -257,13 +257,16 @@ class Engine:
 
     # ---- one step
     def step(self) -> list[Event]:
-        """One step of one walk: the thinker's, the talker's or the vocoder's lane, taken in turn (a chunk
-        that would be some request's first audio goes first)."""
+        """One step of one walk: the thinker's, the talker's or the vocoder's lane, taken in turn; while a
+        request whose talker started has no audio yet, the talker goes first, and a chunk that would be
+        some request's first audio before that."""
         lanes = (self._thinker_step, self._talker_step, self._vocoder_step) if self.speech else (self._thinker_step,)
         order = [(self._lane + k) % len(lanes) for k in range(len(lanes))]
-        if self.speech is not None and self.speech.first_chunk_ready(self.talking):
-            order.remove(2)
-            order.insert(0, 2)                # a request's first audio goes out before anything else runs
+        if self.speech is not None:           # first audio first: its chunk, else its talker, before the rest
+            for lane, urgent in ((1, self._talker_urgent()), (2, self.speech.first_chunk_ready(self.talking))):
+                if urgent:
+                    order.remove(lane)
+                    order.insert(0, lane)
         for i in order:
             t0 = time.perf_counter()
             events = lanes[i]()
@@ -277,6 +280,11 @@ class Engine:
                                f"requests and {len(self.talking)} speaking, but no step to run "
                                f"({s.pages.num_free} of {s.capacity} pages free)")
         return []
+
+    def _talker_urgent(self) -> bool:
+        """Some speaking request whose talker has started has no audio yet."""
+        return any(r.speech.chunk == 0 and r.speech.ended is None and r.speech.prompt is not None
+                   for r in self.talking)
 
     def _fail(self, reqs: list[Request], e: Exception) -> list[Event]:
         """A step's requests fail; the engine and the others go on."""

@@ -61,9 +61,12 @@ class Body(BaseModel):
 
 
 class AudioOut(BaseModel):
+    """OpenAI's audio {voice, format}; max_frames (graphc's): the most codec frames (12.5 a second)."""
+
     model_config = ConfigDict(extra="forbid")
     voice: str
     format: str = "wav"
+    max_frames: int | None = Field(None, ge=1)
 
 
 class ChatBody(Body):
@@ -77,7 +80,8 @@ class ChatBody(Body):
 
 
 class SpeechBody(BaseModel):
-    """POST /v1/audio/speech: OpenAI's fields. speed other than 1 is refused (the talker speaks at its pace)."""
+    """POST /v1/audio/speech: OpenAI's fields (speed other than 1 is refused: the talker speaks at its pace),
+    and graphc's seed (the talker's draws) and max_frames (the most codec frames, 12.5 a second)."""
 
     model_config = ConfigDict(extra="forbid")
     model: str | None = None
@@ -87,6 +91,8 @@ class SpeechBody(BaseModel):
     response_format: str = "mp3"
     speed: float = Field(1.0, ge=0.25, le=4.0)
     stream_format: Literal["audio", "sse"] = "audio"
+    seed: int | None = Field(None, ge=0)
+    max_frames: int | None = Field(None, ge=1)
 
 
 class CompletionBody(Body):
@@ -348,7 +354,7 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
                 check_format(body.audio.format, stream=body.stream, param="audio.format")
             except InvalidInput as e:
                 return error(400, str(e), param=e.param)
-            speech = SpeechParams(voice=body.audio.voice)
+            speech = SpeechParams(voice=body.audio.voice, max_frames=body.audio.max_frames, seed=body.seed)
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             return error(400, "give max_tokens or max_completion_tokens, not both", param="max_tokens")
         try:
@@ -428,8 +434,8 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
         messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + \
             [{"role": "user", "content": body.input}]
         rid = f"speech-{uuid.uuid4().hex}"
-        started, bad = await start(dict(messages=messages, request_id=rid, speech=SpeechParams(voice=body.voice),
-                                        speak=ids))
+        speech = SpeechParams(voice=body.voice, seed=body.seed, max_frames=body.max_frames)
+        started, bad = await start(dict(messages=messages, request_id=rid, speech=speech, speak=ids))
         if bad is not None:
             return bad
         req, events = started

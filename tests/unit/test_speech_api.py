@@ -1,0 +1,238 @@
+"""Speech out through the server and the official `openai` client: a tiny Qwen3-Omni with talker and Code2Wav
+(examples/make_tiny_checkpoint.py omni-speech, weights re-drawn), planned from its config.json and served on
+loopback. Chat completions with modalities ["text", "audio"] streamed and not, /v1/audio/speech, the offline
+JSONL run with audio; each WAV a client saves opens with soundfile at 24 kHz, holds the samples its codes
+imply, and equals what graphc.Engine makes for the same request."""
+import base64
+import io
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
+from graphc.cli import main
+from graphc.runtime.engine import Engine
+from graphc.runtime.sampler import SamplingParams
+from graphc.runtime.speech import SpeechParams
+from tests.parity.weights import randomize
+
+openai = pytest.importorskip("openai")
+MSGS = [{"role": "user", "content": "hello world, how are you today?"}]
+MAX, FRAMES, SEED = 8, 40, 7             # text tokens, codec frames at most, the talker's seed (sampled speech)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    import uvicorn
+
+    from graphc.runtime.server import build_app
+
+    d = tmp_path_factory.mktemp("speech_api")
+    tok = build_tokenizer()
+    hf = omni_model(tok, speech=True)
+    randomize(hf, seed=3)
+    save(hf, tok, d / "ckpt")
+    assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu",
+                 "-o", str(d / "p.plan"), "-q"]) == 0
+    engine = Engine(d / "p.plan", checkpoint=d / "ckpt")
+    ref = Engine(d / "p.plan", checkpoint=d / "ckpt")       # the same weights, stepped by the test alone
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = build_app(engine, max_audio_bytes=200_000)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    yield dict(engine=engine, ref=ref, client=client, dir=d, port=port, tok=tok)
+    server.should_exit = True
+    thread.join(timeout=5)
+
+
+def offline(engine, voice, messages=MSGS, **kw):
+    """What the engine alone makes for a chat request with speech (greedy text, MAX tokens; the talker
+    samples at the model's defaults from its own seed, so the frames do not depend on the batch)."""
+    req = engine.add(messages=messages, params=SamplingParams(temperature=0, max_tokens=MAX, seed=SEED),
+                     speech=SpeechParams(voice=voice, seed=SEED, max_frames=FRAMES), **kw)
+    while not req.closed:
+        engine.step()
+    return engine.output(req)
+
+
+def delta_audio(chunk) -> dict:
+    """A streamed chunk's delta.audio (the client types it as ChoiceDeltaAudio) as a dict."""
+    audio = chunk.choices[0].delta.audio
+    return {} if audio is None else audio.model_dump(exclude_none=True)
+
+
+def frames_to_samples(engine, frames: int) -> int:
+    cfg = engine.host.speech.vcfg
+    return cfg.samples(frames)                    # U * frames - tail: one continuous waveform
+
+
+def read_wav(data: bytes):
+    wave, rate = sf.read(io.BytesIO(data), dtype="float32")
+    return wave, rate
+
+
+def test_chat_audio_unstreamed_and_streamed_equal_the_engine(served):
+    c, engine = served["client"], served["engine"]
+    want = offline(served["ref"], "chelsie")
+    assert len(want.audio_codes) > 0
+    r = c.chat.completions.create(model=engine.plan.model.name, messages=MSGS, max_tokens=MAX, temperature=0,
+                                  modalities=["text", "audio"], audio={"voice": "chelsie", "format": "wav", "max_frames": FRAMES}, seed=SEED)
+    msg = r.choices[0].message
+    assert msg.content is None and msg.audio.transcript == want.text and msg.audio.id.startswith("audio_")
+    wave, rate = read_wav(base64.b64decode(msg.audio.data))
+    assert rate == 24000 and len(wave) == frames_to_samples(engine, len(want.audio_codes)) == len(want.audio)
+    assert np.abs(wave - want.audio).max() <= 2 / 32767     # 16-bit PCM of the same samples (read back / 32768)
+    assert r.usage.completion_tokens_details.audio_tokens == len(want.audio_codes)
+    # streamed: transcript deltas and audio deltas (one WAV stream) join to the same
+    stream = c.chat.completions.create(model=engine.plan.model.name, messages=MSGS, max_tokens=MAX, temperature=0,
+                                       modalities=["text", "audio"], audio={"voice": "chelsie", "format": "wav", "max_frames": FRAMES},
+                                       seed=SEED, stream=True)
+    text, data, last = "", b"", None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        audio = delta_audio(chunk)
+        text += audio.get("transcript") or ""
+        data += base64.b64decode(audio["data"]) if audio.get("data") else b""
+        last = chunk.choices[0].finish_reason or last
+    assert text == want.text and last == want.finish_reason
+    wave2, rate2 = read_wav(data)
+    assert rate2 == 24000 and np.array_equal(wave2, wave)
+    assert wait_idle(engine)
+
+
+def test_pcm16_stream_is_the_raw_samples(served):
+    c, engine = served["client"], served["engine"]
+    want = offline(served["ref"], "ethan")
+    stream = c.chat.completions.create(model=engine.plan.model.name, messages=MSGS, max_tokens=MAX, temperature=0,
+                                       modalities=["text", "audio"], audio={"voice": "ethan", "format": "pcm16", "max_frames": FRAMES},
+                                       seed=SEED, stream=True)
+    data = b"".join(base64.b64decode(delta_audio(ch).get("data") or "") for ch in stream if ch.choices)
+    pcm = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32767
+    assert len(pcm) == len(want.audio) and np.abs(pcm - want.audio).max() <= 1 / 32767 + 1e-6
+
+
+def test_audio_speech_speaks_the_input_as_given(served, tmp_path):
+    c, engine, tok = served["client"], served["engine"], served["tok"]
+    text = "the quick brown fox jumps over the lazy dog"
+    kw = dict(model=engine.plan.model.name, voice="aiden", input=text, extra_body={"seed": SEED, "max_frames": FRAMES})
+    r = c.audio.speech.create(**kw, response_format="wav")
+    wave, rate = read_wav(r.content)
+    ids = tok.encode(text, add_special_tokens=False).ids
+    want = offline(served["ref"], "aiden", [{"role": "user", "content": text}], speak=ids)   # the route's prompt
+    assert len(want.audio_codes) > 0
+    assert want.text == text and rate == 24000
+    assert len(wave) == frames_to_samples(engine, len(want.audio_codes)) == len(want.audio)
+    assert np.abs(wave - want.audio).max() <= 2 / 32767
+    # streamed to a file, and as server-sent events
+    path = tmp_path / "out.wav"
+    with c.audio.speech.with_streaming_response.create(**kw, response_format="wav") as resp:
+        resp.stream_to_file(path)
+    assert np.array_equal(sf.read(path, dtype="float32")[0], wave)
+    body = {"input": text, "voice": "aiden", "response_format": "pcm", "stream_format": "sse", "seed": SEED,
+            "max_frames": FRAMES}
+    with urllib.request.urlopen(request(served, "/v1/audio/speech", body), timeout=60) as s:
+        events = [json.loads(line[6:]) for line in s.read().decode().splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
+    assert events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["output_tokens"] == len(want.audio_codes)
+    pcm = np.frombuffer(b"".join(base64.b64decode(e["audio"]) for e in events[:-1]), "<i2")
+    assert len(pcm) == len(want.audio)
+    for fmt in ("mp3", "flac", "opus"):           # whole files, encoded by libsndfile
+        w, rate = read_wav(c.audio.speech.create(**kw, response_format=fmt).content)
+        assert rate == 24000 and abs(len(w) - len(want.audio)) <= 2048      # codecs pad to their frames
+    assert wait_idle(engine)
+
+
+def wait_idle(engine, timeout=5.0):
+    t = time.time()
+    while engine.has_work() and time.time() - t < timeout:
+        time.sleep(0.01)
+    return not engine.has_work() and engine.scheduler.pool_full() and \
+        engine.speech.pages.num_free == engine.speech.capacity
+
+
+def request(served, path, body) -> urllib.request.Request:
+    return urllib.request.Request(f"http://127.0.0.1:{served['port']}{path}", data=json.dumps(body).encode(),
+                                  headers={"Content-Type": "application/json"}, method="POST")
+
+
+def post(served, path, body):
+    """(status, JSON body) of a POST, errors included."""
+    try:
+        with urllib.request.urlopen(request(served, path, body), timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.parametrize("body, status, param, words", [
+    ({"modalities": ["text", "audio"], "audio": {"voice": "nobody", "format": "wav"}}, 400, "voice",
+     "aiden, chelsie, ethan"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "aac"}}, 400, "audio.format", "formats"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "mp3"}, "stream": True}, 400,
+     "audio.format", "cannot be streamed"),
+    ({"modalities": ["text", "audio"]}, 400, "audio", "both"),
+    ({"audio": {"voice": "ethan", "format": "wav"}}, 400, "modalities", "both"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "wav", "speed": 2}}, 400, "audio.speed",
+     "Extra inputs"),
+])
+def test_chat_audio_refusals(served, body, status, param, words):
+    code, got = post(served, "/v1/chat/completions", {"messages": MSGS, **body})
+    err = got["error"]
+    assert code == status and err["param"] == param and words in err["message"], err
+
+
+@pytest.mark.parametrize("body, status, param, words", [
+    ({"input": "hi", "voice": "ethan", "speed": 1.5}, 400, "speed", "not served"),
+    ({"input": "hi", "voice": "ethan", "response_format": "aac"}, 400, "response_format", "formats"),
+    ({"input": "hi", "voice": "ethan", "response_format": "mp3", "stream_format": "sse"}, 400, "response_format",
+     "cannot be streamed"),
+    ({"input": "hi", "voice": "zed"}, 400, "voice", "aiden, chelsie, ethan"),
+    ({"input": "", "voice": "ethan"}, 400, "input", "at least 1"),
+    ({"input": "hi", "voice": "ethan", "model": "other"}, 404, "model", "not served"),
+    ({"input": "hi", "voice": "ethan", "pitch": 3}, 400, "pitch", "Extra inputs"),
+])
+def test_speech_refusals(served, body, status, param, words):
+    code, got = post(served, "/v1/audio/speech", body)
+    err = got["error"]
+    assert code == status and err["param"] == param and words in err["message"], err
+
+
+def test_oversized_body_is_refused_before_it_is_read(served):
+    big = base64.b64encode(b"\0" * 1_200_000).decode()     # past 200 kB of media x 4/3 + 1 MiB
+    msgs = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": big, "format": "wav"}}]}]
+    before = dict(served["engine"].scheduler.stats.steps)
+    code, got = post(served, "/v1/chat/completions", {"messages": msgs})
+    assert code == 413 and "at most" in got["error"]["message"]
+    assert dict(served["engine"].scheduler.stats.steps) == before
+
+
+def test_offline_jsonl_writes_each_requests_wav(served, tmp_path):
+    d = served["dir"]
+    want = offline(served["ref"], "chelsie")
+    lines = [{"id": "a", "messages": MSGS, "max_tokens": MAX, "temperature": 0, "modalities": ["text", "audio"],
+              "audio": {"voice": "chelsie", "seed": SEED, "max_frames": FRAMES}},
+             {"id": "b", "messages": MSGS, "max_tokens": MAX, "temperature": 0}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert main(["run", str(d / "p.plan"), "--checkpoint", str(d / "ckpt"), "--requests", str(tmp_path / "in.jsonl"),
+                 "--output", str(tmp_path / "out.jsonl")]) == 0
+    out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert out[0]["audio_path"] == str(tmp_path / "out.audio" / "a.wav") and "audio_path" not in out[1]
+    wave, rate = sf.read(out[0]["audio_path"], dtype="float32")
+    assert rate == 24000 and len(wave) == len(want.audio) and out[0]["audio_frames"] == len(want.audio_codes)
+    assert out[0]["text"] == want.text == out[1]["text"]
