@@ -10,7 +10,8 @@ from urllib.error import HTTPError
 
 import pytest
 
-from tests.unit.test_transcribe import serve, tiny_asr, wait_idle
+from tests.unit.loopback import serve
+from tests.unit.test_transcribe import tiny_asr, wait_idle
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("prometheus_client")

@@ -1,8 +1,6 @@
 """graphc run end to end on a tiny Qwen3-Omni thinker checkpoint: the OpenAI-compatible server driven by the
 official `openai` client on loopback, the offline JSONL batch, seeded sampling, and what is refused."""
 import json
-import socket
-import threading
 import time
 
 import numpy as np
@@ -13,37 +11,24 @@ from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
 from graphc.cli import main
 from graphc.runtime.engine import Engine
 from graphc.runtime.sampler import SamplingParams
+from tests.unit.loopback import serve
 
 openai = pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    import uvicorn
-
-    from graphc.runtime.server import build_app
-
     d = tmp_path_factory.mktemp("serve")
     save(omni_model(build_tokenizer()), build_tokenizer(), d / "ckpt")
     assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu",
                  "-o", str(d / "p.plan"), "-q"]) == 0
     engine = Engine(d / "p.plan", checkpoint=d / "ckpt")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(engine), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
+    server, port = serve(engine)
     wave = (0.2 * np.sin(np.arange(24000) / 16000 * 2 * np.pi * 220)).astype(np.float32)
     sf.write(d / "a.wav", wave, 16000)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
     yield dict(engine=engine, client=client, dir=d, port=port)
     server.should_exit = True
-    thread.join(timeout=5)
 
 
 def wait_idle(engine, timeout=5.0):

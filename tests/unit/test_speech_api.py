@@ -6,8 +6,6 @@ imply, and equals what graphc.Engine makes for the same request."""
 import base64
 import io
 import json
-import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +20,7 @@ from graphc.runtime.engine import Engine
 from graphc.runtime.sampler import SamplingParams
 from graphc.runtime.speech import SpeechParams
 from tests.parity.weights import randomize
+from tests.unit.loopback import serve
 
 openai = pytest.importorskip("openai")
 MSGS = [{"role": "user", "content": "hello world, how are you today?"}]
@@ -30,10 +29,6 @@ MAX, FRAMES, SEED = 8, 40, 7             # text tokens, codec frames at most, th
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    import uvicorn
-
-    from graphc.runtime.server import build_app
-
     d = tmp_path_factory.mktemp("speech_api")
     tok = build_tokenizer()
     hf = omni_model(tok, speech=True)
@@ -43,21 +38,10 @@ def served(tmp_path_factory):
                  "-o", str(d / "p.plan"), "-q"]) == 0
     engine = Engine(d / "p.plan", checkpoint=d / "ckpt")
     ref = Engine(d / "p.plan", checkpoint=d / "ckpt")       # the same weights, stepped by the test alone
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    app = build_app(engine, max_audio_bytes=200_000)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
+    server, port = serve(engine, max_audio_bytes=200_000)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
     yield dict(engine=engine, ref=ref, client=client, dir=d, port=port, tok=tok)
     server.should_exit = True
-    thread.join(timeout=5)
 
 
 def offline(engine, voice, messages=MSGS, **kw):

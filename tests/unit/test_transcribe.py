@@ -2,7 +2,6 @@
 driven by the official `openai` client on loopback: each response format and the stream give the text the
 engine gives offline for the same prompt (after Qwen3-ASR's header is stripped), and what is refused."""
 import socket
-import threading
 import time
 
 import numpy as np
@@ -14,6 +13,7 @@ from graphc.cli import main
 from graphc.runtime.engine import Engine
 from graphc.runtime.transcribe import AsrStream, build_prompt, output_cap, split_asr
 from tests.parity.weights import randomize
+from tests.unit.loopback import serve
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("multipart")
@@ -27,25 +27,6 @@ def tiny_asr(d) -> Engine:
     assert main(["plan", "models/qwen3_asr.py", "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu",
                  "-o", str(d / "p.plan"), "-q"]) == 0
     return Engine(d / "p.plan", checkpoint=d / "ckpt")
-
-
-def serve(engine, **app_kwargs):
-    """build_app(engine) on a free loopback port: (server, port)."""
-    import uvicorn
-
-    from graphc.runtime.server import build_app
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(engine, **app_kwargs), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    return server, port
 
 
 def wait_idle(engine, timeout=5.0):

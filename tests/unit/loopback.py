@@ -1,0 +1,24 @@
+"""graphc run's server on a free loopback port, for the tests that drive it with the openai client."""
+import socket
+import threading
+import time
+
+
+def serve(engine, **app_kwargs):
+    """build_app(engine, **app_kwargs) served by uvicorn on a free loopback port: (server, port). Stop it with
+    server.should_exit = True."""
+    import uvicorn
+
+    from graphc.runtime.server import build_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(build_app(engine, **app_kwargs), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    return server, port
