@@ -101,8 +101,9 @@ class Metrics:
         t = req.times
         if "first_token" in t:
             self.ttft.observe(t["first_token"] - t["arrived"])
-            if "finished" in t and len(req.output) > 1:
-                self.tpot.observe((t["finished"] - t["first_token"]) / (len(req.output) - 1))
+            end = t.get("text_finished", t.get("finished"))      # a speaking request's text ends before its audio
+            if end is not None and len(req.output) > 1:
+                self.tpot.observe((end - t["first_token"]) / (len(req.output) - 1))
         if "first_audio" in t:
             self.first_audio.observe(t["first_audio"] - t["arrived"])
 

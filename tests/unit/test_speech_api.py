@@ -220,3 +220,27 @@ def test_offline_jsonl_writes_each_requests_wav(served, tmp_path):
     wave, rate = sf.read(out[0]["audio_path"], dtype="float32")
     assert rate == 24000 and len(wave) == len(want.audio) and out[0]["audio_frames"] == len(want.audio_codes)
     assert out[0]["text"] == want.text == out[1]["text"]
+
+
+def test_metrics_count_speaking_requests_and_their_first_audio(served):
+    """After this module's requests: t2s requests counted by kind, first-audio latency observed for each one
+    that spoke, the talker's and Code2Wav's steps among the walks."""
+    import re
+
+    c, engine = served["client"], served["engine"]
+    c.chat.completions.create(model=engine.plan.model.name, messages=MSGS, max_tokens=MAX, temperature=0,
+                              modalities=["text", "audio"], audio={"voice": "ethan", "format": "wav", "max_frames": 8},
+                              seed=SEED)
+    assert wait_idle(engine)
+    with urllib.request.urlopen(f"http://127.0.0.1:{served['port']}/metrics", timeout=30) as r:
+        text = r.read().decode()
+
+    def value(name: str) -> float:
+        found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        assert found, name
+        return float(found.group(1))
+    spoke = sum(value(f'graphc_requests_total{{kind="t2s",status="{s}"}}') for s in ("stop", "length")
+                if f'kind="t2s",status="{s}"' in text)
+    assert spoke >= 1 and value("graphc_first_audio_seconds_count") >= 1
+    for walk in ("talker_prefill", "talker_decode", "code2wav_chunk"):
+        assert value(f'graphc_walk_steps_total{{walk="{walk}"}}') == engine.stats()["steps"][walk]
