@@ -175,3 +175,23 @@ def test_http_tokens_equal_the_engine_and_a_dropped_stream_frees_its_pages(serve
     t = time.time()
     stream.close()                                # the client goes away mid-stream: 900 tokens would take ~10 s
     assert wait_idle(engine, timeout=3), f"pages still held {time.time() - t:.1f} s after the client left"
+
+
+def test_transcription_on_qwen3_omni_asks_it_to_transcribe(served):
+    """Qwen3-Omni has no ASR format: /v1/audio/transcriptions sends the audio with 'Transcribe the audio into
+    text.' (graphc/runtime/transcribe.py) and returns its answer as is; greedy, capped at 64 + 30 tokens a
+    second of audio. The text equals a second engine's answer to that chat request."""
+    from graphc.runtime.host import Media
+    from graphc.runtime.media import load_audio
+
+    c, engine, d = served["client"], served["engine"], served["dir"]
+    got = c.audio.transcriptions.create(model=engine.plan.model.name, file=open(d / "a.wav", "rb"))
+    ref = Engine(d / "p.plan", checkpoint=d / "ckpt")
+    wave = load_audio(str(d / "a.wav"))
+    msgs = [{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "Transcribe the audio into text."}]}]
+    ids = ref.tokenize(prompt=ref.template.render(msgs, add_generation_prompt=True))
+    req = ref.add(prompt_token_ids=ids, media=[Media("audio", wave)],
+                  params=SamplingParams(temperature=0, max_tokens=64 + round(30 * len(wave) / 16000)))
+    while not req.closed:
+        ref.step()
+    assert got.text == ref.output(req).text and len(req.output) > 1
