@@ -54,11 +54,12 @@ def run(engine, kind: str, c: int, total: int, args, rng) -> dict:
                           speech=SpeechParams(max_frames=args.frames))
 
     before = dict(engine.scheduler.stats.steps)
-    live, done, started = [], [], 0
+    live, done, started, reqs = [], [], 0, []
     t0 = time.perf_counter()
     while len(done) < total:
         while len(live) < c and started < total:
             live.append(add())
+            reqs.append(live[-1])
             started += 1
         engine.step()
         for r in [r for r in live if r.closed]:
@@ -70,10 +71,14 @@ def run(engine, kind: str, c: int, total: int, args, rng) -> dict:
     rtf = [o.times["total_s"] / a for o, a in zip(done, audio_s) if a > 0]
     steps = {w: n - before.get(w, 0) for w, n in engine.scheduler.stats.steps.items() if n - before.get(w, 0)}
     errors = [o.error for o in done if o.error]
+    phases = {}                       # where first audio goes: median ms from arrival to each mark
+    for mark in ("first_token", "talker_prompt", "first_frame", "first_audio"):
+        got = [(r.times[mark] - r.times["arrived"]) * 1e3 for r in reqs if mark in r.times]
+        phases[mark] = pct(got, 50)
     return {"kind": kind, "c": c, "requests": total, "wall_s": wall, "audio_s": sum(audio_s),
             "audio_s_per_s": sum(audio_s) / wall, "ttfa_ms": {"p50": pct(ttfa, 50), "p95": pct(ttfa, 95)},
             "rtf_p50": pct(rtf, 50), "frames": [len(o.audio_codes) for o in done], "steps": steps,
-            "errors": errors[:3], "text_tokens": [len(o.token_ids) for o in done]}
+            "errors": errors[:3], "text_tokens": [len(o.token_ids) for o in done], "phases_ms_p50": phases}
 
 
 def main() -> None:

@@ -229,6 +229,7 @@ class SpeechLane:
         if tp is None:
             return
         s.prompt = tp
+        req.times["talker_prompt"] = time.perf_counter()
         if tp.empty:
             s.ended = "stop"
             return
@@ -348,6 +349,8 @@ class SpeechLane:
                 s.ended = "stop"
             else:
                 s.frames.append(codes[i])
+                if len(s.frames) == 1:
+                    req.times["first_frame"] = time.perf_counter()
                 s.next_embed = out["next_embeds"][i].clone()
                 if len(s.frames) >= s.max_frames:
                     s.ended = "length"
