@@ -244,3 +244,18 @@ def test_metrics_count_speaking_requests_and_their_first_audio(served):
     assert spoke >= 1 and value("graphc_first_audio_seconds_count") >= 1
     for walk in ("talker_prefill", "talker_decode", "code2wav_chunk"):
         assert value(f'graphc_walk_steps_total{{walk="{walk}"}}') == engine.stats()["steps"][walk]
+
+
+def test_an_aborted_speaking_request_frees_thinker_and_talker_pages(served):
+    """Aborted while its thinker decodes, while its talker decodes, and after its text ended: every page of
+    both pools comes back and the engine holds nothing."""
+    ref = served["ref"]
+    for steps in (2, 6, 14):
+        req = ref.add(messages=MSGS, params=SamplingParams(temperature=0, max_tokens=MAX),
+                      speech=SpeechParams(voice="ethan", seed=SEED, max_frames=FRAMES))
+        for _ in range(steps):
+            ref.step()
+        assert not req.closed
+        ref.abort(req.id)
+        assert req.closed and req.finish_reason in ("abort", "stop", "length") and not ref.has_work()
+        assert ref.scheduler.pool_full() and ref.speech.pages.num_free == ref.speech.capacity
