@@ -36,7 +36,7 @@ REAL = dict(
     # Code2Wav serves streamed chunks in slots of 100 frames (75 new beside HF's 25 of left context): a
     # request's first chunks are short (5 frames, doubling), and a slot costs its full length
     code2wav=c2w.Code2WavConfig(chunk_frames=100),
-    decode_seqs=64, prefill_tokens=2048, prefill_seqs=8, mixed_tokens=1024, windows=16, patches=8192,
+    decode_seqs=64, prefill_tokens=2048, prefill_seqs=16, mixed_tokens=1024, windows=16, patches=8192,
     images=4, frame_groups=16, max_frame_patches=8192, talker_tokens=1024, talker_seqs=32, code2wav_slots=16,
     # an image has at least 4 merged tokens; patch rungs start at 256 (a 256x256 image) and double
     patch_ladder=(256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
