@@ -163,16 +163,23 @@ def test_asr_a2t_alone_and_mixed_equal_hf(asr, files):
 
 
 # ---- Qwen3-Omni thinker: t2t, a2t, i2t
+def hf_audio(wav) -> tuple[dict, int]:
+    """HF Qwen3-Omni's inputs for a WAV (its own Whisper features) and the audio tokens it expands to."""
+    w = load_audio(wav)
+    fe = WhisperFeatureExtractor(feature_size=128)(w, sampling_rate=16000, padding="longest",
+                                                   return_attention_mask=True, return_tensors="pt")
+    frames = int(fe["attention_mask"].sum())
+    kw = dict(input_features=fe["input_features"][:, :, :frames],
+              feature_attention_mask=torch.ones(1, frames, dtype=torch.long))
+    return kw, int(_get_feat_extract_output_lengths(torch.tensor(frames)))
+
+
 def hf_omni(hf, tok, engine, parts, wav=None, img=None, video=None) -> list[int]:
     kw, counts = {}, []
     if wav is not None:
-        w = load_audio(wav)
-        fe = WhisperFeatureExtractor(feature_size=128)(w, sampling_rate=16000, padding="longest",
-                                                       return_attention_mask=True, return_tensors="pt")
-        frames = int(fe["attention_mask"].sum())
-        kw |= dict(input_features=fe["input_features"][:, :, :frames],
-                   feature_attention_mask=torch.ones(1, frames, dtype=torch.long))
-        counts.append(int(_get_feat_extract_output_lengths(torch.tensor(frames))))
+        audio, n = hf_audio(wav)
+        kw |= audio
+        counts.append(n)
     proc = vision_processing(str(engine.checkpoint))        # the checkpoint's pixel bounds, as HF's processor reads them
     if img is not None:
         item = process_image(load_image(img), proc)

@@ -14,17 +14,15 @@ Sampled speech (HF's defaults) with a seed gives the same frames alone and among
 import numpy as np
 import pytest
 import torch
-from transformers import WhisperFeatureExtractor
-from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
 from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
 from graphc.cli import main
 from graphc.runtime.engine import Engine
-from graphc.runtime.media import load_audio
 from graphc.runtime.sampler import SamplingParams
 from graphc.runtime.speech import SpeechParams
 from models.components.code2wav import stream_chunk_frames, stream_slot
 from tests.parity.test_code2wav import redraw
+from tests.parity.test_engine import expand, hf_audio
 from tests.parity.weights import randomize
 
 TEXT = 8
@@ -49,18 +47,9 @@ def hf_speak(hf, tok, engine, parts, frames, voice="Ethan", wav=None, penalty=1.
     frame k at step k+1). penalty: talker_repetition_penalty (HF's default 1.05)."""
     kw, counts = {}, []
     if wav is not None:
-        w = load_audio(wav)
-        fe = WhisperFeatureExtractor(feature_size=128)(w, sampling_rate=16000, padding="longest",
-                                                       return_attention_mask=True, return_tensors="pt")
-        n = int(fe["attention_mask"].sum())
-        kw |= dict(input_features=fe["input_features"][:, :, :n], feature_attention_mask=torch.ones(1, n, dtype=torch.long))
-        counts.append(int(_get_feat_extract_output_lengths(torch.tensor(n))))
-    ids = tok.encode(engine.template.render([{"role": "user", "content": parts}], add_generation_prompt=True),
-                     add_special_tokens=False).ids
-    pads, out, k = {tok.token_to_id("<|audio_pad|>")}, [], 0
-    for t in ids:
-        out += [t] * (counts[k] if t in pads else 1)
-        k += t in pads
+        kw, n = hf_audio(wav)
+        counts.append(n)
+    out = expand(tok, engine, parts, counts)
     seen = {}
     real = hf.code2wav.chunked_decode
 
