@@ -23,7 +23,7 @@ from graphc.plan import Plan, load_plan
 from graphc.runtime.boot import boot_plan
 from graphc.runtime.executor import Executor, llm_node, text_kind
 from graphc.runtime.host import Host, Media
-from graphc.runtime.request import Request, Status
+from graphc.runtime.request import Request
 from graphc.runtime.sampler import Sampler, SamplingParams, new_generator
 from graphc.runtime.scheduler import Scheduler, StepPlan
 from graphc.runtime.speech import SpeechLane, SpeechParams
@@ -101,7 +101,7 @@ class Engine:
         self.speech: SpeechLane | None = None
         if getattr(self.host, "speech", None) is not None and self._speech_kinds():
             self.host.speech.bind(self.boot.modules, self.boot.device)
-            self.speech = SpeechLane(self.host.speech, self.executor, self.scheduler, self.boot, seed=seed)
+            self.speech = SpeechLane(self.host.speech, self.executor, self.boot, seed=seed)
         self.talking: list[Request] = []          # speaking requests not closed, in arrival order
         self._lane = 0
         self.sampler = Sampler(seed, self.boot.device)
@@ -263,7 +263,8 @@ class Engine:
         lanes = (self._thinker_step, self._talker_step, self._vocoder_step) if self.speech else (self._thinker_step,)
         order = [(self._lane + k) % len(lanes) for k in range(len(lanes))]
         if self.speech is not None:           # first audio first: its chunk, else its talker, before the rest
-            for lane, urgent in ((1, self._talker_urgent()), (2, self.speech.first_chunk_ready(self.talking))):
+            for lane, urgent in ((1, self.speech.talker_urgent(self.talking)),
+                                 (2, self.speech.first_chunk_ready(self.talking))):
                 if urgent:
                     order.remove(lane)
                     order.insert(0, lane)
@@ -280,11 +281,6 @@ class Engine:
                                f"requests and {len(self.talking)} speaking, but no step to run "
                                f"({s.pages.num_free} of {s.capacity} pages free)")
         return []
-
-    def _talker_urgent(self) -> bool:
-        """Some speaking request whose talker has started has no audio yet."""
-        return any(r.speech.chunk == 0 and r.speech.ended is None and r.speech.prompt is not None
-                   for r in self.talking)
 
     def _fail(self, reqs: list[Request], e: Exception) -> list[Event]:
         """A step's requests fail; the engine and the others go on."""

@@ -151,15 +151,10 @@ class SpeechState:
     def done(self) -> bool:
         return self.ended is not None and self.vocoded == len(self.frames)
 
-    @property
-    def samples(self) -> int:
-        return sum(a.size for a in self.audio)
-
 
 @dataclass
 class SpeechStep:
     walk: str
-    node: str
     reqs: list                                 # the requests it serves, in order
     sizes: dict[str, int]
     rungs: dict[str, int | None] = field(default_factory=dict)
@@ -167,9 +162,9 @@ class SpeechStep:
 
 
 class SpeechLane:
-    def __init__(self, speech: SpeechHost, executor, scheduler, boot, seed: int = 0):
+    def __init__(self, speech: SpeechHost, executor, boot, seed: int = 0):
         """seed: the shared noise generator's, for requests without their own."""
-        self.sh, self.executor, self.scheduler = speech, executor, scheduler
+        self.sh, self.executor = speech, executor
         model = boot.ir.model
         self.model = model
         self.kv_role, kv_res = next((role, r) for role, r in model.node(speech.talker).resources.items()
@@ -320,11 +315,11 @@ class SpeechLane:
             samples.append(rows - 1)
             trailing.append(self.sh.trailing_pad)
         trailing = list(self.sh.embed(trailing))  # one lookup for the step's rows
-        step = SpeechStep(walk, self.sh.talker, [r for r, _ in served], {self.sh.talker: rows})
+        step = SpeechStep(walk, [r for r, _ in served], {self.sh.talker: rows})
         step.data = (parts, samples, trailing, qo, kv, tables, emit[:real], served)
         return step
 
-    def run_talker(self, step: SpeechStep) -> list:
+    def run_talker(self, step: SpeechStep) -> None:
         parts, samples, trailing, qo, kv, tables, emit, served = step.data
         rung = step.rungs.get(self.sh.talker)
         seqs = len(samples)
@@ -342,7 +337,6 @@ class SpeechLane:
             for i, req in enumerate(emit):
                 req.speech.seen = seen[i]
         codes = out["codes"][:len(emit)].tolist() if emit else []
-        done = []
         for i, req in enumerate(emit):
             s = req.speech
             if self.sh.is_end(codes[i]):
@@ -356,8 +350,6 @@ class SpeechLane:
                     s.ended = "length"
             if s.ended:
                 self.release(s)
-                done.append(req)
-        return done
 
     # ---- the vocoder
     def _chunk_ready(self, s: SpeechState) -> int:
@@ -365,6 +357,10 @@ class SpeechLane:
         have = len(s.frames) - s.vocoded
         n = self.sh.chunk_frames(s.chunk, s.first_chunk)
         return min(n, have) if have > 0 and (have >= n or s.ended) else 0
+
+    def talker_urgent(self, reqs: list) -> bool:
+        """Some request whose talker has started has no audio yet."""
+        return any(r.speech.chunk == 0 and r.speech.ended is None and r.speech.prompt is not None for r in reqs)
 
     def first_chunk_ready(self, reqs: list) -> bool:
         return any(r.speech.chunk == 0 and self._chunk_ready(r.speech) for r in reqs)
@@ -379,7 +375,7 @@ class SpeechLane:
                 break
         if not filled:
             return None
-        step = SpeechStep(self.sh.chunk_walk, self.sh.vocoder, [r for r, _, _ in filled],
+        step = SpeechStep(self.sh.chunk_walk, [r for r, _, _ in filled],
                           {self.sh.vocoder: len(filled) * self.sh.slot_frames})
         step.data = filled
         return step

@@ -138,15 +138,15 @@ class QwenOmniSpeech(SpeechHost):
                       hidden: dict[int, torch.Tensor]) -> TalkerPrompt | None:
         ids = prompt.ids
         seq = ids[self._assistant(prompt):] + output            # the assistant rows, prompt part then generated
-        if len(seq) < 5 and finished or len(seq) < 4:
-            return None if not finished else TalkerPrompt.silent()
+        if finished and len(seq) < 5:                        # row 3 is the last (never spoken): nothing to say
+            return TalkerPrompt.silent()
         if not finished and len(seq) < 6:                   # frame 0 speaks row 4: is it the last?
             return None
         user = self._user_rows(ids)
         i = self.ids
         special = self.embed([i["tts_pad_token_id"], i["tts_bos_token_id"]])
         text_ids = [ids[r] for r in user]
-        embeds = self.embed(text_ids + seq[:4]) if text_ids or seq else None
+        embeds = self.embed(text_ids + seq[:4])
         n = len(user)
         rows = [embeds[:n], embeds[n:n + 3], special[:1].expand(4, -1), special[1:2], embeds[n + 3:n + 4]]
         thinker_embeds = torch.cat(rows)
