@@ -108,6 +108,14 @@ def error(status: int, message: str, kind: str = "invalid_request_error", param:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
 
 
+def wrong_model(asked: str | None, served: str):
+    """A 404 in OpenAI's body when a request names a model this server does not serve, else None."""
+    if asked is None or asked == served:
+        return None
+    return error(404, f"model '{asked}' is not served here; this server serves '{served}'", param="model",
+                 code="model_not_found")
+
+
 class Driver:
     """The engine thread: adds submitted requests, steps while there is work, routes events. Observers
     (graphc/runtime/ops.py's metrics) are called in it with each Event, and with a finished one when an
@@ -225,9 +233,8 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "graphc"}]}
 
     def check_model(body: Body):
-        if body.model is not None and body.model != model_name:
-            return error(404, f"model '{body.model}' is not served here; this server serves '{model_name}'",
-                         param="model", code="model_not_found")
+        if (bad := wrong_model(body.model, model_name)) is not None:
+            return bad
         if body.n != 1:
             return error(400, f"n={body.n}: one choice per request is served", param="n")
         return None
@@ -418,9 +425,8 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
         from graphc.runtime.audio_out import MEDIA_TYPES, STREAMED, Stream, check_format, encode
         from graphc.runtime.speech import SpeechParams
 
-        if body.model is not None and body.model != model_name:
-            return error(404, f"model '{body.model}' is not served here; this server serves '{model_name}'",
-                         param="model", code="model_not_found")
+        if (bad := wrong_model(body.model, model_name)) is not None:
+            return bad
         if body.speed != 1.0:
             return error(400, f"speed {body.speed} is not served: the talker speaks at its own pace", param="speed")
         try:

@@ -190,7 +190,7 @@ def register(app, engine, driver, model_name: str, max_audio_bytes: int = DEFAUL
     from graphc.runtime.host import Media
     from graphc.runtime.media import MediaError, load_audio
     from graphc.runtime.sampler import SamplingParams
-    from graphc.runtime.server import error
+    from graphc.runtime.server import error, wrong_model
 
     asr = is_qwen3_asr(engine)
 
@@ -263,10 +263,8 @@ def register(app, engine, driver, model_name: str, max_audio_bytes: int = DEFAUL
         for key in FIELDS[1:]:
             if key in fields and not isinstance(fields[key], str):
                 return error(400, f"{key} must be a form value, not a file", param=key)
-        model = fields.get("model")
-        if model is not None and model != model_name:
-            return error(404, f"model '{model}' is not served here; this server serves '{model_name}'",
-                         param="model", code="model_not_found")
+        if (bad := wrong_model(fields.get("model"), model_name)) is not None:
+            return bad
         fmt = fields.get("response_format", "json")
         if fmt not in FORMATS:
             return error(400, f"response_format '{fmt}' is not served; use one of {', '.join(FORMATS)}",
