@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from graphc.plan import load_plan  # noqa: E402
+from graphc.plan import load_plan, parse_graph_id  # noqa: E402
 
 
 def launches_per_graph(ir) -> dict[str, int]:
@@ -109,10 +109,9 @@ def main() -> None:
     rows = []
     with torch.inference_mode():
         for key in plan.devices[a.device].capture_order:
-            node, family, rung = key.rsplit("/", 2)
+            node, family, rung = parse_graph_id(key)
             if a.only and not (key.startswith(a.only + "/") or node == a.only):
                 continue
-            rung = int(rung)
             step = ir.family(node, family)
             g.static_inputs(node, family, step, rung)
             g.plan_step(g.backends[(node, family, rung)], step, rung)

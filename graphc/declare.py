@@ -125,7 +125,10 @@ class Edge(Strict):
 
 
 class Walk(Strict):
-    """What one engine step runs: a path through nodes, a kind of work and a budget."""
+    """What one engine step runs: a path through nodes, a kind of work and a budget.
+
+    A "chunk" walk with a seqs budget carries whole slots of budget/seqs rows on its capture axis
+    (Code2Wav's chunks): seqs at a rung counts the rung's slots, and its budget and rungs are whole slots."""
 
     name: str = Field(pattern=_NAME)
     kind: WalkKind

@@ -38,14 +38,27 @@ class Step:
         return PHASE[self.kind]
 
     @property
+    def slot(self) -> int | None:
+        """Rows of one slot when the walk is a chunk walk with a seqs budget: its steps carry whole slots
+        of budget/seqs rows each (Code2Wav's chunks), and seqs counts the slots of a rung."""
+        seqs = dict(self.sizes).get("seqs")
+        if self.kind != "chunk" or seqs is None or self.axis == "seqs":
+            return None
+        return self.budget // seqs
+
+    @property
     def family(self) -> str:
         """Steps of one node with the same family share captured graphs (their rungs are unioned)."""
-        return f"{self.phase}:{self.axis}" + "".join(f"+{g}" for g in self.groups)
+        slot = f"@{self.slot}" if self.slot else ""
+        return f"{self.phase}:{self.axis}{slot}" + "".join(f"+{g}" for g in self.groups)
 
     def sizes_at(self, rung: int) -> dict[str, int]:
-        """Axis sizes of a step at one rung: the capture axis takes the rung, the others their budget."""
+        """Axis sizes of a step at one rung: the capture axis takes the rung, the others their budget
+        (in a chunk walk, seqs is the rung's slots)."""
         sizes = dict(self.sizes)
         sizes[self.axis] = rung
+        if self.slot:
+            sizes["seqs"] = -(-rung // self.slot)
         if self.kind == "decode":
             sizes["tokens"] = sizes["seqs"]
         if self.axis == "tokens" and "seqs" in sizes:
@@ -131,6 +144,18 @@ def walk_sizes(walk: Walk) -> dict[str, int]:
     return sizes
 
 
+def check_slots(walk: Walk, node: str, budget: int, seqs: int) -> None:
+    """A chunk walk's steps are whole slots: its budget and every rung a multiple of budget/seqs."""
+    slot = budget // seqs
+    bad = [r for r in (walk.ladder or ()) if r % slot] if budget % seqs == 0 else [budget]
+    if bad:
+        raise InvalidInput(f"walk '{walk.name}' carries {node}'s {budget} rows in {seqs} slots of {budget / seqs:g} "
+                           f"rows, but {bad} {'are' if len(bad) > 1 else 'is'} not a whole number of slots",
+                           "a chunk walk's seqs budget counts slots of equal length: its budget and every "
+                           "ladder rung must be a multiple of the slot",
+                           f"make the budget {seqs} x the slot length and each rung a multiple of it")
+
+
 def build_ir(model: Model, target: Target, num_devices: int) -> IR:
     graph = nx.MultiDiGraph()
     for n in model.nodes:
@@ -145,6 +170,8 @@ def build_ir(model: Model, target: Target, num_devices: int) -> IR:
             node = model.node(name)
             axis = capture_axis(node, w)
             budget = sizes.get(axis)
+            if w.kind == "chunk" and "seqs" in sizes and axis != "seqs" and budget:
+                check_slots(w, name, budget, sizes["seqs"])
             steps.append(Step(node=name, walk=w.name, kind=w.kind, axis=axis, budget=budget or 0,
                               sizes=tuple(sorted(sizes.items())), inputs=fed_inputs(model, node, w),
                               groups=tuple(sorted({node.inputs[p].optional for p in fed_inputs(model, node, w)} - {None})),

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from graphc.declare import TORCH_DTYPES
 from graphc.ir import Step
+from graphc.plan import parse_graph_id
 from graphc.runtime.boot import DeviceBoot, allocate
 from graphc.runtime.steps import layouts, synthetic_inputs
 from graphc.step import StepContext
@@ -91,10 +92,10 @@ class Graphs:
     def allocate_wrappers(self) -> None:
         before, _ = _mem()
         for key in self.boot.plan.devices[self.boot.index].capture_order:
-            node, family, rung = key.rsplit("/", 2)
+            node, family, rung = parse_graph_id(key)
             step = self.boot.ir.family(node, family)
-            self.backends[(node, family, int(rung))] = {
-                role: self.backend_for(res, step, int(rung), True)
+            self.backends[(node, family, rung)] = {
+                role: self.backend_for(res, step, rung, True)
                 for role, res in self.boot.ir.node(node).resources.items()}
         after, _ = _mem()
         self.boot.measured["_wrappers"] = after - before
@@ -142,7 +143,7 @@ class Graphs:
     # ---- capture, largest first, into one pool
     def capture_all(self) -> None:
         order = self.boot.plan.devices[self.boot.index].capture_order
-        keys = [(k.rsplit("/", 2)[0], k.rsplit("/", 2)[1], int(k.rsplit("/", 2)[2])) for k in order]
+        keys = [parse_graph_id(k) for k in order]
         # warm-up on the current stream: lazy init and FlashInfer's first-call buffers. (A side stream
         # would get a cuBLAS workspace of its own, 32 MiB the ledger does not hold: seen on the H200.)
         with torch.inference_mode(), _bar(len(keys), "warming graphs") as bar:
@@ -177,10 +178,10 @@ class Graphs:
         """Every captured graph replays after a re-plan, with finite outputs."""
         with torch.inference_mode():
             for key, graph in self.boot.graphs.items():
-                node, family, rung = key.rsplit("/", 2)
+                node, family, rung = parse_graph_id(key)
                 step = self.boot.ir.family(node, family)
-                self.static_inputs(node, family, step, int(rung))
-                self.plan_step(self.backends[(node, family, int(rung))], step, int(rung))
+                self.static_inputs(node, family, step, rung)
+                self.plan_step(self.backends[(node, family, rung)], step, rung)
                 graph.replay()
                 decl = self.boot.ir.node(node)
                 for p, port in decl.outputs.items():

@@ -105,7 +105,8 @@ class TalkerPrompt:
 class SpeechHost:
     """What a speaking model's host provides (models/components/speech_host.py is Qwen3-Omni's).
 
-    talker, vocoder: nodes; prefill_walk, decode_walk, chunk_walk: their walks; voices: name -> the
+    talker, vocoder: nodes; prefill_walk, decode_walk: the talker's walks; chunk_walks: the vocoder's,
+    walk name -> the frames of its slots (a chunk is decoded in a slot that holds it); voices: name -> the
     model's speaker id; default_voice; sample_rate; hidden_port: the LLM output read at hidden_rows().
     sampling: the model's default SpeechSampling; sampling_row(SpeechSampling) -> the talker's `sampling`
     row; noise_shape: a frame's random draws (the `noise` row); seen_size: the `seen` row's width;
@@ -116,8 +117,9 @@ class SpeechHost:
     `frame` adds, or None until known; embed(ids) -> their LLM embeddings [n, H];
     talker_inputs(parts, samples, trailing, prefill, sampling, noise, seen) -> a step's inputs;
     talker_layouts(samples) -> ragged layouts; is_end(codes) -> the frame ends the speech;
-    chunk_frames(index, first) -> new frames of a request's index-th chunk; first_chunk: its default; slot(start, end) -> its Slot;
-    vocoder_inputs(filled, slots) -> (inputs, layouts); slot_frames: frames a slot holds."""
+    chunk_frames(index, first) -> new frames of a request's index-th chunk; first_chunk: its default;
+    slot(start, end) -> its Slot (.frames: the slot length it needs); vocoder_inputs(filled, slots,
+    slot_frames) -> (inputs, layouts) of a step of `slots` slots; wav of a step: slot after slot."""
 
     voices: dict[str, int] = {}
     default_voice: str = ""
@@ -174,7 +176,8 @@ class SpeechLane:
         self.capacity = self.pages.num_pages - executor.reserved.get(kv_res, 0)
         self.prefill_budget = model.walk(speech.prefill_walk).budget.axes()
         self.decode_seqs = model.walk(speech.decode_walk).budget.seqs
-        self.chunk_seqs = model.walk(speech.chunk_walk).budget.seqs
+        # the vocoder's walks, shortest slot first: (slot frames, walk, slots a step)
+        self.chunk_walks = sorted((n, w, model.walk(w).budget.seqs) for w, n in speech.chunk_walks.items())
         self.device = boot.device
         self.shared = torch.Generator(device=self.device).manual_seed(seed)
         self.no_noise = torch.zeros(speech.noise_shape, device=self.device)
@@ -366,29 +369,31 @@ class SpeechLane:
         return any(r.speech.chunk == 0 and self._chunk_ready(r.speech) for r in reqs)
 
     def schedule_vocoder(self, reqs: list) -> SpeechStep | None:
-        filled = []
-        for r in sorted(reqs, key=lambda r: r.speech.chunk > 0):      # first chunks first, then by arrival
+        """Ready chunks, first chunks first, then by arrival, in the walk of the shortest slot that holds
+        the first of them (a slot costs its full length: first audio is not decoded in long slots)."""
+        ready = []
+        for r in sorted(reqs, key=lambda r: r.speech.chunk > 0):
             n = self._chunk_ready(r.speech)
             if n:
-                filled.append((r, r.speech.vocoded, r.speech.vocoded + n))
-            if len(filled) == self.chunk_seqs:
-                break
-        if not filled:
+                a = r.speech.vocoded
+                ready.append((r, self.sh.slot(a, a + n), a + n))
+        if not ready:
             return None
-        step = SpeechStep(self.sh.chunk_walk, [r for r, _, _ in filled],
-                          {self.sh.vocoder: len(filled) * self.sh.slot_frames})
-        step.data = filled
+        frames, walk, seqs = next(w for w in self.chunk_walks if w[0] >= ready[0][1].frames)
+        filled = [c for c in ready if c[1].frames <= frames][:seqs]
+        step = SpeechStep(walk, [r for r, _, _ in filled], {self.sh.vocoder: len(filled) * frames})
+        step.data = (filled, frames)
         return step
 
     def run_vocoder(self, step: SpeechStep) -> list:
         node = self.sh.vocoder
         rung = step.rungs.get(node)
-        slots = (rung or step.sizes[node]) // self.sh.slot_frames
-        slots_of = [(r, self.sh.slot(a, b), b) for r, a, b in step.data]
+        slots_of, frames = step.data
+        slots = (rung or step.sizes[node]) // frames
         filled = [(torch.tensor(r.speech.frames, dtype=torch.int64).T, slot) for r, slot, _ in slots_of]
-        inputs, layouts = self.sh.vocoder_inputs(filled, slots)
-        out = self.executor.run_node(node, step.walk, rung, slots * self.sh.slot_frames, inputs, layouts)
-        wav = out["wav"][:len(filled)].float().cpu().numpy()
+        inputs, layouts = self.sh.vocoder_inputs(filled, slots, frames)
+        out = self.executor.run_node(node, step.walk, rung, slots * frames, inputs, layouts)
+        wav = out["wav"].view(slots, -1)[:len(filled)].float().cpu().numpy()
         now = time.perf_counter()
         for i, (r, slot, end) in enumerate(slots_of):
             s = r.speech

@@ -7,14 +7,16 @@ CausalConv k7, 4 blocks of (SnakeBeta, ConvTranspose k=2r s=r, 3 dilated residua
 SnakeBeta, CausalConv -> 1 channel, clamp to [-1, 1]. Weight names are the checkpoint's minus
 the 'code2wav.' prefix.
 
-Step layout. The capture axis "frames" counts codec frames; a step decodes frames/chunk_frames
-chunks ("slots") of exactly chunk_frames frames each, packed slot after slot:
-  codes [frames, num_quantizers] int  ->  wav [frames/chunk_frames, samples_per_chunk] fp32
-The transformer runs on the packed rows [frames, hidden] with one attention segment per slot
-(cu_seqlens = 0, F, 2F, ...), rotary positions restarting at 0 in each slot; the convolutions
+Step layout. The capture axis "frames" counts codec frames; a step decodes `seqs` chunks ("slots")
+of L = frames/seqs frames each (a chunk walk's slot: its frames budget over its seqs budget, at most
+chunk_frames), packed slot after slot, with the code frames each slot holds:
+  codes [frames, num_quantizers] int, filled [seqs] int  ->  wav [frames * U] fp32
+wav is slot after slot, U*L samples each: a slot's first samples(filled) samples are its audio, the
+rest zero. The transformer runs on the packed rows [frames, hidden] with one attention segment per
+slot (cu_seqlens = 0, L, 2L, ...), rotary positions restarting at 0 in each slot; the convolutions
 run on [slots, channels, time], so nothing leaks between slots (each is zero-padded on its own,
-like a separate HF call). A walk on this node needs ladder rungs that are multiples of
-chunk_frames, and a seqs budget of frames/chunk_frames so the attention is sized per slot.
+like a separate HF call). A model may declare several chunk walks of different slot lengths (short
+slots for a request's first frames, long ones after): a slot costs its full length.
 
 Chunked decoding (HF chunked_decode: 300 new frames with 25 frames of left context) maps onto
 slots of chunk_frames = 325: plan_chunks() gives, per slot, which code frames fill it and which
@@ -57,7 +59,7 @@ class Code2WavConfig(Strict):
     upsampling_ratios: tuple[int, ...] = (2, 2)
     upsample_rates: tuple[int, ...] = (8, 5, 4, 3)
     decoder_dim: int = Field(1536, ge=1)
-    chunk_frames: int = Field(325, ge=1)           # frames per slot, left context included
+    chunk_frames: int = Field(325, ge=1)           # frames of the longest slot, left context included
     left_context: int = Field(25, ge=0)            # context frames before each chunk's new frames
 
     @model_validator(mode="after")
@@ -97,6 +99,11 @@ class Code2WavConfig(Strict):
     @property
     def samples_per_chunk(self) -> int:
         return self.samples(self.chunk_frames)
+
+    @property
+    def tail(self) -> int:
+        """samples(n) = U*n - tail for every n >= 1: the samples the last frame still owes the next."""
+        return self.total_upsample - self.samples(1)
 
 
 # ---- the pre-transformer --------------------------------------------------------------------------
@@ -245,10 +252,10 @@ def _decoder(cfg: Code2WavConfig) -> nn.Sequential:
 # ---- the node -------------------------------------------------------------------------------------
 
 class Code2Wav(NodeModule):
-    """Node: codes [frames, Q] packed by slot of chunk_frames -> wav [frames/chunk_frames, S] fp32.
+    """Node: codes [frames, Q] in `seqs` slots of L frames, filled [seqs] -> wav [frames * U] fp32.
 
-    S = cfg.samples_per_chunk. The attention role is a causal ragged attention with window
-    sliding_window and one segment per slot (see attention_spec and cu_seqlens).
+    The attention role is a causal ragged attention with window sliding_window and one segment per
+    slot (see attention_spec and cu_seqlens).
     """
 
     ROLES = {"attn": "ragged_attention"}
@@ -264,20 +271,21 @@ class Code2Wav(NodeModule):
                                       for r in cfg.upsampling_ratios)
         self.decoder = _decoder(cfg)
 
-    def forward(self, ctx: StepContext, codes: torch.Tensor) -> dict[str, torch.Tensor]:
-        rows, chunk = codes.shape[0], self.cfg.chunk_frames
-        if rows % chunk:
-            raise ValueError(f"{rows} code frames do not fill whole {chunk}-frame slots; "
-                             "the walk's ladder must step in multiples of chunk_frames")
-        slots = rows // chunk
+    def forward(self, ctx: StepContext, codes: torch.Tensor, filled: torch.Tensor) -> dict[str, torch.Tensor]:
+        rows, slots, u = codes.shape[0], filled.shape[0], self.cfg.total_upsample
+        chunk = rows // slots
+        if rows % slots or chunk > self.cfg.chunk_frames:
+            raise ValueError(f"{rows} code frames do not make {slots} slots of at most {self.cfg.chunk_frames} "
+                             "frames; a chunk walk's rungs must be whole slots")
         x = self.code_embedding(codes + self.code_offset).mean(1)          # [R, Q, H] -> [R, H]
         positions = torch.arange(chunk, device=codes.device).repeat(slots)  # every slot starts at 0
         x = self.pre_transformer(x, positions, ctx["attn"])                 # [R, H]
-        x = x.view(slots, chunk, -1).transpose(1, 2)                        # [B, H, F]
+        x = x.view(slots, chunk, -1).transpose(1, 2)                        # [B, H, L]
         for up in self.upsample:
-            x = up(x)                                                       # [B, H, F * prod(ratios)]
-        wav = self.decoder(x)                                               # [B, 1, S]
-        return {"wav": wav[:, 0].clamp(-1, 1).float()}
+            x = up(x)                                                       # [B, H, L * prod(ratios)]
+        wav = F.pad(self.decoder(x)[:, 0], (0, self.cfg.tail))              # [B, U*L]
+        keep = torch.arange(u * chunk, device=codes.device) < (u * filled - self.cfg.tail)[:, None]
+        return {"wav": (wav.clamp(-1, 1) * keep).float().flatten()}
 
 
 def attention_spec(cfg: Code2WavConfig, name: str, **kw) -> RaggedAttentionSpec:
@@ -291,17 +299,18 @@ def attention_spec(cfg: Code2WavConfig, name: str, **kw) -> RaggedAttentionSpec:
 
 
 def ports(cfg: Code2WavConfig, codes_dtype: str = "int64") -> tuple[dict[str, gc.Port], dict[str, gc.Port]]:
-    """The node's inputs and outputs on the "frames" axis (frames = slots * chunk_frames)."""
-    inputs = {"codes": gc.Port(shape=("frames", cfg.num_quantizers), dtype=codes_dtype)}
-    outputs = {"wav": gc.Port(shape=(f"frames/{cfg.chunk_frames}", cfg.samples_per_chunk), dtype="float32")}
+    """The node's inputs and outputs on the "frames" axis (frames = seqs slots * the slot length)."""
+    inputs = {"codes": gc.Port(shape=("frames", cfg.num_quantizers), dtype=codes_dtype),
+              "filled": gc.Port(shape=("seqs",), dtype="int64")}
+    outputs = {"wav": gc.Port(shape=(f"frames*{cfg.total_upsample}",), dtype="float32")}
     return inputs, outputs
 
 
 # ---- host side: how a runtime fills slots and trims their output ----------------------------------
 
-def cu_seqlens(cfg: Code2WavConfig, slots: int) -> list[int]:
-    """Attention segments of a step of `slots` slots: one per slot (padding slots included)."""
-    return [i * cfg.chunk_frames for i in range(slots + 1)]
+def cu_seqlens(slot_frames: int, slots: int) -> list[int]:
+    """Attention segments of a step of `slots` slots of slot_frames: one per slot (padding slots included)."""
+    return [i * slot_frames for i in range(slots + 1)]
 
 
 @dataclass(frozen=True)
@@ -330,15 +339,21 @@ def plan_chunks(cfg: Code2WavConfig, num_frames: int) -> list[Slot]:
     return out
 
 
-def pack_slots(cfg: Code2WavConfig, filled: list[tuple[torch.Tensor, Slot]], total_slots: int) -> torch.Tensor:
-    """(codes [Q, T] of a request, one of its slots) per slot, any mix of requests -> the step
-    input [total_slots * chunk_frames, Q]. Unfilled rows hold code 0: in a filled slot they only
-    feed samples past keep_stop, and unfilled slots are dropped."""
-    step = torch.zeros(total_slots * cfg.chunk_frames, cfg.num_quantizers, dtype=torch.int64)
+def pack_slots(cfg: Code2WavConfig, filled: list[tuple[torch.Tensor, Slot]], total_slots: int,
+               slot_frames: int | None = None) -> dict[str, torch.Tensor]:
+    """(codes [Q, T] of a request, one of its slots) per slot, any mix of requests -> the step's
+    inputs: codes [total_slots * slot_frames, Q] (slot_frames: the walk's slot, chunk_frames by
+    default) and filled [total_slots]. Unfilled rows hold code 0: in a filled slot they only feed
+    samples past keep_stop, and unfilled slots are dropped."""
+    n = slot_frames or cfg.chunk_frames
+    step = torch.zeros(total_slots * n, cfg.num_quantizers, dtype=torch.int64)
+    lengths = torch.zeros(total_slots, dtype=torch.int64)
     for i, (codes, s) in enumerate(filled):
-        row = i * cfg.chunk_frames
-        step[row: row + s.frames] = codes[:, s.start: s.start + s.frames].T
-    return step
+        if s.frames > n:
+            raise ValueError(f"a chunk of {s.frames} frames does not fit a {n}-frame slot")
+        step[i * n: i * n + s.frames] = codes[:, s.start: s.start + s.frames].T
+        lengths[i] = s.frames
+    return {"codes": step, "filled": lengths}
 
 
 def stream_chunk_frames(cfg: Code2WavConfig, index: int, first: int) -> int:

@@ -71,9 +71,16 @@ class QwenOmniSpeech(SpeechHost):
                  thinker: str = "thinker", first_chunk: int = 5):
         self.model, self.media, self.ids = model, media, ids
         self.talker, self.vocoder, self.thinker = talker, vocoder, thinker
-        self.prefill_walk, self.decode_walk, self.chunk_walk = "talker_prefill", "talker_decode", "code2wav_chunk"
+        self.prefill_walk, self.decode_walk = "talker_prefill", "talker_decode"
         self.tcfg = model.node(talker).config
         self.vcfg: c2w.Code2WavConfig = model.node(vocoder).config
+        self.chunk_walks = {w.name: w.budget.frames // w.budget.seqs for w in model.walks
+                            if w.path == (vocoder,) and w.kind == "chunk"}
+        if max(self.chunk_walks.values(), default=0) != self.vcfg.chunk_frames:
+            raise InvalidInput(f"the longest of {vocoder}'s chunk walks {self.chunk_walks} (frames per slot) is not "
+                               f"its chunk_frames {self.vcfg.chunk_frames}",
+                               "a chunk of up to chunk_frames frames must fit some walk's slot",
+                               f"declare a chunk walk of {self.vcfg.chunk_frames}-frame slots")
         if ids.get("codec_nothink_id", 0) < 0:            # seeded tiny weights: special codec ids above the codebook
             base = self.tcfg.code_predictor_config.vocab_size
             names = ("codec_pad_id", "codec_bos_id", "codec_nothink_id", "codec_think_bos_id", "codec_think_eos_id")
@@ -245,9 +252,6 @@ class QwenOmniSpeech(SpeechHost):
     def slot(self, start: int, end: int) -> c2w.Slot:
         return c2w.stream_slot(self.vcfg, start, end)
 
-    def vocoder_inputs(self, filled: list[tuple[torch.Tensor, c2w.Slot]], slots: int) -> tuple[dict, dict]:
-        return ({"codes": c2w.pack_slots(self.vcfg, filled, slots)}, {"attn": c2w.cu_seqlens(self.vcfg, slots)})
-
-    @property
-    def slot_frames(self) -> int:
-        return self.vcfg.chunk_frames
+    def vocoder_inputs(self, filled: list[tuple[torch.Tensor, c2w.Slot]], slots: int,
+                       slot_frames: int) -> tuple[dict, dict]:
+        return c2w.pack_slots(self.vcfg, filled, slots, slot_frames), {"attn": c2w.cu_seqlens(slot_frames, slots)}

@@ -56,12 +56,14 @@ def ours(path, cfg: Code2WavConfig = CFG) -> Code2Wav:
     return module
 
 
-def decode(module: Code2Wav, packed: torch.Tensor) -> torch.Tensor:
-    cfg = module.cfg
-    slots = packed.shape[0] // cfg.chunk_frames
-    attn = RaggedTorch(attention_spec(cfg, "code2wav_attn"), cu_seqlens(cfg, slots))
+def decode(module: Code2Wav, codes: torch.Tensor, filled: torch.Tensor | None = None,
+           slot_frames: int = CHUNK) -> torch.Tensor:
+    """codes [slots * slot_frames, Q] (every slot full unless `filled` says) -> wav [slots, U * slot_frames]."""
+    slots = codes.shape[0] // slot_frames
+    filled = torch.full((slots,), slot_frames) if filled is None else filled
+    attn = RaggedTorch(attention_spec(module.cfg, "code2wav_attn"), cu_seqlens(slot_frames, slots))
     with torch.no_grad():
-        return module(StepContext({"attn": attn}), codes=packed)["wav"]
+        return module(StepContext({"attn": attn}), codes=codes, filled=filled)["wav"].view(slots, -1)
 
 
 
@@ -74,8 +76,11 @@ def test_two_chunks_in_one_packed_step_match_hf(hf):
     codes = random_codes(2, 16, CHUNK, seed=1)                   # HF layout [B, Q, F]
     with torch.no_grad():
         want = model(codes)[:, 0]                                # [2, S]
-    got = decode(ours(path), codes.transpose(1, 2).reshape(2 * CHUNK, 16))
-    assert got.shape == want.shape == (2, CFG.samples_per_chunk) == (2, 1920 * CHUNK - 555)
+    wav = decode(ours(path), codes.transpose(1, 2).reshape(2 * CHUNK, 16))
+    assert wav.shape == (2, 1920 * CHUNK)
+    got = wav[:, :CFG.samples_per_chunk]
+    assert want.shape == got.shape == (2, 1920 * CHUNK - 555)
+    assert (wav[:, CFG.samples_per_chunk:] == 0).all()             # the tail the next frame owes: zero
     assert 0 < (want.abs() >= 1).float().mean() < 0.2           # the clamp is exercised, not everywhere
     assert rel(got[0], got[1]) > 0.5                            # the two chunks differ
     assert rel(got, want) < 1e-5
@@ -92,13 +97,33 @@ def test_chunked_decode_of_two_requests_matches_hf(hf):
     requests = [random_codes(16, 17, seed=2), random_codes(16, 5, seed=3)]
     filled = [(codes, slot) for codes in requests for slot in plan_chunks(CFG, codes.shape[1])]
     assert [(s.start, s.frames) for _, s in filled] == [(0, 6), (4, 8), (10, 7), (0, 5)]
-    wav = decode(ours(path), pack_slots(CFG, filled, total_slots=len(filled) + 1))
+    step = pack_slots(CFG, filled, total_slots=len(filled) + 1)
+    assert step["filled"].tolist() == [6, 8, 7, 5, 0]
+    wav = decode(ours(path), step["codes"], step["filled"])
+    assert (wav[-1] == 0).all()                                    # an unfilled slot gives silence
     for codes in requests:
         got = torch.cat([wav[i, s.keep_start:s.keep_stop] for i, (c, s) in enumerate(filled) if c is codes])
         with torch.no_grad():
             want = model.chunked_decode(codes[None], chunk_size=CHUNK - CONTEXT, left_context_size=CONTEXT)[0, 0]
         assert got.shape == want.shape
         assert rel(got, want) < 1e-5
+
+
+def test_short_slots_match_hf_and_pad_with_silence(hf):
+    """Slots shorter than chunk_frames (a model's walk for first chunks): 3 slots of 5 frames holding
+    5, 3 and 0 frames give HF's call on those frames, then exact zeros."""
+    model, path = hf
+    codes = random_codes(2, 16, 5, seed=5)
+    packed = torch.zeros(15, 16, dtype=torch.int64)
+    packed[:5], packed[5:8] = codes[0].T, codes[1, :, :3].T
+    wav = decode(ours(path), packed, torch.tensor([5, 3, 0]), slot_frames=5)
+    assert wav.shape == (3, 1920 * 5)
+    with torch.no_grad():
+        want = [model(codes[:1])[0, 0], model(codes[1:, :, :3])[0, 0]]
+    for row, w in zip(wav, want):
+        assert rel(row[:len(w)], w) < 1e-5
+        assert (row[len(w):] == 0).all()
+    assert (wav[2] == 0).all()
 
 
 def test_sliding_window_matters_and_counts_keys_like_hf(hf):
@@ -112,12 +137,13 @@ def test_sliding_window_matters_and_counts_keys_like_hf(hf):
         full_hf = hf_model(sliding_window=4 * CHUNK)
         full_hf.load_state_dict(model.state_dict())
         want_full = full_hf(codes)[:, 0]
-    windowed = decode(ours(path), packed)
-    full = decode(ours(path, CFG.model_copy(update={"sliding_window": None})), packed)
+    n = CFG.samples_per_chunk
+    windowed = decode(ours(path), packed)[:, :n]
+    full = decode(ours(path, CFG.model_copy(update={"sliding_window": None})), packed)[:, :n]
     assert rel(windowed, want) < 1e-5 and rel(full, want_full) < 1e-5
     assert rel(full, windowed) > 0.1
     for w in (WINDOW - 1, WINDOW + 1):
-        assert rel(decode(ours(path, CFG.model_copy(update={"sliding_window": w})), packed), want) > 1e-2
+        assert rel(decode(ours(path, CFG.model_copy(update={"sliding_window": w})), packed)[:, :n], want) > 1e-2
 
 
 def real_node() -> gc.Node:
@@ -142,7 +168,8 @@ def test_forward_traces_on_meta_tensors():
     sizes = {"frames": 2 * node.config.chunk_frames, "seqs": 2}
     fake = spec.fake(spec.step_shape("frames", sizes, "chunk"))
     trace = FakeNode(node).trace(node.inputs, sizes, {"attn": fake}, "code2wav")
-    assert trace.output_bytes == 2 * node.config.samples_per_chunk * 4
+    assert trace.output_bytes == 2 * node.config.chunk_frames * 1920 * 4
     assert trace.peak_bytes > trace.output_bytes
-    with pytest.raises(InvalidInput, match="whole 325-frame slots"):
-        FakeNode(node).trace(node.inputs, {"frames": 300, "seqs": 1}, {"attn": fake}, "code2wav")
+    for bad in ({"frames": 301, "seqs": 2}, {"frames": 2 * 326, "seqs": 2}):
+        with pytest.raises(InvalidInput, match="must be whole slots"):
+            FakeNode(node).trace(node.inputs, bad, {"attn": fake}, "code2wav")

@@ -254,7 +254,7 @@ def test_metrics_count_speaking_requests_and_their_first_audio(served):
     spoke = sum(value(f'graphc_requests_total{{kind="t2s",status="{s}"}}') for s in ("stop", "length")
                 if f'kind="t2s",status="{s}"' in text)
     assert spoke >= 1 and value("graphc_first_audio_seconds_count") >= 1
-    for walk in ("talker_prefill", "talker_decode", "code2wav_chunk"):
+    for walk in ("talker_prefill", "talker_decode", "code2wav_short"):
         assert value(f'graphc_walk_steps_total{{walk="{walk}"}}') == engine.stats()["steps"][walk]
 
 

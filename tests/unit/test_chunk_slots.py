@@ -1,0 +1,60 @@
+"""Chunk walks carry whole slots (Code2Wav): seqs at a rung counts its slots, walks of different slot
+lengths on one node capture separate graph families, and plans name those graphs so that the GPU
+runtime parses them back. Expected values are worked by hand from the presets."""
+import glob
+
+import pytest
+
+from graphc.errors import InvalidInput
+from graphc.ir import build_ir
+from graphc.pipeline import compile_model
+from graphc.plan import graph_id, load_plan, parse_graph_id
+from graphc.runtime.boot import plan_ir
+from graphc.source import load_model
+from graphc.targets import get_target
+
+OMNI = "models/qwen3_omni.py"
+
+
+@pytest.fixture(scope="module")
+def real_ir():
+    return build_ir(load_model(OMNI).model, get_target("h200"), 1)
+
+
+def step(ir, walk):
+    return next(s for s in ir.steps if s.walk == walk and s.node == "code2wav")
+
+
+def test_a_chunk_rung_counts_its_slots(real_ir):
+    long, short = step(real_ir, "code2wav_chunk"), step(real_ir, "code2wav_short")
+    assert (long.slot, short.slot) == (100, 16)                   # 1600 frames / 16 slots; 256 / 16
+    assert long.sizes_at(400) == {"frames": 400, "seqs": 4}
+    assert long.sizes_at(1600) == {"frames": 1600, "seqs": 16}
+    assert short.sizes_at(64) == {"frames": 64, "seqs": 4}
+    assert long.family != short.family                            # one node, two families of graphs
+    talker = next(s for s in real_ir.steps if s.walk == "talker_prefill")
+    assert talker.slot is None and talker.sizes_at(128)["seqs"] == 32   # a prefill's seqs stay its budget
+
+
+def test_a_rung_that_is_not_whole_slots_is_refused():
+    src = load_model(OMNI, "tiny")
+    with pytest.raises(InvalidInput) as e:
+        compile_model(src, "cpu", 1, {"walks": {"code2wav_chunk": {"ladder": [24, 36]}}})
+    msg = str(e.value)
+    assert "code2wav_chunk" in msg and "[36]" in msg and "24" in msg
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob("plans/*.plan")))
+def test_every_planned_graph_id_parses_back_to_a_family_the_ir_knows(path):
+    plan = load_plan(path)
+    ir = plan_ir(plan)
+    for d in plan.devices:
+        for gid in d.capture_order:
+            node, family, rung = parse_graph_id(gid)
+            assert graph_id((node, family, rung)) == gid
+            assert rung in plan.nodes[node].graphs[family]
+            assert ir.family(node, family).node == node
+
+
+def test_graph_ids_with_a_slash_in_the_family_parse():
+    assert parse_graph_id("code2wav/prefill:frames/x/1600") == ("code2wav", "prefill:frames/x", 1600)
