@@ -5,6 +5,7 @@ results onward (graphc/passes/*). The networkx graph holds nodes and port-level 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -82,6 +83,19 @@ class IR:
 
     def family(self, node: str, family: str) -> Step:
         return family_step([s for s in self.steps if s.node == node and s.family == family])
+
+    def transfers_into(self, nodes: list[str]) -> list[tuple[str, str, int, str]]:
+        """The static receive buffers of a device that holds `nodes`: each edge into one of them from a
+        node elsewhere arrives in a buffer of its source port, (source, port, elements, dtype), as large
+        as the port is at the largest step of the source's walks (its budget sizes)."""
+        out = {}
+        for e in self.model.edges:
+            (src, port), (dst, _) = e.ends()
+            if dst in nodes and src not in nodes and (src, port) not in out:
+                spec = self.node(src).outputs[port]
+                numel = max(math.prod(spec.concrete(s.sizes_at(s.budget))) for s in self.steps_of(src))
+                out[(src, port)] = (src, port, numel, spec.dtype)
+        return list(out.values())
 
     @cached_property
     def users(self) -> dict[str, list[tuple[str, str]]]:

@@ -14,9 +14,6 @@ from resources.workspace import WorkspaceSpec
 def verify_graph(model: Model, target: Target, num_devices: int) -> IR:
     if num_devices < 1:
         raise InvalidInput(f"--gpus {num_devices} must be at least 1")
-    if not target.is_gpu and num_devices != 1:
-        raise InvalidInput(f"--gpus {num_devices} with the cpu target", "a cpu plan has one device",
-                           "drop --gpus or plan for a GPU")
     _check_nodes(model, num_devices)
     _check_edges(model)
     _check_walks(model)

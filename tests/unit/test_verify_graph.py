@@ -118,6 +118,8 @@ def test_pin_out_of_range(tiny):
         check(m, devices=2)
 
 
-def test_cpu_has_one_device(tiny):
-    with pytest.raises(InvalidInput, match="a cpu plan has one device"):
-        check(tiny.model, devices=2, gpu="cpu")
+def test_cpu_plans_take_several_devices_each_a_process(tiny):
+    assert check(tiny.model, devices=2, gpu="cpu").num_devices == 2     # one worker process a device (issue 12)
+    m = _edit(tiny.model, nodes=(tiny.model.node("encoder"), _node(tiny.model, "decoder", device=2)))
+    with pytest.raises(InvalidInput, match="pinned to device 2"):
+        check(m, devices=2, gpu="cpu")
