@@ -1,5 +1,6 @@
 """graphc plan | explain | diff | check | run. Exit codes: 0 fits (plans equal; check passed; every request
-served), 1 does not fit (plans differ; check failed; a request failed), 2 invalid input."""
+served), 1 does not fit (plans differ; check failed; a request failed), 2 invalid input, 3 a plan device's
+worker process died (graphc run)."""
 from __future__ import annotations
 
 import argparse
@@ -142,9 +143,6 @@ def cmd_check(args) -> int:
 
 
 def cmd_run(args) -> int:
-    import json
-    import time
-
     from graphc.plan import load_plan
     from graphc.runtime.engine import Engine, read_jsonl
     plan = load_plan(args.plan)
@@ -155,6 +153,16 @@ def cmd_run(args) -> int:
     requests = read_jsonl(args.requests) if args.requests else None
     engine = Engine(plan, args.checkpoint, random_weights=args.random_weights, seed=args.seed,
                     emulate=args.emulate, force=args.force)
+    try:
+        return _serve_or_run(engine, args, requests)
+    finally:
+        engine.close()                 # a multi-device plan's worker processes
+
+
+def _serve_or_run(engine, args, requests: list | None) -> int:
+    import json
+    import time
+
     print(engine.summary(), file=sys.stderr)
     if requests is None:
         import os

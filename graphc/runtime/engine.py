@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 
 from graphc.errors import InvalidInput
 from graphc.plan import Plan, load_plan
@@ -27,6 +28,7 @@ from graphc.runtime.request import Request
 from graphc.runtime.sampler import Sampler, SamplingParams, new_generator
 from graphc.runtime.scheduler import Scheduler, StepPlan
 from graphc.runtime.speech import SpeechLane, SpeechParams
+from graphc.runtime.workers import WorkerDied
 from graphc.source import first_difference, read_config
 
 
@@ -77,17 +79,30 @@ class Engine:
                                "pass --checkpoint DIR, or --random-weights to serve seeded weights (token ids only)")
         self.plan = plan if isinstance(plan, Plan) else load_plan(plan)
         check_checkpoint(self.plan, checkpoint)
-        if len(self.plan.devices) != 1:
-            raise InvalidInput(f"the plan places its nodes on {len(self.plan.devices)} devices",
-                               "this engine serves one-device plans; multi-device serving is issue 12",
-                               "plan with --gpus 1")
         t0 = time.perf_counter()
         self.checkpoint = str(checkpoint) if checkpoint is not None else None
+        self.workers = None
+        if boot is None and len(self.plan.devices) > 1:      # one worker process for each other device
+            from graphc.runtime.boot import plan_ir
+            from graphc.runtime.workers import Workers
+
+            ir = plan_ir(self.plan)
+            llm = llm_node(ir, self.plan)
+            local = next(d.index for d in self.plan.devices if llm in d.nodes)
+
+            def boot_local():
+                return boot_plan(self.plan, devices=[local], checkpoint=self.checkpoint, seed=seed, emulate=emulate,
+                                 force=force, prebuild=prebuild, gpu=local)[0]
+
+            device = torch.device("cpu" if self.plan.target.arch == "cpu" else f"cuda:{local}")
+            self.workers = Workers(self.plan, ir, local, device, checkpoint=self.checkpoint, seed=seed,
+                                   emulate=emulate, force=force, prebuild=prebuild, boot_local=boot_local)
+            boot = self.workers.booted
         self.boot = boot if boot is not None else boot_plan(
             self.plan, checkpoint=self.checkpoint, seed=seed, emulate=emulate, force=force, prebuild=prebuild)[0]
         self.boot_seconds = time.perf_counter() - t0
         self.model = self.boot.ir.model
-        self.llm = llm_node(self.boot)
+        self.llm = llm_node(self.boot.ir, self.plan)
         self.host = self._host()
         kv_role, kv_res = next((role, r) for role, r in self.model.node(self.llm).resources.items()
                                if r in self.boot.pages)
@@ -95,13 +110,19 @@ class Engine:
         # a captured paged rung runs exactly its sequences and rows: padding sits on one scratch page of each pool
         scratch = ({res: alloc.allocate(1)[0] for res, alloc in self.boot.pages.items()}
                    if self.boot.device.type == "cuda" else {})
-        self.executor = Executor(self.boot, self.host, self.llm, scratch)
+        self.executor = Executor(self.boot, self.host, self.llm, scratch, self.workers)
         self.scheduler = Scheduler(self.plan, self.model, self.llm, self.executor.kv_spec, pages,
                                    reserved=self.executor.reserved.get(kv_res, 0))
         self.speech: SpeechLane | None = None
-        if getattr(self.host, "speech", None) is not None and self._speech_kinds():
-            self.host.speech.bind(self.boot.modules, self.boot.device)
-            self.speech = SpeechLane(self.host.speech, self.executor, self.boot, seed=seed)
+        self.speech_refused: str | None = None
+        sh = getattr(self.host, "speech", None)
+        if sh is not None and self._speech_kinds():
+            if sh.talker in self.boot.nodes and sh.vocoder in self.boot.nodes:
+                sh.bind(self.boot.modules, self.boot.device)
+                self.speech = SpeechLane(sh, self.executor, self.boot, seed=seed)
+            else:
+                self.speech_refused = (f"the plan puts {sh.talker} and {sh.vocoder} on another device than "
+                                       f"{self.llm}; speech across devices is not served yet")
         self.talking: list[Request] = []          # speaking requests not closed, in arrival order
         self._lane = 0
         self.sampler = Sampler(seed, self.boot.device)
@@ -115,6 +136,7 @@ class Engine:
                 self.template = None
         self._ids = itertools.count()
         self.requests: dict[str, Request] = {}
+        self.dead: str | None = None              # why the engine stopped (a worker died)
 
     # ---- boot facts
     def _host(self) -> Host:
@@ -129,7 +151,10 @@ class Engine:
         kv = self.executor.kv_spec
         pages = self.scheduler.capacity
         graphs = len(self.boot.graphs)
-        where = self.boot.device.type if self.boot.device.type == "cpu" else f"{self.plan.target.gpu} x1"
+        n = len(self.plan.devices)
+        where = (f"{self.boot.device.type}" if self.boot.device.type == "cpu" else self.plan.target.gpu) + f" x{n}"
+        if self.workers is not None:
+            where += f" (worker processes for devices {', '.join(map(str, self.workers.procs))})"
         return (f"graphc run: {self.plan.model.name} on {where}, {graphs} graphs captured"
                 f"{' (CPU: every step eager)' if graphs == 0 else ''}, {pages * kv.page_size:,} KV tokens "
                 f"({pages:,} pages), kinds {', '.join(self.kinds())}, booted in {self.boot_seconds:.1f} s")
@@ -198,8 +223,11 @@ class Engine:
         if not rp.ids:
             raise InvalidInput("the prompt is empty", "", "send at least one token")
         if speech is not None and self.speech is None:
-            raise InvalidInput("this plan does not speak", f"its kinds: {', '.join(self.kinds())}",
-                               "ask for text out only, or plan a model with a talker", param="modalities")
+            raise InvalidInput("this plan does not speak" if self.speech_refused is None else "this engine does not speak",
+                               self.speech_refused or f"its kinds: {', '.join(self.kinds())}",
+                               "ask for text out only, or plan a model with a talker" if self.speech_refused is None
+                               else "plan the talker and Code2Wav on the thinker's device (--set nodes.NAME.device=N)",
+                               param="modalities")
         kind, prefill, decode = self._kind(rp.walks(), speech is not None)
         state = None
         if speech is not None:
@@ -252,6 +280,12 @@ class Engine:
                 req.speech.ended = "abort"
             self._close(req)
 
+    def close(self) -> None:
+        """Stop the plan's worker processes (a one-device engine holds none)."""
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+
     def has_work(self) -> bool:
         return not self.scheduler.idle() or bool(self.talking)
 
@@ -259,7 +293,23 @@ class Engine:
     def step(self) -> list[Event]:
         """One step of one walk: the thinker's, the talker's or the vocoder's lane, taken in turn; while a
         request whose talker started has no audio yet, the talker goes first, and a chunk that would be
-        some request's first audio before that."""
+        some request's first audio before that. A plan device's worker that died fails every request in
+        flight and raises WorkerDied (the engine cannot go on)."""
+        try:
+            if self.workers is not None:
+                self.workers.check()
+            return self._step()
+        except WorkerDied as e:
+            self.dead = str(e)
+            e.events = []                         # each request in flight, failed: for whoever streams it
+            for req in list(self.requests.values()):
+                if not req.closed:
+                    req.finish_reason, req.error = "error", f"WorkerDied: {e.what}"
+                    self._close(req)
+                    e.events.append(Event(req, [], "", True))
+            raise
+
+    def _step(self) -> list[Event]:
         lanes = (self._thinker_step, self._talker_step, self._vocoder_step) if self.speech else (self._thinker_step,)
         order = [(self._lane + k) % len(lanes) for k in range(len(lanes))]
         if self.speech is not None:           # first audio first: its chunk, else its talker, before the rest
@@ -341,6 +391,8 @@ class Engine:
         self._walk = plan.walk
         try:
             result = self.executor.run(plan)
+        except WorkerDied:
+            raise
         except Exception as e:
             return self._fail([c.req for c in plan.chunks], e)
         logits = result.logits
@@ -449,6 +501,8 @@ class Engine:
                "replayed": sum(c for (_, _, r), c in st.rungs.items() if r != "eager"),
                "eager": sum(c for (_, _, r), c in st.rungs.items() if r == "eager"),
                "step_ms": {w: 1e3 * st.seconds[w] / st.steps[w] for w in st.steps if st.seconds[w]}}
+        if self.workers is not None:
+            out["remote"] = dict(self.workers.stats)
         if wall_s is not None:
             out["wall_s"] = wall_s
         return out

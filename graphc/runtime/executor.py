@@ -14,7 +14,8 @@ import torch
 
 from graphc.declare import TORCH_DTYPES, Node
 from graphc.errors import InvalidInput
-from graphc.ir import Step
+from graphc.ir import IR, Step
+from graphc.plan import Plan
 from graphc.runtime.boot import DeviceBoot
 from graphc.runtime.host import Host
 from graphc.runtime.scheduler import StepPlan
@@ -28,11 +29,11 @@ def text_kind(stages: list) -> bool:
     return all(isinstance(s, str) for s in stages)
 
 
-def llm_node(boot: DeviceBoot) -> str:
+def llm_node(ir: IR, plan: Plan) -> str:
     """The node that decodes text: the one node on the decode walk that ends the plan's text request
     kinds (those whose stages are single walks)."""
-    model, found = boot.ir.model, set()
-    for stages in boot.plan.requests.values():
+    model, found = ir.model, set()
+    for stages in plan.requests.values():
         if text_kind(stages) and model.walk(stages[-1]).kind == "decode":
             found.update(model.walk(stages[-1]).path)
     if len(found) != 1:
@@ -59,16 +60,12 @@ class StepResult:
     rows: list[tuple[str, int]]               # (request id, row) of each LLM row
 
 
-class Executor:
-    def __init__(self, boot: DeviceBoot, host: Host, llm: str, scratch: dict[str, int] | None = None):
+class NodeRunner:
+    """Runs the nodes of one booted device: replays a captured rung (GPU) or runs eagerly."""
+
+    def __init__(self, boot: DeviceBoot, scratch: dict[str, int] | None = None):
         """scratch: a page of each paged resource that padding rows of a captured rung write (GPU)."""
-        self.boot, self.host, self.llm = boot, host, llm
-        self.reserved = {res: 1 for res in (scratch or {})}
-        self.model = boot.ir.model
-        self.steps: dict[tuple[str, str], Step] = {(s.node, s.walk): s for s in boot.ir.steps}
-        self.kv_role, kv_res = next((role, r) for role, r in self.model.node(llm).resources.items()
-                                    if isinstance(self.model.resource(r), PagedKVSpec))
-        self.kv_spec: PagedKVSpec = self.model.resource(kv_res)
+        self.boot, self.model = boot, boot.ir.model
         self.gpu = None
         if boot.device.type == "cuda":
             from graphc.runtime.gpu_step import GpuSteps
@@ -93,6 +90,38 @@ class Executor:
         with torch.inference_mode():
             return self.boot.modules[node](StepContext(binds), **inputs)
 
+
+class Executor:
+    def __init__(self, boot: DeviceBoot, host: Host, llm: str, scratch: dict[str, int] | None = None,
+                 workers=None):
+        """scratch: a page of each paged resource that padding rows of a captured rung write (GPU).
+        workers: the plan's other devices (graphc/runtime/workers.py), for nodes this device does not hold."""
+        self.boot, self.host, self.llm = boot, host, llm
+        self.reserved = {res: 1 for res in (scratch or {})}
+        self.model = boot.ir.model
+        self.steps: dict[tuple[str, str], Step] = {(s.node, s.walk): s for s in boot.ir.steps}
+        self.kv_role, kv_res = next((role, r) for role, r in self.model.node(llm).resources.items()
+                                    if isinstance(self.model.resource(r), PagedKVSpec))
+        self.kv_spec: PagedKVSpec = self.model.resource(kv_res)
+        self.local = NodeRunner(boot, scratch)
+        self.gpu = self.local.gpu
+        self.workers = workers
+        # what the LLM reads of each encoder: the source ports of the edges into it
+        self.feeds: dict[str, list[str]] = {}
+        for e in self.model.edges:
+            (src, sport), (dst, _) = e.ends()
+            if dst == llm:
+                self.feeds.setdefault(src, []).append(sport)
+
+    def run_node(self, node: str, walk: str, rung: int | None, size: int, inputs: dict, layouts: dict,
+                 want: list[str] | None = None) -> dict:
+        """One node of a step, on this device or on the worker of the device that holds it (its outputs
+        `want` then arrive here device to device). layouts: role -> its layout."""
+        if node in self.boot.nodes:
+            return self.local.run_node(node, walk, rung, size, inputs, layouts)
+        return self.workers.run(node, walk, rung, size, inputs, layouts, want if want is not None else
+                                list(self.model.node(node).outputs))
+
     def run(self, plan: StepPlan) -> StepResult:
         walk = self.model.walk(plan.walk)
         spliced: dict[str, tuple[dict, dict]] = {}         # encoder -> (outputs, {(request id, row): out row})
@@ -104,7 +133,8 @@ class Executor:
                 continue
             units = plan.rungs.get(node) or plan.sizes[node]
             batch = self.host.encode(node, [p for _, p in pieces], units)
-            out = self.run_node(node, plan.walk, plan.rungs.get(node), plan.sizes[node], batch.inputs, batch.segments)
+            out = self.run_node(node, plan.walk, plan.rungs.get(node), plan.sizes[node], batch.inputs, batch.segments,
+                                want=self.feeds.get(node, []))
             where = {}
             for (req, piece), offset in zip(pieces, batch.offsets):
                 for j, row in enumerate(piece.rows):

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from graphc.errors import InvalidInput
 from graphc.runtime.engine import Engine, Event
 from graphc.runtime.sampler import MAX_TOP_LOGPROBS, SamplingParams
+from graphc.runtime.workers import WorkerDied
 from graphc.runtime.transcribe import DEFAULT_MAX_AUDIO_BYTES
 
 log = logging.getLogger("graphc.server")
@@ -172,7 +174,12 @@ class Driver:
                 self.wake.wait(0.05)
                 self.wake.clear()
                 continue
-            for ev in self.engine.step():
+            dead = None
+            try:
+                events = self.engine.step()
+            except WorkerDied as e:              # a device's worker died: fail what is in flight, then exit
+                events, dead = e.events, e
+            for ev in events:
                 self._observe(ev)
                 if ev.request.user is None:       # added to the engine directly, not through this server
                     continue
@@ -181,6 +188,10 @@ class Driver:
                     loop.call_soon_threadsafe(events.put_nowait, ev)
                 except RuntimeError:              # its event loop is gone (shutdown): nobody reads it any more
                     self._abort(ev.request.id)
+            if dead is not None:
+                log.critical("graphc: %s; the server exits with code %d", dead, dead.exit_code)
+                threading.Timer(1.0, os._exit, (dead.exit_code,)).start()   # a moment to send the errors
+                return
 
 
 def _settle(fut: asyncio.Future, value, exc) -> None:
