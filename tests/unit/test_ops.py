@@ -148,14 +148,17 @@ def test_graphc_run_passes_its_flags_and_the_env_key(served, monkeypatch):
 
         def summary(self):
             return "booted"
+
+        def close(self):
+            calls.append("closed")
     monkeypatch.setattr(graphc.runtime.engine, "Engine", Booted)
     monkeypatch.setattr(graphc.runtime.server, "serve", lambda engine, host, port, **kw: calls.append(kw))
     plan = str(served["dir"] / "p.plan")
     monkeypatch.setenv("GRAPHC_API_KEY", "from-env")
     assert main(["run", plan]) == 0
-    assert calls[-1] == {"api_key": "from-env", "access_log": False, "max_audio_bytes": 25 * 1024 * 1024}
+    assert calls[-2:] == [{"api_key": "from-env", "access_log": False, "max_audio_bytes": 25 * 1024 * 1024}, "closed"]
     assert main(["run", plan, "--api-key", "flag", "--access-log", "--max-upload-mb", "1.5"]) == 0
-    assert calls[-1] == {"api_key": "flag", "access_log": True, "max_audio_bytes": 1536 * 1024}
+    assert calls[-2] == {"api_key": "flag", "access_log": True, "max_audio_bytes": 1536 * 1024}
     monkeypatch.delenv("GRAPHC_API_KEY")
-    assert main(["run", plan]) == 0 and calls[-1]["api_key"] is None
-    assert main(["run", plan, "--max-upload-mb", "0"]) == 2 and len(calls) == 3
+    assert main(["run", plan]) == 0 and calls[-2]["api_key"] is None
+    assert main(["run", plan, "--max-upload-mb", "0"]) == 2 and len(calls) == 6
