@@ -33,13 +33,8 @@ class PlanTarget(Strict):
     num_sms: int
 
 
-def graph_id(key: tuple[str, str, int]) -> str:
-    """A captured graph's name in a plan: 'node/family/rung'."""
-    return f"{key[0]}/{key[1]}/{key[2]}"
-
-
 def parse_graph_id(gid: str) -> tuple[str, str, int]:
-    """graph_id's inverse: 'node/family/rung' -> (node, family, rung)."""
+    """A captured graph's name in a plan, 'node/family/rung' (emit_plan.graph_id), -> (node, family, rung)."""
     node, rest = gid.split("/", 1)
     family, rung = rest.rsplit("/", 1)
     return node, family, int(rung)

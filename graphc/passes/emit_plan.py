@@ -6,12 +6,16 @@ import sys
 import torch
 
 from graphc.plan import FORMAT, Plan, PlanDevice, PlanModel, PlanNode, PlanResource, PlanTarget, PlanTrim, \
-    PlanWalk, PlanWalkBuckets, fingerprint, graph_id
+    PlanWalk, PlanWalkBuckets, fingerprint
 from graphc.passes.place_nodes import Placement
 from graphc.passes.tally_ledger import Sizing, device_convs
 from resources.paged_kv import PagedKVSpec
 
 VERSION = "0.1.0"
+
+
+def graph_id(key: tuple[str, str, int]) -> str:
+    return f"{key[0]}/{key[1]}/{key[2]}"
 
 
 def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, trimmed: list) -> Plan:

@@ -198,6 +198,8 @@ def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
             boot.workspaces[name] = ws
             boot.measured[comp] = sum(w.numel() for w in ws)
     for src, port, numel, dtype in boot.ir.transfers_into(boot.nodes):    # other devices' outputs arrive here
+        if f"transfers.{src}" not in dev_plan.ledger:          # a plan that does not count them (all, so far)
+            continue
         buf = torch.empty(numel, dtype=TORCH_DTYPES[dtype], device=boot.device)
         boot.transfers[(src, port)] = buf
         comp = f"transfers.{src}"

@@ -12,8 +12,8 @@ scheduler stays one, in the engine.
               device, never through the host), gloo between CPU processes. Inputs already on the
               engine's device go to the worker that way; host inputs go through the pipe. The outputs
               the engine wants come back into its device's static receive buffers, one per edge source
-              (node, port) at the largest step of the node's walks: the plan's transfers.NODE ledger
-              lines (IR.transfers_into), allocated at boot.
+              (node, port) at the largest step of the node's walks (IR.transfers_into), allocated once when
+              the engine starts. The plans do not count them yet (docs/multi-device.md).
 
 A worker that dies is seen at the next step that waits on it (its process is polled while the engine
 waits): WorkerDied names the device and its exit code; the engine fails what is in flight and stops.
@@ -34,6 +34,7 @@ from multiprocessing.connection import Client, Connection, answer_challenge, del
 import torch
 import torch.distributed as dist
 
+from graphc.declare import TORCH_DTYPES
 from graphc.errors import GraphcError, InvalidInput
 from graphc.ir import IR
 from graphc.plan import Plan
@@ -185,8 +186,12 @@ class Workers:
         except BaseException:
             self.close()
             raise
-        # the engine's device's receive buffers, booted with it (the ledger's transfers lines)
-        self.buffers: dict[tuple[str, str], torch.Tensor] = self.booted.transfers if self.booted is not None else {}
+        # the engine's device's receive buffers: booted with it where the plan counts them (transfers.NODE
+        # ledger lines), else allocated here, once, at the same sizes (IR.transfers_into)
+        self.buffers: dict[tuple[str, str], torch.Tensor] = dict(self.booted.transfers) if self.booted else {}
+        for src, port, numel, dtype in ir.transfers_into(plan.devices[local].nodes):
+            if (src, port) not in self.buffers:
+                self.buffers[(src, port)] = torch.empty(numel, dtype=TORCH_DTYPES[dtype], device=device)
         # remote node steps; bytes each way through the process group; seconds the engine spent in those
         # steps (waiting on the worker included) and in receiving their outputs after the worker was done
         self.stats = {"steps": 0, "sent_bytes": 0, "recv_bytes": 0, "seconds": 0.0, "recv_seconds": 0.0}

@@ -8,7 +8,8 @@ import pytest
 from graphc.errors import InvalidInput
 from graphc.ir import build_ir
 from graphc.pipeline import compile_model
-from graphc.plan import graph_id, load_plan, parse_graph_id
+from graphc.passes.emit_plan import graph_id
+from graphc.plan import load_plan, parse_graph_id
 from graphc.runtime.boot import plan_ir
 from graphc.source import load_model
 from graphc.targets import get_target
