@@ -171,6 +171,12 @@ class Driver:
                 except Exception as e:            # refused: InvalidInput with the numbers, or a bad input
                     loop.call_soon_threadsafe(_settle, fut, None, e)
             if not self.engine.has_work():
+                if self.engine.workers is not None:     # a device's worker may die while nothing runs
+                    try:
+                        self.engine.workers.check()
+                    except WorkerDied as e:
+                        self._die(e)
+                        return
                 self.wake.wait(0.05)
                 self.wake.clear()
                 continue
@@ -189,9 +195,13 @@ class Driver:
                 except RuntimeError:              # its event loop is gone (shutdown): nobody reads it any more
                     self._abort(ev.request.id)
             if dead is not None:
-                log.critical("graphc: %s; the server exits with code %d", dead, dead.exit_code)
-                threading.Timer(1.0, os._exit, (dead.exit_code,)).start()   # a moment to send the errors
+                self._die(dead)
                 return
+
+    @staticmethod
+    def _die(e: WorkerDied) -> None:
+        log.critical("graphc: %s; the server exits with code %d", e, e.exit_code)
+        threading.Timer(1.0, os._exit, (e.exit_code,)).start()       # a moment to send the errors
 
 
 def _settle(fut: asyncio.Future, value, exc) -> None:

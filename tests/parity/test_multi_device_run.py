@@ -111,3 +111,33 @@ def test_the_server_answers_what_is_in_flight_and_exits_3_when_a_worker_dies(pla
     finally:
         if server.poll() is None:
             server.kill()
+
+
+def test_an_idle_server_exits_3_when_a_worker_dies(plans):
+    """Nothing in flight: the server still sees its device's worker die, and exits 3 naming it."""
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "graphc.cli", "run", str(plans[1]), "--random-weights",
+                               "--port", str(port)], stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.monotonic()
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() - t0 < 180, "the server did not start"
+                time.sleep(0.5)
+        (worker,) = _children(server.pid)
+        os.kill(worker, signal.SIGKILL)
+        assert server.wait(timeout=10) == 3
+        assert "device 0" in server.stderr.read()
+    finally:
+        if server.poll() is None:
+            server.kill()
