@@ -51,6 +51,30 @@ def test_graphc_run_serves_a_two_device_plan_offline(plans, tmp_path):
     assert json.loads(stats.read_text())["remote"]["steps"] == 0          # text only: nothing ran on device 0
 
 
+def _serve(plan):
+    """`graphc run PLAN --random-weights` on a free loopback port, up: (its process, the port)."""
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "graphc.cli", "run", str(plan), "--random-weights",
+                               "--port", str(port)], stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
+            return server, port
+        except OSError:
+            if server.poll() is not None or time.monotonic() - t0 > 180:
+                server.kill()
+                raise AssertionError("the server did not start") from None
+            time.sleep(0.5)
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for task in os.listdir(f"/proc/{pid}/task"):
@@ -62,26 +86,11 @@ def _children(pid: int) -> list[int]:
 def test_the_server_answers_what_is_in_flight_and_exits_3_when_a_worker_dies(plans):
     """`graphc run` serving the two-device plan: its worker killed while a request decodes; the request gets
     its answer (an error naming the device), and the server exits 3 within 10 s."""
-    import socket
-    import subprocess
-    import sys
     import threading
     import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "graphc.cli", "run", str(plans[1]), "--random-weights",
-                               "--port", str(port)], stderr=subprocess.PIPE, text=True)
+    server, port = _serve(plans[1])
     try:
-        t0 = time.monotonic()
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() - t0 < 180, "the server did not start"
-                time.sleep(0.5)
         workers = _children(server.pid)
         assert len(workers) == 1
         got = {}
@@ -115,25 +124,9 @@ def test_the_server_answers_what_is_in_flight_and_exits_3_when_a_worker_dies(pla
 
 def test_an_idle_server_exits_3_when_a_worker_dies(plans):
     """Nothing in flight: the server still sees its device's worker die, and exits 3 naming it."""
-    import socket
-    import subprocess
-    import sys
-    import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "graphc.cli", "run", str(plans[1]), "--random-weights",
-                               "--port", str(port)], stderr=subprocess.PIPE, text=True)
+    server, port = _serve(plans[1])
     try:
-        t0 = time.monotonic()
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() - t0 < 180, "the server did not start"
-                time.sleep(0.5)
         (worker,) = _children(server.pid)
         os.kill(worker, signal.SIGKILL)
         assert server.wait(timeout=10) == 3
