@@ -22,7 +22,7 @@ import torch
 from graphc.errors import InvalidInput
 from graphc.plan import Plan, load_plan
 from graphc.runtime.boot import boot_plan
-from graphc.runtime.executor import Executor, llm_node, text_kind
+from graphc.runtime.executor import Executor, llm_node, scratch_pages, text_kind
 from graphc.runtime.host import Host, Media
 from graphc.runtime.request import Request
 from graphc.runtime.sampler import Sampler, SamplingParams, new_generator
@@ -86,8 +86,7 @@ class Engine:
             from graphc.runtime.boot import plan_ir
             from graphc.runtime.workers import Workers
 
-            ir = plan_ir(self.plan)
-            llm = llm_node(ir, self.plan)
+            llm = llm_node(plan_ir(self.plan), self.plan)
             local = next(d.index for d in self.plan.devices if llm in d.nodes)
 
             def boot_local():
@@ -95,8 +94,8 @@ class Engine:
                                  force=force, prebuild=prebuild, gpu=local)[0]
 
             device = torch.device("cpu" if self.plan.target.arch == "cpu" else f"cuda:{local}")
-            self.workers = Workers(self.plan, ir, local, device, checkpoint=self.checkpoint, seed=seed,
-                                   emulate=emulate, force=force, prebuild=prebuild, boot_local=boot_local)
+            self.workers = Workers(self.plan, local, device, boot_local, checkpoint=self.checkpoint, seed=seed,
+                                   emulate=emulate, force=force, prebuild=prebuild)
             boot = self.workers.booted
         self.boot = boot if boot is not None else boot_plan(
             self.plan, checkpoint=self.checkpoint, seed=seed, emulate=emulate, force=force, prebuild=prebuild)[0]
@@ -108,8 +107,7 @@ class Engine:
                                if r in self.boot.pages)
         pages = self.boot.pages[kv_res]
         # a captured paged rung runs exactly its sequences and rows: padding sits on one scratch page of each pool
-        scratch = ({res: alloc.allocate(1)[0] for res, alloc in self.boot.pages.items()}
-                   if self.boot.device.type == "cuda" else {})
+        scratch = scratch_pages(self.boot)
         self.executor = Executor(self.boot, self.host, self.llm, scratch, self.workers)
         self.scheduler = Scheduler(self.plan, self.model, self.llm, self.executor.kv_spec, pages,
                                    reserved=self.executor.reserved.get(kv_res, 0))

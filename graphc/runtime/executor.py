@@ -60,6 +60,11 @@ class StepResult:
     rows: list[tuple[str, int]]               # (request id, row) of each LLM row
 
 
+def scratch_pages(boot: DeviceBoot) -> dict[str, int]:
+    """A page of each paged pool that padding rows of a captured rung write (GPU; the CPU pads nothing)."""
+    return {res: alloc.allocate(1)[0] for res, alloc in boot.pages.items()} if boot.device.type == "cuda" else {}
+
+
 class NodeRunner:
     """Runs the nodes of one booted device: replays a captured rung (GPU) or runs eagerly."""
 

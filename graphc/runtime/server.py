@@ -171,15 +171,10 @@ class Driver:
                 except Exception as e:            # refused: InvalidInput with the numbers, or a bad input
                     loop.call_soon_threadsafe(_settle, fut, None, e)
             if not self.engine.has_work():
-                if self.engine.workers is not None:     # a device's worker may die while nothing runs
-                    try:
-                        self.engine.workers.check()
-                    except WorkerDied as e:
-                        self._die(e)
-                        return
                 self.wake.wait(0.05)
                 self.wake.clear()
-                continue
+                if self.engine.workers is None:
+                    continue                      # else an idle step: it looks at the devices' workers
             dead = None
             try:
                 events = self.engine.step()

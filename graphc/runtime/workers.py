@@ -9,8 +9,9 @@ scheduler stays one, in the engine.
     control   a connection per worker (multiprocessing.connection on loopback, with a random key): the step (node, walk, rung, size, host inputs, layouts, which outputs
               the engine wants), then the worker's answer (done, or the step's error)
     data      torch.distributed point to point, ranks = plan devices: NCCL between GPUs (device to
-              device, never through the host), gloo between CPU processes. Inputs already on the
-              engine's device go to the worker that way; host inputs go through the pipe. The outputs
+              device, never through the host), gloo between CPU processes. A step's inputs are host
+              tensors (mel features, pixel patches) and go with the step; inputs on the engine's device
+              are refused (nothing sends one yet: speech across devices is not served). The outputs
               the engine wants come back into its device's static receive buffers, one per edge source
               (node, port) at the largest step of the node's walks (IR.transfers_into), allocated once when
               the engine starts. The plans do not count them yet (docs/multi-device.md).
@@ -36,11 +37,11 @@ import torch.distributed as dist
 
 from graphc.declare import TORCH_DTYPES
 from graphc.errors import GraphcError, InvalidInput
-from graphc.ir import IR
 from graphc.plan import Plan
 
 POLL_S = 0.05                  # how often a waiting engine looks at its workers' processes
 BOOT_TIMEOUT_S = 3600.0        # the longest a worker may take to boot (captures on a GPU take minutes)
+STEP_TIMEOUT_S = 600.0         # the longest a worker may take to join the process group or to run a step
 
 
 class WorkerDied(GraphcError):
@@ -85,19 +86,17 @@ def worker_main(address: str, index: int) -> None:
         if options.get("gpu") is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = options["gpu"]
         from graphc.runtime.boot import boot_plan
-        from graphc.runtime.executor import NodeRunner
+        from graphc.runtime.executor import NodeRunner, scratch_pages
 
         plan = Plan.model_validate_json(plan_json)
         boot = boot_plan(plan, devices=[index], checkpoint=options.get("checkpoint"), seed=options.get("seed", 0),
                          emulate=options.get("emulate", False), force=options.get("force", False),
                          prebuild=options.get("prebuild", True))[0]
-        scratch = ({res: alloc.allocate(1)[0] for res, alloc in boot.pages.items()}
-                   if boot.device.type == "cuda" else {})
-        runner = NodeRunner(boot, scratch)
+        runner = NodeRunner(boot, scratch_pages(boot))
         _send(conn, ("booted", {"graphs": len(boot.graphs), "faults": list(boot.faults)}))
         backend = "nccl" if boot.device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=init, world_size=world, rank=index,
-                                timeout=timedelta(seconds=options.get("timeout_s", 600)))
+                                timeout=timedelta(seconds=STEP_TIMEOUT_S))
         _send(conn, ("ready", None))
     except BaseException:
         _send(conn, ("failed", traceback.format_exc()))
@@ -109,17 +108,12 @@ def worker_main(address: str, index: int) -> None:
             break
         if msg[0] == "stop":
             break
-        _, node, walk, rung, size, host_inputs, sent, layouts, want = msg
+        _, node, walk, rung, size, inputs, layouts, want = msg
         try:
-            inputs = dict(host_inputs)
-            for name, (shape, dtype) in sent:              # inputs the engine holds on its device
-                buf = torch.empty(shape, dtype=dtype, device=boot.device)
-                dist.recv(buf, src=rank_of_engine)
-                inputs[name] = buf
             out = runner.run_node(node, walk, rung, size, inputs, layouts)
             ready = {p: (tuple(out[p].shape), out[p].dtype) for p in want}
         except BaseException as e:                         # the step fails; the worker goes on
-            _send(conn, ("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
+            _send(conn, ("error", f"{type(e).__name__}: {e}"))
             continue
         _send(conn, ("done", ready))
         for p in want:
@@ -130,15 +124,14 @@ def worker_main(address: str, index: int) -> None:
 class Workers:
     """The worker processes of a plan's devices other than `local` (the engine's)."""
 
-    def __init__(self, plan: Plan, ir: IR, local: int, device: torch.device, *, checkpoint: str | None = None,
-                 seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True,
-                 boot_local=None):
-        """boot_local(): boots the engine's own device while the workers boot theirs."""
+    def __init__(self, plan: Plan, local: int, device: torch.device, boot_local, *, checkpoint: str | None = None,
+                 seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True):
+        """boot_local(): boots the engine's own device (its DeviceBoot) while the workers boot theirs."""
         if dist.is_initialized():
             raise InvalidInput("this process already drives a multi-device plan",
                                "its devices share torch.distributed's one process group",
                                "close() the other engine first, or serve this plan from another process")
-        self.plan, self.ir, self.local, self.device = plan, ir, local, device
+        self.local, self.device = local, device
         self.of = {n: d.index for d in plan.devices for n in d.nodes}        # node -> plan device
         world = len(plan.devices)
         init = f"tcp://127.0.0.1:{_free_port()}"
@@ -171,7 +164,7 @@ class Workers:
             except BaseException:
                 self.close()
                 raise
-        self.booted = None if boot_local is None else boot_local()
+        self.booted = boot_local()
         try:
             self.summaries = {d: self._wait(d, "booted", BOOT_TIMEOUT_S) for d in self.procs}
             for d, s in self.summaries.items():
@@ -180,21 +173,18 @@ class Workers:
                                      "see graphc check on that device")
             backend = "nccl" if device.type == "cuda" else "gloo"
             dist.init_process_group(backend, init_method=init, world_size=world, rank=local,
-                                    timeout=timedelta(seconds=600))
+                                    timeout=timedelta(seconds=STEP_TIMEOUT_S))
             for d in self.procs:
-                self._wait(d, "ready", 600)
+                self._wait(d, "ready", STEP_TIMEOUT_S)
         except BaseException:
             self.close()
             raise
-        # the engine's device's receive buffers: booted with it where the plan counts them (transfers.NODE
-        # ledger lines), else allocated here, once, at the same sizes (IR.transfers_into)
-        self.buffers: dict[tuple[str, str], torch.Tensor] = dict(self.booted.transfers) if self.booted else {}
-        for src, port, numel, dtype in ir.transfers_into(plan.devices[local].nodes):
-            if (src, port) not in self.buffers:
-                self.buffers[(src, port)] = torch.empty(numel, dtype=TORCH_DTYPES[dtype], device=device)
-        # remote node steps; bytes each way through the process group; seconds the engine spent in those
+        # the engine's device's receive buffers, one per edge source port, allocated once (IR.transfers_into)
+        self.buffers = {(src, port): torch.empty(numel, dtype=TORCH_DTYPES[dtype], device=device)
+                        for src, port, numel, dtype in self.booted.ir.transfers_into(self.booted.nodes)}
+        # remote node steps; bytes received through the process group; seconds the engine spent in those
         # steps (waiting on the worker included) and in receiving their outputs after the worker was done
-        self.stats = {"steps": 0, "sent_bytes": 0, "recv_bytes": 0, "seconds": 0.0, "recv_seconds": 0.0}
+        self.stats = {"steps": 0, "recv_bytes": 0, "seconds": 0.0, "recv_seconds": 0.0}
 
     # ---- waiting, with the workers' processes watched
     def _wait(self, d: int, expect: str, timeout: float):
@@ -232,14 +222,12 @@ class Workers:
             want: list[str]) -> dict[str, torch.Tensor]:
         d = self.of[node]
         t0 = time.perf_counter()
-        host = {k: v for k, v in inputs.items() if v.device.type == "cpu"}
-        sent = [(k, v) for k, v in inputs.items() if v.device.type != "cpu"]
-        _send(self.conns[d], ("run", node, walk, rung, size, host, [(k, (tuple(v.shape), v.dtype)) for k, v in sent],
-                            layouts, list(want)))
-        for _, v in sent:
-            dist.send(v.contiguous(), dst=d)
-            self.stats["sent_bytes"] += v.numel() * v.element_size()
-        ready = self._wait(d, "done", 600)
+        on_device = [k for k, v in inputs.items() if v.device.type != "cpu"]
+        if on_device:
+            raise RuntimeError(f"{node}'s inputs {on_device} are on the engine's device; a step sends a worker "
+                               "host inputs only")
+        _send(self.conns[d], ("run", node, walk, rung, size, inputs, layouts, list(want)))
+        ready = self._wait(d, "done", STEP_TIMEOUT_S)
         t1 = time.perf_counter()
         out = {}
         for p in want:
