@@ -71,10 +71,6 @@ class SpeechParams(Strict):
     repetition_penalty: float | None = Field(None, gt=0.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=0)
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
     def sampling(self, defaults: SpeechSampling) -> SpeechSampling:
         """These parameters, the defaults where None."""
         given = {k: getattr(self, k) for k in SpeechSampling.model_fields if getattr(self, k) is not None}

@@ -377,8 +377,7 @@ def stream_slot(cfg: Code2WavConfig, start: int, end: int) -> Slot:
                          f"beside {min(cfg.left_context, start)} context frames")
     context = min(cfg.left_context, start)
     n = context + end - start
-    tail = cfg.total_upsample * n - cfg.samples(n)
-    if start and context * cfg.total_upsample < tail:
-        raise ValueError(f"left_context {cfg.left_context} is too short to cover the {tail}-sample tail")
-    keep_start = context * cfg.total_upsample - (tail if start else 0)
+    if start and context * cfg.total_upsample < cfg.tail:
+        raise ValueError(f"left_context {cfg.left_context} is too short to cover the {cfg.tail}-sample tail")
+    keep_start = context * cfg.total_upsample - (cfg.tail if start else 0)
     return Slot(start=start - context, frames=n, keep_start=keep_start, keep_stop=cfg.samples(n))

@@ -198,7 +198,7 @@ def test_speech_params_take_the_models_defaults_where_unset():
     assert SpeechParams().sampling(d) == d
     assert SpeechParams(temperature=0).sampling(d) == SpeechSampling(temperature=0, top_k=50, top_p=1.0,
                                                                      repetition_penalty=1.05)
-    assert SpeechParams(temperature=0).greedy and SpeechParams(top_p=0.5, seed=3).sampling(d).top_p == 0.5
+    assert SpeechParams(temperature=0).sampling(d).greedy and SpeechParams(top_p=0.5, seed=3).sampling(d).top_p == 0.5
 
 
 @pytest.mark.parametrize("bad, why", [
