@@ -3,7 +3,8 @@
 Pins are honoured and nodes that share a KV pool stay together. Every other assignment is scored
 (exhaustively up to MAX_CANDIDATES, device labels deduplicated): a feasible one must hold its
 fixed pools and, in each fill pool, the pages of the longest allowed request; among those the one
-whose worst fill pool holds the most longest-requests wins, then fewer cross-device edges. Fill
+whose worst fill pool holds the most longest-requests wins, then fewer bytes crossing devices (the
+receive buffers of the edges cut: what a step at its budget sends device to device). Fill
 pools take what their device has left (split by fill_share); fixed pools take their page count.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import itertools
 from dataclasses import dataclass
 
 from graphc.allocator import LARGE_BUFFER, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_SIZE
+from graphc.declare import DTYPE_BYTES
 from graphc.errors import InvalidInput
 from graphc.passes.tally_ledger import DeviceLedger, Sizing, device_resources, overhead_bytes, persistent_allocs, \
     tally_ledger
@@ -114,9 +116,15 @@ def _score(s: Sizing, a: dict[str, int]) -> tuple:
         for p in pools:
             pages = left * p.fill_share / shares / p.page_bytes
             worst = min(worst, pages / p.min_pages)
-    cross = sum(1 for e in s.ir.model.edges if a[e.ends()[0][0]] != a[e.ends()[1][0]])
+    cross = crossing_bytes(s, a)
     used = len(set(a.values()))
     return (feasible, -overflow, worst if worst != float("inf") else 0, -cross, used)
+
+
+def crossing_bytes(s: Sizing, a: dict[str, int]) -> int:
+    """Bytes a placement sends device to device at its steps' budgets: every receive buffer it needs."""
+    return sum(n * DTYPE_BYTES[dt] for d in range(s.ir.num_devices)
+               for _, _, n, dt in s.ir.transfers_into([x for x in a if a[x] == d]))
 
 
 # How far past the device's free bytes a fill pool may still fit: its segment's unused tail can take
@@ -210,7 +218,8 @@ def place_nodes(s: Sizing) -> Placement:
     if s.ir.num_devices > 1:
         runner = next((c for c in ranked if c != a), None)
         why = (f"{len(cands)} placements scored by the most longest-allowed requests the worst fill KV pool holds"
-               f" (estimated), then fewest cross-device edges; chosen {describe(s, a)}"
+               f" (estimated), then fewest bytes crossing devices ({crossing_bytes(s, a):,} B a step at the "
+               f"budgets); chosen {describe(s, a)}"
                + (f"; next best {describe(s, runner)}" if runner else ""))
     else:
         why = "one device"

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from graphc import convws, memo
 from graphc.allocator import Allocator
+from graphc.declare import DTYPE_BYTES
 from graphc.ir import IR
 from graphc.passes.choose_buckets import Buckets
 from graphc.passes.select_backends import Backends
@@ -96,6 +97,8 @@ def persistent_allocs(s: Sizing, nodes: list[str], kv_pages: dict[str, int]) -> 
             slots = getattr(spec, "slots", 1)
             src = "declared" if ws.declared else "formula"
             out += [(f"workspace.{res}", f"slot{i}", ws.bytes // slots, src) for i in range(slots)]
+    for src, port, numel, dtype in s.ir.transfers_into(nodes):       # what other devices send this one
+        out.append((f"transfers.{src}", port, numel * DTYPE_BYTES[dtype], "exact"))
     for (n, fam), bufs in s.acts.io.items():
         if n in nodes:
             out += [(f"graph_io.{n}", f"{fam}.{b}", size, "exact") for b, size in bufs]
@@ -219,7 +222,7 @@ def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, in
         items.setdefault(comp, [0, source, 0])
         items[comp][0] += size
         items[comp][2] += 1
-    ledger = [Item(c, b, src, _detail(s, c, b, n, kv_pages)) for c, (b, src, n) in items.items()]
+    ledger = [Item(c, b, src, _detail(s, c, b, n, kv_pages, nodes)) for c, (b, src, n) in items.items()]
     eager = sorted((k for k in s.acts.eager if k[0] in nodes), key=lambda k: -s.acts.eager[k].peak_bytes)
     order = capture_order(s, nodes) if target.capture else []
     if target.is_gpu:
@@ -262,7 +265,7 @@ def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, in
     return DeviceLedger(index, target.memory_bytes, list(nodes), ledger, dict(kv_pages), order)
 
 
-def _detail(s: Sizing, comp: str, nbytes: int, count: int, kv_pages: dict[str, int]) -> str:
+def _detail(s: Sizing, comp: str, nbytes: int, count: int, kv_pages: dict[str, int], nodes: list[str]) -> str:
     kind, _, name = comp.partition(".")
     if kind == "weights":
         w = s.weights.per_node[name]
@@ -275,6 +278,10 @@ def _detail(s: Sizing, comp: str, nbytes: int, count: int, kv_pages: dict[str, i
         ws = s.resources.workspaces[name]
         src = "declared" if ws.declared else "sized by formula"
         return f"{src}: {fmt_bytes(ws.bytes)}; largest need {fmt_bytes(ws.need.bytes)} = {ws.need.formula}"
+    if kind == "transfers":
+        bufs = [(port, n, dt) for src, port, n, dt in s.ir.transfers_into(nodes) if src == name]
+        return (f"receive buffers of {name}'s output(s) sent from its device: "
+                + "; ".join(f"{p} {n:,} x {dt}" for p, n, dt in bufs) + " (largest step of its walks)")
     if kind == "graph_io":
         return f"{count} static input/output buffers at each captured family's largest rung"
     if kind == "wrappers":

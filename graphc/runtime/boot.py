@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from tqdm import tqdm
 
+from graphc.declare import TORCH_DTYPES
 from graphc.errors import InvalidInput
 from graphc.ir import IR, Step
 from graphc.overrides import apply_overrides
@@ -51,6 +52,7 @@ class DeviceBoot:
     caches: dict[str, torch.Tensor] = field(default_factory=dict)
     pages: dict[str, PageAllocator] = field(default_factory=dict)
     workspaces: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    transfers: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)   # (node, port) sent here
     measured: dict[str, int] = field(default_factory=dict)
     graphs: dict[str, object] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
@@ -195,6 +197,11 @@ def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
             ws = [torch.zeros(nbytes // slots, dtype=torch.uint8, device=boot.device) for _ in range(slots)]
             boot.workspaces[name] = ws
             boot.measured[comp] = sum(w.numel() for w in ws)
+    for src, port, numel, dtype in boot.ir.transfers_into(boot.nodes):    # other devices' outputs arrive here
+        buf = torch.empty(numel, dtype=TORCH_DTYPES[dtype], device=boot.device)
+        boot.transfers[(src, port)] = buf
+        comp = f"transfers.{src}"
+        boot.measured[comp] = boot.measured.get(comp, 0) + buf.untyped_storage().nbytes()
 
 
 class LiveBytes(TorchDispatchMode):

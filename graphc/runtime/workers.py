@@ -13,8 +13,8 @@ scheduler stays one, in the engine.
               tensors (mel features, pixel patches) and go with the step; inputs on the engine's device
               are refused (nothing sends one yet: speech across devices is not served). The outputs
               the engine wants come back into its device's static receive buffers, one per edge source
-              (node, port) at the largest step of the node's walks (IR.transfers_into), allocated once when
-              the engine starts. The plans do not count them yet (docs/multi-device.md).
+              (node, port) at the largest step of the node's walks (IR.transfers_into): the plan's transfers.NODE
+              ledger lines, allocated and measured at boot.
 
 A worker that dies is seen at the next step that waits on it (its process is polled while the engine
 waits): WorkerDied names the device and its exit code; the engine fails what is in flight and stops.
@@ -35,7 +35,6 @@ from multiprocessing.connection import Client, Connection, answer_challenge, del
 import torch
 import torch.distributed as dist
 
-from graphc.declare import TORCH_DTYPES
 from graphc.errors import GraphcError, InvalidInput
 from graphc.plan import Plan
 
@@ -179,9 +178,9 @@ class Workers:
         except BaseException:
             self.close()
             raise
-        # the engine's device's receive buffers, one per edge source port, allocated once (IR.transfers_into)
-        self.buffers = {(src, port): torch.empty(numel, dtype=TORCH_DTYPES[dtype], device=device)
-                        for src, port, numel, dtype in self.booted.ir.transfers_into(self.booted.nodes)}
+        # the engine's device's receive buffers, one per edge source port: the plan's transfers.NODE ledger
+        # lines (IR.transfers_into), allocated and measured with the rest of its device's boot
+        self.buffers = self.booted.transfers
         # remote node steps; bytes received through the process group; seconds the engine spent in those
         # steps (waiting on the worker included) and in receiving their outputs after the worker was done
         self.stats = {"steps": 0, "recv_bytes": 0, "seconds": 0.0, "recv_seconds": 0.0}

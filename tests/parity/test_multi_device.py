@@ -55,9 +55,13 @@ def test_two_processes_give_the_one_device_tokens(engines):
     one, two = engines
     assert two.workers is not None and list(two.workers.procs) == [0] and set(two.boot.nodes) == {"thinker"}
     assert "cpu x2" in two.summary()
-    # the encoders' outputs arrive in the thinker device's receive buffers, one per edge source port
+    # the encoders' outputs arrive in the thinker device's receive buffers, one per edge source port: the
+    # plan's transfers lines, measured at boot at the ledger's bytes
     assert set(two.workers.buffers) == {("audio_encoder", "embeds"), ("vision_encoder", "embeds"),
                                         ("vision_encoder", "deepstack")}
+    ledger = two.plan.devices[1].ledger
+    for comp in ("transfers.audio_encoder", "transfers.vision_encoder"):
+        assert two.boot.measured[comp] == ledger[comp] > 0
     before = dict(two.workers.stats)
     want, got = requests(one), requests(two)
     assert [o.error for o in got] == [None] * 4

@@ -13,7 +13,8 @@ What each test compares against, computed here and never read back from the code
   its share of the device's fill shares / page bytes / the longest request's pages;
 - the winner: every candidate's devices filled by the exact ledger, ranked by the stated rule
   (fits, then least short, then the most longest requests in the worst fill pool, then fewest
-  cross-device edges);
+  bytes crossing devices: each cut edge's source output y [T, 128] bf16 at its walk's budget T, once
+  per receiving device);
 - fill pools: every page count (or every budget at which some pool's page count changes) tried
   with tally_ledger up to a bound no pool can pass (the capacity less every raw allocation and
   calibrated line), and the largest that fits taken.
@@ -62,12 +63,12 @@ def fixed_pages(s, nodes) -> dict[str, int]:
 
 def estimate(s, nodes) -> int:
     """design-notes' estimate of a device's bytes besides its fill pools: persistent allocations
-    (the exact ledger's weights, fixed KV pools, workspaces, static graph buffers and wrapper
-    buffers), the largest simulated capture peak and eager peak among its nodes, and the
+    (the exact ledger's weights, fixed KV pools, workspaces, receive buffers of other devices' outputs,
+    static graph buffers and wrapper buffers), the largest simulated capture peak and eager peak among its nodes, and the
     calibrated lines with the headroom."""
     led = tally_ledger(s, 0, nodes, fixed_pages(s, nodes))
     persistent = sum(i.bytes for i in led.items
-                     if i.component.split(".")[0] in ("weights", "kv", "workspace", "graph_io", "wrappers"))
+                     if i.component.split(".")[0] in ("weights", "kv", "workspace", "transfers", "graph_io", "wrappers"))
     overhead = sum(led.get(c) for c in ("context", "library", "kernels", "headroom"))
     capture = max((t.peak_bytes for (n, _fam, _rung), (_, t) in s.acts.graphs.items() if n in nodes), default=0)
     eager = max((t.peak_bytes for (n, _walk), t in s.acts.eager.items() if n in nodes), default=0)
@@ -92,7 +93,12 @@ def estimated(s, a) -> tuple[int, dict[str, float]]:
 
 
 def cross_edges(model, a) -> int:
-    return sum(a[e.src.split(".")[0]] != a[e.dst.split(".")[0]] for e in model.edges)
+    """Bytes crossing devices: a receive buffer per (cut edge's source, receiving device), of the source's
+    y [T, 128] bf16 at its walk's budget T (placement_model: every walk is one node's)."""
+    budget = {w.path[0]: w.budget.tokens for w in model.walks}
+    cut = {(e.src.split(".")[0], a[e.dst.split(".")[0]]) for e in model.edges
+           if a[e.src.split(".")[0]] != a[e.dst.split(".")[0]]}
+    return sum(budget[src] * 128 * 2 for src, _ in cut)
 
 
 def exact(s, a):
@@ -108,7 +114,7 @@ def exact(s, a):
 
 
 def rule_key(s, a) -> tuple:
-    """The stated rule on the exact ledgers: fits, least short, worst fill pool, fewest cross edges."""
+    """The stated rule on the exact ledgers: fits, least short, worst fill pool, fewest bytes crossing."""
     _, short, ratios = exact(s, a)
     return short == 0, -short, min(ratios.values(), default=0), -cross_edges(s.ir.model, a)
 
@@ -248,7 +254,7 @@ def test_fixed_cost_is_the_documented_estimate(gpu, num_devices):
 
 def test_score_components():
     """_score is the ranking key: (fits by the estimate, -bytes short, the worst fill pool's
-    longest requests, -cross-device edges, devices used), each recomputed here."""
+    longest requests, -bytes crossing devices, devices used), each recomputed here."""
     for r in (estimate_plan("h100", 2), ranking_plan("feasibility"), ranking_plan("overflow"), describe_plan()):
         s = r.sizing
         for a in pn._candidates(s):
@@ -273,9 +279,13 @@ RANKING = {
     "overflow": (lambda: build([N("px", kv="x"), N("py", kv="y"), N("h", 1180 * MiB)],
                                [pool("x", layers=8, max_seq_len=16 * 1600),
                                 pool("y", layers=8, max_seq_len=16 * 41600)]), 2, 0),
-    # no fill pool: every split holds the same (nothing), so the fewest cross-device edges decide: the
+    # no fill pool: every split holds the same (nothing), so the fewest bytes crossing devices decide: the
     # chain a -> b -> c on one device, though a split would use both devices
     "cross": (lambda: build([N("a"), N("b"), N("c")], [], edges=[("a", "b"), ("b", "c")]), 2, 0),
+    # a and c pinned apart: either split cuts one edge, but b sends 256 rows (64 KiB) and a 16 (4 KiB),
+    # so b goes with c (the second of the two candidates: a tie on edges would keep the first)
+    "bytes": (lambda: build([N("a", device=0), N("b", tokens=256), N("c", device=1)], [],
+                            edges=[("a", "b"), ("b", "c")]), 2, 0),
 }
 
 
@@ -300,7 +310,7 @@ def test_the_stated_rule_picks_the_placement(name):
     # the deciding criterion, with a margin wide enough that the estimate and the ledger agree
     if name == "feasibility":
         assert best[0] and best[2] > second[2] * 1.1 and any(not k[0] and k[2] > best[2] for k in keys)
-        assert best[3] < max(k[3] for k in keys), "the winner is not the one with fewest cross edges"
+        assert best[3] < max(k[3] for k in keys), "the winner is not the one with fewest bytes crossing"
     elif name == "overflow":
         assert not best[0] and best[1] > second[1] + 32 * MiB
         assert best[2] < max(k[2] for k in keys), "the winner is not the one whose worst pool holds most"
@@ -328,7 +338,8 @@ def test_feasibility_why_names_the_chosen_and_the_next_best():
         _, ratios = estimated(s, a)
         texts.append(f"{groups_text(s, a)}: kv holds {ratios['kv']:.1f} longest requests")
     assert r.placement.why == (f"{len(cands) // 2} placements scored by the most longest-allowed requests the worst "
-                               f"fill KV pool holds (estimated), then fewest cross-device edges; chosen {texts[0]}; "
+                               f"fill KV pool holds (estimated), then fewest bytes crossing devices "
+                               f"({cross_edges(s.ir.model, chosen):,} B a step at the budgets); chosen {texts[0]}; "
                                f"next best {texts[1]}")
 
 
