@@ -460,6 +460,26 @@ def _keys(rows: list[dict]) -> list[tuple]:
     return out
 
 
+def _text_keys(rows: list[dict], texts: dict[str, list[str]]) -> list[tuple]:
+    """Each mutant by the text of the lines it mutates instead of their numbers (stripped), and which of
+    the mutants alike on that text it is: a mutant on a line an edit elsewhere in the file only moved
+    keeps its key."""
+    seen: dict[tuple, int] = {}
+    out = []
+    for m in rows:
+        a, b = m["lines"]
+        k = (m["file"], "\n".join(x.strip() for x in texts[m["file"]][a - 1:b]), m["what"])
+        seen[k] = seen.get(k, -1) + 1
+        out.append(k + (seen[k],))
+    return out
+
+
+def _old_text(sha: str) -> list[str] | None:
+    """A recorded file's lines, from git's object store (None where the object is not there)."""
+    got = subprocess.run(["git", "cat-file", "-p", sha], cwd=ROOT, capture_output=True, text=True)
+    return got.stdout.splitlines() if got.returncode == 0 else None
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="*", help=f"files or folders to mutate (default: {' '.join(TARGETS)})")
@@ -467,9 +487,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", type=Path, help="write every mutant's result here")
     ap.add_argument("--limit", type=int, default=0, help="run only the first N mutants (a smoke test)")
     ap.add_argument("--update", type=Path, metavar="RECORD",
-                    help="bring an earlier --json record up to date: every mutant of a file that changed since "
-                         "(or is new), only the survivors of the others (tests only get stronger, so what they "
-                         "killed stays killed), merged into one record")
+                    help="bring an earlier --json record up to date: in a file that changed since (or is new), "
+                         "every mutant of a line whose text changed; of the rest, only the survivors (tests "
+                         "only get stronger, so what they killed stays killed), merged into one record")
     ap.add_argument("--tests", nargs="+", default=TEST_DIRS, help=f"test files or folders (default: {TEST_DIRS})")
     args = ap.parse_args(argv)
     TEST_DIRS[:] = args.tests
@@ -486,9 +506,25 @@ def main(argv: list[str]) -> int:
         changed = {m.file for m in mutants if earlier["files"].get(m.file) != blob(ROOT / m.file)}
         left = {k for k, m in zip(_keys(earlier["mutants"]), earlier["mutants"])
                 if m["status"] not in ("killed", "timeout")}
-        keyed = [(k, m) for k, m in keyed if m.file in changed or k in left]
+        # in a changed file, a mutant whose lines' text is as recorded (the edit only moved it) keeps what it
+        # was recorded as when it was killed; where git no longer has the recorded file, all run again
+        old = {f: _old_text(earlier["files"][f]) for f in changed if f in earlier["files"]}
+        old = {f: t for f, t in old.items() if t is not None}
+        was = [r for r in earlier["mutants"] if r["file"] in old]
+        caught = {k: r for k, r in zip(_text_keys(was, old), was) if r["status"] in ("killed", "timeout")}
+        new_text = {f: (ROOT / f).read_text().splitlines() for f in old}
+        carried = []
+        for k, m in keyed:
+            if m.file in old:
+                hit = caught.get(_text_keys([asdict(m)], new_text)[0])
+                if hit is not None:
+                    carried.append(hit | {"line": m.line, "lines": list(m.lines)})
+        carried_keys = {(r["file"], r["line"], r["what"]) for r in carried}
+        keyed = [(k, m) for k, m in keyed if (m.file in changed or k in left)
+                 and (m.file, m.line, m.what) not in carried_keys]
         print(f"changed since {args.update}: {', '.join(sorted(changed)) or 'nothing'}; "
-              "their mutants run again, of the others only the survivors"
+              f"their mutants on changed lines run again ({len(carried)} on moved lines keep their record), "
+              "of the others only the survivors"
               + (f"; no longer mutated, dropped: {', '.join(gone)}" if gone else ""), flush=True)
     if args.limit:
         keyed = keyed[:args.limit]
@@ -503,8 +539,8 @@ def main(argv: list[str]) -> int:
         again = dict(zip(run_keys, rows))
         kept = [again.pop(k, r) for k, r in zip(_keys(earlier["mutants"]), earlier["mutants"])
                 if r["file"] not in changed]
-        rows = kept + list(again.values())
-        files_sha = {f: sha for f, sha in earlier["files"].items() if f not in changed} | {f: files_sha[f] for f in changed}
+        rows = kept + carried + list(again.values())
+        files_sha = {f: sha for f, sha in earlier["files"].items() if f not in changed} | {f: blob(ROOT / f) for f in changed}
     print(f"\n{time.monotonic() - t0:.0f} s\n\n{summary(rows)}")
     if args.json:
         args.json.write_text(json.dumps({"files": files_sha, "mutants": rows}, indent=1) + "\n")
