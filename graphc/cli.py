@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="largest /v1/audio/transcriptions upload in MiB (default 25, as OpenAI's)")
     rn.add_argument("--emulate", action="store_true", help="cap this GPU to the plan's card (same arch)")
     rn.add_argument("--force", action="store_true", help="boot even if the model file or target differ")
+    rn.add_argument("--ray", default=None, metavar="ADDRESS",
+                    help="run each plan device as an actor of this Ray cluster ('auto': the running one; 'local': "
+                         "start one on this host); needs pip install 'graphc[ray]'")
     df = sub.add_parser("diff", help="what changed between two plans (exit 1 when they differ)")
     df.add_argument("a")
     df.add_argument("b")
@@ -151,6 +154,8 @@ def cmd_run(args) -> int:
     if not args.max_upload_mb > 0:
         raise InvalidInput(f"--max-upload-mb {args.max_upload_mb} is not a size", "", "pass a positive number")
     requests = read_jsonl(args.requests) if args.requests else None
+    if args.ray:
+        return _run_on_ray(plan, args, requests)
     engine = Engine(plan, args.checkpoint, random_weights=args.random_weights, seed=args.seed,
                     emulate=args.emulate, force=args.force)
     try:
@@ -159,25 +164,64 @@ def cmd_run(args) -> int:
         engine.close()                 # a multi-device plan's worker processes
 
 
+def _server_options(args) -> dict:
+    import os
+
+    return {"api_key": args.api_key or os.environ.get("GRAPHC_API_KEY") or None, "access_log": args.access_log,
+            "max_audio_bytes": int(args.max_upload_mb * 1024 * 1024)}
+
+
+def _serving_on(host: str, args, api_key) -> None:
+    print(f"serving on http://{host}:{args.port}/v1{' (API key required)' if api_key else ''}", file=sys.stderr)
+
+
 def _serve_or_run(engine, args, requests: list | None) -> int:
-    import json
     import time
 
     print(engine.summary(), file=sys.stderr)
     if requests is None:
-        import os
-
         from graphc.runtime.server import serve
 
-        api_key = args.api_key or os.environ.get("GRAPHC_API_KEY") or None
-        print(f"serving on http://{args.host}:{args.port}/v1{' (API key required)' if api_key else ''}",
-              file=sys.stderr)
-        serve(engine, args.host, args.port, api_key=api_key, access_log=args.access_log,
-              max_audio_bytes=int(args.max_upload_mb * 1024 * 1024))
+        opts = _server_options(args)
+        _serving_on(args.host, args, opts["api_key"])
+        serve(engine, args.host, args.port, **opts)
         return EXIT_FITS
     t0 = time.perf_counter()
     outs = engine.generate(requests, progress=True)
     wall = time.perf_counter() - t0
+    stats = engine.stats(wall) | throughput([o for o in outs if o.error is None], wall)
+    return _write_offline(outs, stats, engine.stats_line(stats), args)
+
+
+def _run_on_ray(plan, args, requests: list | None) -> int:
+    """graphc run --ray: the plan's devices as actors of a Ray cluster (graphc/runtime/ray_run.py); the
+    requests are read and their media loaded here, the results written here."""
+    from graphc.runtime.engine import llm_node, parse_or_refuse
+    from graphc.runtime.boot import plan_ir
+    from graphc.runtime.ray_run import RayServing
+
+    llm = llm_node(plan_ir(plan), plan)
+    serving = RayServing(plan, args.ray, llm_device=next(d.index for d in plan.devices if llm in d.nodes),
+                         checkpoint=args.checkpoint, random_weights=args.random_weights, seed=args.seed,
+                         emulate=args.emulate, force=args.force)
+    try:
+        print(serving.summary + f" (Ray cluster {args.ray})", file=sys.stderr)
+        if requests is None:
+            opts = _server_options(args)
+            _serving_on(args.host if args.host not in ("127.0.0.1", "localhost") else
+                        f"{args.host} of {serving.node_ip()}", args, opts["api_key"])
+            serving.serve(args.host, args.port, **opts)
+            return EXIT_FITS
+        outs, stats, line = serving.generate([parse_or_refuse(item, i) for i, item in enumerate(requests)])
+        return _write_offline(outs, stats, line, args)
+    finally:
+        serving.close()
+
+
+def _write_offline(outs, stats: dict, line: str, args) -> int:
+    """Offline results: spoken answers as WAV files, one JSON line a request, the stats."""
+    import json
+
     spoken = [o for o in outs if o.audio is not None]
     if spoken:                          # each spoken answer as a WAV file, named by its request id
         from pathlib import Path
@@ -196,9 +240,7 @@ def _serve_or_run(engine, args, requests: list | None) -> int:
             f.write(lines)
     else:
         sys.stdout.write(lines)
-    stats = engine.stats(wall)
-    stats |= throughput([o for o in outs if o.error is None], wall)
-    print(engine.stats_line(stats), file=sys.stderr)
+    print(line, file=sys.stderr)
     for o in outs:
         if o.error is not None:
             print(f"request {o.id}: {o.finish_reason}: {o.error.splitlines()[0]}", file=sys.stderr)

@@ -72,8 +72,12 @@ class Event:
 
 class Engine:
     def __init__(self, plan: str | Path | Plan, checkpoint: str | Path | None = None, *, random_weights: bool = False,
-                 seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True, boot=None):
-        """boot: serve an already booted DeviceBoot of this plan (tests run one plan's weights on two devices)."""
+                 seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True, boot=None,
+                 links: dict | None = None, host: str = "127.0.0.1"):
+        """boot: serve an already booted DeviceBoot of this plan (tests run one plan's weights on two devices).
+        links: the other devices' workers when something else started them (Ray actors, ray_run.py; this
+        process then sees only its own GPU), else a worker process each is started; host: this
+        process's address as those workers reach it."""
         if checkpoint is None and not random_weights:
             raise InvalidInput("no weights to serve", "graphc run needs a checkpoint",
                                "pass --checkpoint DIR, or --random-weights to serve seeded weights (token ids only)")
@@ -89,13 +93,15 @@ class Engine:
             llm = llm_node(plan_ir(self.plan), self.plan)
             local = next(d.index for d in self.plan.devices if llm in d.nodes)
 
+            gpu = 0 if links is not None else local
+
             def boot_local():
                 return boot_plan(self.plan, devices=[local], checkpoint=self.checkpoint, seed=seed, emulate=emulate,
-                                 force=force, prebuild=prebuild, gpu=local)[0]
+                                 force=force, prebuild=prebuild, gpu=gpu)[0]
 
-            device = torch.device("cpu" if self.plan.target.arch == "cpu" else f"cuda:{local}")
+            device = torch.device("cpu" if self.plan.target.arch == "cpu" else f"cuda:{gpu}")
             self.workers = Workers(self.plan, local, device, boot_local, checkpoint=self.checkpoint, seed=seed,
-                                   emulate=emulate, force=force, prebuild=prebuild)
+                                   emulate=emulate, force=force, prebuild=prebuild, links=links, host=host)
             boot = self.workers.booted
         self.boot = boot if boot is not None else boot_plan(
             self.plan, checkpoint=self.checkpoint, seed=seed, emulate=emulate, force=force, prebuild=prebuild)[0]
@@ -152,7 +158,7 @@ class Engine:
         n = len(self.plan.devices)
         where = (f"{self.boot.device.type}" if self.boot.device.type == "cpu" else self.plan.target.gpu) + f" x{n}"
         if self.workers is not None:
-            where += f" (worker processes for devices {', '.join(map(str, self.workers.procs))})"
+            where += f" ({self.workers.kind} for devices {', '.join(map(str, self.workers.links))})"
         return (f"graphc run: {self.plan.model.name} on {where}, {graphs} graphs captured"
                 f"{' (CPU: every step eager)' if graphs == 0 else ''}, {pages * kv.page_size:,} KV tokens "
                 f"({pages:,} pages), kinds {', '.join(self.kinds())}, booted in {self.boot_seconds:.1f} s")
@@ -519,16 +525,22 @@ class Engine:
     def generate(self, items: list[dict], progress: bool = False) -> list[Output]:
         """Run a batch of request dicts (parse_request's shape), arriving at once; outputs in input order. A
         request the engine refuses comes back with finish_reason 'refused' and the reason in `error`."""
+        return self.run_parsed([parse_or_refuse(item, i) for i, item in enumerate(items)], progress)
+
+    def run_parsed(self, parsed: list, progress: bool = False) -> list[Output]:
+        """generate() after parse_or_refuse (which loads the media: graphc run --ray does that where the
+        requests are read, not where the engine runs)."""
         from tqdm import tqdm
 
         reqs: list[Request | Output] = []
-        for i, item in enumerate(items):
+        for i, item in enumerate(parsed):
+            if isinstance(item, Output):
+                reqs.append(item)
+                continue
             try:
-                reqs.append(self.add(**parse_request(item, i)))
+                reqs.append(self.add(**item))
             except InvalidInput as e:             # refused with its reason; the others still run
-                rid = item.get("id", f"line-{i}") if isinstance(item, dict) else f"line-{i}"
-                reqs.append(Output(id=rid, kind="", prompt_tokens=0, token_ids=[], text=None,
-                                   finish_reason="refused", error=str(e)))
+                reqs.append(refused(item.get("request_id") or f"line-{i}", e))
         live = sum(isinstance(r, Request) for r in reqs)
         with tqdm(total=live, desc="requests", unit="req", file=sys.stderr, disable=not progress) as bar:
             while self.has_work():
@@ -539,6 +551,18 @@ class Engine:
 
 
 REQUEST_KEYS = {"id", "messages", "prompt", "prompt_token_ids", "media", "use_audio_in_video", "modalities", "audio"}
+
+
+def refused(rid: str, e: InvalidInput) -> Output:
+    return Output(id=rid, kind="", prompt_tokens=0, token_ids=[], text=None, finish_reason="refused", error=str(e))
+
+
+def parse_or_refuse(item, index: int) -> dict | Output:
+    """parse_request's keyword arguments for Engine.add, or the request refused with its reason."""
+    try:
+        return parse_request(item, index)
+    except InvalidInput as e:
+        return refused(item.get("id", f"line-{index}") if isinstance(item, dict) else f"line-{index}", e)
 
 
 def check_checkpoint(plan: Plan, checkpoint: str | Path | None) -> None:

@@ -123,8 +123,10 @@ class Driver:
     (graphc/runtime/ops.py's metrics) are called in it with each Event, and with a finished one when an
     abort frees a request."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, on_death=None):
+        """on_death(WorkerDied): what ends the server when a device's worker died (default: exit 3)."""
         self.engine = engine
+        self.on_death = on_death or self._die
         self.observers: list = []
         self.inbox: queue.Queue = queue.Queue()
         self.wake = threading.Event()
@@ -190,7 +192,7 @@ class Driver:
                 except RuntimeError:              # its event loop is gone (shutdown): nobody reads it any more
                     self._abort(ev.request.id)
             if dead is not None:
-                self._die(dead)
+                self.on_death(dead)
                 return
 
     @staticmethod
@@ -205,16 +207,17 @@ def _settle(fut: asyncio.Future, value, exc) -> None:
 
 
 def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = None, access_log: bool = False,
-              max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES):
+              max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES, on_death=None):
     """api_key: /v1/* wants it as a bearer token; access_log: a JSON line a request on `graphc.access`;
-    max_audio_bytes: the largest transcription upload (graphc/runtime/ops.py, transcribe.py)."""
+    max_audio_bytes: the largest transcription upload (graphc/runtime/ops.py, transcribe.py); on_death:
+    Driver's."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import StreamingResponse
 
     model_name = name or engine.plan.model.name
     app = FastAPI(title="graphc", version="1")
-    driver = Driver(engine)
+    driver = Driver(engine, on_death)
     app.state.driver = driver
 
     @app.exception_handler(RequestValidationError)
@@ -506,11 +509,25 @@ def _sse(obj: dict) -> str:
 
 
 def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, api_key: str | None = None,
-          access_log: bool = False, max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES) -> None:
+          access_log: bool = False, max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES,
+          exit_on_death: bool = True) -> WorkerDied | None:
+    """Serve until stopped. A device's worker that dies ends it: the process exits with code 3 a moment
+    after the requests in flight got their error, or, with exit_on_death=False (graphc run --ray: the
+    server runs in a Ray actor), the server stops and the WorkerDied is returned."""
     import uvicorn
 
-    app = build_app(engine, api_key=api_key, access_log=access_log, max_audio_bytes=max_audio_bytes)
+    died: list[WorkerDied] = []
+
+    def stop(e: WorkerDied) -> None:
+        log.critical("graphc: %s; the server stops", e)
+        died.append(e)
+        threading.Timer(1.0, setattr, (server, "should_exit", True)).start()     # a moment to send the errors
+
+    app = build_app(engine, api_key=api_key, access_log=access_log, max_audio_bytes=max_audio_bytes,
+                    on_death=None if exit_on_death else stop)
     if access_log:
         from graphc.runtime.ops import access_log_to_stderr
         access_log_to_stderr()
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server.run()
+    return died[0] if died else None

@@ -1,23 +1,31 @@
-"""A plan of several devices: one worker process for each device but the engine's own.
+"""A plan's devices other than the engine's, each in a process of its own (issue 12).
 
-The engine's process boots the device that holds the LLM (it samples there) and drives the rest: each
-other plan device gets a worker process (`python -m graphc.runtime.workers`, so nothing of the caller's
-script runs again in it) that boots only that device's part of the plan (its
-arenas, pools and graphs; its ledger checked as at any boot) and runs its nodes when told. The
-scheduler stays one, in the engine.
+The engine keeps the thinker's device (the scheduler, the KV pools, sampling) in its own process. Every
+other plan device gets a worker that boots only its part of the plan (boot_plan(devices=[d]): its
+arenas, pools, graphs, its ledger checked) and runs the node steps the engine sends it. The
+scheduler stays one, in the engine. A worker is one of two things, with the same messages:
 
-    control   a connection per worker (multiprocessing.connection on loopback, with a random key): the step (node, walk, rung, size, host inputs, layouts, which outputs
-              the engine wants), then the worker's answer (done, or the step's error)
-    data      torch.distributed point to point, ranks = plan devices: NCCL between GPUs (device to
-              device, never through the host), gloo between CPU processes. A step's inputs are host
-              tensors (mel features, pixel patches) and go with the step; inputs on the engine's device
-              are refused (nothing sends one yet: speech across devices is not served). The outputs
-              the engine wants come back into its device's static receive buffers, one per edge source
-              (node, port) at the largest step of the node's walks (IR.transfers_into): the plan's transfers.NODE
-              ledger lines, allocated and measured at boot.
+    a process     `python -m graphc.runtime.workers ADDRESS INDEX`, started by the engine on its host;
+                  control over a connection (multiprocessing.connection on loopback, with a random key)
+    a Ray actor   `graphc run PLAN --ray ADDRESS` (graphc/runtime/ray_run.py): one actor per plan device
+                  in a placement group; control is the actor's method calls
 
-A worker that dies is seen at the next step that waits on it (its process is polled while the engine
-waits): WorkerDied names the device and its exit code; the engine fails what is in flight and stops.
+    messages      boot (the plan, the weights) -> booted; join (the process group) -> ready; run (node,
+                  walk, rung, size, host inputs, layouts, which outputs the engine wants) -> done (their
+                  shapes) or error; send (the wanted outputs, through the process group, into the
+                  receives the engine posted) -> sent; stop
+    data          torch.distributed point to point, ranks = plan devices, rendezvous at rank 0: NCCL
+                  between GPUs (device to device, never through the host), gloo between CPU processes.
+                  A step's inputs are host tensors (mel features, pixel patches) and go with the step;
+                  inputs on the engine's device are refused (nothing sends one yet: speech across
+                  devices is not served). The outputs the engine wants come back into its device's static
+                  receive buffers, one per edge source (node, port) at the largest step of the node's
+                  walks (IR.transfers_into): the plan's transfers.NODE ledger lines, allocated and
+                  measured at boot.
+
+A worker that dies is seen at the next step that waits on it (its process or actor is watched while
+the engine waits) or before the next step: WorkerDied names the device; the engine fails what is in
+flight and stops.
 """
 from __future__ import annotations
 
@@ -38,13 +46,13 @@ import torch.distributed as dist
 from graphc.errors import GraphcError, InvalidInput
 from graphc.plan import Plan
 
-POLL_S = 0.05                  # how often a waiting engine looks at its workers' processes
+POLL_S = 0.05                  # how often a waiting engine looks at its workers
 BOOT_TIMEOUT_S = 3600.0        # the longest a worker may take to boot (captures on a GPU take minutes)
 STEP_TIMEOUT_S = 600.0         # the longest a worker may take to join the process group or to run a step
 
 
 class WorkerDied(GraphcError):
-    """A plan device's worker process ended or failed to boot; the engine cannot go on."""
+    """A plan device's worker ended or failed to boot; the engine cannot go on."""
 
     exit_code = 3
 
@@ -58,9 +66,9 @@ def _recv(conn: Connection):
     return pickle.loads(conn.recv_bytes())
 
 
-def _free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -74,58 +82,143 @@ def visible_gpu(index: int) -> str:
     return ids[index] if ids is not None else str(index)
 
 
-def worker_main(address: str, index: int) -> None:
-    """A worker process: connect to the engine, boot plan device `index`, join the process group, run
-    steps until told to stop."""
-    host, port = address.rsplit(":", 1)
-    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ.pop("GRAPHC_WORKER_KEY")))
-    _send(conn, ("hello", index))
-    plan_json, rank_of_engine, init, world, options = _recv(conn)
-    try:
+class DeviceWorker:
+    """One plan device's worker: what a worker process or a Ray actor runs, message by message."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.runner = None
+        self.pending: list[torch.Tensor] = []       # a step's wanted outputs, until the engine asks for them
+        self.engine_rank = None
+
+    def handle(self, msg):
+        """Answer one message: ('booted' | 'ready' | 'done' | 'sent' | 'address', ...), ('failed',
+        traceback) when a boot, a join or a send fails, ('error', why) when a step fails (the worker goes
+        on); None for stop."""
+        kind = msg[0]
+        if kind == "boot":
+            try:
+                return "booted", self._boot(*msg[1:])
+            except BaseException:
+                return "failed", traceback.format_exc()
+        if kind == "address":                        # the rendezvous, where this worker is rank 0
+            host = msg[1]
+            return "address", f"tcp://{host}:{free_port(host)}"
+        if kind == "join":
+            _, init, world, self.engine_rank = msg
+            try:
+                backend = "nccl" if self.runner.boot.device.type == "cuda" else "gloo"
+                dist.init_process_group(backend, init_method=init, world_size=world, rank=self.index,
+                                        timeout=timedelta(seconds=STEP_TIMEOUT_S))
+            except BaseException:
+                return "failed", traceback.format_exc()
+            return "ready", None
+        if kind == "run":
+            _, node, walk, rung, size, inputs, layouts, want = msg
+            try:
+                out = self.runner.run_node(node, walk, rung, size, inputs, layouts)
+                ready = {p: (tuple(out[p].shape), out[p].dtype) for p in want}
+            except BaseException as e:             # the step fails; the worker goes on
+                self.pending = []
+                return "error", f"{type(e).__name__}: {e}"
+            self.pending = [out[p].contiguous() for p in want]
+            return "done", ready
+        if kind == "send":               # the engine has posted its receives; a send that fails ends the worker
+            try:
+                for t in self.pending:
+                    dist.send(t, dst=self.engine_rank)
+            except BaseException:
+                return "failed", traceback.format_exc()
+            finally:
+                self.pending = []
+            return "sent", None
+        if kind == "stop":
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            return None
+        return "failed", f"unknown message {kind!r}"
+
+    def _boot(self, plan_json: str, options: dict) -> dict:
         if options.get("gpu") is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = options["gpu"]
         from graphc.runtime.boot import boot_plan
         from graphc.runtime.executor import NodeRunner, scratch_pages
 
         plan = Plan.model_validate_json(plan_json)
-        boot = boot_plan(plan, devices=[index], checkpoint=options.get("checkpoint"), seed=options.get("seed", 0),
-                         emulate=options.get("emulate", False), force=options.get("force", False),
-                         prebuild=options.get("prebuild", True))[0]
-        runner = NodeRunner(boot, scratch_pages(boot))
-        _send(conn, ("booted", {"graphs": len(boot.graphs), "faults": list(boot.faults)}))
-        backend = "nccl" if boot.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=init, world_size=world, rank=index,
-                                timeout=timedelta(seconds=STEP_TIMEOUT_S))
-        _send(conn, ("ready", None))
-    except BaseException:
-        _send(conn, ("failed", traceback.format_exc()))
-        return
+        boot = boot_plan(plan, devices=[self.index], checkpoint=options.get("checkpoint"),
+                         seed=options.get("seed", 0), emulate=options.get("emulate", False),
+                         force=options.get("force", False), prebuild=options.get("prebuild", True))[0]
+        self.runner = NodeRunner(boot, scratch_pages(boot))
+        return {"graphs": len(boot.graphs), "faults": list(boot.faults), "pid": os.getpid()}
+
+
+def worker_main(address: str, index: int) -> None:
+    """A worker process: connect to the engine, then answer its messages until told to stop (or it is gone)."""
+    host, port = address.rsplit(":", 1)
+    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ.pop("GRAPHC_WORKER_KEY")))
+    _send(conn, ("hello", index))
+    worker = DeviceWorker(index)
     while True:
         try:
             msg = _recv(conn)
         except (EOFError, OSError):                        # the engine is gone: so is this worker
             break
-        if msg[0] == "stop":
+        reply = worker.handle(msg)
+        if reply is not None:
+            _send(conn, reply)
+        if msg[0] == "stop" or (reply is not None and reply[0] == "failed"):
             break
-        _, node, walk, rung, size, inputs, layouts, want = msg
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---- the engine's side: one link per worker --------------------------------------------------------
+
+class ProcessLink:
+    """A worker process on this host, started by the engine."""
+
+    kind = "worker process"
+
+    def __init__(self, proc: subprocess.Popen, conn: Connection):
+        self.proc, self.conn = proc, conn
+
+    def request(self, msg) -> None:
+        _send(self.conn, msg)
+
+    def wait(self, timeout: float) -> bool:
+        return self.conn.poll(timeout)
+
+    def answer(self):
         try:
-            out = runner.run_node(node, walk, rung, size, inputs, layouts)
-            ready = {p: (tuple(out[p].shape), out[p].dtype) for p in want}
-        except BaseException as e:                         # the step fails; the worker goes on
-            _send(conn, ("error", f"{type(e).__name__}: {e}"))
-            continue
-        _send(conn, ("done", ready))
-        for p in want:
-            dist.send(out[p].contiguous(), dst=rank_of_engine)
-    dist.destroy_process_group()
+            return _recv(self.conn)
+        except (EOFError, OSError):
+            return "gone", f"it closed its connection (exit code {self.proc.poll()})"
+
+    def gone(self) -> str | None:
+        return None if self.proc.poll() is None else f"exit code {self.proc.returncode}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                _send(self.conn, ("stop",))
+            except (BrokenPipeError, OSError):
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
 
 
 class Workers:
-    """The worker processes of a plan's devices other than `local` (the engine's)."""
+    """The workers of a plan's devices other than `local` (the engine's)."""
 
     def __init__(self, plan: Plan, local: int, device: torch.device, boot_local, *, checkpoint: str | None = None,
-                 seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True):
-        """boot_local(): boots the engine's own device (its DeviceBoot) while the workers boot theirs."""
+                 seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True,
+                 links: dict | None = None, host: str = "127.0.0.1"):
+        """boot_local(): boots the engine's own device (its DeviceBoot) while the workers boot theirs.
+        links: the workers' links when something else started them (Ray actors: ray_run.py), else one
+        process each is started here. host: this process's address as the other ranks reach it."""
         if dist.is_initialized():
             raise InvalidInput("this process already drives a multi-device plan",
                                "its devices share torch.distributed's one process group",
@@ -133,47 +226,31 @@ class Workers:
         self.local, self.device = local, device
         self.of = {n: d.index for d in plan.devices for n in d.nodes}        # node -> plan device
         world = len(plan.devices)
-        init = f"tcp://127.0.0.1:{_free_port()}"
-        key = secrets.token_bytes(32)
-        self.procs, self.conns = {}, {}
-        with socket.create_server(("127.0.0.1", 0)) as server:
-            server.settimeout(POLL_S)
-            addr = "%s:%d" % server.getsockname()[:2]
-            for d in range(world):
-                if d != local:
-                    env = {**os.environ, "GRAPHC_WORKER_KEY": key.hex()}
-                    self.procs[d] = subprocess.Popen([sys.executable, "-m", "graphc.runtime.workers", addr, str(d)],
-                                                     env=env)
-            try:
-                while len(self.conns) < len(self.procs):
-                    try:
-                        sock, _ = server.accept()
-                    except TimeoutError:
-                        self.check()                   # a worker that died before it connected
-                        continue
-                    sock.setblocking(True)
-                    conn = Connection(sock.detach())
-                    deliver_challenge(conn, key)         # what Listener(authkey=...) does on accept
-                    answer_challenge(conn, key)
-                    _, d = _recv(conn)
-                    opts = {"checkpoint": checkpoint, "seed": seed, "emulate": emulate, "force": force,
-                            "prebuild": prebuild, "gpu": visible_gpu(d) if device.type == "cuda" else None}
-                    _send(conn, (plan.model_dump_json(), local, init, world, opts))
-                    self.conns[d] = conn
-            except BaseException:
-                self.close()
-                raise
-        self.booted = boot_local()
+        self.links = links if links is not None else {}
         try:
-            self.summaries = {d: self._wait(d, "booted", BOOT_TIMEOUT_S) for d in self.procs}
+            if links is None:
+                self._start_processes(world, local)
+            opts = {"checkpoint": checkpoint, "seed": seed, "emulate": emulate, "force": force, "prebuild": prebuild}
+            for d, link in self.links.items():
+                gpu = visible_gpu(d) if device.type == "cuda" and isinstance(link, ProcessLink) else None
+                link.request(("boot", plan.model_dump_json(), opts | {"gpu": gpu}))
+            self.booted = boot_local()
+            self.summaries = {d: self._wait(d, "booted", BOOT_TIMEOUT_S) for d in self.links}
             for d, s in self.summaries.items():
                 if s["faults"]:
                     raise WorkerDied(f"device {d} booted with faults", "; ".join(s["faults"][:3]),
                                      "see graphc check on that device")
+            if local == 0:                                  # the rendezvous is at rank 0
+                init = f"tcp://{host}:{free_port(host)}"
+            else:
+                self.links[0].request(("address", host if isinstance(self.links[0], ProcessLink) else None))
+                init = self._wait(0, "address", STEP_TIMEOUT_S)
+            for d, link in self.links.items():
+                link.request(("join", init, world, local))
             backend = "nccl" if device.type == "cuda" else "gloo"
             dist.init_process_group(backend, init_method=init, world_size=world, rank=local,
                                     timeout=timedelta(seconds=STEP_TIMEOUT_S))
-            for d in self.procs:
+            for d in self.links:
                 self._wait(d, "ready", STEP_TIMEOUT_S)
         except BaseException:
             self.close()
@@ -185,24 +262,61 @@ class Workers:
         # steps (waiting on the worker included) and in receiving their outputs after the worker was done
         self.stats = {"steps": 0, "recv_bytes": 0, "seconds": 0.0, "recv_seconds": 0.0}
 
-    # ---- waiting, with the workers' processes watched
+    def _start_processes(self, world: int, local: int) -> None:
+        key = secrets.token_bytes(32)
+        procs = {}
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            server.settimeout(POLL_S)
+            addr = "%s:%d" % server.getsockname()[:2]
+            for d in range(world):
+                if d != local:
+                    env = {**os.environ, "GRAPHC_WORKER_KEY": key.hex()}
+                    procs[d] = subprocess.Popen([sys.executable, "-m", "graphc.runtime.workers", addr, str(d)],
+                                                env=env)
+            try:
+                while len(self.links) < len(procs):
+                    try:
+                        sock, _ = server.accept()
+                    except TimeoutError:
+                        for d, p in procs.items():      # a worker that died before it connected
+                            if p.poll() is not None:
+                                raise WorkerDied(f"the worker of device {d} died (exit code {p.returncode})",
+                                                 "it was starting", "see its output above; the engine stops")
+                        continue
+                    sock.setblocking(True)
+                    conn = Connection(sock.detach())
+                    deliver_challenge(conn, key)         # what Listener(authkey=...) does on accept
+                    answer_challenge(conn, key)
+                    _, d = _recv(conn)
+                    self.links[d] = ProcessLink(procs[d], conn)
+            except BaseException:
+                for p in procs.values():
+                    if p.poll() is None:
+                        p.kill()
+                raise
+
+    @property
+    def kind(self) -> str:
+        return next(iter(self.links.values())).kind + "s" if self.links else "workers"
+
+    # ---- waiting, with the workers watched
     def _wait(self, d: int, expect: str, timeout: float):
-        conn, proc, t0 = self.conns[d], self.procs[d], time.monotonic()
-        while not conn.poll(POLL_S):
-            if proc.poll() is not None:
-                raise WorkerDied(f"the worker of device {d} died (exit code {proc.returncode})",
-                                 f"it was {'booting' if expect in ('booted', 'ready') else 'running a step'}",
+        link, t0 = self.links[d], time.monotonic()
+        doing = {"booted": "booting", "ready": "joining", "address": "joining", "sent": "sending a step's outputs"}.get(
+            expect, "running a step")
+        while not link.wait(POLL_S):
+            gone = link.gone()
+            if gone is not None:
+                raise WorkerDied(f"the worker of device {d} died ({gone})", f"it was {doing}",
                                  "see its output above; the engine stops")
             if time.monotonic() - t0 > timeout:
                 raise WorkerDied(f"the worker of device {d} did not answer in {timeout:.0f} s", f"waiting for {expect}",
                                  "the engine stops")
-        try:
-            msg = _recv(conn)
-        except (EOFError, OSError):
-            raise WorkerDied(f"the worker of device {d} closed its connection (exit code {proc.poll()})", "",
-                             "the engine stops") from None
+        msg = link.answer()
+        if msg[0] == "gone":
+            raise WorkerDied(f"the worker of device {d} died ({msg[1]})", f"it was {doing}", "the engine stops")
         if msg[0] == "failed":
-            raise WorkerDied(f"the worker of device {d} failed to boot", msg[1].strip().splitlines()[-1],
+            raise WorkerDied(f"the worker of device {d} failed while {doing}", msg[1].strip().splitlines()[-1],
                              "its traceback:\n" + msg[1])
         if msg[0] == "error":
             raise RuntimeError(f"device {d}: {msg[1]}")
@@ -211,10 +325,11 @@ class Workers:
         return msg[1]
 
     def check(self) -> None:
-        """Raise WorkerDied if a worker's process has ended."""
-        for d, p in self.procs.items():
-            if p.poll() is not None:
-                raise WorkerDied(f"the worker of device {d} died (exit code {p.returncode})", "", "the engine stops")
+        """Raise WorkerDied if a worker has ended."""
+        for d, link in self.links.items():
+            gone = link.gone()
+            if gone is not None:
+                raise WorkerDied(f"the worker of device {d} died ({gone})", "", "the engine stops")
 
     # ---- one node of a step on its device
     def run(self, node: str, walk: str, rung: int | None, size: int, inputs: dict, layouts: dict,
@@ -225,10 +340,12 @@ class Workers:
         if on_device:
             raise RuntimeError(f"{node}'s inputs {on_device} are on the engine's device; a step sends a worker "
                                "host inputs only")
-        _send(self.conns[d], ("run", node, walk, rung, size, inputs, layouts, list(want)))
+        link = self.links[d]
+        link.request(("run", node, walk, rung, size, inputs, layouts, list(want)))
         ready = self._wait(d, "done", STEP_TIMEOUT_S)
         t1 = time.perf_counter()
         out = {}
+        views = []
         for p in want:
             shape, dtype = ready[p]
             buf = self.buffers.get((node, p))
@@ -239,12 +356,17 @@ class Workers:
             if buf.dtype != dtype or n > buf.numel():
                 raise RuntimeError(f"{node}.{p} came back {shape} {dtype}; its receive buffer holds {buf.numel()} "
                                    f"{buf.dtype}")
-            view = buf[:n].view(shape)
-            dist.recv(view, src=d)
-            out[p] = view
-            self.stats["recv_bytes"] += n * view.element_size()
-        if want and self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()      # the received rows are there
+            out[p] = buf[:n].view(shape)
+            views.append(out[p])
+        if views:     # receives posted first; the worker's answer says its sends went (or it failed: WorkerDied)
+            works = [dist.irecv(v, src=d) for v in views]
+            link.request(("send",))
+            self._wait(d, "sent", STEP_TIMEOUT_S)
+            for w, v in zip(works, views):
+                w.wait()
+                self.stats["recv_bytes"] += v.numel() * v.element_size()
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()      # the received rows are there
         t2 = time.perf_counter()
         self.stats["recv_seconds"] += t2 - t1
         self.stats["seconds"] += t2 - t0
@@ -252,18 +374,8 @@ class Workers:
         return out
 
     def close(self) -> None:
-        for d, conn in self.conns.items():
-            if self.procs[d].poll() is None:
-                try:
-                    _send(conn, ("stop",))
-                except (BrokenPipeError, OSError):
-                    pass
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=5)
+        for link in self.links.values():
+            link.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 

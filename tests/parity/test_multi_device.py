@@ -53,7 +53,7 @@ def requests(engine: Engine) -> list:
 
 def test_two_processes_give_the_one_device_tokens(engines):
     one, two = engines
-    assert two.workers is not None and list(two.workers.procs) == [0] and set(two.boot.nodes) == {"thinker"}
+    assert two.workers is not None and list(two.workers.links) == [0] and set(two.boot.nodes) == {"thinker"}
     assert "cpu x2" in two.summary()
     # the encoders' outputs arrive in the thinker device's receive buffers, one per edge source port: the
     # plan's transfers lines, measured at boot at the ledger's bytes

@@ -26,7 +26,7 @@ def test_a_killed_worker_fails_the_requests_in_flight_and_names_its_device(plans
                 engine.add(prompt_token_ids=[1, m.audio_start_token_id, m.audio_token_id, engine.host.audio_end],
                            media=[Media("audio", clip)], params=SamplingParams(temperature=0, max_tokens=50))]
         engine.step()
-        os.kill(engine.workers.procs[0].pid, signal.SIGKILL)
+        os.kill(engine.workers.links[0].proc.pid, signal.SIGKILL)
         t0 = time.monotonic()
         with pytest.raises(WorkerDied, match="device 0") as e:
             while engine.has_work():
