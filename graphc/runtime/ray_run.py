@@ -68,7 +68,7 @@ class RayLink:
     def answer(self):
         try:
             return self.ray.get(self.ref)
-        except self.ray.exceptions.RayActorError as e:
+        except self.ray.exceptions.RayError as e:
             return "gone", f"its Ray actor died: {str(e).strip().splitlines()[0]}"
 
     def gone(self) -> str | None:
@@ -76,7 +76,7 @@ class RayLink:
             return None
         try:
             self.ray.get(self.watch)
-        except self.ray.exceptions.RayActorError as e:
+        except self.ray.exceptions.RayError as e:
             return f"its Ray actor died: {str(e).strip().splitlines()[0]}"
         return "its Ray actor stopped"
 
@@ -210,7 +210,10 @@ class RayServing:
         except ray.exceptions.RayTaskError as e:
             if isinstance(getattr(e, "cause", None), GraphcError):
                 raise e.cause from None
-            raise
+            raise                                     # a bug: its remote traceback
+        except ray.exceptions.RayError as e:         # killed for memory by Ray, its node lost, ...
+            raise WorkerDied(f"the engine's actor (device {self.local}) ended", str(e).strip().splitlines()[0],
+                             "see its output above; graphc run stops") from None
 
     def generate(self, parsed: list):
         """Engine.run_parsed on the engine's actor: (outputs, stats, their line); WorkerDied if a device's
