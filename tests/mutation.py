@@ -6,6 +6,8 @@ how many the test suite catches. A tool, not a test (pytest does not collect it)
     python tests/mutation.py graphc/allocator.py --workers 4 --json out.json
     python tests/mutation.py --update docs/data/mutation.json --json docs/data/mutation.json
                                                 # after a change: only what it touched
+    python tests/mutation.py FILE ... --update docs/data/mutation.json --json docs/data/mutation.json
+                                                # the same for the changed lines of FILE ... alone
 
 Mutants: each comparison flipped (< <=, > >=, == !=, in / not in, is / is not), each arithmetic or
 bitwise operator swapped (+ -, * /, // /, % /, ** *, << >>, & |) and each augmented assignment,
@@ -488,8 +490,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--limit", type=int, default=0, help="run only the first N mutants (a smoke test)")
     ap.add_argument("--update", type=Path, metavar="RECORD",
                     help="bring an earlier --json record up to date: in a file that changed since (or is new), "
-                         "every mutant of a line whose text changed; of the rest, only the survivors (tests "
-                         "only get stronger, so what they killed stays killed), merged into one record")
+                         "every mutant of a line whose text changed (the others keep their recorded result); "
+                         "in the files given (default: all), the survivors again (tests only get stronger, so "
+                         "what they killed stays killed); merged into one record")
     ap.add_argument("--tests", nargs="+", default=TEST_DIRS, help=f"test files or folders (default: {TEST_DIRS})")
     args = ap.parse_args(argv)
     TEST_DIRS[:] = args.tests
@@ -499,7 +502,7 @@ def main(argv: list[str]) -> int:
     keyed = list(zip(_keys([asdict(m) for m in mutants]), mutants))
     earlier = json.loads(args.update.read_text()) if args.update else None
     if earlier:
-        current = {m.file for m in mutants}
+        current = set(target_files([]))          # files not selected keep their rows as recorded
         gone = sorted(set(earlier["files"]) - current)       # no longer mutated (moved or removed): dropped
         earlier = {"files": {f: sha for f, sha in earlier["files"].items() if f in current},
                    "mutants": [m for m in earlier["mutants"] if m["file"] in current]}
@@ -507,11 +510,12 @@ def main(argv: list[str]) -> int:
         left = {k for k, m in zip(_keys(earlier["mutants"]), earlier["mutants"])
                 if m["status"] not in ("killed", "timeout")}
         # in a changed file, a mutant whose lines' text is as recorded (the edit only moved it) keeps what it
-        # was recorded as when it was killed; where git no longer has the recorded file, all run again
+        # was recorded as; where git no longer has the recorded file, all run again
         old = {f: _old_text(earlier["files"][f]) for f in changed if f in earlier["files"]}
         old = {f: t for f, t in old.items() if t is not None}
         was = [r for r in earlier["mutants"] if r["file"] in old]
-        caught = {k: r for k, r in zip(_text_keys(was, old), was) if r["status"] in ("killed", "timeout")}
+        # killed stays killed; a survivor stays a survivor (pessimistic: a plain run may kill it now)
+        caught = dict(zip(_text_keys(was, old), was))
         new_text = {f: (ROOT / f).read_text().splitlines() for f in old}
         carried = []
         for k, m in keyed:
@@ -522,6 +526,8 @@ def main(argv: list[str]) -> int:
         carried_keys = {(r["file"], r["line"], r["what"]) for r in carried}
         keyed = [(k, m) for k, m in keyed if (m.file in changed or k in left)
                  and (m.file, m.line, m.what) not in carried_keys]
+        if args.paths:                               # the others' survivors stay as recorded
+            keyed = [(k, m) for k, m in keyed if m.file in changed]
         print(f"changed since {args.update}: {', '.join(sorted(changed)) or 'nothing'}; "
               f"their mutants on changed lines run again ({len(carried)} on moved lines keep their record), "
               "of the others only the survivors"
