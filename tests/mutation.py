@@ -502,7 +502,7 @@ def main(argv: list[str]) -> int:
     keyed = list(zip(_keys([asdict(m) for m in mutants]), mutants))
     earlier = json.loads(args.update.read_text()) if args.update else None
     if earlier:
-        current = set(target_files([]))          # files not selected keep their rows as recorded
+        current = set(target_files([])) | {m.file for m in hand_mutants()}   # files not selected keep their rows
         gone = sorted(set(earlier["files"]) - current)       # no longer mutated (moved or removed): dropped
         earlier = {"files": {f: sha for f, sha in earlier["files"].items() if f in current},
                    "mutants": [m for m in earlier["mutants"] if m["file"] in current]}
