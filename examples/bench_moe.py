@@ -1,0 +1,113 @@
+"""Time one MoE layer's experts at the thinker's and the talker's real shapes (issue 13): the current
+path (Experts.forward: sort, grouped_mm, gathers and scatters) against the fused Triton kernels
+(models/components/moe_triton.py), each captured as a CUDA graph and replayed, at several token counts.
+Also their error against an fp32 reference, and the bandwidth floor (the experts the tokens touch, read
+once, at --bandwidth). Every time includes what the timing costs (two events and a graph launch): an
+empty graph's replay, printed first and kept in the JSON.
+
+    python examples/bench_moe.py --json OUT.json [--tokens 1 2 4 8 16 32 64] [--replays 200]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from models.components.moe import Experts  # noqa: E402
+from models.components.moe_triton import fused_experts  # noqa: E402
+
+SHAPES = {"thinker": (128, 2048, 768, 8), "talker": (128, 1024, 384, 6)}   # experts, hidden, intermediate, top-k
+
+
+def routing(t: int, e: int, k: int, hidden: int, gen: torch.Generator):
+    """A router's top-k of softmax over random logits, renormalised, in bf16 (SparseMoE.route's order)."""
+    logits = torch.randn(t, e, generator=gen, device="cuda")
+    w, ex = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+    return ex, (w / w.sum(-1, keepdim=True)).to(torch.bfloat16)
+
+
+def reference(x, gu, dn, ex, w) -> torch.Tensor:
+    """fp32, expert by expert, from the bf16 values."""
+    x, gu, dn, w = x.float(), gu.float(), dn.float(), w.float()
+    out = torch.zeros_like(x)
+    for e in ex.unique().tolist():
+        tok, slot = (ex == e).nonzero(as_tuple=True)
+        g, u = (x[tok] @ gu[e].T).chunk(2, dim=-1)
+        out.index_add_(0, tok, (torch.nn.functional.silu(g) * u @ dn[e].T) * w[tok, slot][:, None])
+    return out
+
+
+def captured(fn, replays: int) -> float:
+    """Median µs per replay of fn captured as a CUDA graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    ap.add_argument("--replays", type=int, default=200)
+    ap.add_argument("--bandwidth", type=float, default=4.26e12)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    empty = captured(lambda: None, args.replays)      # what the timing itself costs: an empty graph's replay
+    print(f"an empty graph replays in {empty:.1f} us (in every time below)")
+    rows = []
+    for name, (e, h, i, k) in SHAPES.items():
+        ex_mod = Experts(e, h, i).to("cuda", torch.bfloat16)
+        with torch.no_grad():
+            ex_mod.gate_up_proj.normal_(0, 0.02, generator=gen)
+            ex_mod.down_proj.normal_(0, 0.02, generator=gen)
+        gu, dn = ex_mod.gate_up_proj.detach(), ex_mod.down_proj.detach()
+        per_expert = (gu[0].numel() + dn[0].numel()) * 2
+        for t in args.tokens:
+            x = torch.randn(t, h, generator=gen, device="cuda").to(torch.bfloat16)
+            ex, w = routing(t, e, k, h, gen)
+            with torch.no_grad():
+                ref = reference(x, gu, dn, ex, w)
+                a = ex_mod(x, ex, w)
+                b = fused_experts(x, gu, dn, ex, w)
+                err = lambda y: ((y.float() - ref).abs().max() / ref.abs().max()).item()  # noqa: E731
+                row = {"shape": name, "tokens": t, "experts_touched": int(ex.unique().numel()),
+                       "floor_us": ex.unique().numel() * per_expert / args.bandwidth * 1e6,
+                       "torch_us": captured(lambda: ex_mod(x, ex, w), args.replays),
+                       "fused_us": captured(lambda: fused_experts(x, gu, dn, ex, w), args.replays),
+                       "torch_err": err(a), "fused_err": err(b)}
+            row["speedup"] = row["torch_us"] / row["fused_us"]
+            rows.append(row)
+            print(f"{name:8s} T={t:3d} experts {row['experts_touched']:3d}  torch {row['torch_us']:7.1f} us  "
+                  f"fused {row['fused_us']:7.1f} us  x{row['speedup']:.2f}  floor {row['floor_us']:6.1f} us  "
+                  f"err torch {row['torch_err']:.2e} fused {row['fused_err']:.2e}", flush=True)
+    if args.json:
+        import triton
+        Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                               "triton": triton.__version__, "empty_graph_us": empty,
+                                               "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Fused MoE experts for small token counts (issue 13): two Triton kernels in place of the grouped GEMMs
+and the gathers, scatters and elementwise kernels around them.
+
+Experts.forward's bf16 path runs, per layer: sort, arange, searchsorted, index_select of the rows,
+grouped_mm (gate and up), silu, mul, grouped_mm (down), index_select of the weights, mul, a scatter
+and a sum. Here four launches:
+
+    group     one small kernel: the token-expert pairs grouped by expert (each pair's rank by expert,
+              then by index) and the end of each expert's group
+
+    gate_up   grid (experts, I / BLOCK_N): the program of expert e reads its gate and up rows of one
+              N-block once, for every pair routed to e (BLOCK_M at a time, the rows gathered by token
+              from x in the kernel), and writes silu(gate) * up, accumulated in fp32 and rounded once
+    down      grid (experts, H / BLOCK_N): the same over down_proj, each pair's row scaled by its routing
+              weight and written to its (token, slot) place
+    sum       the k slots of each token: torch's sum
+
+An expert no pair chose costs its programs a load of two offsets. Weights are read once per step for
+each expert chosen (the bandwidth floor), where the per-pair batched path reads them once per pair.
+The math is Experts.forward's; the roundings differ (fp32 through silu * up and through the
+weighting, rounded once where the reference rounds after each op): tests/gpu compares both with an
+fp32 reference at the thinker's and the talker's real shapes. Runs under TRITON_INTERPRET=1 on CPU
+(tests/unit/test_moe_triton.py).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _group(ex_ptr, rows_ptr, ends_ptr, P, E: tl.constexpr, BLOCK: tl.constexpr, EBLOCK: tl.constexpr):
+    """The pairs grouped by expert: rows[r] = the pair of rank r (by expert, then by pair index), and
+    ends[e] = the pairs whose expert is <= e. Program b ranks pairs [b*BLOCK, (b+1)*BLOCK) against all P;
+    program 0 also counts the ends."""
+    pid = tl.program_id(0)
+    offs_i = pid * BLOCK + tl.arange(0, BLOCK)
+    mi = offs_i < P
+    ei = tl.load(ex_ptr + offs_i, mask=mi, other=0)
+    rank = tl.zeros([BLOCK], dtype=tl.int32)
+    j0 = 0
+    while j0 < P:
+        offs_j = j0 + tl.arange(0, BLOCK)
+        ej = tl.load(ex_ptr + offs_j, mask=offs_j < P, other=E)          # past the end: after every expert
+        before = (ej[None, :] < ei[:, None]) | ((ej[None, :] == ei[:, None]) & (offs_j[None, :] < offs_i[:, None]))
+        rank += tl.sum(before.to(tl.int32), axis=1)
+        j0 += BLOCK
+    tl.store(rows_ptr + rank, offs_i, mask=mi)
+    if pid == 0:
+        offs_e = tl.arange(0, EBLOCK)
+        count = tl.zeros([EBLOCK], dtype=tl.int32)
+        j0 = 0
+        while j0 < P:
+            offs_j = j0 + tl.arange(0, BLOCK)
+            ej = tl.load(ex_ptr + offs_j, mask=offs_j < P, other=E)
+            count += tl.sum((ej[None, :] <= offs_e[:, None]).to(tl.int32), axis=1)
+            j0 += BLOCK
+        tl.store(ends_ptr + offs_e, count, mask=offs_e < E)
+
+
+@triton.jit
+def _gate_up(x_ptr, w_ptr, h_ptr, rows_ptr, ends_ptr, H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    e = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < I
+    start = tl.load(ends_ptr + tl.maximum(e - 1, 0)) * (e > 0)
+    end = tl.load(ends_ptr + e)
+    w_e = w_ptr + e.to(tl.int64) * (2 * I * H)
+    m0 = start
+    while m0 < end:
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        m_mask = offs_m < end
+        m0 += BLOCK_M
+        tok = tl.load(rows_ptr + offs_m, mask=m_mask, other=0) // TOP_K
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < H
+            xa = tl.load(x_ptr + tok[:, None].to(tl.int64) * H + offs_k[None, :],
+                         mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            wk = k_mask[:, None] & n_mask[None, :]
+            wg = tl.load(w_e + offs_n[None, :] * H + offs_k[:, None], mask=wk, other=0.0)
+            wu = tl.load(w_e + (offs_n[None, :] + I) * H + offs_k[:, None], mask=wk, other=0.0)
+            acc_g += tl.dot(xa, wg)
+            acc_u += tl.dot(xa, wu)
+        h = acc_g * tl.sigmoid(acc_g) * acc_u
+        tl.store(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
+                 mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _down(h_ptr, w_ptr, out_ptr, rows_ptr, ends_ptr, scale_ptr, H: tl.constexpr, I: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    e = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < H
+    start = tl.load(ends_ptr + tl.maximum(e - 1, 0)) * (e > 0)
+    end = tl.load(ends_ptr + e)
+    w_e = w_ptr + e.to(tl.int64) * (H * I)
+    m0 = start
+    while m0 < end:
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        m_mask = offs_m < end
+        m0 += BLOCK_M
+        pair = tl.load(rows_ptr + offs_m, mask=m_mask, other=0)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < I
+            ha = tl.load(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_k[None, :],
+                         mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            wd = tl.load(w_e + offs_n[None, :] * I + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :],
+                         other=0.0)
+            acc += tl.dot(ha, wd)
+        scale = tl.load(scale_ptr + pair, mask=m_mask, other=0.0).to(tl.float32)
+        y = acc * scale[:, None]
+        tl.store(out_ptr + pair[:, None].to(tl.int64) * H + offs_n[None, :], y.to(out_ptr.dtype.element_ty),
+                 mask=m_mask[:, None] & n_mask[None, :])
+
+
+# BLOCK_M rows of one expert's pairs at a time (tl.dot's least), N and K blocks of its weights, warps, stages
+# (measured on the H200 at the thinker's and the talker's shapes, 1 to 64 tokens: examples/bench_moe.py)
+BLOCKS = {"gate_up": (16, 32, 128, 4, 4), "down": (16, 32, 128, 2, 4)}
+GROUP_BLOCK = 64
+
+
+def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor,
+                  weights: torch.Tensor) -> torch.Tensor:
+    """Experts.forward's contract: x [T, H], gate_up_proj [E, 2I, H], down_proj [E, H, I], experts and
+    weights [T, k] -> [T, H] in x's dtype. Static shapes for a given T (one CUDA graph)."""
+    t, k = experts.shape
+    num_experts, two_i, hidden = gate_up_proj.shape
+    inter = two_i // 2
+    if x.shape != (t, hidden) or down_proj.shape != (num_experts, hidden, inter):
+        raise ValueError(f"fused_experts: x {tuple(x.shape)}, gate_up {tuple(gate_up_proj.shape)}, down "
+                         f"{tuple(down_proj.shape)} do not agree")
+    x, gate_up_proj, down_proj = x.contiguous(), gate_up_proj.contiguous(), down_proj.contiguous()
+    rows = torch.empty(t * k, device=x.device, dtype=torch.int32)     # pairs grouped by expert
+    ends = torch.empty(num_experts, device=x.device, dtype=torch.int32)
+    _group[(triton.cdiv(t * k, GROUP_BLOCK),)](experts.reshape(-1).contiguous(), rows, ends, t * k, E=num_experts,
+                                               BLOCK=GROUP_BLOCK, EBLOCK=triton.next_power_of_2(num_experts))
+    h = torch.empty(t * k, inter, device=x.device, dtype=x.dtype)      # in sorted order
+    bm, bn, bk, warps, stages = BLOCKS["gate_up"]
+    _gate_up[(num_experts, triton.cdiv(inter, bn))](x, gate_up_proj, h, rows, ends, hidden, inter, k,
+                                                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+                                                   num_stages=stages)
+    pairs = torch.empty(t * k, hidden, device=x.device, dtype=x.dtype)  # in (token, slot) order
+    bm, bn, bk, warps, stages = BLOCKS["down"]
+    _down[(num_experts, triton.cdiv(hidden, bn))](h, down_proj, pairs, rows, ends, weights.reshape(-1).contiguous(),
+                                                 hidden, inter, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                                                 num_warps=warps, num_stages=stages)
+    return pairs.view(t, k, hidden).sum(dim=1)
