@@ -143,11 +143,21 @@ def fingerprint(body: dict) -> str:
 
 def load_plan(path: str | Path) -> Plan:
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        raw = Path(path).read_bytes()
     except OSError as e:
         raise InvalidInput(f"cannot read plan {path}", str(e), "check the path") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidInput(f"plan {path} is not a text file", f"byte {e.start} is not UTF-8 ({raw[e.start:e.start + 1]!r})",
+                           "pass a plan written by graphc plan") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise InvalidInput(f"plan {path} is not valid YAML", str(e), "regenerate it with graphc plan") from None
+    except RecursionError:
+        raise InvalidInput(f"plan {path} is not valid YAML", "it nests deeper than a parser follows",
+                           "regenerate it with graphc plan") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise InvalidInput(f"{path} is not a {FORMAT} plan", f"its format is {got!r}", "regenerate it with graphc plan")
