@@ -59,9 +59,14 @@ def test_two_processes_give_the_one_device_tokens(engines):
     # plan's transfers lines, measured at boot at the ledger's bytes
     assert set(two.workers.buffers) == {("audio_encoder", "embeds"), ("vision_encoder", "embeds"),
                                         ("vision_encoder", "deepstack")}
-    ledger = two.plan.devices[1].ledger
+    ledger, sources = two.plan.devices[1].ledger, two.plan.devices[1].sources
     for comp in ("transfers.audio_encoder", "transfers.vision_encoder"):
         assert two.boot.measured[comp] == ledger[comp] > 0
+    # the plan says what each line holds: every buffer by port, elements and dtype, as booted
+    for (src, port), buf in two.workers.buffers.items():
+        detail = sources[f"transfers.{src}"]
+        assert detail.startswith(f"exact: receive buffers of {src}'s output(s)")
+        assert f"{port} {buf.numel():,} x {str(buf.dtype).removeprefix('torch.')}" in detail, detail
     before = dict(two.workers.stats)
     want, got = requests(one), requests(two)
     assert [o.error for o in got] == [None] * 4
