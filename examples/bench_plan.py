@@ -1,58 +1,66 @@
-"""How long planning takes: a fresh process's imports, the first plan (which pays torch's lazy
-imports), a plan with every cache cleared (the compiler's own work), and a fully cached re-plan.
+"""How long `graphc plan` takes, whole process (imports included), as a user runs it (issue 14):
 
-    python examples/bench_plan.py [MODEL.py] [--gpu h100] [--gpus 1] [--preset P] [--repeat 5]
+    cold      an empty disk cache (graphc/memo.py): every step traced
+    again     the same command once more: everything read from the cache
+    --set     one walk's budget changed: only what that changes is computed again
+
+    python examples/bench_plan.py [MODEL.py] [--gpu h100] [--gpus 2] [--preset P] [--set KEY=VALUE]
+
+The cache lives in a temporary directory of this run (removed after); each plan is checked byte for
+byte against the cold one (the --set plan against a cold plan of its own, made with the cache off).
 """
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-t_start = time.perf_counter()
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from graphc import memo  # noqa: E402
-from graphc.pipeline import compile_model  # noqa: E402
-from graphc.source import load_model  # noqa: E402
 
-t_imported = time.perf_counter()
+def plan(model: str, args, cache: str, out: Path, sets: list[str]) -> float:
+    cmd = [sys.executable, "-m", "graphc.cli", "plan", model, "--gpu", args.gpu, "--gpus", str(args.gpus),
+           "-o", str(out), "-q"] + (["--preset", args.preset] if args.preset else [])
+    for s in sets:
+        cmd += ["--set", s]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, GRAPHC_CACHE_DIR=cache), capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"graphc plan failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return wall
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model", nargs="?", default=str(ROOT / "models" / "tiny_omni.py"))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", nargs="?", default="models/qwen3_omni.py")
     ap.add_argument("--gpu", default="h100")
-    ap.add_argument("--gpus", type=int, default=1)
+    ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--preset", default=None)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--set", dest="change", default="walks.thinker_decode.budget.seqs=48",
+                    help="the one change of the third plan (default: the thinker's decode budget)")
     args = ap.parse_args()
-    src = load_model(args.model, args.preset)
-    t0 = time.perf_counter()
-    first = compile_model(src, args.gpu, args.gpus)
-    t_first = time.perf_counter() - t0
-    cold, warm, passes = [], [], {}
-    for _ in range(args.repeat):
-        memo.clear()
-        t0 = time.perf_counter()
-        res = compile_model(src, args.gpu, args.gpus)
-        cold.append(time.perf_counter() - t0)
-        for k, v in res.result.timings.items():
-            passes.setdefault(k, []).append(v)
-        t0 = time.perf_counter()
-        compile_model(src, args.gpu, args.gpus)
-        warm.append(time.perf_counter() - t0)
-    graphs = sum(len(r) for n in first.plan.nodes.values() for r in n.graphs.values())
-    print(f"model {src.model.name} on {args.gpus} x {args.gpu}: {graphs} captured graphs simulated")
-    print(f"python imports (torch, graphc):             {t_imported - t_start:7.3f} s")
-    print(f"first plan in this process (lazy imports):  {t_first:7.3f} s")
-    print(f"plan, every cache cleared (median of {args.repeat}):   {statistics.median(cold):7.3f} s")
-    print(f"re-plan, caches warm (median of {args.repeat}):        {statistics.median(warm):7.3f} s")
-    for k, v in passes.items():
-        print(f"  {k:18s} {statistics.median(v) * 1000:8.1f} ms")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        cache = str(tmp / "cache")
+        cold = plan(args.model, args, cache, tmp / "cold.plan", [])
+        again = plan(args.model, args, cache, tmp / "again.plan", [])
+        changed = plan(args.model, args, cache, tmp / "set.plan", [args.change])
+        plan(args.model, args, "off", tmp / "set_ref.plan", [args.change])
+        same = ((tmp / "cold.plan").read_bytes() == (tmp / "again.plan").read_bytes()
+                and (tmp / "set.plan").read_bytes() == (tmp / "set_ref.plan").read_bytes())
+        entries = sum(1 for _ in Path(cache).rglob("*.pkl"))
+    print(f"{args.model} on {args.gpus} x {args.gpu}, whole process:")
+    print(f"  cold (empty cache)          {cold:6.2f} s")
+    print(f"  again (all cached)          {again:6.2f} s")
+    print(f"  --set {args.change}: {changed:6.2f} s")
+    print(f"  {entries} cache entries; plans byte-identical to uncached ones: {'yes' if same else 'NO'}")
+    if not same:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

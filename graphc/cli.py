@@ -110,6 +110,12 @@ def cmd_plan(args) -> int:
         with open(args.html, "w") as f:
             f.write(plan_html(compiled.plan))
     print(out if args.quiet else plan_summary(compiled.plan, out), end="" if not args.quiet else "\n")
+    if not args.quiet:
+        from graphc import memo
+
+        traces, where = memo.table("simulate_steps.traces"), memo.cache_dir()
+        print(f"simulated steps: {traces.hits} of {len(traces)} read from the cache in {where}" if where else
+              "simulated steps: the disk cache is off (GRAPHC_CACHE_DIR=off)", file=sys.stderr)
     return EXIT_FITS
 
 

@@ -28,6 +28,24 @@ def tiny_small():
     return load_model(TINY, "small")
 
 
+def pytest_configure(config):
+    """The compiler's disk memo (graphc/memo.py) in a directory of this session's own: no test reads
+    an entry another run wrote, and the user's cache is left alone."""
+    import os
+    import tempfile
+
+    if "GRAPHC_CACHE_DIR" not in os.environ:
+        config._graphc_cache = os.environ["GRAPHC_CACHE_DIR"] = tempfile.mkdtemp(prefix="graphc-cache-")
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    where = getattr(config, "_graphc_cache", None)
+    if where:
+        shutil.rmtree(where, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

@@ -21,7 +21,8 @@ SHIPPED = sorted(p.stem for p in (ROOT / "plans").glob("*.plan"))
 
 
 def _compile(names: list[str], out: Path, hashseed: int, one_core: bool) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONHASHSEED=str(hashseed), OMP_NUM_THREADS="1" if one_core else "2")
+    env = dict(os.environ, PYTHONHASHSEED=str(hashseed), OMP_NUM_THREADS="1" if one_core else "2",
+               GRAPHC_CACHE_DIR="off")         # every trace computed in each process, none read from disk
     pin = (lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})) if one_core else None
     return subprocess.Popen([sys.executable, str(REGEN), "--out", str(out), *names], cwd=ROOT, env=env,
                             preexec_fn=pin, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

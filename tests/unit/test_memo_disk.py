@@ -1,0 +1,108 @@
+"""The compiler's disk memo (graphc/memo.py, issue 14): a second process reads what the first computed
+and makes the same plan byte for byte; any change to the code misses every entry; an entry that does not
+read back (truncated, or not a trace's types) is a miss, never executed; two plans at once each see
+whole entries; GRAPHC_CACHE_DIR=off writes nothing. The plans compared come from a process with the
+cache off (the expected bytes do not come from the cache)."""
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+from graphc import memo
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from graphc import memo
+from graphc.pipeline import compile_model
+from graphc.source import load_model
+plan = compile_model(load_model(sys.argv[1] + "/models/tiny_omni.py"), "h100").plan
+plan.save(sys.argv[2])
+t = memo.table("simulate_steps.traces")
+print(json.dumps({"hits": t.hits, "writes": t.writes, "entries": len(t)}))
+"""
+
+
+def plan_in_a_process(cache, out: Path, wait=True):
+    env = dict(os.environ, GRAPHC_CACHE_DIR=str(cache))
+    p = subprocess.Popen([sys.executable, "-c", SCRIPT, str(ROOT), str(out)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    if not wait:
+        return p
+    return finish(p)
+
+
+def finish(p) -> dict:
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-2000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_second_process_reads_what_the_first_computed(tmp_path):
+    cache = tmp_path / "cache"
+    cold = plan_in_a_process("off", tmp_path / "cold.plan")
+    assert cold["writes"] == 0 and cold["hits"] == 0 and not cache.exists()
+    first = plan_in_a_process(cache, tmp_path / "first.plan")
+    second = plan_in_a_process(cache, tmp_path / "second.plan")
+    assert first["hits"] == 0 and first["writes"] == first["entries"] > 0
+    assert second["hits"] == first["entries"] and second["writes"] == 0
+    reference = (tmp_path / "cold.plan").read_bytes()
+    assert (tmp_path / "first.plan").read_bytes() == reference == (tmp_path / "second.plan").read_bytes()
+
+    # truncated entries and a pickle that would run code: misses, written again, the plan unchanged
+    files = sorted((cache / "simulate_steps.traces").rglob("*.pkl"))
+    assert len(files) == first["entries"]
+    for f in files[: len(files) // 2]:
+        f.write_bytes(f.read_bytes()[:7])
+    files[-1].write_bytes(pickle.dumps(os.system))
+    third = plan_in_a_process(cache, tmp_path / "third.plan")
+    assert third["writes"] == len(files) // 2 + 1 and third["hits"] == first["entries"] - third["writes"]
+    assert (tmp_path / "third.plan").read_bytes() == reference
+
+
+def test_two_plans_at_once_share_the_directory(tmp_path):
+    cache = tmp_path / "cache"
+    procs = [plan_in_a_process(cache, tmp_path / f"{i}.plan", wait=False) for i in range(2)]
+    stats = [finish(p) for p in procs]
+    assert all(s["entries"] > 0 for s in stats)
+    assert (tmp_path / "0.plan").read_bytes() == (tmp_path / "1.plan").read_bytes()
+    assert not list(cache.rglob(".tmp-*"))                       # every write renamed into place
+
+
+def test_a_change_to_the_code_misses_every_entry(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    t = memo.DiskMemo("test.table")
+    key = ("a key", 1)
+    t[key] = (1, 2)
+    fresh = memo.DiskMemo("test.table")
+    assert key in fresh and fresh[key] == (1, 2) and fresh.hits == 1
+    extra = tmp_path / "edited.py"
+    extra.write_text("x = 1\n")
+    sources = memo._sources()
+    monkeypatch.setattr(memo, "_sources", lambda: sources + [extra])
+    memo._FINGERPRINTS.clear()
+    before = memo.DiskMemo("test.table")
+    before[key] = (3, 4)                                          # stored under the new fingerprint
+    extra.write_text("x = 2\n")                                   # one byte of the code changes
+    memo._FINGERPRINTS.clear()
+    after = memo.DiskMemo("test.table")
+    assert key not in after and after.misses == 1
+    memo._FINGERPRINTS.clear()
+
+
+def test_a_model_file_class_is_fingerprinted_by_its_own_file(tmp_path):
+    src = tmp_path / "user_model.py"
+    src.write_text("import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return x\n")
+    ns = {}
+    exec(compile(src.read_text(), str(src), "exec"), ns)         # defined outside sys.modules, as load_model does
+    assert str(src) in memo._defining_files(((ns["M"], "config"), "sizes"))
+
+
+def test_off_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", "off")
+    t = memo.DiskMemo("test.table")
+    t[("k",)] = 1
+    assert memo.cache_dir() is None and t.writes == 0 and ("k",) in t
