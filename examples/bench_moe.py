@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from models.components.moe import Experts  # noqa: E402
-from models.components.moe_triton import fused_experts  # noqa: E402
+from models.components.moe_ops import fused_experts  # noqa: E402
 
 SHAPES = {"thinker": (128, 2048, 768, 8), "talker": (128, 1024, 384, 6)}   # experts, hidden, intermediate, top-k
 

@@ -15,6 +15,29 @@ from graphc.units import round_up
 ARENA_ALIGN = 256
 
 
+# kernel choices a plan makes for a node's modules (select_backends): class attributes a module declares
+# with its default, set per instance by set_kernels where the plan chooses otherwise
+KERNEL_KNOBS = ("fused_max_tokens",)
+
+
+def set_kernels(module: torch.nn.Module, kernels: dict[str, int]) -> bool:
+    """Give every submodule that declares a knob the plan's value (or back its class default where the
+    plan has none); whether any submodule declares one."""
+    unknown = set(kernels) - set(KERNEL_KNOBS)
+    if unknown:
+        raise ValueError(f"unknown kernel choices {sorted(unknown)}; known: {list(KERNEL_KNOBS)}")
+    found = False
+    for m in module.modules():
+        for knob in KERNEL_KNOBS:
+            if hasattr(type(m), knob):
+                found = True
+                if knob in kernels:
+                    setattr(m, knob, kernels[knob])
+                else:
+                    m.__dict__.pop(knob, None)
+    return found
+
+
 def build_module(node: Node, device: str | torch.device = "meta") -> torch.nn.Module:
     with torch.device(device):
         module = node.build()

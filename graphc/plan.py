@@ -74,6 +74,7 @@ class PlanNode(Strict):
     resources: dict[str, str]
     buckets: dict[str, PlanWalkBuckets]
     graphs: dict[str, list[int]]
+    kernels: dict[str, int] = {}        # kernel choices for the node's modules (graphc.modules.KERNEL_KNOBS)
 
 
 class PlanResource(Strict):
@@ -123,6 +124,9 @@ class Plan(Strict):
         data = self.model_dump(mode="json")
         if data["model"]["config"] is None:          # plans of presets carry no checkpoint config
             del data["model"]["config"], data["model"]["config_sha256"]
+        for node in data["nodes"].values():           # nodes with no kernel choice say nothing (older plans too)
+            if not node["kernels"]:
+                del node["kernels"]
         return data
 
     def body(self) -> dict:

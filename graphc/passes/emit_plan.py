@@ -5,9 +5,11 @@ import sys
 
 import torch
 
+from graphc.modules import set_kernels
 from graphc.plan import FORMAT, Plan, PlanDevice, PlanModel, PlanNode, PlanResource, PlanTarget, PlanTrim, \
     PlanWalk, PlanWalkBuckets, fingerprint
 from graphc.passes.place_nodes import Placement
+from graphc.passes.simulate_steps import fake_node
 from graphc.passes.tally_ledger import Sizing, device_convs
 from resources.paged_kv import PagedKVSpec
 
@@ -16,6 +18,11 @@ VERSION = "0.1.0"
 
 def graph_id(key: tuple[str, str, int]) -> str:
     return f"{key[0]}/{key[1]}/{key[2]}"
+
+
+def _kernels(node, knobs: dict[str, int]) -> dict[str, int]:
+    """The node's kernel choices, where its modules declare the knobs (recorded only where they act)."""
+    return dict(knobs) if knobs and set_kernels(fake_node(node).module, knobs) else {}
 
 
 def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, trimmed: list) -> Plan:
@@ -41,7 +48,8 @@ def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, tr
         nodes[n.name] = PlanNode(device=a[n.name], module=f"{n.module.__module__}.{n.module.__qualname__}",
                                  dtype=n.dtype, weights_bytes=w.params, num_params=w.num_params, arena_bytes=w.arena,
                                  resources=dict(n.resources), buckets=buckets,
-                                 graphs={fam: rs for (nn, fam), rs in s.buckets.captured.items() if nn == n.name})
+                                 graphs={fam: rs for (nn, fam), rs in s.buckets.captured.items() if nn == n.name},
+                                 kernels=_kernels(n, s.backends.kernels.get(n.name, {})))
     resources = {}
     for r in ir.model.resources:
         users = ir.users.get(r.name, [])

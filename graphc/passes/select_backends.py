@@ -2,10 +2,16 @@
 
 A paged KV resource gets one backend for prefill and mixed steps and one for decode steps; a
 backend whose kernels do not take the resource's head dim runs it padded (capabilities.HEAD_DIMS).
+
+Kernels that are not attention's, per node (graphc.modules.KERNEL_KNOBS, applied to whichever of the
+node's modules declare them): a bf16 node on an sm_90 target runs its sparse MoE experts' steps of up to
+FUSED_MAX_TOKENS tokens in the fused Triton kernels (models/components/moe_ops.py), grouped_mm above;
+measured on the H200 faster at every count from 1 to 64 tokens at Qwen3-Omni's thinker and talker
+shapes (docs/benchmarks.md), and not measured on other archs or above 64 tokens.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from graphc.ir import IR
 from resources import capabilities
@@ -20,9 +26,14 @@ class Choice:
     why: str
 
 
+FUSED_MAX_TOKENS = 64
+FUSED_ARCHS = ("sm_90",)
+
+
 @dataclass(frozen=True)
 class Backends:
     chosen: dict[str, Choice]   # attention resource -> its backends
+    kernels: dict[str, dict[str, int]] = field(default_factory=dict)   # node -> kernel knobs (see above)
 
     def backend(self, resource: str, phase: str = "prefill") -> str:
         c = self.chosen[resource]
@@ -57,6 +68,8 @@ def select_backends(ir: IR) -> Backends:
         if runs is not None and runs != head_dim:
             why += f"; {prefill} takes no head_dim {head_dim}: runs zero-padded to {runs}"
         chosen[r.name] = Choice(prefill, decode, runs, why)
-    out = Backends(chosen)
+    kernels = {n.name: {"fused_max_tokens": FUSED_MAX_TOKENS} for n in ir.model.nodes
+               if arch in FUSED_ARCHS and n.dtype == "bfloat16"}
+    out = Backends(chosen, kernels)
     out.check(ir)
     return out

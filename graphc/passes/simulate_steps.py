@@ -9,6 +9,7 @@ from tqdm import tqdm
 from graphc import memo
 from graphc.convws import resolve
 from graphc.ir import IR, Step
+from graphc.modules import set_kernels
 from graphc.passes.choose_buckets import Buckets
 from graphc.passes.select_backends import Backends
 from graphc.simulate import FakeNode, Trace
@@ -72,11 +73,14 @@ def trace_step(ir: IR, step: Step, rung: int, backends: Backends | None) -> tupl
     specs = tuple((repr(ir.model.resource(r)), backends.chosen[r].head_dim if backends else None)
                   for r in node.resources.values())
     arch = ir.target.arch if ir.target.is_gpu else None
+    knobs = backends.kernels.get(step.node, {}) if backends else {}
     key = (_node_key(node), repr(ports), repr(node.outputs), tuple(sorted(sizes.items())), step.phase, step.axis,
-           specs, arch)
+           specs, arch, tuple(sorted(knobs.items())))
     if key not in _TRACES:
         where = f"node '{step.node}' on {step.walk} at {step.axis}={rung}"
-        trace = fake_node(node).trace(ports, sizes, bindings(ir, step, rung, backends), where)
+        fake = fake_node(node)
+        set_kernels(fake.module, knobs)
+        trace = fake.trace(ports, sizes, bindings(ir, step, rung, backends), where)
         _TRACES[key] = resolve(trace, arch) if arch else (trace, frozenset())
     return _TRACES[key]
 

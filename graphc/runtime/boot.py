@@ -22,6 +22,7 @@ from tqdm import tqdm
 from graphc.declare import TORCH_DTYPES
 from graphc.errors import InvalidInput
 from graphc.ir import IR, Step
+from graphc.modules import set_kernels
 from graphc.overrides import apply_overrides
 from graphc.plan import Plan, file_sha256
 from graphc.runtime.build import fill_seeded, materialize
@@ -173,6 +174,7 @@ def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
     for name in boot.nodes:
         node = boot.ir.node(name)
         module, arena = materialize(node, boot.device)
+        set_kernels(module, boot.plan.nodes[name].kernels)      # the plan's kernel choices (select_backends)
         if shards is not None:
             used |= load_weights(module, shards, node.weight_prefix, strict=False).used
         else:

@@ -22,6 +22,11 @@ from models.components.layers import SwiGLU
 
 
 class Experts(nn.Module):
+    # a kernel choice the plan makes (graphc/passes/select_backends.py; set on the module at boot and in the
+    # simulation): bf16 steps of at most this many tokens run the fused kernels (moe_ops.py) on a GPU (and
+    # on meta tensors, where the compiler traces them); 0: never
+    fused_max_tokens: int = 0
+
     def __init__(self, num_experts: int, hidden: int, intermediate: int):
         super().__init__()
         self.num_experts = num_experts
@@ -31,6 +36,9 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, H], experts/weights [T, k] -> [T, H]: each row's k expert outputs, weighted and summed."""
         t, k = experts.shape
+        if x.dtype == torch.bfloat16 and t <= self.fused_max_tokens and x.device.type in ("cuda", "meta"):
+            from models.components.moe_ops import fused_experts
+            return fused_experts(x, self.gate_up_proj, self.down_proj, experts, weights)
         order, rows = torch.sort(experts.reshape(-1))                            # [T*k] pairs by expert
         ends = torch.searchsorted(order, torch.arange(1, self.num_experts + 1, device=x.device),
                                   out_int32=True)                                 # [E] end of each expert's rows

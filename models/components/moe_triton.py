@@ -20,7 +20,8 @@ each expert chosen (the bandwidth floor), where the per-pair batched path reads 
 The math is Experts.forward's; the roundings differ (fp32 through silu * up and through the
 weighting, rounded once where the reference rounds after each op): tests/gpu compares both with an
 fp32 reference at the thinker's and the talker's real shapes. Runs under TRITON_INTERPRET=1 on CPU
-(tests/unit/test_moe_triton.py).
+(tests/unit/test_moe_triton.py). moe_ops.py makes them torch operators; moe_ops.fused_experts is
+the whole layer.
 """
 from __future__ import annotations
 
@@ -127,29 +128,28 @@ BLOCKS = {"gate_up": (16, 32, 128, 4, 4), "down": (16, 32, 128, 2, 4)}
 GROUP_BLOCK = 64
 
 
-def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor,
-                  weights: torch.Tensor) -> torch.Tensor:
-    """Experts.forward's contract: x [T, H], gate_up_proj [E, 2I, H], down_proj [E, H, I], experts and
-    weights [T, k] -> [T, H] in x's dtype. Static shapes for a given T (one CUDA graph)."""
-    t, k = experts.shape
+def group(experts: torch.Tensor, rows: torch.Tensor, ends: torch.Tensor) -> None:
+    """experts [P] (flat token-expert pairs) -> rows [P] int32 (pairs by expert), ends [E] int32."""
+    p, num_experts = experts.numel(), ends.numel()
+    _group[(triton.cdiv(p, GROUP_BLOCK),)](experts, rows, ends, p, E=num_experts, BLOCK=GROUP_BLOCK,
+                                           EBLOCK=triton.next_power_of_2(num_experts))
+
+
+def gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, h: torch.Tensor, rows: torch.Tensor, ends: torch.Tensor,
+            top_k: int) -> None:
+    """h [P, I] (grouped order) = silu(x W_gate) * (x W_up) of each pair's token and expert."""
     num_experts, two_i, hidden = gate_up_proj.shape
-    inter = two_i // 2
-    if x.shape != (t, hidden) or down_proj.shape != (num_experts, hidden, inter):
-        raise ValueError(f"fused_experts: x {tuple(x.shape)}, gate_up {tuple(gate_up_proj.shape)}, down "
-                         f"{tuple(down_proj.shape)} do not agree")
-    x, gate_up_proj, down_proj = x.contiguous(), gate_up_proj.contiguous(), down_proj.contiguous()
-    rows = torch.empty(t * k, device=x.device, dtype=torch.int32)     # pairs grouped by expert
-    ends = torch.empty(num_experts, device=x.device, dtype=torch.int32)
-    _group[(triton.cdiv(t * k, GROUP_BLOCK),)](experts.reshape(-1).contiguous(), rows, ends, t * k, E=num_experts,
-                                               BLOCK=GROUP_BLOCK, EBLOCK=triton.next_power_of_2(num_experts))
-    h = torch.empty(t * k, inter, device=x.device, dtype=x.dtype)      # in sorted order
     bm, bn, bk, warps, stages = BLOCKS["gate_up"]
-    _gate_up[(num_experts, triton.cdiv(inter, bn))](x, gate_up_proj, h, rows, ends, hidden, inter, k,
-                                                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-                                                   num_stages=stages)
-    pairs = torch.empty(t * k, hidden, device=x.device, dtype=x.dtype)  # in (token, slot) order
+    _gate_up[(num_experts, triton.cdiv(two_i // 2, bn))](x, gate_up_proj, h, rows, ends, hidden, two_i // 2, top_k,
+                                                        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+                                                        num_stages=stages)
+
+
+def down(h: torch.Tensor, down_proj: torch.Tensor, pairs: torch.Tensor, rows: torch.Tensor, ends: torch.Tensor,
+         weights: torch.Tensor) -> None:
+    """pairs [P, H] ((token, slot) order) = weight x (h W_down) of each pair."""
+    num_experts, hidden, inter = down_proj.shape
     bm, bn, bk, warps, stages = BLOCKS["down"]
-    _down[(num_experts, triton.cdiv(hidden, bn))](h, down_proj, pairs, rows, ends, weights.reshape(-1).contiguous(),
-                                                 hidden, inter, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                                                 num_warps=warps, num_stages=stages)
-    return pairs.view(t, k, hidden).sum(dim=1)
+    _down[(num_experts, triton.cdiv(hidden, bn))](h, down_proj, pairs, rows, ends, weights, hidden, inter,
+                                                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+                                                 num_stages=stages)

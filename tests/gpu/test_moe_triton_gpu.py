@@ -29,7 +29,7 @@ def reference(x, gu, dn, ex, w) -> torch.Tensor:
 @pytest.mark.parametrize("tokens", [1, 7, 64, 300])
 def test_fused_experts_against_fp64_and_the_bf16_path(shape, tokens):
     pytest.importorskip("triton")
-    from models.components.moe_triton import fused_experts
+    from models.components.moe_ops import fused_experts
 
     e, h, i, k = SHAPES[shape]
     gen = torch.Generator(device="cuda").manual_seed(tokens)

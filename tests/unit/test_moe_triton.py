@@ -20,7 +20,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, sys.argv[1])
 import torch
 from models.components.moe import Experts
-from models.components.moe_triton import BLOCKS, fused_experts
+from models.components.moe_ops import fused_experts
+from models.components.moe_triton import BLOCKS
 
 torch.manual_seed(0)
 E, H, I, T, K = 8, 80, 48, 21, 3

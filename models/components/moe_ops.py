@@ -1,0 +1,72 @@
+"""The fused MoE kernels (moe_triton.py) as torch operators, so that everything that sees aten ops sees
+them: CUDA graph capture, and the compiler's simulation, which runs a step on meta tensors and counts
+each operator that writes memory as one kernel launch (the `kernels` ledger line is calibrated per
+launch). Each operator writes into buffers its caller allocated with torch.empty (the simulation
+records those allocations) and returns nothing; on meta tensors it does nothing. Triton is imported
+only when an operator runs on a device, so planning needs no GPU stack.
+
+    graphc::moe_group(experts, rows!, ends!)                     pairs grouped by expert
+    graphc::moe_gate_up(x, gate_up_proj, h!, rows, ends, top_k)  silu(gate) * up, by expert
+    graphc::moe_down(h, down_proj, pairs!, rows, ends, weights)  down, scaled, to each pair's place
+"""
+from __future__ import annotations
+
+import torch
+
+
+@torch.library.custom_op("graphc::moe_group", mutates_args=("rows", "ends"))
+def moe_group(experts: torch.Tensor, rows: torch.Tensor, ends: torch.Tensor) -> None:
+    from models.components import moe_triton as k
+
+    k.group(experts, rows, ends)
+
+
+@moe_group.register_fake
+def _(experts, rows, ends) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::moe_gate_up", mutates_args=("h",))
+def moe_gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, h: torch.Tensor, rows: torch.Tensor,
+                ends: torch.Tensor, top_k: int) -> None:
+    from models.components import moe_triton as k
+
+    k.gate_up(x, gate_up_proj, h, rows, ends, top_k)
+
+
+@moe_gate_up.register_fake
+def _(x, gate_up_proj, h, rows, ends, top_k) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::moe_down", mutates_args=("pairs",))
+def moe_down(h: torch.Tensor, down_proj: torch.Tensor, pairs: torch.Tensor, rows: torch.Tensor, ends: torch.Tensor,
+             weights: torch.Tensor) -> None:
+    from models.components import moe_triton as k
+
+    k.down(h, down_proj, pairs, rows, ends, weights)
+
+
+@moe_down.register_fake
+def _(h, down_proj, pairs, rows, ends, weights) -> None:
+    return None
+
+
+def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor,
+                  weights: torch.Tensor) -> torch.Tensor:
+    """Experts.forward's contract: x [T, H], gate_up_proj [E, 2I, H], down_proj [E, H, I], experts and
+    weights [T, k] -> [T, H] in x's dtype; three operators and a sum, static shapes for a given T."""
+    t, k = experts.shape
+    num_experts, two_i, hidden = gate_up_proj.shape
+    inter = two_i // 2
+    if x.shape != (t, hidden) or down_proj.shape != (num_experts, hidden, inter):
+        raise ValueError(f"fused_experts: x {tuple(x.shape)}, gate_up {tuple(gate_up_proj.shape)}, down "
+                         f"{tuple(down_proj.shape)} do not agree")
+    rows = torch.empty(t * k, device=x.device, dtype=torch.int32)      # pairs grouped by expert
+    ends = torch.empty(num_experts, device=x.device, dtype=torch.int32)
+    moe_group(experts.reshape(-1).contiguous(), rows, ends)
+    h = torch.empty(t * k, inter, device=x.device, dtype=x.dtype)      # in grouped order
+    moe_gate_up(x.contiguous(), gate_up_proj, h, rows, ends, k)
+    pairs = torch.empty(t * k, hidden, device=x.device, dtype=x.dtype)  # in (token, slot) order
+    moe_down(h, down_proj, pairs, rows, ends, weights.reshape(-1).contiguous())
+    return pairs.view(t, k, hidden).sum(dim=1)

@@ -1,0 +1,90 @@
+"""The plan's kernel choices (issue 13): select_backends gives bf16 nodes on sm_90 targets the fused MoE
+kernels up to 64 tokens and nothing elsewhere; the plan records them only on nodes whose modules declare
+the knob; set_kernels sets, resets and refuses; the simulation traces the fused path as its buffers and
+operators (worked by hand); a boot sets the plan's choice on the modules."""
+import pytest
+import torch
+
+from graphc.modules import set_kernels
+from graphc.plan import load_plan
+from graphc.simulate import _Recorder
+from models.components.moe import Experts, SparseMoE
+
+
+def test_shipped_plans_record_the_choice_where_it_acts():
+    for path in ("plans/qwen3_omni_h200.plan", "plans/qwen3_omni_2xh100.plan"):
+        plan = load_plan(path)
+        assert plan.target.arch == "sm_90"
+        got = {n: p.kernels for n, p in plan.nodes.items()}
+        # the thinker and the talker hold sparse MoE experts; the encoders and Code2Wav hold none
+        assert got == {"thinker": {"fused_max_tokens": 64}, "talker": {"fused_max_tokens": 64},
+                       "audio_encoder": {}, "vision_encoder": {}, "code2wav": {}}, got
+    for path in ("plans/qwen3_omni_tiny_cpu.plan", "plans/qwen3_asr_1.7b_h100.plan"):
+        assert all(not p.kernels for p in load_plan(path).nodes.values())     # cpu; no MoE
+
+
+def test_select_backends_by_arch_and_dtype():
+    from graphc.passes.select_backends import select_backends
+    from graphc.verify import verify_graph
+    from graphc.source import load_model
+    from graphc.targets import get_target
+
+    model = load_model("models/qwen3_omni.py").model
+    for gpu, want in (("h100", True), ("h200", True), ("a100-80gb", False), ("l40s", False), ("b200", False)):
+        ir = verify_graph(model, get_target(gpu), 1)
+        chosen = select_backends(ir).kernels
+        bf16 = {n.name for n in model.nodes if n.dtype == "bfloat16"}
+        assert chosen == ({n: {"fused_max_tokens": 64} for n in bf16} if want else {}), gpu
+
+
+def test_set_kernels_sets_resets_and_refuses():
+    moe = SparseMoE(16, 8, 4, 2, True)
+    assert set_kernels(moe, {"fused_max_tokens": 5}) and moe.experts.fused_max_tokens == 5
+    assert set_kernels(moe, {}) and moe.experts.fused_max_tokens == Experts.fused_max_tokens == 0
+    assert not set_kernels(torch.nn.Linear(2, 2), {"fused_max_tokens": 5})
+    with pytest.raises(ValueError, match="unknown kernel choices"):
+        set_kernels(moe, {"fused_max_token": 5})
+
+
+def test_the_simulation_sees_the_fused_path_as_its_buffers_and_operators():
+    """T tokens routed to k of E experts (hidden H, intermediate I), bf16, on meta: four buffers
+    (rows T*k int32, ends E int32, h [T*k, I] and pairs [T*k, H] bf16), three graphc operators, the sum
+    [T, H]; no sort, no grouped_mm."""
+    T, k, E, H, I = 3, 2, 8, 32, 16
+    with torch.device("meta"):
+        ex = Experts(E, H, I).to(torch.bfloat16)
+        x = torch.empty(T, H, dtype=torch.bfloat16)
+        experts = torch.empty(T, k, dtype=torch.int64)
+        weights = torch.empty(T, k, dtype=torch.bfloat16)
+    set_kernels(ex, {"fused_max_tokens": T})
+    rec = _Recorder(list(ex.parameters()) + [x, experts, weights])
+    seen = []
+
+    class Names(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    with rec, Names(), torch.no_grad():
+        out = ex(x, experts, weights)
+    allocs = [n for kind, _, n in rec.events if kind == 1]
+    assert allocs == [T * k * 4, E * 4, T * k * I * 2, T * k * H * 2, T * H * 2], allocs
+    assert [s for s in seen if s.startswith("graphc.")] == ["graphc.moe_group", "graphc.moe_gate_up", "graphc.moe_down"]
+    assert not any("sort" in s or "grouped_mm" in s for s in seen)
+    assert out.shape == (T, H) and out.dtype == torch.bfloat16
+    set_kernels(ex, {"fused_max_tokens": T - 1})                # one token more than the choice: grouped_mm
+    seen.clear()
+    with Names(), torch.no_grad():
+        ex(x, experts, weights)
+    assert not any(s.startswith("graphc.") for s in seen) and any("grouped_mm" in s for s in seen)
+
+
+def test_a_boot_sets_the_plan_choice_on_the_modules():
+    from graphc.runtime.boot import boot_plan
+
+    plan = load_plan("plans/qwen3_omni_tiny_cpu.plan")
+    plan.nodes["thinker"] = plan.nodes["thinker"].model_copy(update={"kernels": {"fused_max_tokens": 7}})
+    (boot,) = boot_plan(plan, seed=0)
+    values = {m.fused_max_tokens for m in boot.modules["thinker"].modules() if isinstance(m, Experts)}
+    assert values == {7}
+    assert {m.fused_max_tokens for m in boot.modules["talker"].modules() if isinstance(m, Experts)} == {0}
