@@ -24,13 +24,26 @@ def _bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"'{text}' is not a size (e.g. 80GiB, 512MiB, 85000000000)") from None
 
 
+def _counts(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device count or a comma-separated list of them") from None
+    if any(n < 1 for n in out) or len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"{text!r}: device counts are positive and distinct")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="graphc", description="Compile a declared multimodal model into a checked serving plan.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     pl = sub.add_parser("plan", help="plan a model for a target", description="Plan MODEL.py for a target GPU.")
     pl.add_argument("model", help="a model file defining declare(preset)")
-    pl.add_argument("--gpu", required=True, help="target: h100, h200, a100-80gb, a100-40gb, l40s, b200, b300, cpu")
-    pl.add_argument("--gpus", type=int, default=1, help="number of devices (default 1)")
+    pl.add_argument("--gpu", required=True,
+                    help="target: h100, h200, a100-80gb, a100-40gb, l40s, b200, b300, cpu; several, comma-separated, "
+                         "plan each and print one table (a what-if sweep)")
+    pl.add_argument("--gpus", type=_counts, default=[1], help="number of devices (default 1); several, comma-separated, "
+                                                              "sweep them")
     pl.add_argument("--preset", default=None, help="the model file's preset (default: its declare() default)")
     pl.add_argument("--checkpoint", default=None, metavar="DIR",
                     help="declare the nodes from DIR/config.json (HF field names); the plan records it")
@@ -96,7 +109,13 @@ def cmd_plan(args) -> int:
     from graphc.report import plan_html, plan_summary, refusal
 
     overrides = merge(load_config(args.config) if args.config else {}, parse_set(args.sets))
+    gpus = [g.strip() for g in args.gpu.split(",") if g.strip()]
+    if len(set(gpus)) != len(gpus) or not gpus:
+        raise InvalidInput(f"--gpu {args.gpu}: targets are named once each", "", "e.g. --gpu h100,h200")
     source = load_model(args.model, args.preset, read_config(args.checkpoint) if args.checkpoint else None)
+    if len(gpus) * len(args.gpus) > 1:
+        return _sweep(source, gpus, args.gpus, overrides, args)
+    args.gpu, args.gpus = gpus[0], args.gpus[0]
     try:
         compiled = compile_model(source, args.gpu, args.gpus, overrides, fit=args.fit, memory_cap=args.memory_cap,
                                  headroom=args.headroom, remedies=not args.no_remedies)
@@ -116,6 +135,60 @@ def cmd_plan(args) -> int:
         traces, where = memo.table("simulate_steps.traces"), memo.cache_dir()
         print(f"simulated steps: {traces.hits} of {len(traces)} read from the cache in {where}" if where else
               "simulated steps: the disk cache is off (GRAPHC_CACHE_DIR=off)", file=sys.stderr)
+    return EXIT_FITS
+
+
+def cheapest(rows: list[dict]) -> dict | None:
+    """The row that fits with the least GPU memory in all, then the fewest devices (None: nothing fits)."""
+    fitting = [r for r in rows if r["fits"]]
+    return min(fitting, key=lambda r: (r["memory"], r["gpus"])) if fitting else None
+
+
+def _sweep(source, gpus: list[str], counts: list[int], overrides: dict, args) -> int:
+    """Plan every target and device count; one table: fits, KV tokens of each pool, the cheapest that fits
+    (the least GPU memory in all, then the fewest devices). Writes no plan."""
+    from tqdm import tqdm
+
+    from graphc.pipeline import compile_model
+    from graphc.targets import get_target
+    from graphc.units import fmt_bytes
+
+    if args.output or args.html:
+        raise InvalidInput("a sweep (several --gpu or --gpus) writes no plan", "it compares targets",
+                           "plan the target you choose alone to write its plan (-o, --html)")
+    rows = []
+    combos = [(g, n) for g in gpus for n in counts]
+    for g, n in tqdm(combos, desc="planning", unit="target", file=sys.stderr, disable=args.quiet or None):
+        target = get_target(g, args.memory_cap)
+        row = {"gpu": g, "gpus": n, "memory": n * target.memory_bytes}
+        try:
+            c = compile_model(source, g, n, overrides, fit=args.fit, memory_cap=args.memory_cap,
+                              headroom=args.headroom, remedies=False)
+            model = c.result.sizing.ir.model
+            row["fits"], row["kv"] = True, {r: sum(p.pages.values()) * model.resource(r).page_size
+                                             for r, p in c.plan.resources.items() if p.pages}
+            row["trimmed"] = len(c.plan.trimmed)
+        except DoesNotFit as e:
+            why = e.result.fit.problems[0].text if e.result is not None and e.result.fit.problems else e.what
+            row["fits"], row["why"] = False, why.splitlines()[0]
+        except InvalidInput as e:
+            row["fits"], row["why"] = False, f"refused: {e.what}"
+        rows.append(row)
+    best = cheapest(rows)
+    print(f"{source.model.name}: {len(rows)} targets planned")
+    print(f"{'target':<12}{'gpus':>5}  {'GPU memory':>11}  {'fits':<5} KV tokens (per pool) or why not")
+    for r in rows:
+        mark = " <- cheapest" if r is best else ""
+        if r["fits"]:
+            kv = ", ".join(f"{k} {v:,}" for k, v in r["kv"].items()) or "no KV pools"
+            kv += f" ({r['trimmed']} trims)" if r["trimmed"] else ""
+            print(f"{r['gpu']:<12}{r['gpus']:>5}  {fmt_bytes(r['memory']):>11}  {'yes':<5} {kv}{mark}")
+        else:
+            print(f"{r['gpu']:<12}{r['gpus']:>5}  {fmt_bytes(r['memory']):>11}  {'no':<5} {r['why']}")
+    if best is None:
+        print("nothing fits: plan one target alone to see its ranked remedies")
+        return EXIT_DOES_NOT_FIT
+    print(f"cheapest that fits: {best['gpu']} x {best['gpus']} (the least GPU memory in all, then the fewest devices)")
     return EXIT_FITS
 
 
