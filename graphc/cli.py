@@ -250,8 +250,8 @@ def _server_options(args) -> dict:
             "max_audio_bytes": int(args.max_upload_mb * 1024 * 1024)}
 
 
-def _serving_on(host: str, args, api_key) -> None:
-    print(f"serving on http://{host}:{args.port}/v1{' (API key required)' if api_key else ''}", file=sys.stderr)
+def _serving_on(host: str, args, api_key, where: str = "") -> None:
+    print(f"serving on http://{host}:{args.port}/v1{where}{' (API key required)' if api_key else ''}", file=sys.stderr)
 
 
 def _serve_or_run(engine, args, requests: list | None) -> int:
@@ -287,8 +287,7 @@ def _run_on_ray(plan, args, requests: list | None) -> int:
         print(serving.summary + f" (Ray cluster {args.ray})", file=sys.stderr)
         if requests is None:
             opts = _server_options(args)
-            _serving_on(args.host if args.host not in ("127.0.0.1", "localhost") else
-                        f"{args.host} of {serving.node_ip()}", args, opts["api_key"])
+            _serving_on(args.host, args, opts["api_key"], f" on the engine actor's node, {serving.node_ip()}")
             serving.serve(args.host, args.port, **opts)
             return EXIT_FITS
         outs, stats, line = serving.generate([parse_or_refuse(item, i) for i, item in enumerate(requests)])
