@@ -98,3 +98,27 @@ def test_a_cluster_too_small_is_refused_with_what_it_has(cluster, plans, monkeyp
     with pytest.raises(InvalidInput, match="did not hold the plan's 2 bundles") as e:
         RayServing(load_plan(plans[1]), "local", llm_device=1, random_weights=True)
     assert "available" in str(e.value)
+
+
+def test_graphc_run_serves_through_ray(plans):
+    """The server in the engine's actor answers a completion with the tokens the offline run gives."""
+    import signal
+    import urllib.request
+
+    from tests.parity.test_multi_device_run import _serve
+
+    server, port = _serve(plans[1], "--ray", "local")
+    try:
+        body = json.dumps({"prompt": [1, 2, 3, 4, 5, 6], "max_tokens": 6, "temperature": 0}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+        got = json.loads(urllib.request.urlopen(req, timeout=120).read())
+        one = Engine(plans[0], random_weights=True)
+        want = one.generate([{"prompt_token_ids": [1, 2, 3, 4, 5, 6], "max_tokens": 6, "temperature": 0}])[0]
+        assert got["choices"][0]["token_ids"] == want.token_ids and len(want.token_ids) == 6
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=60)
+        except Exception:
+            server.kill()

@@ -51,8 +51,8 @@ def test_graphc_run_serves_a_two_device_plan_offline(plans, tmp_path):
     assert json.loads(stats.read_text())["remote"]["steps"] == 0          # text only: nothing ran on device 0
 
 
-def _serve(plan):
-    """`graphc run PLAN --random-weights` on a free loopback port, up: (its process, the port)."""
+def _serve(plan, *extra: str):
+    """`graphc run PLAN --random-weights [extra]` on a free loopback port, up: (its process, the port)."""
     import socket
     import subprocess
     import sys
@@ -62,7 +62,7 @@ def _serve(plan):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "graphc.cli", "run", str(plan), "--random-weights",
-                               "--port", str(port)], stderr=subprocess.PIPE, text=True)
+                               "--port", str(port), *extra], stderr=subprocess.PIPE, text=True)
     t0 = time.monotonic()
     while True:
         try:
