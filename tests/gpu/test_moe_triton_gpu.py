@@ -67,3 +67,27 @@ def test_fused_experts_against_fp64_and_the_bf16_path(shape, tokens):
     with torch.no_grad():
         again = fused_experts(x, gu, dn, static_ex, w)
     torch.testing.assert_close(out, again, rtol=0, atol=0)
+
+
+def test_experts_forward_takes_the_fused_kernels_where_the_plan_chose_them():
+    """Experts.forward with the plan's knob set runs the fused operators on the GPU (bit for bit their
+    result) up to the chosen token count, and grouped_mm above it."""
+    pytest.importorskip("triton")
+    from graphc.modules import set_kernels
+    from models.components.moe_ops import fused_experts
+
+    e, h, i, k = SHAPES["talker"]
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    mod = Experts(e, h, i).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        mod.gate_up_proj.normal_(0, 0.02, generator=gen)
+        mod.down_proj.normal_(0, 0.02, generator=gen)
+    x = torch.randn(8, h, generator=gen, device="cuda").to(torch.bfloat16)
+    w, ex = torch.topk(torch.softmax(torch.randn(8, e, generator=gen, device="cuda"), dim=-1), k, dim=-1)
+    w = w.to(torch.bfloat16)
+    with torch.no_grad():
+        fused = fused_experts(x, mod.gate_up_proj, mod.down_proj, ex, w)
+        set_kernels(mod, {"fused_max_tokens": 8})
+        assert torch.equal(mod(x, ex, w), fused)
+        set_kernels(mod, {"fused_max_tokens": 7})
+        assert not torch.equal(mod(x, ex, w), fused)          # grouped_mm rounds differently

@@ -88,3 +88,35 @@ def test_a_boot_sets_the_plan_choice_on_the_modules():
     values = {m.fused_max_tokens for m in boot.modules["thinker"].modules() if isinstance(m, Experts)}
     assert values == {7}
     assert {m.fused_max_tokens for m in boot.modules["talker"].modules() if isinstance(m, Experts)} == {0}
+
+
+class WithExperts(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.moe = SparseMoE(16, 8, 4, 2, True)
+
+    def forward(self, ctx, x):
+        return {"y": self.moe(x)}
+
+
+class WithoutExperts(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, ctx, x):
+        return {"y": self.lin(x)}
+
+
+def test_the_plan_records_a_choice_only_where_a_module_declares_the_knob():
+    import graphc as gc
+    from graphc.passes.emit_plan import _kernels
+
+    def node(module):
+        port = gc.Port(shape=("tokens", 16), dtype="bfloat16")
+        return gc.Node(name="n", module=module, dtype="bfloat16", inputs={"x": port}, outputs={"y": port})
+
+    knobs = {"fused_max_tokens": 64}
+    assert _kernels(node(WithExperts), knobs) == knobs
+    assert _kernels(node(WithoutExperts), knobs) == {}
+    assert _kernels(node(WithExperts), {}) == {}
