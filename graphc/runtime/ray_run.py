@@ -51,7 +51,7 @@ def bundles(plan: Plan) -> list[dict]:
 class RayLink:
     """The engine's side of a worker actor: the same messages as a worker process's connection."""
 
-    kind = "Ray actor"
+    kinds = "Ray actors"
 
     def __init__(self, actor):
         self.ray = import_ray()

@@ -108,8 +108,12 @@ class DeviceWorker:
             _, init, world, self.engine_rank = msg
             try:
                 backend = "nccl" if self.runner.boot.device.type == "cuda" else "gloo"
+                eager = {}
+                if backend == "nccl":
+                    torch.cuda.set_device(self.runner.boot.device)
+                    eager = {"device_id": self.runner.boot.device}
                 dist.init_process_group(backend, init_method=init, world_size=world, rank=self.index,
-                                        timeout=timedelta(seconds=STEP_TIMEOUT_S))
+                                        timeout=timedelta(seconds=STEP_TIMEOUT_S), **eager)
             except BaseException:
                 return "failed", traceback.format_exc()
             return "ready", None
@@ -123,7 +127,7 @@ class DeviceWorker:
                 return "error", f"{type(e).__name__}: {e}"
             self.pending = [out[p].contiguous() for p in want]
             return "done", ready
-        if kind == "send":               # the engine has posted its receives; a send that fails ends the worker
+        if kind == "send":               # the engine posts its receives; a send that fails ends the worker
             try:
                 for t in self.pending:
                     dist.send(t, dst=self.engine_rank)
@@ -177,7 +181,7 @@ def worker_main(address: str, index: int) -> None:
 class ProcessLink:
     """A worker process on this host, started by the engine."""
 
-    kind = "worker process"
+    kinds = "worker processes"
 
     def __init__(self, proc: subprocess.Popen, conn: Connection):
         self.proc, self.conn = proc, conn
@@ -248,8 +252,12 @@ class Workers:
             for d, link in self.links.items():
                 link.request(("join", init, world, local))
             backend = "nccl" if device.type == "cuda" else "gloo"
+            eager = {}
+            if device.type == "cuda":        # NCCL binds its communicator to the current device: the engine's own,
+                torch.cuda.set_device(device)    # created now rather than in the first send and receive
+                eager = {"device_id": device}
             dist.init_process_group(backend, init_method=init, world_size=world, rank=local,
-                                    timeout=timedelta(seconds=STEP_TIMEOUT_S))
+                                    timeout=timedelta(seconds=STEP_TIMEOUT_S), **eager)
             for d in self.links:
                 self._wait(d, "ready", STEP_TIMEOUT_S)
         except BaseException:
@@ -297,7 +305,7 @@ class Workers:
 
     @property
     def kind(self) -> str:
-        return next(iter(self.links.values())).kind + "s" if self.links else "workers"
+        return next(iter(self.links.values())).kinds if self.links else "workers"
 
     # ---- waiting, with the workers watched
     def _wait(self, d: int, expect: str, timeout: float):
@@ -358,9 +366,13 @@ class Workers:
                                    f"{buf.dtype}")
             out[p] = buf[:n].view(shape)
             views.append(out[p])
-        if views:     # receives posted first; the worker's answer says its sends went (or it failed: WorkerDied)
-            works = [dist.irecv(v, src=d) for v in views]
+        if views:
+            # the worker is told first: NCCL creates the pair's communicator lazily, in the first send and
+            # receive, and blocks until both sides are in it (receives posted first waited for a worker that
+            # was waiting for this message: the first GPU run hung there). Its answer says its sends went,
+            # or that one failed (WorkerDied), so no receive is left waiting on a send that never comes.
             link.request(("send",))
+            works = [dist.irecv(v, src=d) for v in views]
             self._wait(d, "sent", STEP_TIMEOUT_S)
             for w, v in zip(works, views):
                 w.wait()
