@@ -255,8 +255,6 @@ def _serving_on(host: str, args, api_key, where: str = "") -> None:
 
 
 def _serve_or_run(engine, args, requests: list | None) -> int:
-    import time
-
     print(engine.summary(), file=sys.stderr)
     if requests is None:
         from graphc.runtime.server import serve
@@ -265,11 +263,21 @@ def _serve_or_run(engine, args, requests: list | None) -> int:
         _serving_on(args.host, args, opts["api_key"])
         serve(engine, args.host, args.port, **opts)
         return EXIT_FITS
+    from graphc.runtime.engine import parse_or_refuse
+
+    return _write_offline(*run_batch(engine, [parse_or_refuse(item, i) for i, item in enumerate(requests)]), args)
+
+
+def run_batch(engine, parsed: list) -> tuple[list, dict, str]:
+    """A batch run to its end (Engine.run_parsed): the outputs, the stats with throughput, their line.
+    Where the engine runs: this process, or the engine's Ray actor."""
+    import time
+
     t0 = time.perf_counter()
-    outs = engine.generate(requests, progress=True)
+    outs = engine.run_parsed(parsed, progress=True)
     wall = time.perf_counter() - t0
     stats = engine.stats(wall) | throughput([o for o in outs if o.error is None], wall)
-    return _write_offline(outs, stats, engine.stats_line(stats), args)
+    return outs, stats, engine.stats_line(stats)
 
 
 def _run_on_ray(plan, args, requests: list | None) -> int:

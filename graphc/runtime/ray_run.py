@@ -127,18 +127,13 @@ def _classes(ray):
             return self.engine.summary()
 
         def generate(self, parsed: list):
-            """(outputs, stats, their line), or ('dead', what, why, fix) when a device's worker died."""
-            import time
-
-            from graphc.cli import throughput
-            t0 = time.perf_counter()
+            """cli.run_batch's (outputs, stats, their line), or ('dead', what, why, fix) when a device's worker
+            died."""
+            from graphc.cli import run_batch
             try:
-                outs = self.engine.run_parsed(parsed, progress=True)
+                return run_batch(self.engine, parsed)
             except WorkerDied as e:
                 return "dead", e.what, e.why, e.fix
-            wall = time.perf_counter() - t0
-            stats = self.engine.stats(wall) | throughput([o for o in outs if o.error is None], wall)
-            return outs, stats, self.engine.stats_line(stats)
 
         def serve(self, host: str, port: int, **kwargs):
             """None when the server stops, or ('dead', what, why, fix) when a device's worker died."""
