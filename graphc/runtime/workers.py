@@ -13,7 +13,7 @@ scheduler stays one, in the engine. A worker is one of two things, with the same
     messages      boot (the plan, the weights) -> booted; join (the process group) -> ready; run (node,
                   walk, rung, size, host inputs, layouts, which outputs the engine wants) -> done (their
                   shapes) or error; send (the wanted outputs, through the process group, into the
-                  receives the engine posted) -> sent; stop
+                  receives the engine posts once it has told the worker) -> sent; stop
     data          torch.distributed point to point, ranks = plan devices, rendezvous at rank 0: NCCL
                   between GPUs (device to device, never through the host), gloo between CPU processes.
                   A step's inputs are host tensors (mel features, pixel patches) and go with the step;
@@ -82,6 +82,18 @@ def visible_gpu(index: int) -> str:
     return ids[index] if ids is not None else str(index)
 
 
+def join_group(init: str, world: int, rank: int, device: torch.device) -> None:
+    """This process's rank in the plan's process group: gloo on CPU; on a GPU, NCCL with the process's own
+    device made current and the communicator created now (device_id), not inside the first send and
+    receive (where it blocks until both sides are there)."""
+    eager = {}
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        eager = {"device_id": device}
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init, world_size=world,
+                            rank=rank, timeout=timedelta(seconds=STEP_TIMEOUT_S), **eager)
+
+
 class DeviceWorker:
     """One plan device's worker: what a worker process or a Ray actor runs, message by message."""
 
@@ -107,13 +119,7 @@ class DeviceWorker:
         if kind == "join":
             _, init, world, self.engine_rank = msg
             try:
-                backend = "nccl" if self.runner.boot.device.type == "cuda" else "gloo"
-                eager = {}
-                if backend == "nccl":
-                    torch.cuda.set_device(self.runner.boot.device)
-                    eager = {"device_id": self.runner.boot.device}
-                dist.init_process_group(backend, init_method=init, world_size=world, rank=self.index,
-                                        timeout=timedelta(seconds=STEP_TIMEOUT_S), **eager)
+                join_group(init, world, self.index, self.runner.boot.device)
             except BaseException:
                 return "failed", traceback.format_exc()
             return "ready", None
@@ -251,13 +257,7 @@ class Workers:
                 init = self._wait(0, "address", STEP_TIMEOUT_S)
             for d, link in self.links.items():
                 link.request(("join", init, world, local))
-            backend = "nccl" if device.type == "cuda" else "gloo"
-            eager = {}
-            if device.type == "cuda":        # NCCL binds its communicator to the current device: the engine's own,
-                torch.cuda.set_device(device)    # created now rather than in the first send and receive
-                eager = {"device_id": device}
-            dist.init_process_group(backend, init_method=init, world_size=world, rank=local,
-                                    timeout=timedelta(seconds=STEP_TIMEOUT_S), **eager)
+            join_group(init, world, local, device)
             for d in self.links:
                 self._wait(d, "ready", STEP_TIMEOUT_S)
         except BaseException:
