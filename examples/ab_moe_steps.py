@@ -6,7 +6,9 @@ kernels taken away (grouped_mm), and with them again, one after the other in one
     python examples/ab_moe_steps.py OUT.json
 """
 import sys, json, gc
-sys.path.insert(0, '.'); sys.path.insert(0, 'examples')
+from pathlib import Path
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 import torch
 from bench_steps import time_graph
 from graphc.plan import load_plan
@@ -14,7 +16,7 @@ from graphc.runtime.boot import boot_plan
 out = {}
 for device, node in ((0, "talker"), (1, "thinker")):
     for variant in ("fused", "grouped_mm", "fused again"):
-        plan = load_plan("plans/qwen3_omni_2xh100.plan")
+        plan = load_plan(ROOT / "plans" / "qwen3_omni_2xh100.plan")
         if variant == "grouped_mm":
             for k, n in list(plan.nodes.items()):
                 plan.nodes[k] = n.model_copy(update={"kernels": {}})

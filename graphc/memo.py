@@ -14,7 +14,8 @@ to any of them misses every entry, never reads a stale one.
     safety    written to a temporary file and renamed into place (two plans at once each see a whole
               entry or none); an entry that does not read back (truncated, another version's) is a
               miss and is written again; the directory may be deleted at any time
-    format    pickle, read back by an unpickler that builds only the trace's own types
+    format    pickle, read back by an unpickler that builds only the cached values' types (Trace,
+              WeightSizes, tuples, sets)
 """
 from __future__ import annotations
 
