@@ -277,6 +277,8 @@ def run_batch(engine, parsed: list) -> tuple[list, dict, str]:
     outs = engine.run_parsed(parsed, progress=True)
     wall = time.perf_counter() - t0
     stats = engine.stats(wall) | throughput([o for o in outs if o.error is None], wall)
+    for d, mem in engine.device_memory().items():       # after the run: NCCL's buffers are there now
+        stats["devices"][str(d)]["after_run"] = mem
     return outs, stats, engine.stats_line(stats)
 
 

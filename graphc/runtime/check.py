@@ -89,3 +89,12 @@ def compare(boot: DeviceBoot, tolerance: float = TOLERANCE) -> DeviceCheck:
         for r in rows if r.component.startswith(EXACT) and r.measured != r.planned]
     step = max(boot.step_peaks, key=boot.step_peaks.get, default="")
     return CpuCheck(*args, faults=faults, activations=boot.step_peaks.get(step, 0), activations_step=step)
+
+
+def verdict(check: DeviceCheck) -> dict:
+    """A device's check as plain numbers (a worker's boot summary, the run's stats): planned and measured
+    peak bytes, their difference as a fraction of planned, the graphs planned and captured, the verdict."""
+    within = None if check.measured_total is None else check.measured_total / check.planned_total - 1
+    return {"planned": check.planned_total, "measured": check.measured_total, "within": within,
+            "graphs_planned": len(check.graphs_planned), "graphs_captured": len(check.graphs_captured),
+            "missing_graphs": check.missing_graphs, "ok": check.ok}

@@ -22,13 +22,14 @@ import torch
 from graphc.errors import InvalidInput
 from graphc.plan import Plan, load_plan
 from graphc.runtime.boot import boot_plan
+from graphc.runtime.check import compare, verdict
 from graphc.runtime.executor import Executor, llm_node, scratch_pages, text_kind
 from graphc.runtime.host import Host, Media
 from graphc.runtime.request import Request
 from graphc.runtime.sampler import Sampler, SamplingParams, new_generator
 from graphc.runtime.scheduler import Scheduler, StepPlan
 from graphc.runtime.speech import SpeechLane, SpeechParams
-from graphc.runtime.workers import WorkerDied
+from graphc.runtime.workers import WorkerDied, device_memory
 from graphc.source import first_difference, read_config
 
 
@@ -141,6 +142,11 @@ class Engine:
         self._ids = itertools.count()
         self.requests: dict[str, Request] = {}
         self.dead: str | None = None              # why the engine stopped (a worker died)
+        # each plan device's boot against its ledger (its peak, its graphs), this device's and the workers'
+        self.devices = {self.boot.index: verdict(compare(self.boot))}
+        if self.workers is not None:
+            self.devices |= {d: s["check"] for d, s in self.workers.summaries.items()}
+        self.devices = dict(sorted(self.devices.items()))
 
     # ---- boot facts
     def _host(self) -> Host:
@@ -154,14 +160,37 @@ class Engine:
     def summary(self) -> str:
         kv = self.executor.kv_spec
         pages = self.scheduler.capacity
-        graphs = len(self.boot.graphs)
+        graphs = " + ".join(str(c["graphs_captured"]) for c in self.devices.values())
         n = len(self.plan.devices)
         where = (f"{self.boot.device.type}" if self.boot.device.type == "cpu" else self.plan.target.gpu) + f" x{n}"
         if self.workers is not None:
             where += f" ({self.workers.kind} for devices {', '.join(map(str, self.workers.links))})"
-        return (f"graphc run: {self.plan.model.name} on {where}, {graphs} graphs captured"
-                f"{' (CPU: every step eager)' if graphs == 0 else ''}, {pages * kv.page_size:,} KV tokens "
+        line = (f"graphc run: {self.plan.model.name} on {where}, {graphs} graphs captured"
+                f"{' (CPU: every step eager)' if not self.boot.graphs else ''}, {pages * kv.page_size:,} KV tokens "
                 f"({pages:,} pages), kinds {', '.join(self.kinds())}, booted in {self.boot_seconds:.1f} s")
+        return line + "".join("\n" + self.ledger_line(d, c) for d, c in self.devices.items()
+                              if c["measured"] is not None or c["missing_graphs"])
+
+    @staticmethod
+    def ledger_line(d: int, c: dict) -> str:
+        """A device's boot against its ledger: its peak, its graphs, and where it breaks the plan's word."""
+        line = f"  device {d}: {c['graphs_captured']} of {c['graphs_planned']} graphs captured"
+        if c["measured"] is not None:
+            line += (f", peak {c['measured'] / 1e9:.3f} GB of {c['planned'] / 1e9:.3f} GB planned "
+                     f"({100 * c['within']:+.2f}%)")
+        if not c["ok"]:
+            why = [f"missing {', '.join(c['missing_graphs'][:3])}"] if c["missing_graphs"] else []
+            why += ["its peak is over the ledger's tolerance or the card"] if c["measured"] is not None else []
+            line += " -- NOT AS PLANNED: " + "; ".join(why) + " (graphc check on this plan says which line)"
+        return line
+
+    def device_memory(self) -> dict[int, dict]:
+        """What each plan device's GPU holds now (NCCL's buffers included) and the most torch reserved
+        since boot; from the engine's thread, between steps."""
+        out = {self.boot.index: device_memory(self.boot.device)}
+        if self.workers is not None and self.dead is None:
+            out |= self.workers.memory()
+        return dict(sorted(out.items()))
 
     def _speech_kinds(self) -> list[str]:
         """Kinds that end in a group of walks holding the thinker's decode walk (text and speech out)."""
@@ -505,6 +534,7 @@ class Engine:
                "replayed": sum(c for (_, _, r), c in st.rungs.items() if r != "eager"),
                "eager": sum(c for (_, _, r), c in st.rungs.items() if r == "eager"),
                "step_ms": {w: 1e3 * st.seconds[w] / st.steps[w] for w in st.steps if st.seconds[w]}}
+        out["devices"] = {str(d): dict(c) for d, c in self.devices.items()}
         if self.workers is not None:
             out["remote"] = dict(self.workers.stats)
         if wall_s is not None:
@@ -519,6 +549,10 @@ class Engine:
         if stats.get("generated_tokens"):
             line += (f"; {stats['generated_tokens']} tokens in {stats['wall_s']:.2f} s = {stats['tokens_per_s']:.1f} "
                      f"tokens/s; TTFT p50 {stats['ttft_s']['p50'] * 1e3:.0f} ms, p90 {stats['ttft_s']['p90'] * 1e3:.0f} ms")
+        r = stats.get("remote")
+        if r and r["steps"]:
+            line += (f"; other devices: {r['steps']} node steps, {r['seconds'] / r['steps'] * 1e3:.2f} ms each, of which "
+                     f"{r['recv_seconds'] / r['steps'] * 1e3:.3f} ms receiving {r['recv_bytes'] / r['steps'] / 1e6:.2f} MB")
         return line
 
     # ---- offline

@@ -82,6 +82,16 @@ def visible_gpu(index: int) -> str:
     return ids[index] if ids is not None else str(index)
 
 
+def device_memory(device: torch.device) -> dict:
+    """What a GPU holds now, device-wide (NCCL's buffers and every context on it included), and the most
+    torch's allocator reserved since boot; nothing on a CPU."""
+    if device.type != "cuda":
+        return {}
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return {"used_now": total - free, "peak_reserved": torch.cuda.max_memory_reserved(device)}
+
+
 def join_group(init: str, world: int, rank: int, device: torch.device) -> None:
     """This process's rank in the plan's process group: gloo on CPU; on a GPU, NCCL with the process's own
     device made current and the communicator created now (device_id), not inside the first send and
@@ -142,6 +152,8 @@ class DeviceWorker:
             finally:
                 self.pending = []
             return "sent", None
+        if kind == "memory":
+            return "memory", device_memory(self.runner.boot.device)
         if kind == "stop":
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -152,6 +164,7 @@ class DeviceWorker:
         if options.get("gpu") is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = options["gpu"]
         from graphc.runtime.boot import boot_plan
+        from graphc.runtime.check import compare, verdict
         from graphc.runtime.executor import NodeRunner, scratch_pages
 
         plan = Plan.model_validate_json(plan_json)
@@ -159,7 +172,8 @@ class DeviceWorker:
                          seed=options.get("seed", 0), emulate=options.get("emulate", False),
                          force=options.get("force", False), prebuild=options.get("prebuild", True))[0]
         self.runner = NodeRunner(boot, scratch_pages(boot))
-        return {"graphs": len(boot.graphs), "faults": list(boot.faults), "pid": os.getpid()}
+        return {"graphs": len(boot.graphs), "faults": list(boot.faults), "pid": os.getpid(),
+                "check": verdict(compare(boot))}
 
 
 def worker_main(address: str, index: int) -> None:
@@ -310,8 +324,8 @@ class Workers:
     # ---- waiting, with the workers watched
     def _wait(self, d: int, expect: str, timeout: float):
         link, t0 = self.links[d], time.monotonic()
-        doing = {"booted": "booting", "ready": "joining", "address": "joining", "sent": "sending a step's outputs"}.get(
-            expect, "running a step")
+        doing = {"booted": "booting", "ready": "joining", "address": "joining", "sent": "sending a step's outputs",
+                 "memory": "reporting its memory"}.get(expect, "running a step")
         while not link.wait(POLL_S):
             gone = link.gone()
             if gone is not None:
@@ -338,6 +352,14 @@ class Workers:
             gone = link.gone()
             if gone is not None:
                 raise WorkerDied(f"the worker of device {d} died ({gone})", "", "the engine stops")
+
+    def memory(self) -> dict[int, dict]:
+        """Each worker's device_memory (from the engine's thread, between steps)."""
+        out = {}
+        for d, link in self.links.items():
+            link.request(("memory",))
+            out[d] = self._wait(d, "memory", STEP_TIMEOUT_S)
+        return out
 
     # ---- one node of a step on its device
     def run(self, node: str, walk: str, rung: int | None, size: int, inputs: dict, layouts: dict,

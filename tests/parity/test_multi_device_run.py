@@ -48,7 +48,11 @@ def test_graphc_run_serves_a_two_device_plan_offline(plans, tmp_path):
                  "--stats", str(stats)]) == 0
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["id"] for x in lines] == ["r0", "r1", "r2"] and all(len(x["token_ids"]) == 5 for x in lines)
-    assert json.loads(stats.read_text())["remote"]["steps"] == 0          # text only: nothing ran on device 0
+    st = json.loads(stats.read_text())
+    assert st["remote"]["steps"] == 0          # text only: nothing ran on device 0
+    # each device's boot against its ledger, the worker's (device 0) reported from its own process
+    assert sorted(st["devices"]) == ["0", "1"] and all(c["ok"] and c["graphs_planned"] == 0
+                                                       for c in st["devices"].values())
 
 
 def _serve(plan, *extra: str):

@@ -11,7 +11,7 @@ from graphc.errors import InvalidInput
 from graphc.plan import load_plan
 from graphc.report import render
 from graphc.runtime.boot import LiveBytes, boot_plan, plan_ir
-from graphc.runtime.check import compare
+from graphc.runtime.check import DeviceCheck, compare, verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,3 +127,25 @@ def test_check_cli(monkeypatch, capsys):
     assert "device 0: OK" in out and "synthetic steps run: 33" in out
     assert "CPU check: verifies shapes, finiteness and the real storages" in out
     assert main(["check", "plans/tiny_cpu.plan", "--device", "3"]) == 2
+
+
+def _gpu_check(planned: int, measured: int, captured: list[str]) -> DeviceCheck:
+    return DeviceCheck(1, [], planned, measured, ["decode/1", "decode/8"], captured, [], 0.02, [], 80 * 10**9)
+
+
+def test_a_devices_verdict_and_line_carry_its_numbers():
+    """By hand: 70.70 GB measured against 70 GB planned is +1.00%, inside 2%; 71.5 GB is +2.14%, over it;
+    a graph not captured breaks the plan's word whatever the peak."""
+    from graphc.runtime.engine import Engine
+
+    fine = verdict(_gpu_check(70 * 10**9, 70_700_000_000, ["decode/1", "decode/8"]))
+    assert fine == {"planned": 70 * 10**9, "measured": 70_700_000_000, "within": pytest.approx(0.01),
+                    "graphs_planned": 2, "graphs_captured": 2, "missing_graphs": [], "ok": True}
+    line = Engine.ledger_line(1, fine)
+    assert "device 1: 2 of 2 graphs captured, peak 70.700 GB of 70.000 GB planned (+1.00%)" in line
+    assert "NOT AS PLANNED" not in line
+    over = verdict(_gpu_check(70 * 10**9, 71_500_000_000, ["decode/1", "decode/8"]))
+    assert not over["ok"] and "(+2.14%) -- NOT AS PLANNED: its peak" in Engine.ledger_line(1, over)
+    short = verdict(_gpu_check(70 * 10**9, 69 * 10**9, ["decode/1"]))
+    assert short["missing_graphs"] == ["decode/8"] and not short["ok"]
+    assert "1 of 2 graphs captured" in Engine.ledger_line(1, short) and "missing decode/8" in Engine.ledger_line(1, short)
