@@ -20,7 +20,9 @@ import json
 import os
 import signal
 import subprocess
+import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -64,6 +66,31 @@ def abort_all(proc: subprocess.Popen) -> None:
             pass
 
 
+class GpuSampler(threading.Thread):
+    """The most each process held on each GPU (nvidia-smi, every half second): which process's memory lies
+    on which device, which torch cannot say from inside one process."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.most: dict[tuple[str, int], int] = {}
+        self.stop = threading.Event()
+        self.ok = shutil.which("nvidia-smi") is not None
+
+    def run(self) -> None:
+        while self.ok and not self.stop.wait(0.5):
+            try:
+                text = subprocess.run(["nvidia-smi", "--query-compute-apps=gpu_bus_id,pid,used_memory",
+                                       "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                                      timeout=10).stdout
+            except subprocess.TimeoutExpired:
+                continue
+            for line in text.strip().splitlines():
+                bus, pid, mib = [x.strip() for x in line.split(",")]
+                if mib.isdigit():
+                    key = (bus, int(pid))
+                    self.most[key] = max(self.most.get(key, 0), int(mib))
+
+
 def graphc_run(plan: str, requests: Path, out: Path, name: str, timeout: float, kill_after: float | None = None):
     """One `graphc run`; kill_after: SIGKILL its first worker that many seconds after the requests start."""
     env = {**os.environ, "PYTHONFAULTHANDLER": "1", "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN")}
@@ -76,11 +103,16 @@ def graphc_run(plan: str, requests: Path, out: Path, name: str, timeout: float, 
     print("$", " ".join(cmd), flush=True)
     t0 = time.monotonic()
     killed = None
+    sampler = GpuSampler()
+    sampler.start()
+    roles: dict[int, str] = {}
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        roles[proc.pid] = "engine"
         try:
             while proc.poll() is None and time.monotonic() - t0 < timeout:
                 time.sleep(0.2)
+                roles |= {w: "worker" for w in workers_of(proc.pid)}
                 if kill_after is not None and killed is None and "requests:" in log.read_text(errors="replace"):
                     time.sleep(kill_after)
                     victims = workers_of(proc.pid)
@@ -96,11 +128,15 @@ def graphc_run(plan: str, requests: Path, out: Path, name: str, timeout: float, 
                 proc.kill()
             proc.wait()
     end = time.monotonic()
+    sampler.stop.set()
+    sampler.join()
+    held = [{"gpu_bus_id": bus, "pid": pid, "role": roles.get(pid, "other"), "most_mib": mib}
+            for (bus, pid), mib in sorted(sampler.most.items())]
     text = log.read_text(errors="replace")
     tail = "\n".join(text.splitlines()[-40:])
     print(tail, flush=True)
     return {"rc": proc.returncode, "wall_s": end - t0, "seconds_after_kill": None if killed is None else end - killed,
-            "log_tail": tail}
+            "log_tail": tail, "gpu_processes": held}
 
 
 def main() -> None:
@@ -149,6 +185,8 @@ def main() -> None:
                        f"{c['measured']} of {c['planned']} ({100 * (c['within'] or 0):+.2f}%), after run "
                        f"{c.get('after_run', {}).get('used_now')}")
     print(f"| serve | {result['serve']['rc']} | {result['serve']['wall_s']:.1f} | {detail} |")
+    for g in result["serve"]["gpu_processes"]:
+        print(f"|  | | | GPU {g['gpu_bus_id']}: {g['role']} (pid {g['pid']}) held at most {g['most_mib']} MiB |")
     if "kill" in result:
         k = result["kill"]
         after = k["seconds_after_kill"]

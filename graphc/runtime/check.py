@@ -93,8 +93,10 @@ def compare(boot: DeviceBoot, tolerance: float = TOLERANCE) -> DeviceCheck:
 
 def verdict(check: DeviceCheck) -> dict:
     """A device's check as plain numbers (a worker's boot summary, the run's stats): planned and measured
-    peak bytes, their difference as a fraction of planned, the graphs planned and captured, the verdict."""
+    peak bytes, their difference as a fraction of planned, the graphs planned and captured, the verdict,
+    and each ledger line's [planned, measured] bytes."""
     within = None if check.measured_total is None else check.measured_total / check.planned_total - 1
     return {"planned": check.planned_total, "measured": check.measured_total, "within": within,
             "graphs_planned": len(check.graphs_planned), "graphs_captured": len(check.graphs_captured),
-            "missing_graphs": check.missing_graphs, "ok": check.ok}
+            "missing_graphs": check.missing_graphs, "ok": check.ok,
+            "lines": {r.component: [r.planned, r.measured] for r in check.rows}}

@@ -145,7 +145,7 @@ class Engine:
         # each plan device's boot against its ledger (its peak, its graphs), this device's and the workers'
         self.devices = {self.boot.index: verdict(compare(self.boot))}
         if self.workers is not None:
-            self.devices |= {d: s["check"] for d, s in self.workers.summaries.items()}
+            self.devices |= self.workers.checks
         self.devices = dict(sorted(self.devices.items()))
 
     # ---- boot facts
@@ -536,7 +536,7 @@ class Engine:
                "step_ms": {w: 1e3 * st.seconds[w] / st.steps[w] for w in st.steps if st.seconds[w]}}
         out["devices"] = {str(d): dict(c) for d, c in self.devices.items()}
         if self.workers is not None:
-            out["remote"] = dict(self.workers.stats)
+            out["remote"] = self.workers.step_stats()
         if wall_s is not None:
             out["wall_s"] = wall_s
         return out
@@ -551,8 +551,10 @@ class Engine:
                      f"tokens/s; TTFT p50 {stats['ttft_s']['p50'] * 1e3:.0f} ms, p90 {stats['ttft_s']['p90'] * 1e3:.0f} ms")
         r = stats.get("remote")
         if r and r["steps"]:
-            line += (f"; other devices: {r['steps']} node steps, {r['seconds'] / r['steps'] * 1e3:.2f} ms each, of which "
-                     f"{r['recv_seconds'] / r['steps'] * 1e3:.3f} ms receiving {r['recv_bytes'] / r['steps'] / 1e6:.2f} MB")
+            line += (f"; other devices: {r['steps']} node steps, {r['seconds'] / r['steps'] * 1e3:.2f} ms each (p50 "
+                     f"{r['step_ms']['p50']:.2f}), of which {r['request_seconds'] / r['steps'] * 1e3:.2f} ms sending the "
+                     f"step, {r['recv_seconds'] / r['steps'] * 1e3:.3f} ms (p50 {r['recv_ms']['p50']:.3f}) receiving "
+                     f"{r['recv_bytes'] / r['steps'] / 1e6:.2f} MB")
         return line
 
     # ---- offline

@@ -32,11 +32,13 @@ from __future__ import annotations
 import os
 import pickle
 import secrets
+import signal
 import socket
 import subprocess
 import sys
 import time
 import traceback
+from collections import deque
 from datetime import timedelta
 from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 
@@ -45,6 +47,7 @@ import torch.distributed as dist
 
 from graphc.errors import GraphcError, InvalidInput
 from graphc.plan import Plan
+from graphc.runtime.check import compare, verdict
 
 POLL_S = 0.05                  # how often a waiting engine looks at its workers
 BOOT_TIMEOUT_S = 3600.0        # the longest a worker may take to boot (captures on a GPU take minutes)
@@ -92,6 +95,16 @@ def device_memory(device: torch.device) -> dict:
     return {"used_now": total - free, "peak_reserved": torch.cuda.max_memory_reserved(device)}
 
 
+def comm_measured(boot, before: dict) -> None:
+    """What joining the process group and the first exchange added to a GPU, device-wide (NCCL's
+    communicator and its buffers for the pair): the boot's `comm` line, added to its measured peak."""
+    if not before:
+        return
+    grew = device_memory(boot.device)["used_now"] - before["used_now"]
+    boot.measured["comm"] = grew
+    boot.measured["_peak_device"] = boot.measured.get("_peak_device", before["used_now"]) + grew
+
+
 def join_group(init: str, world: int, rank: int, device: torch.device) -> None:
     """This process's rank in the plan's process group: gloo on CPU; on a GPU, NCCL with the process's own
     device made current and the communicator created now (device_id), not inside the first send and
@@ -100,6 +113,8 @@ def join_group(init: str, world: int, rank: int, device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         eager = {"device_id": device}
+        # one stream of exchanges, one at a time: that NCCL serializes them with each other is what we want
+        os.environ.setdefault("TORCH_NCCL_SHOW_EAGER_INIT_P2P_SERIALIZATION_WARNING", "false")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init, world_size=world,
                             rank=rank, timeout=timedelta(seconds=STEP_TIMEOUT_S), **eager)
 
@@ -128,11 +143,17 @@ class DeviceWorker:
             return "address", f"tcp://{host}:{free_port(host)}"
         if kind == "join":
             _, init, world, self.engine_rank = msg
+            boot = self.runner.boot
             try:
-                join_group(init, world, self.index, self.runner.boot.device)
+                before = device_memory(boot.device)
+                join_group(init, world, self.index, boot.device)
+                # the link to the engine, made now: NCCL connects a pair and allocates its buffers at their
+                # first exchange, which would otherwise fall in a step and outside the boot's measurement
+                dist.send(torch.zeros(1, device=boot.device), dst=self.engine_rank)
+                comm_measured(boot, before)
             except BaseException:
                 return "failed", traceback.format_exc()
-            return "ready", None
+            return "ready", verdict(compare(boot))
         if kind == "run":
             _, node, walk, rung, size, inputs, layouts, want = msg
             try:
@@ -164,7 +185,6 @@ class DeviceWorker:
         if options.get("gpu") is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = options["gpu"]
         from graphc.runtime.boot import boot_plan
-        from graphc.runtime.check import compare, verdict
         from graphc.runtime.executor import NodeRunner, scratch_pages
 
         plan = Plan.model_validate_json(plan_json)
@@ -172,8 +192,7 @@ class DeviceWorker:
                          seed=options.get("seed", 0), emulate=options.get("emulate", False),
                          force=options.get("force", False), prebuild=options.get("prebuild", True))[0]
         self.runner = NodeRunner(boot, scratch_pages(boot))
-        return {"graphs": len(boot.graphs), "faults": list(boot.faults), "pid": os.getpid(),
-                "check": verdict(compare(boot))}
+        return {"graphs": len(boot.graphs), "faults": list(boot.faults), "pid": os.getpid()}
 
 
 def worker_main(address: str, index: int) -> None:
@@ -216,10 +235,22 @@ class ProcessLink:
         try:
             return _recv(self.conn)
         except (EOFError, OSError):
-            return "gone", f"it closed its connection (exit code {self.proc.poll()})"
+            try:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                return "gone", "it closed its connection and is still running"
+            return "gone", self.gone()
 
     def gone(self) -> str | None:
-        return None if self.proc.poll() is None else f"exit code {self.proc.returncode}"
+        code = self.proc.poll()
+        if code is None:
+            return None
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -271,9 +302,13 @@ class Workers:
                 init = self._wait(0, "address", STEP_TIMEOUT_S)
             for d, link in self.links.items():
                 link.request(("join", init, world, local))
+            before = device_memory(device)
             join_group(init, world, local, device)
-            for d in self.links:
-                self._wait(d, "ready", STEP_TIMEOUT_S)
+            self.checks = {}
+            for d in sorted(self.links):             # each worker's first send (its link made), then its check
+                dist.recv(torch.empty(1, device=device), src=d)
+                self.checks[d] = self._wait(d, "ready", STEP_TIMEOUT_S)
+            comm_measured(self.booted, before)
         except BaseException:
             self.close()
             raise
@@ -281,8 +316,10 @@ class Workers:
         # lines (IR.transfers_into), allocated and measured with the rest of its device's boot
         self.buffers = self.booted.transfers
         # remote node steps; bytes received through the process group; seconds the engine spent in those
-        # steps (waiting on the worker included) and in receiving their outputs after the worker was done
-        self.stats = {"steps": 0, "recv_bytes": 0, "seconds": 0.0, "recv_seconds": 0.0}
+        # steps (waiting on the worker included), in sending the step (its host inputs pickled), and in
+        # receiving their outputs after the worker was done
+        self.stats = {"steps": 0, "recv_bytes": 0, "seconds": 0.0, "request_seconds": 0.0, "recv_seconds": 0.0}
+        self.recent = deque(maxlen=4096)       # (seconds, recv seconds) of the latest node steps
 
     def _start_processes(self, world: int, local: int) -> None:
         key = secrets.token_bytes(32)
@@ -372,6 +409,7 @@ class Workers:
                                "host inputs only")
         link = self.links[d]
         link.request(("run", node, walk, rung, size, inputs, layouts, list(want)))
+        self.stats["request_seconds"] += time.perf_counter() - t0
         ready = self._wait(d, "done", STEP_TIMEOUT_S)
         t1 = time.perf_counter()
         out = {}
@@ -405,13 +443,25 @@ class Workers:
         self.stats["recv_seconds"] += t2 - t1
         self.stats["seconds"] += t2 - t0
         self.stats["steps"] += 1
+        self.recent.append((t2 - t0, t2 - t1))
+        return out
+
+    def step_stats(self) -> dict:
+        """The totals, and the median and largest step and receive times of the latest node steps (ms)."""
+        out = dict(self.stats)
+        if self.recent:
+            for i, name in ((0, "step_ms"), (1, "recv_ms")):
+                xs = sorted(r[i] for r in self.recent)
+                out[name] = {"p50": 1e3 * xs[len(xs) // 2], "max": 1e3 * xs[-1]}
         return out
 
     def close(self) -> None:
-        for link in self.links.values():
-            link.close()
+        # this process leaves the group first: the rendezvous store lives in rank 0's process, a worker's
+        # when the engine is not device 0, and NCCL's watchdog here complains when it goes first
         if dist.is_initialized():
             dist.destroy_process_group()
+        for link in self.links.values():
+            link.close()
 
 
 if __name__ == "__main__":
