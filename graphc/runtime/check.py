@@ -34,6 +34,7 @@ class DeviceCheck:
     tolerance: float
     notes: list[str]
     capacity: int            # the plan's card: a peak above it would not have booted there
+    comm_join: int | None = None   # of the comm line, what joining the process group alone added
 
     @property
     def missing_graphs(self) -> list[str]:
@@ -80,7 +81,7 @@ def compare(boot: DeviceBoot, tolerance: float = TOLERANCE) -> DeviceCheck:
     # the device's peak (warm-up included) where the GPU boot measured one, else its end state
     measured = boot.measured.get("_peak_device", boot.measured.get("_device_used"))
     args = (boot.index, rows, planned, measured, list(dev.capture_order), list(boot.graphs), list(boot.ran),
-            tolerance, list(boot.notes), boot.plan.target.capacity_bytes)
+            tolerance, list(boot.notes), boot.plan.target.capacity_bytes, boot.measured.get("_comm_join"))
     if boot.device.type != "cpu":
         return DeviceCheck(*args)
     faults = list(boot.faults) + [
@@ -99,4 +100,4 @@ def verdict(check: DeviceCheck) -> dict:
     return {"planned": check.planned_total, "measured": check.measured_total, "within": within,
             "graphs_planned": len(check.graphs_planned), "graphs_captured": len(check.graphs_captured),
             "missing_graphs": check.missing_graphs, "ok": check.ok,
-            "lines": {r.component: [r.planned, r.measured] for r in check.rows}}
+            "lines": {r.component: [r.planned, r.measured] for r in check.rows}, "comm_join": check.comm_join}

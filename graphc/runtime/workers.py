@@ -95,13 +95,15 @@ def device_memory(device: torch.device) -> dict:
     return {"used_now": total - free, "peak_reserved": torch.cuda.max_memory_reserved(device)}
 
 
-def comm_measured(boot, before: dict) -> None:
-    """What joining the process group and the first exchange added to a GPU, device-wide (NCCL's
-    communicator and its buffers for the pair): the boot's `comm` line, added to its measured peak."""
+def comm_measured(boot, before: dict, joined: dict) -> None:
+    """What joining the process group and the first exchanges added to a GPU, device-wide (NCCL's
+    communicator, then its buffers for each pair): the boot's `comm` line, added to its measured peak;
+    the part the join alone added is kept apart (_comm_join)."""
     if not before:
         return
     grew = device_memory(boot.device)["used_now"] - before["used_now"]
     boot.measured["comm"] = grew
+    boot.measured["_comm_join"] = joined["used_now"] - before["used_now"]
     boot.measured["_peak_device"] = boot.measured.get("_peak_device", before["used_now"]) + grew
 
 
@@ -147,10 +149,11 @@ class DeviceWorker:
             try:
                 before = device_memory(boot.device)
                 join_group(init, world, self.index, boot.device)
+                joined = device_memory(boot.device)
                 # the link to the engine, made now: NCCL connects a pair and allocates its buffers at their
                 # first exchange, which would otherwise fall in a step and outside the boot's measurement
                 dist.send(torch.zeros(1, device=boot.device), dst=self.engine_rank)
-                comm_measured(boot, before)
+                comm_measured(boot, before, joined)
             except BaseException:
                 return "failed", traceback.format_exc()
             return "ready", verdict(compare(boot))
@@ -304,11 +307,12 @@ class Workers:
                 link.request(("join", init, world, local))
             before = device_memory(device)
             join_group(init, world, local, device)
+            joined = device_memory(device)
             self.checks = {}
             for d in sorted(self.links):             # each worker's first send (its link made), then its check
                 dist.recv(torch.empty(1, device=device), src=d)
                 self.checks[d] = self._wait(d, "ready", STEP_TIMEOUT_S)
-            comm_measured(self.booted, before)
+            comm_measured(self.booted, before, joined)
         except BaseException:
             self.close()
             raise

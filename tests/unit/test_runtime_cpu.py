@@ -140,7 +140,8 @@ def test_a_devices_verdict_and_line_carry_its_numbers():
 
     fine = verdict(_gpu_check(70 * 10**9, 70_700_000_000, ["decode/1", "decode/8"]))
     assert fine == {"planned": 70 * 10**9, "measured": 70_700_000_000, "within": pytest.approx(0.01),
-                    "graphs_planned": 2, "graphs_captured": 2, "missing_graphs": [], "ok": True, "lines": {}}
+                    "graphs_planned": 2, "graphs_captured": 2, "missing_graphs": [], "ok": True, "lines": {},
+                    "comm_join": None}
     line = Engine.ledger_line(1, fine)
     assert "device 1: 2 of 2 graphs captured, peak 70.700 GB of 70.000 GB planned (+1.00%)" in line
     assert "NOT AS PLANNED" not in line
