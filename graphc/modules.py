@@ -17,20 +17,20 @@ ARENA_ALIGN = 256
 
 # kernel choices a plan makes for a node's modules (select_backends): class attributes a module declares
 # with its default, set per instance by set_kernels where the plan chooses otherwise
-KERNEL_KNOBS = ("fused_max_tokens",)
+KERNEL_KNOBS = ("fused_max_tokens", "fused_norms")
 
 
-def set_kernels(module: torch.nn.Module, kernels: dict[str, int]) -> bool:
+def set_kernels(module: torch.nn.Module, kernels: dict[str, int]) -> set[str]:
     """Give every submodule that declares a knob the plan's value (or back its class default where the
-    plan has none); whether any submodule declares one."""
+    plan has none); the knobs some submodule declares."""
     unknown = set(kernels) - set(KERNEL_KNOBS)
     if unknown:
         raise ValueError(f"unknown kernel choices {sorted(unknown)}; known: {list(KERNEL_KNOBS)}")
-    found = False
+    found = set()
     for m in module.modules():
         for knob in KERNEL_KNOBS:
             if hasattr(type(m), knob):
-                found = True
+                found.add(knob)
                 if knob in kernels:
                     setattr(m, knob, kernels[knob])
                 else:

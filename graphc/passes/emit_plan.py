@@ -22,7 +22,8 @@ def graph_id(key: tuple[str, str, int]) -> str:
 
 def _kernels(node, knobs: dict[str, int]) -> dict[str, int]:
     """The node's kernel choices, where its modules declare the knobs (recorded only where they act)."""
-    return dict(knobs) if knobs and set_kernels(fake_node(node).module, knobs) else {}
+    acting = set_kernels(fake_node(node).module, knobs) if knobs else set()
+    return {k: v for k, v in knobs.items() if k in acting}
 
 
 def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, trimmed: list) -> Plan:

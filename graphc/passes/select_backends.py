@@ -7,7 +7,10 @@ Kernels that are not attention's, per node (graphc.modules.KERNEL_KNOBS, applied
 node's modules declare them): a bf16 node on an sm_90 target runs its sparse MoE experts' steps of up to
 FUSED_MAX_TOKENS tokens in the fused Triton kernels (models/components/moe_ops.py), grouped_mm above;
 measured on the H200 faster at every count from 1 to 64 tokens at Qwen3-Omni's thinker and talker
-shapes (docs/benchmarks.md), and not measured on other archs or above 64 tokens.
+shapes (docs/benchmarks.md), and not measured on other archs or above 64 tokens. The same nodes run
+their RMSNorms, residual add + RMSNorm and qk-norm + rotary embedding as one launch each
+(models/components/norm_ops.py, the fused_norms knob), at every token count; measured on the H200
+(docs/benchmarks.md), not on other archs.
 """
 from __future__ import annotations
 
@@ -68,7 +71,7 @@ def select_backends(ir: IR) -> Backends:
         if runs is not None and runs != head_dim:
             why += f"; {prefill} takes no head_dim {head_dim}: runs zero-padded to {runs}"
         chosen[r.name] = Choice(prefill, decode, runs, why)
-    kernels = {n.name: {"fused_max_tokens": FUSED_MAX_TOKENS} for n in ir.model.nodes
+    kernels = {n.name: {"fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1} for n in ir.model.nodes
                if arch in FUSED_ARCHS and n.dtype == "bfloat16"}
     out = Backends(chosen, kernels)
     out.check(ir)

@@ -9,16 +9,37 @@ from torch import nn
 class RMSNorm(nn.Module):
     """Qwen-style RMSNorm: normalise in fp32, scale in the input dtype."""
 
+    # a kernel choice the plan makes (graphc/passes/select_backends.py; set on the module at boot and in the
+    # simulation): 1 runs bf16 rows on a GPU (and on meta tensors, where the compiler traces them) through
+    # one fused launch (norm_ops.py) in place of torch's eight; 0: never
+    fused_norms: int = 0
+
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
+    def fused(self, x: torch.Tensor) -> bool:
+        """Whether x's rows take the fused kernels."""
+        return (bool(self.fused_norms) and x.dtype == torch.bfloat16 and self.weight.dtype == x.dtype
+                and x.device.type in ("cuda", "meta") and x.shape[-1] == self.weight.shape[0])
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused(x):
+            from models.components.norm_ops import rms_norm
+            return rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
+
+    def add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, this norm of it): a residual add and the next pre-norm, one launch where fused."""
+        if self.fused(x) and delta.shape == x.shape and delta.dtype == x.dtype:
+            from models.components.norm_ops import add_rms_norm
+            return add_rms_norm(x, delta, self.weight, self.eps)
+        total = x + delta
+        return total, self(total)
 
 
 def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
@@ -38,6 +59,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def norm_rope(norm: RMSNorm, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rope(norm(x), cos, sin) for x [..., heads, D] (Qwen3's qk-norm): one fused launch where the
+    norm is fused and the shapes allow (a power-of-two D; cos and sin [..., 1, D], in x's dtype)."""
+    d = x.shape[-1]
+    if (norm.fused(x) and d & (d - 1) == 0 and tuple(cos.shape) == (*x.shape[:-2], 1, d)
+            and cos.shape == sin.shape and cos.dtype == sin.dtype == x.dtype):
+        from models.components.norm_ops import qk_norm_rope
+        return qk_norm_rope(x, norm.weight, cos, sin, norm.eps)
+    return apply_rope(norm(x), cos, sin)
 
 
 class SwiGLU(nn.Module):

@@ -13,7 +13,7 @@ from torch import nn
 from graphc.declare import Port
 from graphc.step import NodeModule, StepContext
 from graphc.strict import Strict
-from models.components.layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
+from models.components.layers import RMSNorm, SwiGLU, norm_rope, rope_cos_sin, rope_inv_freq
 
 
 class Qwen3Config(Strict):
@@ -42,8 +42,8 @@ class Qwen3Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> torch.Tensor:
         t = x.shape[0]
-        q = apply_rope(self.q_norm(self.q_proj(x).view(t, self.h, self.d)), cos, sin)   # [T, H, D]
-        k = apply_rope(self.k_norm(self.k_proj(x).view(t, self.kv, self.d)), cos, sin)  # [T, KV, D]
+        q = norm_rope(self.q_norm, self.q_proj(x).view(t, self.h, self.d), cos, sin)    # [T, H, D]
+        k = norm_rope(self.k_norm, self.k_proj(x).view(t, self.kv, self.d), cos, sin)   # [T, KV, D]
         v = self.v_proj(x).view(t, self.kv, self.d)
         o = kv(self.layer, q, k, v)                                                     # [T, H, D]
         return self.o_proj(o.reshape(t, self.h * self.d))
@@ -58,8 +58,8 @@ class Qwen3DecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = self.post_attention_layernorm.add(x, self.self_attn(self.input_layernorm(x), cos, sin, kv))
+        return x + self.mlp(h)
 
 
 class Qwen3Body(nn.Module):

@@ -25,7 +25,7 @@ from torch import nn
 
 from graphc.step import NodeModule, StepContext
 from graphc.strict import Strict
-from models.components.layers import RMSNorm, apply_rope, rope_inv_freq
+from models.components.layers import RMSNorm, norm_rope, rope_inv_freq
 from models.components.moe import SparseMoE
 from models.components.mrope import mrope_cos_sin, mrope_slots
 
@@ -96,10 +96,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         rows = x.shape[:-1]
-        q = apply_rope(self.q_norm(self.q_proj(x).view(*rows, self.h, self.d)), cos, sin)   # [..., H, D]
-        k = apply_rope(self.k_norm(self.k_proj(x).view(*rows, self.kv, self.d)), cos, sin)  # [..., KV, D]
+        q = norm_rope(self.q_norm, self.q_proj(x).view(*rows, self.h, self.d), cos, sin)    # [..., H, D]
+        k = norm_rope(self.k_norm, self.k_proj(x).view(*rows, self.kv, self.d), cos, sin)   # [..., KV, D]
         v = self.v_proj(x).view(*rows, self.kv, self.d)
         return self.o_proj(attend(q, k, v).reshape(*rows, self.h * self.d))
+
 
 
 class DecoderLayer(nn.Module):
@@ -113,8 +114,8 @@ class DecoderLayer(nn.Module):
         self.mlp = mlp
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = self.post_attention_layernorm.add(x, self.self_attn(self.input_layernorm(x), cos, sin, attend))
+        return x + self.mlp(h)
 
 
 def moe_layer(cfg: MoETextConfig, shared_intermediate: int = 0) -> DecoderLayer:

@@ -1,5 +1,5 @@
 """The plan's kernel choices (issue 13): select_backends gives bf16 nodes on sm_90 targets the fused MoE
-kernels up to 64 tokens and nothing elsewhere; the plan records them only on nodes whose modules declare
+kernels up to 64 tokens and the fused norms, and nothing elsewhere; the plan records them only on nodes whose modules declare
 the knob; set_kernels sets, resets and refuses; the simulation traces the fused path as its buffers and
 operators (worked by hand); a boot sets the plan's choice on the modules."""
 import pytest
@@ -16,11 +16,14 @@ def test_shipped_plans_record_the_choice_where_it_acts():
         plan = load_plan(path)
         assert plan.target.arch == "sm_90"
         got = {n: p.kernels for n, p in plan.nodes.items()}
-        # the thinker and the talker hold sparse MoE experts; the encoders and Code2Wav hold none
-        assert got == {"thinker": {"fused_max_tokens": 64}, "talker": {"fused_max_tokens": 64},
-                       "audio_encoder": {}, "vision_encoder": {}, "code2wav": {}}, got
-    for path in ("plans/qwen3_omni_tiny_cpu.plan", "plans/qwen3_asr_1.7b_h100.plan"):
-        assert all(not p.kernels for p in load_plan(path).nodes.values())     # cpu; no MoE
+        # the thinker and the talker hold sparse MoE experts and RMSNorms; Code2Wav RMSNorms only; the
+        # encoders neither (LayerNorms)
+        both = {"fused_max_tokens": 64, "fused_norms": 1}
+        assert got == {"thinker": both, "talker": both, "audio_encoder": {}, "vision_encoder": {},
+                       "code2wav": {"fused_norms": 1}}, got
+    assert all(not p.kernels for p in load_plan("plans/qwen3_omni_tiny_cpu.plan").nodes.values())     # cpu
+    asr = {n: p.kernels for n, p in load_plan("plans/qwen3_asr_1.7b_h100.plan").nodes.items()}
+    assert asr == {"audio_encoder": {}, "thinker": {"fused_norms": 1}}, asr          # a dense LM: no MoE
 
 
 def test_select_backends_by_arch_and_dtype():
@@ -34,7 +37,7 @@ def test_select_backends_by_arch_and_dtype():
         ir = verify_graph(model, get_target(gpu), 1)
         chosen = select_backends(ir).kernels
         bf16 = {n.name for n in model.nodes if n.dtype == "bfloat16"}
-        assert chosen == ({n: {"fused_max_tokens": 64} for n in bf16} if want else {}), gpu
+        assert chosen == ({n: {"fused_max_tokens": 64, "fused_norms": 1} for n in bf16} if want else {}), gpu
 
 
 def test_set_kernels_sets_resets_and_refuses():
@@ -120,3 +123,46 @@ def test_the_plan_records_a_choice_only_where_a_module_declares_the_knob():
     assert _kernels(node(WithExperts), knobs) == knobs
     assert _kernels(node(WithoutExperts), knobs) == {}
     assert _kernels(node(WithExperts), {}) == {}
+    # a knob no module of the node declares (no RMSNorm here) is left out of the record
+    assert _kernels(node(WithExperts), knobs | {"fused_norms": 1}) == knobs
+
+
+def test_the_simulation_sees_a_fused_decoder_layer_as_four_norm_operators():
+    """A thinker layer (hidden 64, 4 heads and 2 kv heads of 16, 8 experts, top 2), bf16 on meta, with the
+    norms fused: its input norm, q's and k's norm + rotary, the residual add + post-attention norm are one
+    graphc operator each, in that order; none of torch's norm or rotary kernels is left (rsqrt, mean, pow,
+    cat, neg). Without the knob, no graphc norm operator runs."""
+    from models.components.thinker import MoETextConfig, moe_layer
+
+    cfg = MoETextConfig(vocab_size=32, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, moe_intermediate_size=32, num_experts=8,
+                        num_experts_per_tok=2, mrope_section=(4, 2, 2))
+    T = 3
+    with torch.device("meta"):
+        layer = moe_layer(cfg).to(torch.bfloat16)
+        x = torch.empty(T, 64, dtype=torch.bfloat16)
+        cos = torch.empty(T, 1, 16, dtype=torch.bfloat16)
+        sin = torch.empty(T, 1, 16, dtype=torch.bfloat16)
+
+    def attend(q, k, v):
+        return torch.empty(T, 4, 16, device="meta", dtype=torch.bfloat16)
+
+    seen = []
+
+    class Names(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    set_kernels(layer, {"fused_norms": 1})
+    with Names(), torch.no_grad():
+        out = layer(x, cos, sin, attend)
+    assert out.shape == (T, 64) and out.dtype == torch.bfloat16
+    assert [s for s in seen if s.startswith("graphc.")] == ["graphc.rms_norm", "graphc.qk_norm_rope",
+                                                            "graphc.qk_norm_rope", "graphc.add_rms_norm"]
+    assert not any(s.split(".")[-1] in ("rsqrt", "mean", "pow", "cat", "neg") for s in seen), seen
+    set_kernels(layer, {})
+    seen.clear()
+    with Names(), torch.no_grad():
+        layer(x, cos, sin, attend)
+    assert not any(s.startswith("graphc.") for s in seen) and any(s.endswith("rsqrt") for s in seen)

@@ -1,0 +1,82 @@
+"""A/B of the plan's kernel choices inside the captured steps (issue 13): a plan's devices booted with the
+plan's choices, with one or more knobs taken away on every node, with all taken away, and with the plan's
+again, one after the other in one process on one GPU (each device capped to its card), each captured
+graph timed as examples/bench_steps.py times it (CUDA events, median of replays after warm-up).
+
+    python examples/ab_kernels.py OUT.json [--plan plans/qwen3_omni_2xh100.plan] [--without fused_norms ...]
+        [--none] [--devices 1] [--graphs talker/decode:seqs/1 thinker/decode:seqs/1 ...]
+
+Without --graphs: each device's decode graphs at 1, 16 and the largest rung, and the thinker's prefill at
+128 and 2048 tokens where the plan captures them. Prints a row per graph and variant; OUT.json holds them.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
+
+import torch  # noqa: E402
+
+from bench_steps import time_graph  # noqa: E402
+from graphc.modules import KERNEL_KNOBS  # noqa: E402
+from graphc.plan import load_plan  # noqa: E402
+from graphc.runtime.boot import boot_plan  # noqa: E402
+
+
+def default_graphs(order: list[str]) -> list[str]:
+    """Decode at 1, 16 and the largest rung; the thinker's text prefill at 128 and 2048 tokens."""
+    out = []
+    decode: dict[str, list[int]] = {}
+    for g in order:
+        node, fam, rung = g.split("/")
+        if fam == "decode:seqs":
+            decode.setdefault(node, []).append(int(rung))
+        if node == "thinker" and fam == "prefill:tokens" and rung in ("128", "2048"):
+            out.append(g)
+    for node, rungs in decode.items():
+        out += [f"{node}/decode:seqs/{r}" for r in sorted({1, 16, max(rungs)} & set(rungs))]
+    return sorted(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("--plan", default=str(ROOT / "plans" / "qwen3_omni_2xh100.plan"))
+    ap.add_argument("--without", nargs="*", default=[], choices=KERNEL_KNOBS, help="a variant without each knob")
+    ap.add_argument("--graphs", nargs="*", help="the captured graphs to time (default: see above)")
+    ap.add_argument("--devices", nargs="*", type=int, help="the plan devices to boot (default: all)")
+    ap.add_argument("--none", action="store_true", help="a variant with every knob taken away too")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--replays", type=int, default=30)
+    a = ap.parse_args()
+    variants = ([("plan", set())] + [(f"without {k}", {k}) for k in a.without]
+                + ([("none", set(KERNEL_KNOBS))] if a.none else []) + [("plan again", set())])
+    out: dict[str, float] = {}
+    for dev in load_plan(a.plan).devices:
+        if a.devices is not None and dev.index not in a.devices:
+            continue
+        graphs = [g for g in (a.graphs or default_graphs(dev.capture_order)) if g in dev.capture_order]
+        if not graphs:
+            continue
+        for name, drop in variants:
+            plan = load_plan(a.plan)
+            for k, n in list(plan.nodes.items()):
+                plan.nodes[k] = n.model_copy(update={"kernels": {x: v for x, v in n.kernels.items() if x not in drop}})
+            (boot,) = boot_plan(plan, devices=[dev.index], emulate=True)
+            for g in graphs:
+                ms = time_graph(boot.graphs[g], a.warmup, a.replays)
+                out[f"{g} {name}"] = ms
+                print(f"{g:40s} {name:24s} {ms:8.3f} ms", flush=True)
+            del boot
+            gc.collect()
+            torch.cuda.empty_cache()
+    Path(a.out).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""The fused norm kernels (norm_triton.py) as torch operators, as moe_ops.py does for the MoE kernels:
+capture and the compiler's simulation see them (each is one launch; its outputs are allocated by the
+caller with torch.empty, which the simulation records). Triton is imported only when one runs on a device.
+
+    graphc::rms_norm(x, weight, y!, eps)
+    graphc::add_rms_norm(x, residual, weight, total!, y!, eps)
+    graphc::qk_norm_rope(x, weight, cos, sin, y!, eps)
+
+layers.RMSNorm and thinker.Attention take them where the plan says so (the fused_norms knob) and the
+inputs allow; the wrappers here check shapes and return the outputs.
+"""
+from __future__ import annotations
+
+import torch
+
+
+@torch.library.custom_op("graphc::rms_norm", mutates_args=("y",))
+def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, eps: float) -> None:
+    from models.components import norm_triton as k
+
+    k.rms_norm(x, weight, y, eps)
+
+
+@rms_norm_op.register_fake
+def _(x, weight, y, eps) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::add_rms_norm", mutates_args=("total", "y"))
+def add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, total: torch.Tensor,
+                    y: torch.Tensor, eps: float) -> None:
+    from models.components import norm_triton as k
+
+    k.add_rms_norm(x, residual, weight, total, y, eps)
+
+
+@add_rms_norm_op.register_fake
+def _(x, residual, weight, total, y, eps) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::qk_norm_rope", mutates_args=("y",))
+def qk_norm_rope_op(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, y: torch.Tensor,
+                    eps: float) -> None:
+    from models.components import norm_triton as k
+
+    k.qk_norm_rope(x, weight, cos, sin, y, eps)
+
+
+@qk_norm_rope_op.register_fake
+def _(x, weight, cos, sin, y, eps) -> None:
+    return None
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] as [N, D] rows, elements contiguous (a copy only where a view cannot be had)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """layers.RMSNorm's forward: x [..., D] -> [..., D] in x's dtype."""
+    x2 = _rows(x)
+    y = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
+    rms_norm_op(x2, weight, y, eps)
+    return y.view(x.shape)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + residual, rms_norm(x + residual)), both [..., D] in x's dtype."""
+    if x.shape != residual.shape or x.dtype != residual.dtype:
+        raise ValueError(f"add_rms_norm: x {tuple(x.shape)} {x.dtype} and residual {tuple(residual.shape)} "
+                         f"{residual.dtype} differ")
+    x2, r2 = _rows(x), _rows(residual)
+    total = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
+    y = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
+    add_rms_norm_op(x2, r2, weight, total, y, eps)
+    return total.view(x.shape), y.view(x.shape)
+
+
+def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
+                 ) -> torch.Tensor:
+    """apply_rope(rms_norm(x) * weight, cos, sin): x [..., heads, D], cos and sin [..., 1, D] (the same
+    leading shape) -> [..., heads, D] in x's dtype."""
+    *rows, heads, d = x.shape
+    if tuple(cos.shape) != (*rows, 1, d) or cos.shape != sin.shape or cos.dtype != x.dtype or sin.dtype != x.dtype:
+        raise ValueError(f"qk_norm_rope: x {tuple(x.shape)} {x.dtype} takes cos and sin of shape {(*rows, 1, d)} in "
+                         f"its dtype, not {tuple(cos.shape)} {cos.dtype}, {tuple(sin.shape)} {sin.dtype}")
+    x3 = x.reshape(-1, heads, d)
+    if x3.stride(-1) != 1:
+        x3 = x3.contiguous()
+    c2, s2 = cos.reshape(-1, d).contiguous(), sin.reshape(-1, d).contiguous()
+    y = torch.empty(x3.shape, device=x.device, dtype=x.dtype)
+    qk_norm_rope_op(x3, weight, c2, s2, y, eps)
+    return y.view(x.shape)

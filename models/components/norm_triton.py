@@ -1,0 +1,97 @@
+"""RMSNorm, residual add + RMSNorm, and Qwen3's qk-norm + rotary embedding, one Triton launch each
+(issue 13).
+
+The torch path of layers.RMSNorm is eight kernels (a cast, a square, a mean, an add, an rsqrt, a product,
+a cast, the weight's product); the residual add before it another; each of q and k then takes eight for its
+norm and five for the rotary embedding (a negation, a cat, two products, a sum). At one decode token each
+is a few microseconds of launch and almost no work: about forty of the thinker's eighty launches a layer.
+
+    rms_norm       y = w * (x * rsqrt(mean(x^2) + eps)), a program per row
+    add_rms_norm   s = x + r (the residual sum, written), y = rms_norm(s): one read of each, two writes
+    qk_norm_rope   y = rope(rms_norm(x)) over each [head_dim] row of q or k, cos and sin given per row
+
+Each rounds where the torch path (HF's order) rounds: the sum in the input dtype, the normalised row cast
+to the input dtype before the weight's product, each rotary product and their sum in the input dtype;
+only the mean's summation order differs. tests/gpu compares them with the torch path at the real shapes;
+tests/unit runs them under Triton's interpreter on CPU. norm_ops.py makes them torch operators.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, D, x_stride, r_stride, s_stride, y_stride, eps,
+              HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < D
+    x = tl.load(x_ptr + row * x_stride + offs, mask=m, other=0.0)
+    if HAS_RES:
+        x = (x.to(tl.float32) + tl.load(r_ptr + row * r_stride + offs, mask=m, other=0.0).to(tl.float32)).to(
+            x_ptr.dtype.element_ty)
+        tl.store(s_ptr + row * s_stride + offs, x, mask=m)
+    x32 = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / D + eps)
+    n = (x32 * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * y_stride + offs, (w * n).to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _qk_norm_rope(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, HEADS, x_row, x_head, y_row, y_head, c_row, eps,
+                  D: tl.constexpr):
+    pid = tl.program_id(0)
+    row = pid // HEADS
+    head = pid % HEADS
+    HALF: tl.constexpr = D // 2
+    offs = tl.arange(0, D)
+    other = (offs + HALF) % D                              # the rotate-half partner of each element
+    base = x_ptr + row * x_row + head * x_head
+    x32 = tl.load(base + offs).to(tl.float32)
+    xo32 = tl.load(base + other).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / D + eps)
+    dt = y_ptr.dtype.element_ty
+    w = tl.load(w_ptr + offs).to(tl.float32)
+    wo = tl.load(w_ptr + other).to(tl.float32)
+    n = (w * (x32 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)          # the normed row, rounded
+    no = (wo * (xo32 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)       # its partner's
+    rot = tl.where(offs < HALF, -no, no)                                        # cat(-x[half:], x[:half])
+    c = tl.load(cos_ptr + row * c_row + offs).to(tl.float32)
+    s = tl.load(sin_ptr + row * c_row + offs).to(tl.float32)
+    a = (n * c).to(dt).to(tl.float32)
+    b = (rot * s).to(dt).to(tl.float32)
+    tl.store(y_ptr + row * y_row + head * y_head + offs, (a + b).to(dt))
+
+
+def _block(d: int) -> int:
+    return triton.next_power_of_2(d)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, eps: float) -> None:
+    """x, y [N, D] (rows may be strided, elements contiguous), weight [D]: y = rms_norm(x) * weight."""
+    n, d = x.shape
+    if n:
+        _rms_norm[(n,)](x, x, x, weight, y, d, x.stride(0), 0, 0, y.stride(0), eps, HAS_RES=False,
+                        BLOCK=_block(d), num_warps=4 if d >= 1024 else 1)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, total: torch.Tensor,
+                 y: torch.Tensor, eps: float) -> None:
+    """total = x + residual (rounded to their dtype); y = rms_norm(total) * weight. All [N, D]."""
+    n, d = x.shape
+    if n:
+        _rms_norm[(n,)](x, residual, total, weight, y, d, x.stride(0), residual.stride(0), total.stride(0),
+                        y.stride(0), eps, HAS_RES=True, BLOCK=_block(d), num_warps=4 if d >= 1024 else 1)
+
+
+def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, y: torch.Tensor,
+                 eps: float) -> None:
+    """x, y [N, heads, D] (heads and rows may be strided), weight [D], cos and sin [N, D] with contiguous
+    rows: y = rope(rms_norm(x) * weight) in the rotate-half layout."""
+    n, heads, d = x.shape
+    if n:
+        _qk_norm_rope[(n * heads,)](x, weight, cos, sin, y, heads, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
+                                    cos.stride(0), eps, D=d, num_warps=1)

@@ -1,0 +1,121 @@
+"""The fused norm kernels (models/components/norm_triton.py) on the GPU in bf16 at the real shapes: the
+thinker's (hidden 2048; 32 query and 4 kv heads of 128) and the talker's (hidden 1024; 16 and 8 heads of
+128), at 1, 16, 64 and 2048 rows. They round where the torch path rounds, so they equal it but for the
+mean's summation order: the residual sum bit for bit, the rest within one bf16 ulp on a few elements;
+and against an fp64 reference their error is at or under the torch path's. Through the modules: with the
+plan's knob a layer runs the graphc operators on the GPU, and a CUDA graph of them replays to the eager
+result. Skipped without CUDA."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphc.modules import set_kernels
+from models.components.layers import RMSNorm, apply_rope
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = {"thinker": (2048, 32, 4, 128), "talker": (1024, 16, 8, 128)}
+
+
+def ref_norm(x, w, eps):
+    x = x.double()
+    return w.double() * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def ref_rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos.double() + torch.cat((-x[..., half:], x[..., :half]), -1) * sin.double()
+
+
+def ulps(a, b):
+    """|a - b| in units of b's bf16 spacing (2^(exponent - 7))."""
+    spacing = torch.exp2(torch.floor(torch.log2(b.float().abs().clamp(min=2 ** -126))) - 7)
+    return ((a.float() - b.float()).abs() / spacing)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("rows", [1, 16, 64, 2048])
+def test_fused_norms_against_the_torch_path_and_fp64(shape, rows):
+    pytest.importorskip("triton")
+    from models.components import norm_ops
+
+    hidden, heads, kv, d = SHAPES[shape]
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    bf = torch.bfloat16
+    norm = RMSNorm(hidden).to("cuda", bf)
+    qn = RMSNorm(d).to("cuda", bf)
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.2, generator=gen)
+        qn.weight.normal_(1.0, 0.2, generator=gen)
+    x = torch.randn(rows, hidden, device="cuda", generator=gen).to(bf)
+    r = (4 * torch.randn(rows, hidden, device="cuda", generator=gen)).to(bf)
+    proj = torch.randn(rows, (heads + kv) * d, device="cuda", generator=gen).to(bf)
+    q = proj[:, :heads * d].view(rows, heads, d)
+    ang = torch.rand(rows, 1, d // 2, device="cuda", generator=gen) * 100
+    cos, sin = torch.cat([ang.cos()] * 2, -1).to(bf), torch.cat([ang.sin()] * 2, -1).to(bf)
+    eps = norm.eps
+    with torch.no_grad():
+        cases = {}
+        cases["rms_norm"] = (norm_ops.rms_norm(x, norm.weight, eps), norm(x), ref_norm(x, norm.weight, eps))
+        total, fused = norm_ops.add_rms_norm(x, r, norm.weight, eps)
+        assert torch.equal(total, x + r)                         # the residual sum, rounded once as x + r is
+        cases["add_rms_norm"] = (fused, norm(x + r), ref_norm(x + r, norm.weight, eps))
+        cases["qk_norm_rope"] = (norm_ops.qk_norm_rope(q, qn.weight, cos, sin, qn.eps),
+                                 apply_rope(qn(q), cos, sin), ref_rope(ref_norm(q, qn.weight, qn.eps), cos, sin))
+    for name, (got, torch_path, exact) in cases.items():
+        assert got.shape == torch_path.shape and got.dtype == bf, name
+        off = ulps(got, torch_path)
+        assert off.max() <= 1.0 and (off > 0).float().mean() <= 0.01, (name, off.max().item(), (off > 0).float().mean().item())
+        err, err_torch = (got.double() - exact).abs().mean().item(), (torch_path.double() - exact).abs().mean().item()
+        assert err <= err_torch * 1.001, (name, err, err_torch)
+
+
+def test_a_thinker_layer_runs_the_operators_and_replays_in_a_graph():
+    pytest.importorskip("triton")
+    from models.components.thinker import MoETextConfig, moe_layer
+
+    cfg = MoETextConfig(vocab_size=32, hidden_size=2048, num_hidden_layers=1, num_attention_heads=32,
+                        num_key_value_heads=4, head_dim=128, moe_intermediate_size=768, num_experts=128,
+                        num_experts_per_tok=8)
+    torch.manual_seed(0)
+    layer = moe_layer(cfg).to("cuda", torch.bfloat16)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, 0.0, 0.02) if p.dim() > 1 else torch.nn.init.normal_(p, 1.0, 0.1)
+    T = 4
+    x = torch.randn(T, 2048, device="cuda", dtype=torch.bfloat16)
+    ang = torch.rand(T, 1, 64, device="cuda") * 50
+    cos, sin = torch.cat([ang.cos()] * 2, -1).bfloat16(), torch.cat([ang.sin()] * 2, -1).bfloat16()
+
+    def attend(q, k, v):                               # a stand-in for the paged attention: keeps the shapes
+        return q * k.repeat_interleave(8, dim=1).mean() + v.repeat_interleave(8, dim=1)
+
+    seen = []
+
+    class Names(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad():
+        set_kernels(layer, {})
+        plain = layer(x, cos, sin, attend)
+        set_kernels(layer, {"fused_norms": 1, "fused_max_tokens": 64})
+        with Names():
+            eager = layer(x, cos, sin, attend)
+        assert [s for s in seen if s in ("graphc.rms_norm", "graphc.qk_norm_rope", "graphc.add_rms_norm")] == [
+            "graphc.rms_norm", "graphc.qk_norm_rope", "graphc.qk_norm_rope", "graphc.add_rms_norm"]
+        rel = ((eager.float() - plain.float()).norm() / plain.float().norm()).item()
+        assert rel <= 1e-2, rel                                  # the same layer, roundings apart
+        static = x.clone()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            layer(static, cos, sin, attend)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = layer(static, cos, sin, attend)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)

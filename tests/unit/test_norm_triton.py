@@ -1,0 +1,71 @@
+"""The fused norm kernels (models/components/norm_triton.py) under Triton's interpreter on CPU equal the
+torch path they replace (layers.RMSNorm, a residual add before it, thinker.Attention's qk-norm and rotary
+embedding), in fp32. Not bf16 here: Triton 3.6's interpreter casts fp32 to bf16 by truncation, where the GPU
+and torch round to nearest (28 of 64 random values differ by an ulp), so the roundings the kernels copy
+from the torch path are checked on the GPU only (tests/gpu/test_norm_triton_gpu.py). Rows are strided views as the layers pass them (q and k as views of their projection's
+output), sizes not powers of two where the kernels mask. In a fresh process: TRITON_INTERPRET must be set
+before the kernels are defined (tests/gpu runs the compiled kernels at the real shapes)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="the kernels are Triton's; pip install -e '.[test]' brings it")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = r"""
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, sys.argv[1])
+import torch
+from models.components.layers import RMSNorm, apply_rope
+from models.components import norm_ops
+
+torch.manual_seed(0)
+out = {}
+for dtype in (torch.float32,):
+    T, D, H, KV, HD = 5, 96, 4, 2, 16
+    norm = RMSNorm(D, 1e-6)
+    torch.nn.init.normal_(norm.weight, 1.0, 0.3)
+    qn = RMSNorm(HD, 1e-6)
+    torch.nn.init.normal_(qn.weight, 1.0, 0.3)
+    norm, qn = norm.to(dtype), qn.to(dtype)
+    big = torch.randn(T, 2 * D).to(dtype)
+    x = big[:, :D]                                  # rows strided, as a slice of a wider tensor
+    r = (0.5 * torch.randn(T, D)).to(dtype)
+    proj = torch.randn(T, (H + KV) * HD).to(dtype)   # q and k, views of one projection output
+    q = proj[:, :H * HD].view(T, H, HD)
+    ang = torch.rand(T, 1, HD // 2) * 6.0
+    cos = torch.cat([ang.cos(), ang.cos()], -1).to(dtype)
+    sin = torch.cat([ang.sin(), ang.sin()], -1).to(dtype)
+    with torch.no_grad():
+        res = {}
+        want, got = norm(x), norm_ops.rms_norm(x, norm.weight, norm.eps)
+        res["rms_norm"] = (got.float() - want.float()).abs().max().item()
+        tw = x + r
+        wn = norm(tw)
+        tg, gn = norm_ops.add_rms_norm(x, r, norm.weight, norm.eps)
+        res["add_total"] = (tg.float() - tw.float()).abs().max().item()
+        res["add_norm"] = (gn.float() - wn.float()).abs().max().item()
+        wq = apply_rope(qn(q), cos, sin)
+        gq = norm_ops.qk_norm_rope(q, qn.weight, cos, sin, qn.eps)
+        res["qk_norm_rope"] = (gq.float() - wq.float()).abs().max().item()
+        res["qk_ulps"] = ((gq.float() - wq.float()).abs() > 0).float().mean().item()
+        res["scale"] = max(want.float().abs().max().item(), wq.float().abs().max().item())
+        res["shapes"] = [list(got.shape), list(gn.shape), list(gq.shape)]
+    out[str(dtype)] = res
+print(json.dumps(out))
+"""
+
+
+def test_fused_norms_equal_the_torch_path_in_the_interpreter():
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    f32 = r["torch.float32"]
+    assert f32["shapes"] == [[5, 96], [5, 96], [5, 4, 16]]
+    for k in ("rms_norm", "add_total", "add_norm", "qk_norm_rope"):
+        assert f32[k] <= 2e-6 * f32["scale"], (k, f32)
