@@ -64,6 +64,8 @@ def main() -> None:
         if not graphs:
             continue
         for name, drop in variants:
+            print(f"device {dev.index}: booting with the plan's kernels{' without ' + ', '.join(sorted(drop)) if drop else ''}",
+                  flush=True)
             plan = load_plan(a.plan)
             for k, n in list(plan.nodes.items()):
                 plan.nodes[k] = n.model_copy(update={"kernels": {x: v for x, v in n.kernels.items() if x not in drop}})
@@ -75,7 +77,7 @@ def main() -> None:
             del boot
             gc.collect()
             torch.cuda.empty_cache()
-    Path(a.out).write_text(json.dumps(out, indent=1))
+            Path(a.out).write_text(json.dumps(out, indent=1))      # as it goes: a run cut short keeps its rows
 
 
 if __name__ == "__main__":
