@@ -28,9 +28,10 @@ def ref_rope(x, cos, sin):
     return x * cos.double() + torch.cat((-x[..., half:], x[..., :half]), -1) * sin.double()
 
 
-def ulps(a, b):
-    """|a - b| in units of b's bf16 spacing (2^(exponent - 7))."""
-    spacing = torch.exp2(torch.floor(torch.log2(b.float().abs().clamp(min=2 ** -126))) - 7)
+def ulps(a, b, scale=None):
+    """|a - b| in units of the bf16 spacing (2^(exponent - 7)) at |scale| (default: b)."""
+    scale = b if scale is None else scale
+    spacing = torch.exp2(torch.floor(torch.log2(scale.float().abs().clamp(min=2 ** -126))) - 7)
     return ((a.float() - b.float()).abs() / spacing)
 
 
@@ -61,12 +62,18 @@ def test_fused_norms_against_the_torch_path_and_fp64(shape, rows):
         total, fused = norm_ops.add_rms_norm(x, r, norm.weight, eps)
         assert torch.equal(total, x + r)                         # the residual sum, rounded once as x + r is
         cases["add_rms_norm"] = (fused, norm(x + r), ref_norm(x + r, norm.weight, eps))
-        cases["qk_norm_rope"] = (norm_ops.qk_norm_rope(q, qn.weight, cos, sin, qn.eps),
-                                 apply_rope(qn(q), cos, sin), ref_rope(ref_norm(q, qn.weight, qn.eps), cos, sin))
+        n = qn(q)
+        cases["qk_norm_rope"] = (norm_ops.qk_norm_rope(q, qn.weight, cos, sin, qn.eps), apply_rope(n, cos, sin),
+                                 ref_rope(ref_norm(q, qn.weight, qn.eps), cos, sin))
+        # the rotary sum's terms: a 1-ulp change in a normed element moves the sum by an ulp of the term
+        # it enters, which is larger than the sum's own where the two terms cancel
+        terms = (n.float() * cos.float()).abs() + (apply_rope(n, cos, sin).float() - n.float() * cos.float()).abs()
     for name, (got, torch_path, exact) in cases.items():
         assert got.shape == torch_path.shape and got.dtype == bf, name
-        off = ulps(got, torch_path)
-        assert off.max() <= 1.0 and (off > 0).float().mean() <= 0.01, (name, off.max().item(), (off > 0).float().mean().item())
+        # a normed element one ulp apart (the mean's summation order moves rstd in its last bits) is at most
+        # two ulps apart once the weight (about 1 +- 0.6) multiplies it and the product rounds
+        off = ulps(got, torch_path, terms if name == "qk_norm_rope" else None)
+        assert off.max() <= 2.0 and (off > 0).float().mean() <= 0.01, (name, off.max().item(), (off > 0).float().mean().item())
         err, err_torch = (got.double() - exact).abs().mean().item(), (torch_path.double() - exact).abs().mean().item()
         assert err <= err_torch * 1.001, (name, err, err_torch)
 
