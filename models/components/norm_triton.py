@@ -23,21 +23,33 @@ import triton.language as tl
 
 
 @triton.jit
+def _round(x, BF16: tl.constexpr):
+    """x (fp32) rounded to bf16's nearest (ties to even) and back: the torch path's rounding after an op.
+    In integer ops: Triton 3.6 folded x.to(bf16).to(fp32) away where the product fed an add (seen on the
+    H200: the rotary sum rounded once, 23% of elements an ulp off torch's), and its interpreter casts by
+    truncation; this rounds the same on both (the casts to bf16 after it are exact). fp32: nothing."""
+    if BF16:
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        x = b.to(tl.float32, bitcast=True)
+    return x
+
+
+@triton.jit
 def _rms_norm(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, D, x_stride, r_stride, s_stride, y_stride, eps,
               HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     m = offs < D
-    x = tl.load(x_ptr + row * x_stride + offs, mask=m, other=0.0)
+    BF16: tl.constexpr = x_ptr.dtype.element_ty == tl.bfloat16
+    x32 = tl.load(x_ptr + row * x_stride + offs, mask=m, other=0.0).to(tl.float32)
     if HAS_RES:
-        x = (x.to(tl.float32) + tl.load(r_ptr + row * r_stride + offs, mask=m, other=0.0).to(tl.float32)).to(
-            x_ptr.dtype.element_ty)
-        tl.store(s_ptr + row * s_stride + offs, x, mask=m)
-    x32 = x.to(tl.float32)
+        x32 = _round(x32 + tl.load(r_ptr + row * r_stride + offs, mask=m, other=0.0).to(tl.float32), BF16)
+        tl.store(s_ptr + row * s_stride + offs, x32.to(s_ptr.dtype.element_ty), mask=m)
     rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / D + eps)
-    n = (x32 * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
+    n = _round(x32 * rstd, BF16)
     w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * y_stride + offs, (w * n).to(y_ptr.dtype.element_ty), mask=m)
+    tl.store(y_ptr + row * y_stride + offs, _round(w * n, BF16).to(y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -54,16 +66,17 @@ def _qk_norm_rope(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, HEADS, x_row, x_head, y
     xo32 = tl.load(base + other).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / D + eps)
     dt = y_ptr.dtype.element_ty
+    BF16: tl.constexpr = dt == tl.bfloat16
     w = tl.load(w_ptr + offs).to(tl.float32)
     wo = tl.load(w_ptr + other).to(tl.float32)
-    n = (w * (x32 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)          # the normed row, rounded
-    no = (wo * (xo32 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)       # its partner's
+    n = _round(w * _round(x32 * rstd, BF16), BF16)                              # the normed row, rounded
+    no = _round(wo * _round(xo32 * rstd, BF16), BF16)                           # its partner's
     rot = tl.where(offs < HALF, -no, no)                                        # cat(-x[half:], x[:half])
     c = tl.load(cos_ptr + row * c_row + offs).to(tl.float32)
     s = tl.load(sin_ptr + row * c_row + offs).to(tl.float32)
-    a = (n * c).to(dt).to(tl.float32)
-    b = (rot * s).to(dt).to(tl.float32)
-    tl.store(y_ptr + row * y_row + head * y_head + offs, (a + b).to(dt))
+    a = _round(n * c, BF16)
+    b = _round(rot * s, BF16)
+    tl.store(y_ptr + row * y_row + head * y_head + offs, _round(a + b, BF16).to(dt))
 
 
 def _block(d: int) -> int:
