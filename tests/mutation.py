@@ -56,7 +56,12 @@ PRELOAD = ["torch", "transformers", "hypothesis", "pytest", "networkx", "pydanti
 
 # issue 9's named mutants: (file, text, replacement, what)
 HAND = [
-    ("models/components/qwen3_dense.py", "self.k_norm(", "self.q_norm(", "k projected through q_norm"),
+    ("models/components/qwen3_dense.py", "norm_rope(self.k_norm,", "norm_rope(self.q_norm,", "k projected through q_norm"),
+    # the input norm and the post-attention norm, each computed with the other's weights (a swap of the two)
+    ("models/components/thinker.py", "self.input_layernorm(x)", "self.post_attention_layernorm(x)",
+     "input norm with the post-attention norm's weights"),
+    ("models/components/thinker.py", "self.post_attention_layernorm.add(", "self.input_layernorm.add(",
+     "post-attention norm with the input norm's weights"),
     ("models/components/moe.py", "torch.softmax(logits, dim=-1, dtype=torch.float32)", "torch.softmax(logits, dim=-1)",
      "router softmax in the input dtype"),
     ("graphc/allocator.py", "(not small and rest > SMALL_SIZE)", "(not small and rest >= MIN_BLOCK)",
@@ -70,9 +75,7 @@ HAND = [
     ("graphc/passes/tally_ledger.py", "transient = FLASHINFER_TRANSIENT_INT_WORKSPACE if wrappers else 0",
      "transient = 0", "FlashInfer's 8 MiB transient int workspace dropped"),
 ]
-HAND_SWAP = [  # two-site mutants: swap two texts in one file
-    ("models/components/thinker.py", "self.input_layernorm(", "self.post_attention_layernorm(",
-     "input and post-attention norms swapped"),
+HAND_SWAP: list[tuple[str, str, str, str]] = [  # two-site mutants: swap two texts in one file
 ]
 
 
@@ -493,11 +496,13 @@ def main(argv: list[str]) -> int:
                          "every mutant of a line whose text changed (the others keep their recorded result); "
                          "in the files given (default: all), the survivors again (tests only get stronger, so "
                          "what they killed stays killed); merged into one record")
+    ap.add_argument("--named", action="store_true",
+                    help="with paths: the named mutants of every file too, not only of the paths given")
     ap.add_argument("--tests", nargs="+", default=TEST_DIRS, help=f"test files or folders (default: {TEST_DIRS})")
     args = ap.parse_args(argv)
     TEST_DIRS[:] = args.tests
     files = target_files(args.paths)
-    named = [m for m in hand_mutants() if m.file in files or not args.paths]
+    named = [m for m in hand_mutants() if m.file in files or not args.paths or args.named]
     mutants = named + [m for f in files for m in sorted(mutants_of(f), key=lambda m: m.line)]
     keyed = list(zip(_keys([asdict(m) for m in mutants]), mutants))
     earlier = json.loads(args.update.read_text()) if args.update else None
