@@ -5,7 +5,9 @@ kernel launches per step (the compiler's simulation counts them), and the step's
     python examples/bench_steps.py PLAN --only thinker/decode:seqs --replays 30
 
 Each graph replays on the boot's synthetic layout of its rung (decode rows sit after a short history),
-after --warmup replays, timed with CUDA events over --replays replays (the median of per-replay times).
+with random token ids in place of the layout's zeros (vary_tokens: identical rows would all route to the
+same experts), after --warmup replays, timed with CUDA events over --replays replays (the median of
+per-replay times).
 
 The floor is the bytes one step must read at --bandwidth (default 4.26 TB/s, the H200's measured
 device copy rate): every parameter of the node, except that a sparse MoE layer reads only the experts its
@@ -67,6 +69,24 @@ def floor_bytes(module: torch.nn.Module, tokens: int) -> int:
     return total
 
 
+def vary_tokens(boot, seed: int = 0) -> list[str]:
+    """Random token ids in every captured graph's static token_ids input (the boot's synthetic layout
+    gives zeros: every row the same token, so a sparse MoE layer routes all rows to the same k experts and
+    a decode step of many sequences reads only k experts a layer, where real rows touch up to all E).
+    The ids are drawn below the node's embedding rows; the nodes varied are returned."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    varied = []
+    for (node, family), bufs in boot.runtime.io.items():
+        buf = bufs.get("in.token_ids")
+        emb = next((m for m in boot.modules[node].modules() if isinstance(m, torch.nn.Embedding)), None)
+        if buf is None or emb is None:
+            continue
+        buf.copy_(torch.randint(0, emb.num_embeddings, buf.shape, generator=gen, dtype=buf.dtype))
+        varied.append(f"{node}/{family}")
+    torch.cuda.synchronize()
+    return varied
+
+
 def time_graph(graph, warmup: int, replays: int) -> float:
     for _ in range(warmup):
         graph.replay()
@@ -105,6 +125,7 @@ def main() -> None:
     plan = load_plan(a.plan)
     (boot,) = boot_plan(plan, devices=[a.device], emulate=a.emulate)
     g, ir = boot.runtime, boot.ir
+    print(f"random token ids in: {', '.join(vary_tokens(boot)) or 'no graph'}", flush=True)
     launches = {} if a.no_launches else launches_per_graph(ir)
     rows = []
     with torch.inference_mode():
