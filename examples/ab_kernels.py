@@ -5,7 +5,7 @@ graph timed as examples/bench_steps.py times it (random token ids, CUDA events, 
 warm-up).
 
     python examples/ab_kernels.py OUT.json [--plan plans/qwen3_omni_2xh100.plan] [--without fused_norms ...]
-        [--none] [--devices 1] [--graphs talker/decode:seqs/1 thinker/decode:seqs/1 ...]
+        [--none] [--no-again] [--devices 1] [--graphs talker/decode:seqs/1 thinker/decode:seqs/1 ...]
 
 Without --graphs: each device's decode graphs at 1, 16 and the largest rung, and the thinker's prefill at
 128 and 2048 tokens where the plan captures them. Prints a row per graph and variant; OUT.json holds them.
@@ -52,11 +52,12 @@ def main() -> None:
     ap.add_argument("--graphs", nargs="*", help="the captured graphs to time (default: see above)")
     ap.add_argument("--devices", nargs="*", type=int, help="the plan devices to boot (default: all)")
     ap.add_argument("--none", action="store_true", help="a variant with every knob taken away too")
+    ap.add_argument("--no-again", action="store_true", help="no second boot with the plan's kernels at the end")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--replays", type=int, default=30)
     a = ap.parse_args()
     variants = ([("plan", set())] + [(f"without {k}", {k}) for k in a.without]
-                + ([("none", set(KERNEL_KNOBS))] if a.none else []) + [("plan again", set())])
+                + ([("none", set(KERNEL_KNOBS))] if a.none else []) + ([] if a.no_again else [("plan again", set())]))
     out: dict[str, float] = {}
     for dev in load_plan(a.plan).devices:
         if a.devices is not None and dev.index not in a.devices:
