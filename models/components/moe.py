@@ -58,6 +58,11 @@ class Experts(nn.Module):
 class SparseMoE(nn.Module):
     """Qwen3-MoE block: router + routed experts (+ a gated shared expert when shared_intermediate > 0)."""
 
+    # a kernel choice the plan makes (select_backends; set at boot and in the simulation): 1 runs a bf16
+    # router's softmax, top-k and renormalisation on a GPU (and on meta tensors) as one launch
+    # (moe_ops.fused_route); among equal probabilities it takes the lowest expert; 0: torch's ops
+    fused_router: int = 0
+
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, norm_topk_prob: bool,
                  shared_intermediate: int = 0):
         super().__init__()
@@ -71,6 +76,9 @@ class SparseMoE(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> (experts [T, k] int64, weights [T, k] in x's dtype)."""
         logits = self.gate(x)                                                    # [T, E]
+        if self.fused_router and logits.dtype == torch.bfloat16 and logits.device.type in ("cuda", "meta"):
+            from models.components.moe_ops import fused_route
+            return fused_route(logits, self.top_k, self.norm_topk_prob)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:

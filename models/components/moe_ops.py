@@ -8,6 +8,7 @@ only when an operator runs on a device, so planning needs no GPU stack.
     graphc::moe_group(experts, rows!, ends!)                     pairs grouped by expert
     graphc::moe_gate_up(x, gate_up_proj, h!, rows, ends, top_k)  silu(gate) * up, by expert
     graphc::moe_down(h, down_proj, pairs!, rows, ends, weights)  down, scaled, to each pair's place
+    graphc::moe_route(logits, experts!, weights!, norm)          the router: softmax, top-k, renormalised
 """
 from __future__ import annotations
 
@@ -50,6 +51,30 @@ def moe_down(h: torch.Tensor, down_proj: torch.Tensor, pairs: torch.Tensor, rows
 @moe_down.register_fake
 def _(h, down_proj, pairs, rows, ends, weights) -> None:
     return None
+
+
+@torch.library.custom_op("graphc::moe_route", mutates_args=("experts", "weights"))
+def moe_route(logits: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, norm: bool) -> None:
+    from models.components import moe_triton as k
+
+    k.route(logits, experts, weights, norm)
+
+
+@moe_route.register_fake
+def _(logits, experts, weights, norm) -> None:
+    return None
+
+
+def fused_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """SparseMoE.route's contract from the router's logits [T, E]: (experts [T, k] int64, weights [T, k] in the
+    logits' dtype), one launch where torch takes six (a cast, softmax, topk, a sum, a division, a cast)."""
+    t, e = logits.shape
+    if not 0 < top_k <= e:
+        raise ValueError(f"fused_route: top {top_k} of {e} experts")
+    experts = torch.empty(t, top_k, device=logits.device, dtype=torch.int64)
+    weights = torch.empty(t, top_k, device=logits.device, dtype=logits.dtype)
+    moe_route(logits if logits.stride(-1) == 1 else logits.contiguous(), experts, weights, norm)
+    return experts, weights
 
 
 def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor,

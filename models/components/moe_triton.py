@@ -153,3 +153,37 @@ def down(h: torch.Tensor, down_proj: torch.Tensor, pairs: torch.Tensor, rows: to
     _down[(num_experts, triton.cdiv(hidden, bn))](h, down_proj, pairs, rows, ends, weights, hidden, inter,
                                                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
                                                  num_stages=stages)
+
+
+@triton.jit
+def _route(logits_ptr, ex_ptr, w_ptr, E, l_stride, TOP_K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
+           KBLOCK: tl.constexpr):
+    """One token's router: softmax in fp32 over its E logits, the top k (highest first; among equal
+    probabilities the lowest expert), renormalised over the k when NORM, cast to the weights' dtype."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    logit = tl.load(logits_ptr + row * l_stride + offs, mask=offs < E, other=-float("inf")).to(tl.float32)
+    e = tl.exp(logit - tl.max(logit, axis=0))
+    p = e / tl.sum(e, axis=0)
+    kk = tl.arange(0, KBLOCK)
+    w = tl.zeros([KBLOCK], dtype=tl.float32)
+    ex = tl.zeros([KBLOCK], dtype=tl.int64)
+    for i in tl.static_range(TOP_K):
+        best = tl.max(p, axis=0)
+        pick = tl.min(tl.where(p == best, offs, BLOCK), axis=0)
+        w = tl.where(kk == i, best, w)
+        ex = tl.where(kk == i, pick.to(tl.int64), ex)
+        p = tl.where(offs == pick, -1.0, p)
+    if NORM:
+        w = w / tl.sum(w, axis=0)
+    tl.store(ex_ptr + row * TOP_K + kk, ex, mask=kk < TOP_K)
+    tl.store(w_ptr + row * TOP_K + kk, w.to(w_ptr.dtype.element_ty), mask=kk < TOP_K)
+
+
+def route(logits: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, norm: bool) -> None:
+    """logits [T, E] (rows strided, elements contiguous) -> experts [T, k] int64 and weights [T, k]."""
+    t, e = logits.shape
+    k = experts.shape[1]
+    if t:
+        _route[(t,)](logits, experts, weights, e, logits.stride(0), TOP_K=k, NORM=norm,
+                     BLOCK=triton.next_power_of_2(e), KBLOCK=triton.next_power_of_2(k), num_warps=1)

@@ -91,3 +91,32 @@ def test_experts_forward_takes_the_fused_kernels_where_the_plan_chose_them():
         assert torch.equal(mod(x, ex, w), fused)
         set_kernels(mod, {"fused_max_tokens": 7})
         assert not torch.equal(mod(x, ex, w), fused)          # grouped_mm rounds differently
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("tokens", [1, 64, 2048])
+def test_fused_router_against_the_torch_path(shape, tokens):
+    """The router's softmax, top-k and renormalisation in one launch (moe_ops.fused_route) against
+    SparseMoE.route's torch ops on the same bf16 logits: the same experts in the same order, except where
+    two probabilities are within 1e-6 of each other (exp's last bits may order them either way), and the
+    weights within one bf16 ulp."""
+    pytest.importorskip("triton")
+    from models.components.moe import SparseMoE
+    from models.components.moe_ops import fused_route
+
+    e, h, _, k = SHAPES[shape]
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    moe = SparseMoE(h, 8, e, k, True).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        moe.gate.weight.normal_(0, 0.02, generator=gen)
+        x = torch.randn(tokens, h, device="cuda", generator=gen).to(torch.bfloat16)
+        logits = moe.gate(x)
+        want_e, want_w = moe.route(x)
+        got_e, got_w = fused_route(logits, k, True)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32).sort(dim=-1, descending=True).values
+    near = ((probs[:, :k] - probs[:, 1:k + 1]).abs() <= 1e-6 * probs[:, :k]).any(dim=-1)   # a tie in or at the top k
+    same = (got_e == want_e).all(dim=-1)
+    assert bool((same | near).all()), (~(same | near)).nonzero()[:5].tolist()
+    assert same.float().mean() >= 0.95
+    ulp = torch.exp2(torch.floor(torch.log2(want_w.float().abs())) - 7)
+    assert bool((((got_w.float() - want_w.float()).abs() <= ulp) | ~same[:, None]).all())

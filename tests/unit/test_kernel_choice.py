@@ -1,5 +1,5 @@
 """The plan's kernel choices (issue 13): select_backends gives bf16 nodes on sm_90 targets the fused MoE
-kernels up to 64 tokens and the fused norms, and nothing elsewhere; the plan records them only on nodes whose modules declare
+kernels up to 64 tokens, the fused norms and router, and nothing elsewhere; the plan records them only on nodes whose modules declare
 the knob; set_kernels sets, resets and refuses; the simulation traces the fused path as its buffers and
 operators (worked by hand); a boot sets the plan's choice on the modules."""
 import pytest
@@ -18,7 +18,7 @@ def test_shipped_plans_record_the_choice_where_it_acts():
         got = {n: p.kernels for n, p in plan.nodes.items()}
         # the thinker and the talker hold sparse MoE experts and RMSNorms; Code2Wav RMSNorms only; the
         # encoders neither (LayerNorms)
-        both = {"fused_max_tokens": 64, "fused_norms": 1}
+        both = {"fused_max_tokens": 64, "fused_norms": 1, "fused_router": 1}
         assert got == {"thinker": both, "talker": both, "audio_encoder": {}, "vision_encoder": {},
                        "code2wav": {"fused_norms": 1}}, got
     assert all(not p.kernels for p in load_plan("plans/qwen3_omni_tiny_cpu.plan").nodes.values())     # cpu
@@ -37,7 +37,8 @@ def test_select_backends_by_arch_and_dtype():
         ir = verify_graph(model, get_target(gpu), 1)
         chosen = select_backends(ir).kernels
         bf16 = {n.name for n in model.nodes if n.dtype == "bfloat16"}
-        assert chosen == ({n: {"fused_max_tokens": 64, "fused_norms": 1} for n in bf16} if want else {}), gpu
+        assert chosen == ({n: {"fused_max_tokens": 64, "fused_norms": 1, "fused_router": 1} for n in bf16}
+                          if want else {}), gpu
 
 
 def test_set_kernels_sets_resets_and_refuses():
@@ -166,3 +167,30 @@ def test_the_simulation_sees_a_fused_decoder_layer_as_four_norm_operators():
     with Names(), torch.no_grad():
         layer(x, cos, sin, attend)
     assert not any(s.startswith("graphc.") for s in seen) and any(s.endswith("rsqrt") for s in seen)
+
+
+def test_the_simulation_sees_a_fused_router_as_one_operator_and_its_two_outputs():
+    """T tokens, E experts, top k, bf16 on meta with the router fused: after the gate's matmul, one graphc
+    operator writing experts [T, k] int64 and weights [T, k] bf16 (two allocations, worked by hand); no
+    softmax, topk or division left."""
+    T, E, k, H = 5, 16, 4, 32
+    with torch.device("meta"):
+        moe = SparseMoE(H, 8, E, k, True).to(torch.bfloat16)
+        x = torch.empty(T, H, dtype=torch.bfloat16)
+    set_kernels(moe, {"fused_router": 1})
+    rec = _Recorder(list(moe.parameters()) + [x])
+    seen = []
+
+    class Names(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    with rec, Names(), torch.no_grad():
+        experts, weights = moe.route(x)
+    assert [s for s in seen if s.startswith("graphc.")] == ["graphc.moe_route"]
+    assert not any(s.split(".")[-1] in ("_softmax", "topk", "div") for s in seen), seen
+    allocs = [n for kind, _, n in rec.events if kind == 1]
+    assert allocs == [T * E * 2, T * k * 8, T * k * 2], allocs        # the logits, then the two outputs
+    assert experts.shape == weights.shape == (T, k) and experts.dtype == torch.int64
+    assert weights.dtype == torch.bfloat16

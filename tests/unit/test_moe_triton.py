@@ -50,3 +50,45 @@ def test_fused_experts_equal_the_reference_path_in_the_interpreter():
     assert r["shape"] == [21, 80]
     assert r["counts"][2] == 21 > r["block_m"] and r["counts"][7] == 0 and r["counts"][1] == 0   # the cases meant
     assert r["err"] <= 1e-5 * r["scale"], r
+
+
+ROUTE = r"""
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, sys.argv[1])
+import torch
+from models.components.moe import SparseMoE
+from models.components.moe_ops import fused_route
+
+torch.manual_seed(0)
+out = {}
+for norm in (True, False):
+    moe = SparseMoE(24, 16, 100, 6, norm)             # 100 experts: not a power of two (the kernel masks)
+    x = torch.randn(9, 24)
+    with torch.no_grad():
+        logits = moe.gate(x)
+        want_e, want_w = moe.route(x)                 # the torch path (fp32 here: the knob acts on bf16 only)
+        got_e, got_w = fused_route(logits, 6, norm)
+    out[str(norm)] = {"experts_equal": torch.equal(got_e, want_e), "w_err": (got_w - want_w).abs().max().item(),
+                      "dtypes": [str(got_e.dtype), str(got_w.dtype)], "shape": list(got_w.shape)}
+# ties, worked by hand: logits 0, 3, 1, 3, 2, 3 (three experts share the largest); top 4 takes experts 1, 3
+# and 5 (the tied ones, lowest first), then 4; their softmax weights e^3, e^3, e^3, e^2 renormalised
+ties = torch.tensor([[0.0, 3.0, 1.0, 3.0, 2.0, 3.0]])
+e, w = fused_route(ties, 4, True)
+out["ties"] = {"experts": e.tolist(), "weights": w.tolist()}
+print(json.dumps(out))
+"""
+
+
+def test_the_fused_router_equals_the_torch_path_in_the_interpreter():
+    import math
+
+    out = subprocess.run([sys.executable, "-c", ROUTE, str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    for norm in ("True", "False"):
+        assert r[norm]["experts_equal"] and r[norm]["w_err"] <= 1e-6, r[norm]
+        assert r[norm]["dtypes"] == ["torch.int64", "torch.float32"] and r[norm]["shape"] == [9, 6]
+    assert r["ties"]["experts"] == [[1, 3, 5, 4]]
+    z = 3 * math.e ** 3 + math.e ** 2
+    assert r["ties"]["weights"][0] == pytest.approx([math.e ** 3 / z] * 3 + [math.e ** 2 / z], rel=1e-6)
