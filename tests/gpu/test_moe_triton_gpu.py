@@ -97,9 +97,11 @@ def test_experts_forward_takes_the_fused_kernels_where_the_plan_chose_them():
 @pytest.mark.parametrize("tokens", [1, 64, 2048])
 def test_fused_router_against_the_torch_path(shape, tokens):
     """The router's softmax, top-k and renormalisation in one launch (moe_ops.fused_route) against
-    SparseMoE.route's torch ops on the same bf16 logits: the same experts in the same order, except where
-    two probabilities are within 1e-6 of each other (exp's last bits may order them either way), and the
-    weights within one bf16 ulp."""
+    SparseMoE.route's torch ops on the same bf16 logits. bf16 logits tie often (8 bits of mantissa over 128
+    experts), and torch.topk orders ties its own way where the kernel takes the lowest expert first: so each
+    row's set of experts must be the same, except where the k-th and the (k+1)-th probabilities are within
+    1e-6 of each other (a tie at the edge, which either choice is right for), and each expert's weight
+    within one bf16 ulp."""
     pytest.importorskip("triton")
     from models.components.moe import SparseMoE
     from models.components.moe_ops import fused_route
@@ -114,9 +116,12 @@ def test_fused_router_against_the_torch_path(shape, tokens):
         want_e, want_w = moe.route(x)
         got_e, got_w = fused_route(logits, k, True)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32).sort(dim=-1, descending=True).values
-    near = ((probs[:, :k] - probs[:, 1:k + 1]).abs() <= 1e-6 * probs[:, :k]).any(dim=-1)   # a tie in or at the top k
-    same = (got_e == want_e).all(dim=-1)
-    assert bool((same | near).all()), (~(same | near)).nonzero()[:5].tolist()
-    assert same.float().mean() >= 0.95
-    ulp = torch.exp2(torch.floor(torch.log2(want_w.float().abs())) - 7)
-    assert bool((((got_w.float() - want_w.float()).abs() <= ulp) | ~same[:, None]).all())
+    edge = (probs[:, k - 1] - probs[:, k]).abs() <= 1e-6 * probs[:, k - 1]
+    ws, wi = want_e.sort(dim=-1)
+    gs, gi = got_e.sort(dim=-1)
+    same = (ws == gs).all(dim=-1)
+    assert bool((same | edge).all()), (~(same | edge)).nonzero()[:5].tolist()
+    assert bool((got_w.float().sum(-1) - 1).abs().max() <= 0.02)
+    a, b = want_w.gather(1, wi).float(), got_w.gather(1, gi).float()           # each expert's weight
+    ulp = torch.exp2(torch.floor(torch.log2(a.abs())) - 7)
+    assert bool((((a - b).abs() <= ulp) | ~same[:, None]).all())
