@@ -31,6 +31,7 @@ from torch.utils._pytree import tree_leaves
 from graphc import memo
 from graphc.declare import TORCH_DTYPES, Node, Port
 from graphc.errors import InvalidInput
+from graphc.layer_memo import Memo
 from graphc.modules import build_module
 from graphc.step import StepContext
 
@@ -113,6 +114,7 @@ class _Recorder(TorchDispatchMode):
         # storage can take one of their ids while the step runs
         self.known = {id(s): s for s in (t.untyped_storage() for t in known)}
         self.refs: dict[int, weakref.ref] = {}
+        self.keys: dict[int, int] = {}           # storage id -> its key in the events, while it lives
         self.events: list[tuple[int, int, int]] = []
         self.live = 0
         self.peak = 0
@@ -160,13 +162,20 @@ class _Recorder(TorchDispatchMode):
         self.events.append((1, key, n))
         self.live += n
         self.peak = max(self.peak, self.live)
+        self.track(storage, key)
+
+    def track(self, storage, key: int) -> None:
+        """Record the storage's death as the free of `key` (its allocation is already in the events)."""
+        sid, n = id(storage), storage.nbytes()
 
         def died(_ref, sid=sid, key=key, n=n):
             self.refs.pop(sid, None)
+            self.keys.pop(sid, None)
             self.live -= n
             self.events.append((0, key, n))
 
         self.refs[sid] = weakref.ref(storage, died)
+        self.keys[sid] = key
 
 
 class FakeNode:
@@ -195,6 +204,8 @@ class FakeNode:
         """The step's trace, and whether reference cycles held some of its storages to its end."""
         inputs = self.inputs(ports, sizes)
         rec = _Recorder(self.known + list(inputs.values()))
+        blocks = Memo(rec)                        # repeated layers traced once (graphc/layer_memo.py)
+        wrapped = blocks.install(self.module)
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -212,6 +223,7 @@ class FakeNode:
                                "(data-dependent shapes, host syncs, device-specific code)",
                                "keep shapes static and the forward free of .item()/.tolist() and device checks") from e
         finally:
+            Memo.uninstall(wrapped)
             if collecting:
                 gc.enable()
         cyclic = rec.live > 0
