@@ -5,9 +5,10 @@ after the other on inputs of the same shapes. While a step is traced (simulate.F
 of an nn.ModuleList of three or more blocks goes through `Memo.call`. A block call is keyed by what can
 change what it allocates: its class, the shapes and dtypes of its parameters and buffers, the plain
 attributes of it and its submodules (ints, floats, strings: window sizes, kernel choices, a layer
-index), and its arguments (tensors by shape, stride, offset and dtype; objects by identity; a
-functools.partial by its function and arguments, its ints left out, since they pick a layer's cache and
-are checked below instead).
+index; read at its first call in a step, as a forward may not change them), and its arguments (tensors by shape, stride and dtype, not where a view starts; objects by
+identity, told apart from a dead object's reused id; a functools.partial by its function and arguments,
+its ints and slices left out, since they pick a layer's cache or a frame's slot, and are checked below
+instead).
 
 The first two calls of a key run for real and their segments of the trace are kept, with the storages
 they allocated numbered from 0. If the two are equal (allocations and frees in the same order and
@@ -22,6 +23,8 @@ byte-identical); `MEMO_ON = False` turns it off.
 from __future__ import annotations
 
 import functools
+import itertools
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -64,23 +67,27 @@ def module_key(m: torch.nn.Module) -> tuple:
     return tuple(parts)
 
 
-def arg_key(a, in_partial: bool = False):
-    if isinstance(a, torch.Tensor):
-        return ("T", tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a.device.type)
+def arg_key(a, ident, in_partial: bool = False):
+    """What of a block's argument can change what the block allocates. ident(obj): a token for an object
+    keyed by identity, the same while it lives."""
+    if isinstance(a, torch.Tensor):      # not its storage offset: where a view starts does not size anything
+        return ("T", tuple(a.shape), a.stride(), a.dtype, a.device.type)
     if isinstance(a, bool) or a is None or isinstance(a, (float, str)):
         return a
     if isinstance(a, int):
         return "int" if in_partial else a
+    if isinstance(a, slice):
+        return "slice" if in_partial else ("S", a.start, a.stop, a.step)
     if isinstance(a, (list, tuple)):
-        return (type(a).__name__, tuple(arg_key(x, in_partial) for x in a))
+        return (type(a).__name__, tuple(arg_key(x, ident, in_partial) for x in a))
     if isinstance(a, dict):
-        return ("D", tuple(sorted((k, arg_key(v, in_partial)) for k, v in a.items())))
-    if isinstance(a, functools.partial):
-        return ("P", arg_key(a.func), tuple(arg_key(x, True) for x in a.args),
-                tuple(sorted((k, arg_key(v, True)) for k, v in a.keywords.items())))
+        return ("D", tuple(sorted((k, arg_key(v, ident, in_partial)) for k, v in a.items())))
+    if isinstance(a, functools.partial):   # its ints and slices pick a layer's cache or a frame's slot
+        return ("P", arg_key(a.func, ident), tuple(arg_key(x, ident, True) for x in a.args),
+                tuple(sorted((k, arg_key(v, ident, True)) for k, v in a.keywords.items())))
     if hasattr(a, "__self__") and hasattr(a, "__func__"):           # a bound method
-        return ("M", id(a.__func__), id(a.__self__))
-    return ("O", id(a))
+        return ("M", ident(a.__func__), ident(a.__self__))
+    return ("O", ident(a))
 
 
 class Memo:
@@ -90,6 +97,20 @@ class Memo:
         self.rec = rec
         self.seen: dict[tuple, object] = {}      # key -> ("first", Segment) | Segment | None (always run)
         self.replayed = 0
+        self.idents: dict[int, tuple[weakref.ref, int]] = {}
+        self.tokens = itertools.count()
+        self.blocks: dict[int, tuple] = {}       # id(block) -> module_key (the blocks live as long as the module)
+
+    def ident(self, obj) -> int:
+        """A token for obj, the same while it lives and never another object's (an id alone may be reused
+        once its object dies); not holding it, since that would move its storages' frees. TypeError for an
+        object that takes no weak reference."""
+        entry = self.idents.get(id(obj))
+        if entry is not None and entry[0]() is obj:
+            return entry[1]
+        token = next(self.tokens)
+        self.idents[id(obj)] = (weakref.ref(obj), token)
+        return token
 
     def install(self, module: torch.nn.Module) -> list[torch.nn.Module]:
         """Route the blocks of every ModuleList of MIN_BLOCKS or more through call(); the wrapped ones."""
@@ -111,8 +132,12 @@ class Memo:
 
     def call(self, block, forward, *args, **kwargs):
         try:
-            key = (module_key(block), arg_key(args), arg_key(kwargs))
-        except TypeError:                        # something unhashable: run it
+            mkey = self.blocks.get(id(block))
+            if mkey is None:                     # read once a step: a forward must not change its attributes
+                mkey = self.blocks[id(block)] = module_key(block)
+            key = (mkey, arg_key(args, self.ident), arg_key(kwargs, self.ident))
+            hash(key)
+        except TypeError:                        # unhashable, or an object that takes no weak reference: run it
             return forward(*args, **kwargs)
         state = self.seen.get(key, False)
         if isinstance(state, Segment):
