@@ -3,7 +3,8 @@ it says: every key is the content of everything its value depends on (never an i
 reuses), and tests compare plans made with cold tables against plans made after other models.
 
 The simulated step traces (what a plan spends most of its time on), the weight sizes of each node's
-module, and the allocator replays of the ledger are also kept on disk (issue 14), so that a second
+module, the allocator replays of the ledger and the kernel knobs each node's modules declare are also
+kept on disk (issue 14), so that a second
 `graphc plan` (another --set, another GPU, another card count) computes only what changed. A file's name is the sha256 of the table, the key, and the code fingerprint: the bytes
 of every source and data file of graphc, models and resources as installed, of the file defining
 each module class the key names, and torch's version (its meta kernels give the shapes). Any edit
@@ -28,7 +29,8 @@ import tempfile
 from pathlib import Path
 
 _TABLES: dict[str, dict] = {}
-PERSISTENT = {"simulate_steps.traces", "size_weights", "tally_ledger.pools", "tally_ledger.general"}
+PERSISTENT = {"simulate_steps.traces", "size_weights", "tally_ledger.pools", "tally_ledger.general",
+              "emit_plan.knobs"}
 _FINGERPRINTS: dict[tuple[str, ...], str] = {}
 
 

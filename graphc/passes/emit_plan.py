@@ -5,6 +5,7 @@ import sys
 
 import torch
 
+from graphc import memo
 from graphc.modules import set_kernels
 from graphc.plan import FORMAT, Plan, PlanDevice, PlanModel, PlanNode, PlanResource, PlanTarget, PlanTrim, \
     PlanWalk, PlanWalkBuckets, fingerprint
@@ -20,10 +21,19 @@ def graph_id(key: tuple[str, str, int]) -> str:
     return f"{key[0]}/{key[1]}/{key[2]}"
 
 
+_DECLARED: dict[tuple, tuple[str, ...]] = memo.table("emit_plan.knobs")
+
+
 def _kernels(node, knobs: dict[str, int]) -> dict[str, int]:
-    """The node's kernel choices, where its modules declare the knobs (recorded only where they act)."""
-    acting = set_kernels(fake_node(node).module, knobs) if knobs else set()
-    return {k: v for k, v in knobs.items() if k in acting}
+    """The node's kernel choices, where its modules declare the knobs (recorded only where they act).
+    Which knobs a node's modules declare is kept in the disk cache: a plan from cached traces builds no
+    module."""
+    if not knobs:
+        return {}
+    key = (node.module, repr(node.config), node.dtype)
+    if key not in _DECLARED:
+        _DECLARED[key] = tuple(sorted(set_kernels(fake_node(node).module, {})))
+    return {k: v for k, v in knobs.items() if k in _DECLARED[key]}
 
 
 def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, trimmed: list) -> Plan:

@@ -17,12 +17,16 @@ SCRIPT = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from graphc import memo
+from graphc.declare import Node
 from graphc.pipeline import compile_model
 from graphc.source import load_model
+built = []
+build = Node.build
+Node.build = lambda self: built.append(self.name) or build(self)       # every module built, by node
 plan = compile_model(load_model(sys.argv[1] + "/models/tiny_omni.py"), "h100").plan
 plan.save(sys.argv[2])
 t = memo.table("simulate_steps.traces")
-print(json.dumps({"hits": t.hits, "writes": t.writes, "entries": len(t)}))
+print(json.dumps({"hits": t.hits, "writes": t.writes, "entries": len(t), "built": len(built)}))
 """
 
 
@@ -49,6 +53,7 @@ def test_a_second_process_reads_what_the_first_computed(tmp_path):
     second = plan_in_a_process(cache, tmp_path / "second.plan")
     assert first["hits"] == 0 and first["writes"] == first["entries"] > 0
     assert second["hits"] == first["entries"] and second["writes"] == 0
+    assert first["built"] > 0 and second["built"] == 0       # from the cache, no module is built at all
     reference = (tmp_path / "cold.plan").read_bytes()
     assert (tmp_path / "first.plan").read_bytes() == reference == (tmp_path / "second.plan").read_bytes()
 
