@@ -88,6 +88,13 @@ def run_head_dim(backend: str, head_dim: int) -> int | None:
 # Backends whose kernels use a float workspace (split-KV partial results); the others need none.
 USES_FLOAT_WORKSPACE = {"fa2", "cutlass", "cudnn", "trtllm-gen"}
 
+# Backends the table lists but a plan may not take: what the ledger would say of them is neither a formula
+# nor a measurement (issue 14). 'auto' passes over them; asking for one is refused with the reason.
+UNPLANNED = {
+    "cudnn": "its float workspace is cuDNN's own, neither modelled nor measured here (FA2's formula would "
+             "stand in, and the ledger would not be exact); its frontend package is not in the GPU image",
+}
+
 
 def available(kind: str, arch: str) -> tuple[str, ...]:
     return TABLE.get(kind, {}).get(arch, ())
@@ -104,6 +111,11 @@ def choose(kind: str, arch: str, requested: str, resource: str, target: str, hea
         raise InvalidInput(f"resource '{resource}' ({kind}) has no backend on {target} ({arch})",
                            "the capability table lists none for this arch",
                            "plan for another --gpu, or add kernels for this arch to resources/capabilities.py")
+    if requested in UNPLANNED and requested in options:
+        planned = [b for b in options if b not in UNPLANNED]
+        raise InvalidInput(f"resource '{resource}': backend '{requested}' is not planned", UNPLANNED[requested],
+                           f"--set resources.{resource}.{field}=auto (on {target}: {', '.join(planned)})")
+    options = tuple(b for b in options if b not in UNPLANNED)
     if requested == "auto":
         if head_dim is None:
             return options[0], None

@@ -27,9 +27,22 @@ def test_override_is_honoured(tiny):
 
 def test_override_with_no_kernels_for_the_arch_is_refused(tiny):
     m = apply_overrides(tiny.model, {"resources": {"encoder_attn": {"backend": "fa3"}}})
-    with pytest.raises(InvalidInput, match="'fa3' has no kernels for sm_103; b300 has: cutlass, fa2, cudnn") as e:
+    with pytest.raises(InvalidInput, match="'fa3' has no kernels for sm_103; b300 has: cutlass, fa2") as e:
         backends(m, "b300")
     assert "--set resources.encoder_attn.backend=cutlass" in str(e.value)
+    assert "cudnn" not in str(e.value)                   # not offered: it is not planned (below)
+
+
+def test_cudnn_is_refused_until_its_workspace_is_modelled(tiny):
+    """The table lists cudnn on sm_90, but nothing sizes its float workspace: asking for it is refused with
+    why and the fix, on the arch where it exists (elsewhere the usual no-kernels refusal)."""
+    m = apply_overrides(tiny.model, {"resources": {"encoder_attn": {"backend": "cudnn"}}})
+    with pytest.raises(InvalidInput, match="backend 'cudnn' is not planned") as e:
+        backends(m, "h100")
+    assert "neither modelled nor measured" in str(e.value)
+    assert "--set resources.encoder_attn.backend=auto (on h100: fa3, fa2)" in str(e.value)
+    with pytest.raises(InvalidInput, match="'cudnn' has no kernels for sm_80"):
+        backends(m, "a100-80gb")
 
 
 def test_unknown_backend_is_refused(tiny):
