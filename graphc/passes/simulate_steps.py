@@ -1,6 +1,8 @@
 """Trace every captured rung and every eager step of every node under fake tensors."""
 from __future__ import annotations
 
+import multiprocessing
+import os
 import sys
 from dataclasses import dataclass
 
@@ -8,6 +10,7 @@ from tqdm import tqdm
 
 from graphc import memo
 from graphc.convws import resolve
+from graphc.errors import InvalidInput
 from graphc.ir import IR, Step
 from graphc.modules import set_kernels
 from graphc.passes.choose_buckets import Buckets
@@ -64,25 +67,105 @@ def fake_node(node) -> FakeNode:
     return _FAKES[key]
 
 
-def trace_step(ir: IR, step: Step, rung: int, backends: Backends | None) -> tuple[Trace, frozenset[str]]:
-    """One step's trace at one rung, with each convolution's measured cuDNN workspace on a GPU
-    target, and the convolution signatures that have none. Memoized by everything it depends on."""
+def _trace_key(ir: IR, step: Step, rung: int, backends: Backends | None) -> tuple:
+    """Everything a step's trace depends on."""
     node = ir.node(step.node)
-    sizes = step.sizes_at(rung)
     ports = {p: node.inputs[p] for p in step.inputs}
     specs = tuple((repr(ir.model.resource(r)), backends.chosen[r].head_dim if backends else None)
                   for r in node.resources.values())
     arch = ir.target.arch if ir.target.is_gpu else None
     knobs = backends.kernels.get(step.node, {}) if backends else {}
-    key = (_node_key(node), repr(ports), repr(node.outputs), tuple(sorted(sizes.items())), step.phase, step.axis,
-           specs, arch, tuple(sorted(knobs.items())))
+    return (_node_key(node), repr(ports), repr(node.outputs), tuple(sorted(step.sizes_at(rung).items())), step.phase,
+            step.axis, specs, arch, tuple(sorted(knobs.items())))
+
+
+def _compute(ir: IR, step: Step, rung: int, backends: Backends | None) -> tuple[Trace, frozenset[str]]:
+    node = ir.node(step.node)
+    sizes = step.sizes_at(rung)
+    arch = ir.target.arch if ir.target.is_gpu else None
+    where = f"node '{step.node}' on {step.walk} at {step.axis}={rung}"
+    fake = fake_node(node)
+    set_kernels(fake.module, backends.kernels.get(step.node, {}) if backends else {})
+    trace = fake.trace({p: node.inputs[p] for p in step.inputs}, sizes, bindings(ir, step, rung, backends), where)
+    return resolve(trace, arch) if arch else (trace, frozenset())
+
+
+def trace_step(ir: IR, step: Step, rung: int, backends: Backends | None) -> tuple[Trace, frozenset[str]]:
+    """One step's trace at one rung, with each convolution's measured cuDNN workspace on a GPU
+    target, and the convolution signatures that have none. Memoized by everything it depends on."""
+    key = _trace_key(ir, step, rung, backends)
     if key not in _TRACES:
-        where = f"node '{step.node}' on {step.walk} at {step.axis}={rung}"
-        fake = fake_node(node)
-        set_kernels(fake.module, knobs)
-        trace = fake.trace(ports, sizes, bindings(ir, step, rung, backends), where)
-        _TRACES[key] = resolve(trace, arch) if arch else (trace, frozenset())
+        _TRACES[key] = _compute(ir, step, rung, backends)
     return _TRACES[key]
+
+
+# What the forked workers trace: set just before they are forked, read by index (they inherit it)
+_JOBS: list = []
+MIN_PARALLEL = 8        # fewer traces than this are not worth a pool
+
+
+def workers() -> int:
+    """Processes that trace a plan's steps: GRAPHC_PLAN_WORKERS, else this machine's cores (at most 8);
+    1 traces in this process. Only where fork is safe and cheap (Linux, and not once this process has
+    started CUDA): the workers inherit the imported torch and the built modules instead of importing and
+    building again."""
+    n = os.environ.get("GRAPHC_PLAN_WORKERS")
+    if n is not None:
+        try:
+            return max(1, int(n))
+        except ValueError:
+            raise InvalidInput(f"GRAPHC_PLAN_WORKERS={n!r} is not a number", "it is how many processes trace steps",
+                               "set it to a whole number (1: no pool), or unset it") from None
+    return min(os.cpu_count() or 1, 8) if sys.platform == "linux" else 1
+
+
+def _job(i: int):
+    ir, backends, step, rung = _JOBS[i]
+    try:
+        return i, _compute(ir, step, rung, backends)
+    except Exception:            # traced again in the parent, which raises it as a refusal
+        return i, None
+
+
+def prefetch(ir: IR, jobs: list[tuple[Step, int]], backends: Backends | None, bar) -> set[tuple]:
+    """Trace the jobs not yet in the memo on a pool of forked workers, into the memo; the keys done.
+    A trace is a pure function of its key, so where it ran changes nothing (tests hold the plans equal)."""
+    todo, seen = [], set()
+    for step, rung in jobs:
+        key = _trace_key(ir, step, rung, backends)
+        if key not in _TRACES and key not in seen:
+            seen.add(key)
+            todo.append((key, step, rung))
+    n = min(workers(), len(todo))
+    if n < 2 or len(todo) < MIN_PARALLEL or _cuda_started():
+        return set()
+    for node in {step.node for _, step, _ in todo}:     # built once here, inherited by every worker
+        fake_node(ir.node(node))
+    todo.sort(key=lambda j: -_cost(ir, j[1]))          # the dearest first: the pool ends together
+    _JOBS[:] = [(ir, backends, step, rung) for _, step, rung in todo]
+    done = set()
+    try:
+        with multiprocessing.get_context("fork").Pool(n) as pool:
+            for i, result in pool.imap_unordered(_job, range(len(todo))):
+                if result is not None:
+                    _TRACES[todo[i][0]] = result
+                    done.add(todo[i][0])
+                    bar.update(1)
+    finally:
+        _JOBS.clear()
+    return done
+
+
+def _cuda_started() -> bool:
+    """A process that has started CUDA is not forked (a child must not inherit its context)."""
+    import torch
+
+    return torch.cuda.is_initialized()
+
+
+def _cost(ir: IR, step: Step) -> int:
+    """A trace's rough cost: the node's modules (a code predictor's sub-steps make the talker dearest)."""
+    return sum(1 for _ in fake_node(ir.node(step.node)).module.modules())
 
 
 def simulate_steps(ir: IR, buckets: Buckets, backends: Backends | None = None) -> Activations:
@@ -92,13 +175,18 @@ def simulate_steps(ir: IR, buckets: Buckets, backends: Backends | None = None) -
     missing: set[str] = set()      # convolutions with no measured cuDNN workspace
 
     def trace(step: Step, rung: int) -> Trace:
+        key = _trace_key(ir, step, rung, backends)
         t, miss = trace_step(ir, step, rung, backends)
         missing.update(miss)
-        bar.update(1)
+        if key not in prefetched:
+            bar.update(1)
         return t
 
+    jobs = [(families[k], r) for k, rungs in buckets.captured.items() for r in rungs]
+    jobs += [(next(s for s in ir.steps if s.node == n and s.walk == w), size) for (n, w), size in buckets.eager.items()]
     with tqdm(total=total, desc="simulating steps", unit="step", file=sys.stderr, disable=None,
               leave=False) as bar:
+        prefetched = prefetch(ir, jobs, backends, bar)
         for (name, fam), rungs in buckets.captured.items():
             step = families[(name, fam)]
             for r in rungs:

@@ -1,0 +1,45 @@
+"""Steps traced on a pool of forked workers (graphc/passes/simulate_steps.py prefetch, issue 14) give the
+traces this process gives (a trace is a pure function of its key), and the pool really ran; a bad
+GRAPHC_PLAN_WORKERS is refused with the fix. The tiny model on an h100 target, the disk cache off."""
+import sys
+
+import pytest
+
+from graphc import memo
+from graphc.errors import InvalidInput
+from graphc.passes import simulate_steps as ss
+from graphc.passes.choose_buckets import choose_buckets
+from graphc.passes.select_backends import select_backends
+from graphc.source import load_model
+from graphc.targets import get_target
+from graphc.verify import verify_graph
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the pool forks (Linux only)")
+def test_forked_workers_trace_what_this_process_traces(monkeypatch):
+    ir = verify_graph(load_model("models/tiny_omni.py").model, get_target("h100"), 1)
+    buckets, backends = choose_buckets(ir), select_backends(ir)
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", "off")
+    ran = []
+    real = ss.prefetch
+    monkeypatch.setattr(ss, "prefetch", lambda *a: ran.append(real(*a)) or ran[-1])
+
+    memo.clear()
+    monkeypatch.setenv("GRAPHC_PLAN_WORKERS", "2")
+    pooled = ss.simulate_steps(ir, buckets, backends)
+    memo.clear()
+    monkeypatch.setenv("GRAPHC_PLAN_WORKERS", "1")
+    here = ss.simulate_steps(ir, buckets, backends)
+    memo.clear()
+    assert len(ran[0]) >= ss.MIN_PARALLEL and not ran[1]       # the pool traced; then nothing was pooled
+    assert pooled.graphs == here.graphs and pooled.eager == here.eager and pooled.io == here.io
+    assert pooled.uncalibrated == here.uncalibrated
+
+
+def test_a_bad_worker_count_is_refused(monkeypatch):
+    monkeypatch.setenv("GRAPHC_PLAN_WORKERS", "two")
+    with pytest.raises(InvalidInput, match="GRAPHC_PLAN_WORKERS='two' is not a number") as e:
+        ss.workers()
+    assert "1: no pool" in str(e.value)
+    monkeypatch.setenv("GRAPHC_PLAN_WORKERS", "0")
+    assert ss.workers() == 1
