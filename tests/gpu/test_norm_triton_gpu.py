@@ -12,6 +12,7 @@ import torch
 
 from graphc.modules import set_kernels
 from models.components.layers import RMSNorm, apply_rope
+from tests.unit.test_kernel_choice import OpNames
 
 pytestmark = pytest.mark.gpu
 
@@ -97,18 +98,13 @@ def test_a_thinker_layer_runs_the_operators_and_replays_in_a_graph():
     def attend(q, k, v):                               # a stand-in for the paged attention: keeps the shapes
         return q * k.repeat_interleave(8, dim=1).mean() + v.repeat_interleave(8, dim=1)
 
-    seen = []
-
-    class Names(torch.utils._python_dispatch.TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(str(func.overloadpacket))
-            return func(*args, **(kwargs or {}))
-
+    names = OpNames()
+    seen = names.seen
     with torch.no_grad():
         set_kernels(layer, {})
         plain = layer(x, cos, sin, attend)
         set_kernels(layer, {"fused_norms": 1, "fused_max_tokens": 64})
-        with Names():
+        with names:
             eager = layer(x, cos, sin, attend)
         assert [s for s in seen if s in ("graphc.rms_norm", "graphc.qk_norm_rope", "graphc.add_rms_norm")] == [
             "graphc.rms_norm", "graphc.qk_norm_rope", "graphc.qk_norm_rope", "graphc.add_rms_norm"]

@@ -11,6 +11,18 @@ from graphc.simulate import _Recorder
 from models.components.moe import Experts, SparseMoE
 
 
+class OpNames(torch.utils._python_dispatch.TorchDispatchMode):
+    """The name of every aten or graphc operator run inside it, in order (`seen`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
 def test_shipped_plans_record_the_choice_where_it_acts():
     for path in ("plans/qwen3_omni_h200.plan", "plans/qwen3_omni_2xh100.plan"):
         plan = load_plan(path)
@@ -62,14 +74,10 @@ def test_the_simulation_sees_the_fused_path_as_its_buffers_and_operators():
         weights = torch.empty(T, k, dtype=torch.bfloat16)
     set_kernels(ex, {"fused_max_tokens": T})
     rec = _Recorder(list(ex.parameters()) + [x, experts, weights])
-    seen = []
+    names = OpNames()
+    seen = names.seen
 
-    class Names(torch.utils._python_dispatch.TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(str(func.overloadpacket))
-            return func(*args, **(kwargs or {}))
-
-    with rec, Names(), torch.no_grad():
+    with rec, names, torch.no_grad():
         out = ex(x, experts, weights)
     allocs = [n for kind, _, n in rec.events if kind == 1]
     assert allocs == [T * k * 4, E * 4, T * k * I * 2, T * k * H * 2, T * H * 2], allocs
@@ -78,7 +86,7 @@ def test_the_simulation_sees_the_fused_path_as_its_buffers_and_operators():
     assert out.shape == (T, H) and out.dtype == torch.bfloat16
     set_kernels(ex, {"fused_max_tokens": T - 1})                # one token more than the choice: grouped_mm
     seen.clear()
-    with Names(), torch.no_grad():
+    with names, torch.no_grad():
         ex(x, experts, weights)
     assert not any(s.startswith("graphc.") for s in seen) and any("grouped_mm" in s for s in seen)
 
@@ -148,15 +156,11 @@ def test_the_simulation_sees_a_fused_decoder_layer_as_four_norm_operators():
     def attend(q, k, v):
         return torch.empty(T, 4, 16, device="meta", dtype=torch.bfloat16)
 
-    seen = []
-
-    class Names(torch.utils._python_dispatch.TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(str(func.overloadpacket))
-            return func(*args, **(kwargs or {}))
+    names = OpNames()
+    seen = names.seen
 
     set_kernels(layer, {"fused_norms": 1})
-    with Names(), torch.no_grad():
+    with names, torch.no_grad():
         out = layer(x, cos, sin, attend)
     assert out.shape == (T, 64) and out.dtype == torch.bfloat16
     assert [s for s in seen if s.startswith("graphc.")] == ["graphc.rms_norm", "graphc.qk_norm_rope",
@@ -164,7 +168,7 @@ def test_the_simulation_sees_a_fused_decoder_layer_as_four_norm_operators():
     assert not any(s.split(".")[-1] in ("rsqrt", "mean", "pow", "cat", "neg") for s in seen), seen
     set_kernels(layer, {})
     seen.clear()
-    with Names(), torch.no_grad():
+    with names, torch.no_grad():
         layer(x, cos, sin, attend)
     assert not any(s.startswith("graphc.") for s in seen) and any(s.endswith("rsqrt") for s in seen)
 
@@ -179,14 +183,10 @@ def test_the_simulation_sees_a_fused_router_as_one_operator_and_its_two_outputs(
         x = torch.empty(T, H, dtype=torch.bfloat16)
     set_kernels(moe, {"fused_router": 1})
     rec = _Recorder(list(moe.parameters()) + [x])
-    seen = []
+    names = OpNames()
+    seen = names.seen
 
-    class Names(torch.utils._python_dispatch.TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(str(func.overloadpacket))
-            return func(*args, **(kwargs or {}))
-
-    with rec, Names(), torch.no_grad():
+    with rec, names, torch.no_grad():
         experts, weights = moe.route(x)
     assert [s for s in seen if s.startswith("graphc.")] == ["graphc.moe_route"]
     assert not any(s.split(".")[-1] in ("_softmax", "topk", "div") for s in seen), seen
