@@ -1,5 +1,6 @@
 """Time every captured graph of a plan device on its GPU: ms per replay, tokens (or units) per second,
-kernel launches per step (the compiler's simulation counts them), and the step's memory-bandwidth floor.
+kernel launches per step and per layer (the compiler's simulation counts them; a layer is one block of
+the node's longest stack), and the step's memory-bandwidth floor.
 
     python examples/bench_steps.py plans/qwen3_omni_2xh100.plan --device 1 --emulate --json OUT.json
     python examples/bench_steps.py PLAN --only thinker/decode:seqs --replays 30
@@ -56,6 +57,12 @@ def moe_blocks(module: torch.nn.Module) -> list[tuple[int, int, int]]:
     return out
 
 
+def num_layers(module: torch.nn.Module) -> int | None:
+    """The node's layers: its longest stack of repeated blocks (a ModuleList), None without one."""
+    stacks = [len(m) for m in module.modules() if isinstance(m, torch.nn.ModuleList) and len(m) >= 3]
+    return max(stacks, default=None)
+
+
 def floor_bytes(module: torch.nn.Module, tokens: int) -> int:
     total = sum(p.numel() * p.element_size() for p in module.parameters())
     linear = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Linear)}
@@ -69,14 +76,17 @@ def floor_bytes(module: torch.nn.Module, tokens: int) -> int:
     return total
 
 
-def vary_tokens(boot, seed: int = 0) -> list[str]:
+def vary_tokens(boot, seed: int = 0, only: tuple[str, str] | None = None) -> list[str]:
     """Random token ids in every captured graph's static token_ids input (the boot's synthetic layout
     gives zeros: every row the same token, so a sparse MoE layer routes all rows to the same k experts and
     a decode step of many sequences reads only k experts a layer, where real rows touch up to all E).
-    The ids are drawn below the node's embedding rows; the nodes varied are returned."""
+    The ids are drawn below the node's embedding rows; the nodes varied are returned. only: one
+    (node, family)."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     varied = []
     for (node, family), bufs in boot.runtime.io.items():
+        if only is not None and (node, family) != only:
+            continue
         buf = bufs.get("in.token_ids")
         emb = next((m for m in boot.modules[node].modules() if isinstance(m, torch.nn.Embedding)), None)
         if buf is None or emb is None:
@@ -127,6 +137,7 @@ def main() -> None:
     g, ir = boot.runtime, boot.ir
     print(f"random token ids in: {', '.join(vary_tokens(boot)) or 'no graph'}", flush=True)
     launches = {} if a.no_launches else launches_per_graph(ir)
+    layers = {n: num_layers(m) for n, m in boot.modules.items()}
     rows = []
     with torch.inference_mode():
         for key in plan.devices[a.device].capture_order:
@@ -135,15 +146,19 @@ def main() -> None:
                 continue
             step = ir.family(node, family)
             g.static_inputs(node, family, step, rung)
+            vary_tokens(boot, only=(node, family))        # the layout's zeros again replaced
             g.plan_step(g.backends[(node, family, rung)], step, rung)
             ms = time_graph(boot.graphs[key], a.warmup, a.replays)
+            per_layer = launches[key] / layers[node] if launches.get(key) and layers.get(node) else None
             tokens = step.sizes_at(rung).get("tokens", rung)
             floor = floor_bytes(boot.modules[node], tokens) / a.bandwidth * 1e3
             rows.append({"graph": key, "node": node, "family": family, "rung": rung, "axis": step.axis,
                          "ms": ms, "units_per_s": rung / ms * 1e3, "launches": launches.get(key),
+                         "launches_per_layer": per_layer,
                          "floor_ms": floor, "ratio": ms / floor if floor else None})
             print(f"{key:48s} {ms:8.3f} ms  {rung / ms * 1e3:12,.0f} {step.axis}/s  "
-                  f"launches {launches.get(key, '-')!s:>6}  floor {floor:7.3f} ms  x{ms / floor:5.1f}", flush=True)
+                  f"launches {launches.get(key, '-')!s:>6} ({'-' if per_layer is None else f'{per_layer:.1f}'} a layer)"
+                  f"  floor {floor:7.3f} ms  x{ms / floor:5.1f}", flush=True)
     info = {"plan": a.plan, "device": a.device, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "replays": a.replays, "warmup": a.warmup, "bandwidth": a.bandwidth, "rows": rows}
     if a.json:
@@ -159,14 +174,18 @@ def rerender(path: str, bandwidth: float) -> None:
     plan = load_plan(info["plan"])
     ir = plan_ir(plan)
     shells: dict[str, torch.nn.Module] = {}
-    print("| graph | ms | units/s | launches | floor ms | x floor |\n|---|---|---|---|---|---|")
+    layers: dict[str, int | None] = {}
+    print("| graph | ms | units/s | launches | a layer | floor ms | x floor |\n|---|---|---|---|---|---|---|")
     for r in info["rows"]:
         if r["node"] not in shells:
             shells[r["node"]] = build_shell(ir.node(r["node"]))
         tokens = ir.family(r["node"], r["family"]).sizes_at(r["rung"]).get("tokens", r["rung"])
         floor = floor_bytes(shells[r["node"]], tokens) / bandwidth * 1e3
+        if r["node"] not in layers:
+            layers[r["node"]] = num_layers(shells[r["node"]])
+        per = r["launches"] / layers[r["node"]] if r.get("launches") and layers[r["node"]] else None
         print(f"| {r['graph']} | {r['ms']:.2f} | {r['units_per_s']:,.0f} {r['axis']} | {r['launches'] or '-'} | "
-              f"{floor:.3f} | {r['ms'] / floor:.1f} |")
+              f"{'-' if per is None else f'{per:.1f}'} | {floor:.3f} | {r['ms'] / floor:.1f} |")
 
 
 if __name__ == "__main__":
