@@ -55,3 +55,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def leak_oracle():
+    """Watch engines whose test aborts, disconnects, fails or times out requests: when the test ends, each
+    must hold no page and no request state once idle (issue 15's leak oracle; tests/leak.py)."""
+    from tests.leak import released
+
+    class Oracle:
+        def __init__(self):
+            self.engines = []
+
+        def watch(self, engine):
+            self.engines.append(engine)
+            return engine
+
+    oracle = Oracle()
+    yield oracle
+    for engine in oracle.engines:
+        left = released(engine)
+        assert not left, "the engine still holds, once idle: " + "; ".join(left)

@@ -17,8 +17,8 @@ from graphc.runtime.workers import WorkerDied
 from tests.parity.test_multi_device import plans  # noqa: F401  (the fixture)
 
 
-def test_a_killed_worker_fails_the_requests_in_flight_and_names_its_device(plans):
-    engine = Engine(plans[1], random_weights=True)
+def test_a_killed_worker_fails_the_requests_in_flight_and_names_its_device(plans, leak_oracle):
+    engine = leak_oracle.watch(Engine(plans[1], random_weights=True))
     try:
         m = engine.host.media
         clip = np.zeros(16000, dtype=np.float32)

@@ -69,7 +69,8 @@ def test_a_failing_step_ends_its_requests_only_and_frees_their_pages(engine, mon
     assert all(r.finish_reason == "length" for r in reqs if r not in failed)
 
 
-def test_aborts_free_pages_whether_waiting_or_running(engine):
+def test_aborts_free_pages_whether_waiting_or_running(engine, leak_oracle):
+    leak_oracle.watch(engine)
     reqs = [engine.add(prompt_token_ids=p, params=greedy(50)) for p in PROMPTS]
     engine.step()
     engine.step()

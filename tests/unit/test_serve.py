@@ -160,8 +160,8 @@ def test_offline_jsonl_run_and_a_changed_config_is_refused(served, tmp_path, cap
     assert "thinker_config.text_config.num_hidden_layers: 3 in the plan, 2 in the checkpoint" in capsys.readouterr().err
 
 
-def test_http_tokens_equal_the_engine_and_a_dropped_stream_frees_its_pages(served):
-    c, engine = served["client"], served["engine"]
+def test_http_tokens_equal_the_engine_and_a_dropped_stream_frees_its_pages(served, leak_oracle):
+    c, engine = served["client"], leak_oracle.watch(served["engine"])
     name = engine.plan.model.name
     prompts = [[5, 6, 7, 8, 9], list(range(20, 60))]
     want = own_engine(served).generate([{"prompt_token_ids": p, "max_tokens": 7, "temperature": 0, "ignore_eos": True}

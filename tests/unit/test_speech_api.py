@@ -258,10 +258,10 @@ def test_metrics_count_speaking_requests_and_their_first_audio(served):
         assert value(f'graphc_walk_steps_total{{walk="{walk}"}}') == engine.stats()["steps"][walk]
 
 
-def test_an_aborted_speaking_request_frees_thinker_and_talker_pages(served):
+def test_an_aborted_speaking_request_frees_thinker_and_talker_pages(served, leak_oracle):
     """Aborted while its thinker decodes, while its talker decodes, and after its text ended: every page of
     both pools comes back and the engine holds nothing."""
-    ref = served["ref"]
+    ref = leak_oracle.watch(served["ref"])
     for steps in (2, 6, 14):
         req = ref.add(messages=MSGS, params=SamplingParams(temperature=0, max_tokens=MAX),
                       speech=SpeechParams(voice="ethan", seed=SEED, max_frames=FRAMES))
