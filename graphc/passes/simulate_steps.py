@@ -1,16 +1,13 @@
 """Trace every captured rung and every eager step of every node under fake tensors."""
 from __future__ import annotations
 
-import multiprocessing
-import os
 import sys
 from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from graphc import memo
+from graphc import forkpool, memo
 from graphc.convws import resolve
-from graphc.errors import InvalidInput
 from graphc.ir import IR, Step
 from graphc.modules import set_kernels
 from graphc.passes.choose_buckets import Buckets
@@ -99,73 +96,29 @@ def trace_step(ir: IR, step: Step, rung: int, backends: Backends | None) -> tupl
     return _TRACES[key]
 
 
-# What the forked workers trace: set just before they are forked, read by index (they inherit it)
-_JOBS: list = []
-MIN_PARALLEL = 8        # fewer traces than this are not worth a pool
-
-
-def workers() -> int:
-    """Processes that trace a plan's steps: GRAPHC_PLAN_WORKERS, else this machine's cores (at most 8);
-    1 traces in this process. Only where fork is safe and cheap (Linux, and not once this process has
-    started CUDA): the workers inherit the imported torch and the built modules instead of importing and
-    building again."""
-    n = os.environ.get("GRAPHC_PLAN_WORKERS")
-    if n is not None:
-        try:
-            return max(1, int(n))
-        except ValueError:
-            raise InvalidInput(f"GRAPHC_PLAN_WORKERS={n!r} is not a number", "it is how many processes trace steps",
-                               "set it to a whole number (1: no pool), or unset it") from None
-    return min(os.cpu_count() or 1, 8) if sys.platform == "linux" else 1
-
-
-def _job(i: int):
-    ir, backends, step, rung = _JOBS[i]
-    try:
-        return i, _compute(ir, step, rung, backends)
-    except Exception:            # traced again in the parent, which raises it as a refusal
-        return i, None
-
-
 def prefetch(ir: IR, jobs: list[tuple[Step, int]], backends: Backends | None, bar) -> set[tuple]:
-    """Trace the jobs not yet in the memo on a pool of forked workers, into the memo; the keys done.
-    A trace is a pure function of its key, so where it ran changes nothing (tests hold the plans equal)."""
+    """Trace the jobs not yet in the memo on a pool of forked workers (graphc/forkpool.py), into the memo;
+    the keys done. A trace is a pure function of its key, so where it ran changes nothing."""
     todo, seen = [], set()
     for step, rung in jobs:
         key = _trace_key(ir, step, rung, backends)
         if key not in _TRACES and key not in seen:
             seen.add(key)
             todo.append((key, step, rung))
-    n = min(workers(), len(todo))
-    if n < 2 or len(todo) < MIN_PARALLEL or _cuda_started():
+    n = forkpool.size(len(todo))
+    if not n:
         return set()
     for node in {step.node for _, step, _ in todo}:     # built once here, inherited by every worker
         fake_node(ir.node(node))
-    todo.sort(key=lambda j: -_cost(ir, j[1]))          # the dearest first: the pool ends together
-    _JOBS[:] = [(ir, backends, step, rung) for _, step, rung in todo]
+    # the dearest first (the talker's code predictor), so that the workers end together
+    todo.sort(key=lambda j: -sum(1 for _ in fake_node(ir.node(j[1].node)).module.modules()))
     done = set()
-    try:
-        with multiprocessing.get_context("fork").Pool(n) as pool:
-            for i, result in pool.imap_unordered(_job, range(len(todo))):
-                if result is not None:
-                    _TRACES[todo[i][0]] = result
-                    done.add(todo[i][0])
-                    bar.update(1)
-    finally:
-        _JOBS.clear()
+    for i, result in forkpool.imap(_compute, [(ir, step, rung, backends) for _, step, rung in todo], n):
+        if result is not None:                         # else traced again below, where it raises
+            _TRACES[todo[i][0]] = result
+            done.add(todo[i][0])
+            bar.update(1)
     return done
-
-
-def _cuda_started() -> bool:
-    """A process that has started CUDA is not forked (a child must not inherit its context)."""
-    import torch
-
-    return torch.cuda.is_initialized()
-
-
-def _cost(ir: IR, step: Step) -> int:
-    """A trace's rough cost: the node's modules (a code predictor's sub-steps make the talker dearest)."""
-    return sum(1 for _ in fake_node(ir.node(step.node)).module.modules())
 
 
 def simulate_steps(ir: IR, buckets: Buckets, backends: Backends | None = None) -> Activations:

@@ -1,11 +1,11 @@
-"""Steps traced on a pool of forked workers (graphc/passes/simulate_steps.py prefetch, issue 14) give the
+"""Steps traced on a pool of forked workers (simulate_steps.prefetch on graphc/forkpool.py, issue 14) give the
 traces this process gives (a trace is a pure function of its key), and the pool really ran; a bad
 GRAPHC_PLAN_WORKERS is refused with the fix. The tiny model on an h100 target, the disk cache off."""
 import sys
 
 import pytest
 
-from graphc import memo
+from graphc import forkpool, memo
 from graphc.errors import InvalidInput
 from graphc.passes import simulate_steps as ss
 from graphc.passes.choose_buckets import choose_buckets
@@ -31,7 +31,7 @@ def test_forked_workers_trace_what_this_process_traces(monkeypatch):
     monkeypatch.setenv("GRAPHC_PLAN_WORKERS", "1")
     here = ss.simulate_steps(ir, buckets, backends)
     memo.clear()
-    assert len(ran[0]) >= ss.MIN_PARALLEL and not ran[1]       # the pool traced; then nothing was pooled
+    assert len(ran[0]) >= forkpool.MIN_JOBS and not ran[1]       # the pool traced; then nothing was pooled
     assert pooled.graphs == here.graphs and pooled.eager == here.eager and pooled.io == here.io
     assert pooled.uncalibrated == here.uncalibrated
 
@@ -39,7 +39,9 @@ def test_forked_workers_trace_what_this_process_traces(monkeypatch):
 def test_a_bad_worker_count_is_refused(monkeypatch):
     monkeypatch.setenv("GRAPHC_PLAN_WORKERS", "two")
     with pytest.raises(InvalidInput, match="GRAPHC_PLAN_WORKERS='two' is not a number") as e:
-        ss.workers()
+        forkpool.workers()
     assert "1: no pool" in str(e.value)
     monkeypatch.setenv("GRAPHC_PLAN_WORKERS", "0")
-    assert ss.workers() == 1
+    assert forkpool.workers() == 1 and forkpool.size(100) == 0            # one worker: no pool
+    monkeypatch.setenv("GRAPHC_PLAN_WORKERS", "4")
+    assert forkpool.size(forkpool.MIN_JOBS - 1) == 0 and forkpool.size(3 * forkpool.MIN_JOBS) == 4
