@@ -26,7 +26,12 @@ def test_forked_workers_trace_what_this_process_traces(monkeypatch):
 
     memo.clear()
     monkeypatch.setenv("GRAPHC_PLAN_WORKERS", "2")
+    here_too = []                                  # traces this process made itself while the pool ran
+    compute = ss._compute
+    monkeypatch.setattr(ss, "_compute", lambda *a: here_too.append(a) or compute(*a))
     pooled = ss.simulate_steps(ir, buckets, backends)
+    monkeypatch.setattr(ss, "_compute", compute)
+    assert not here_too                            # every trace came from the pool, into the memo
     memo.clear()
     monkeypatch.setenv("GRAPHC_PLAN_WORKERS", "1")
     here = ss.simulate_steps(ir, buckets, backends)
