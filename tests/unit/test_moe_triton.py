@@ -14,10 +14,16 @@ pytest.importorskip("triton", reason="the kernels are Triton's; pip install -e '
 
 ROOT = Path(__file__).resolve().parents[2]
 
+
+def interpreted(script: str) -> dict:
+    """The last JSON line a script prints, run in a fresh process under Triton's interpreter (TRITON_INTERPRET
+    must be set before the kernels are defined) with the project importable."""
+    pre = 'import json, os, sys\nos.environ["TRITON_INTERPRET"] = "1"\nsys.path.insert(0, sys.argv[1])\n'
+    out = subprocess.run([sys.executable, "-c", pre + script, str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
 SCRIPT = r"""
-import json, os, sys
-os.environ["TRITON_INTERPRET"] = "1"
-sys.path.insert(0, sys.argv[1])
 import torch
 from models.components.moe import Experts
 from models.components.moe_ops import fused_experts
@@ -44,18 +50,13 @@ print(json.dumps({"err": (got - want).abs().max().item(), "scale": want.abs().ma
 
 
 def test_fused_experts_equal_the_reference_path_in_the_interpreter():
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT)], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = interpreted(SCRIPT)
     assert r["shape"] == [21, 80]
     assert r["counts"][2] == 21 > r["block_m"] and r["counts"][7] == 0 and r["counts"][1] == 0   # the cases meant
     assert r["err"] <= 1e-5 * r["scale"], r
 
 
 ROUTE = r"""
-import json, os, sys
-os.environ["TRITON_INTERPRET"] = "1"
-sys.path.insert(0, sys.argv[1])
 import torch
 from models.components.moe import SparseMoE
 from models.components.moe_ops import fused_route
@@ -83,9 +84,7 @@ print(json.dumps(out))
 def test_the_fused_router_equals_the_torch_path_in_the_interpreter():
     import math
 
-    out = subprocess.run([sys.executable, "-c", ROUTE, str(ROOT)], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = interpreted(ROUTE)
     for norm in ("True", "False"):
         assert r[norm]["experts_equal"] and r[norm]["w_err"] <= 1e-6, r[norm]
         assert r[norm]["dtypes"] == ["torch.int64", "torch.float32"] and r[norm]["shape"] == [9, 6]

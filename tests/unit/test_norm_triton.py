@@ -6,21 +6,13 @@ truncation, where the GPU and torch round to nearest, and its compiler folded a 
 residual sum bit for bit). tests/gpu/test_norm_triton_gpu.py checks the same on the GPU. Rows are strided views as the layers pass them (q and k as views of their projection's
 output), sizes not powers of two where the kernels mask. In a fresh process: TRITON_INTERPRET must be set
 before the kernels are defined (tests/gpu runs the compiled kernels at the real shapes)."""
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("triton", reason="the kernels are Triton's; pip install -e '.[test]' brings it")
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.test_moe_triton import interpreted  # noqa: E402
 
 SCRIPT = r"""
-import json, os, sys
-os.environ["TRITON_INTERPRET"] = "1"
-sys.path.insert(0, sys.argv[1])
 import torch
 from models.components.layers import RMSNorm, apply_rope
 from models.components import norm_ops
@@ -64,9 +56,7 @@ print(json.dumps(out))
 
 
 def test_fused_norms_equal_the_torch_path_in_the_interpreter():
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT)], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = interpreted(SCRIPT)
     f32, bf16 = r["torch.float32"], r["torch.bfloat16"]
     assert f32["shapes"] == [[5, 96], [5, 96], [5, 4, 16]]
     for k in ("rms_norm", "add_total", "add_norm", "qk_norm_rope"):
