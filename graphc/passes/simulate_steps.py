@@ -135,9 +135,8 @@ def simulate_steps(ir: IR, buckets: Buckets, backends: Backends | None = None) -
             bar.update(1)
         return t
 
-    eager_steps = {(n, w): next(s for s in ir.steps if s.node == n and s.walk == w) for n, w in buckets.eager}
     jobs = [(families[k], r) for k, rungs in buckets.captured.items() for r in rungs]
-    jobs += [(eager_steps[k], size) for k, size in buckets.eager.items()]
+    jobs += [(next(s for s in ir.steps if s.node == n and s.walk == w), size) for (n, w), size in buckets.eager.items()]
     with tqdm(total=total, desc="simulating steps", unit="step", file=sys.stderr, disable=None,
               leave=False) as bar:
         prefetched = prefetch(ir, jobs, backends, bar)
@@ -146,8 +145,9 @@ def simulate_steps(ir: IR, buckets: Buckets, backends: Backends | None = None) -
             for r in rungs:
                 graphs[(name, fam, r)] = (Graph(name, fam, r, step), trace(step, r))
             io[(name, fam)] = static_buffers(ir, step, rungs[-1])
-        for key, size in buckets.eager.items():
-            eager[key] = trace(eager_steps[key], size)
+        for (name, walk), size in buckets.eager.items():
+            step = next(s for s in ir.steps if s.node == name and s.walk == walk)
+            eager[(name, walk)] = trace(step, size)
     out = Activations(graphs, eager, io, frozenset(missing))
     out.check(ir, buckets)
     return out
