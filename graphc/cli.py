@@ -87,7 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--host", default="127.0.0.1")
     rn.add_argument("--port", type=int, default=8000)
     rn.add_argument("--api-key", default=None, metavar="KEY",
-                    help="/v1/* wants 'Authorization: Bearer KEY' (default: $GRAPHC_API_KEY; unset: open)")
+                    help="every route but /health wants 'Authorization: Bearer KEY' (default: $GRAPHC_API_KEY; "
+                         "unset: open)")
+    rn.add_argument("--max-waiting", type=int, default=None, metavar="N",
+                    help="the most requests waiting for the engine; more are refused with 429 and Retry-After "
+                         "(default: 8 x the decode walk's sequences)")
+    rn.add_argument("--media-dir", default=None, metavar="DIR",
+                    help="requests may name media files under DIR (default: none; requests send their bytes)")
+    rn.add_argument("--media-urls", action="store_true",
+                    help="fetch http(s) media URLs (at most 25 MiB each, 10 s, no redirect or address that is "
+                         "private, loopback or link-local)")
     rn.add_argument("--access-log", action="store_true", help="one JSON line per HTTP request on stderr")
     rn.add_argument("--max-upload-mb", type=float, default=25.0, metavar="MB",
                     help="largest /v1/audio/transcriptions upload in MiB (default 25, as OpenAI's)")
@@ -225,6 +234,8 @@ def cmd_check(args) -> int:
 
 
 def cmd_run(args) -> int:
+    import os
+
     from graphc.plan import load_plan
     from graphc.runtime.engine import Engine, read_jsonl
     plan = load_plan(args.plan)
@@ -232,6 +243,11 @@ def cmd_run(args) -> int:
         raise InvalidInput("--checkpoint and --random-weights are exclusive", "", "pass one")
     if not args.max_upload_mb > 0:
         raise InvalidInput(f"--max-upload-mb {args.max_upload_mb} is not a size", "", "pass a positive number")
+    if args.max_waiting is not None and args.max_waiting < 1:
+        raise InvalidInput(f"--max-waiting {args.max_waiting}", "at least one request must be able to wait",
+                           "pass 1 or more")
+    if args.media_dir is not None and not os.path.isdir(args.media_dir):
+        raise InvalidInput(f"--media-dir {args.media_dir} is not a folder", "", "name an existing folder")
     requests = read_jsonl(args.requests) if args.requests else None
     if args.ray:
         return _run_on_ray(plan, args, requests)
@@ -247,7 +263,8 @@ def _server_options(args) -> dict:
     import os
 
     return {"api_key": args.api_key or os.environ.get("GRAPHC_API_KEY") or None, "access_log": args.access_log,
-            "max_audio_bytes": int(args.max_upload_mb * 1024 * 1024)}
+            "max_audio_bytes": int(args.max_upload_mb * 1024 * 1024), "max_waiting": args.max_waiting,
+            "media_dir": args.media_dir, "media_urls": args.media_urls}
 
 
 def _serving_on(host: str, args, api_key, where: str = "") -> None:

@@ -219,6 +219,15 @@ class Engine:
                            "send the inputs one of those kinds takes" if names else
                            "ask for text out (this plan declares no speaking kind)", param="modalities")
 
+    def media_limits(self):
+        """inputs.Limits: the longest audio and video a prompt of this plan can hold (the host's bound on
+        its rows against the KV pool's max_seq_len), refused before decoding."""
+        from graphc.runtime.inputs import Limits
+
+        most = self.executor.kv_spec.max_seq_len
+        seconds, frames = self.host.media_limits(most)
+        return Limits(seconds, frames, f"a prompt of this plan holds at most {most:,} rows")
+
     def tokenize(self, messages: list[dict] | None = None, prompt: str | None = None) -> list[int]:
         if self.tokenizer is None:
             raise InvalidInput("this engine has no tokenizer", "it was started without a checkpoint tokenizer.json",
@@ -232,19 +241,21 @@ class Engine:
     def add(self, *, prompt_token_ids: list[int] | None = None, messages: list[dict] | None = None,
             prompt: str | None = None, media: list[Media] = (), params: SamplingParams | None = None,
             request_id: str | None = None, user: Any = None, use_audio_in_video: bool = False,
-            speech: SpeechParams | None = None, speak: list[int] | None = None) -> Request:
+            speech: SpeechParams | None = None, speak: list[int] | None = None, split: bool = False) -> Request:
         """speech: answer with speech too (a speaking kind: t2s, a2s); its voice and frame limit.
         speak: the answer's text token ids, spoken as given (text to speech): the thinker does not run,
-        since the talker reads only its embedding table for text rows."""
+        since the talker reads only its embedding table for text rows. split: messages come from
+        split_messages already (the server decodes media in its handlers, not in the engine's thread),
+        their media in `media`; else their media parts are read here, from any path they name."""
         params = params or SamplingParams()
         given = [x is not None for x in (prompt_token_ids, messages, prompt)]
         if sum(given) != 1:
             raise InvalidInput("a request needs exactly one of prompt_token_ids, messages and prompt",
                                f"got {sum(given)}", "send one")
         media = list(media)
-        if messages is not None:
+        if messages is not None and not split:
             from graphc.runtime.inputs import split_messages
-            messages, found = split_messages(messages, use_audio_in_video)
+            messages, found = split_messages(messages, use_audio_in_video, limits=self.media_limits())
             media += found
         ids = list(prompt_token_ids) if prompt_token_ids is not None else self.tokenize(messages, prompt)
         vocab = self.model.node(self.llm).outputs["logits"].shape[-1]

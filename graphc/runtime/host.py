@@ -120,6 +120,11 @@ class Host:
     def encode(self, node: str, pieces: list[Piece], units: int) -> EncodeBatch:
         raise NotImplementedError
 
+    def media_limits(self, max_rows: int) -> tuple[float | None, int | None]:
+        """(seconds of audio, frames of video) beyond which an item surely takes more than max_rows prompt
+        rows: longer ones are refused before they are decoded. None: no bound known."""
+        return None, None
+
 
 def expand_placeholders(ids: list[int], media: list[Media], token_of: dict[str, int],
                         replacements: list[list[int]]) -> tuple[list[int], list[int]]:

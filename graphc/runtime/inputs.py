@@ -9,16 +9,60 @@ Content parts taken (OpenAI's shapes, and file paths for offline batches):
 With use_audio_in_video each video also brings its sound track (PyAV decodes it, soxr resamples it).
 Each media part becomes a {"type": "audio"|"image"|"video"} part for the template (which writes its
 placeholder) and a decoded Media item, in order. Anything else is refused by name.
+
+Where media may come from is the caller's `Sources`: an offline batch reads any path it names (the
+operator wrote it); the server reads none unless started with --media-dir DIR (then only files under
+DIR) and fetches web addresses only with --media-urls (graphc/runtime/fetch.py: a size and a time
+limit, no private addresses). `Limits` bound what is decoded, from the file's header where it says:
+the seconds of audio and frames of video a plan's longest prompt can hold.
 """
 from __future__ import annotations
 
 import base64
 import binascii
+from dataclasses import dataclass
 from pathlib import Path
 
 from graphc.errors import InvalidInput
 from graphc.runtime.host import Media
 from graphc.runtime.media import MediaError, load_audio, load_image
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where a request's media may come from. paths: any file (True), none (False), or files under this
+    folder; urls: a fetch(url, kind) -> bytes for http(s) addresses, or None (refused)."""
+
+    paths: bool | Path = True
+    urls: object = None
+
+    def read(self, path: str, what: str) -> str:
+        if self.paths is True:
+            return path
+        if self.paths is False:
+            raise InvalidInput(f"{what} names a file on the server ({path!r})", "this server reads no files for requests",
+                               "send the bytes as base64 (a data URL or input_audio), or start the server with "
+                               "--media-dir DIR and name files under DIR")
+        root = Path(self.paths).resolve()
+        full = (root / path).resolve()
+        if not full.is_relative_to(root):
+            raise InvalidInput(f"{what} names {path!r}, outside the media folder", f"this server reads files under "
+                               f"{root} only", "name a file under that folder, or send the bytes as base64")
+        return str(full)
+
+
+OFFLINE = Sources()
+SERVED = Sources(paths=False)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The most a media item may hold, checked before or while decoding (None: no bound); why: what
+    sets them, said in a refusal."""
+
+    audio_seconds: float | None = None
+    video_frames: int | None = None
+    why: str = ""
 
 URL_KEYS = {"image_url": "image", "video_url": "video"}
 DATA_PREFIX = {"image": "data:image/", "video": "data:video/"}
@@ -31,7 +75,7 @@ def _b64(data: str, what: str) -> bytes:
         raise InvalidInput(f"{what} is not valid base64", "", "encode the file's bytes with base64") from None
 
 
-def _url(url: str, kind: str, what: str) -> bytes | str:
+def _url(url: str, kind: str, what: str, sources: Sources) -> bytes | str:
     if not isinstance(url, str) or not url:
         raise InvalidInput(f"{what}.url must be a non-empty string", f"got {url!r}", "send a data URL or a file path")
     if url.startswith("data:"):
@@ -41,28 +85,42 @@ def _url(url: str, kind: str, what: str) -> bytes | str:
                                f"send the {kind} as {DATA_PREFIX[kind]}<format>;base64,<data>")
         return _b64(body, f"{what}.url's data")
     if url.startswith(("http://", "https://")):
-        raise InvalidInput(f"{what}.url is a web address", "the server does not fetch URLs",
-                           "send the bytes as a base64 data URL")
-    return url[7:] if url.startswith("file://") else url
+        if sources.urls is None:
+            raise InvalidInput(f"{what}.url is a web address", "this server fetches no URLs (it was started "
+                               "without --media-urls)", "send the bytes as a base64 data URL")
+        return sources.urls(url, kind)
+    if url.startswith("file://"):
+        url = url[7:]
+    elif ":" in url.split("/", 1)[0]:
+        raise InvalidInput(f"{what}.url has the scheme '{url.split(':', 1)[0]}'", "taken: data:, http(s):, file: "
+                           "and paths", "send the bytes as a base64 data URL")
+    return sources.read(url, f"{what}.url")
 
 
-def _media(kind: str, source: bytes | str, what: str, fps: float | None = None, with_audio: bool = False) -> Media:
+def _media(kind: str, source: bytes | str, what: str, fps: float | None = None, with_audio: bool = False,
+           limits: Limits = Limits()) -> Media:
+    why = limits.why
     try:
         if kind == "audio":
-            return Media("audio", load_audio(source))
+            return Media("audio", load_audio(source, max_seconds=limits.audio_seconds, why=why))
         if kind == "image":
             return Media("image", load_image(source))
-        from graphc.runtime.media import load_video, video_audio
-        frames, rate = load_video(source, fps=fps)
-        return Media("video", frames, rate, audio=video_audio(source) if with_audio else None)
+        from graphc.runtime.media import MAX_VIDEO_FRAMES, load_video, video_audio
+        most = min(MAX_VIDEO_FRAMES, limits.video_frames or MAX_VIDEO_FRAMES)
+        frames, rate = load_video(source, fps=fps, max_frames=most,
+                                  why=why if most < MAX_VIDEO_FRAMES else "the most frames graphc takes of a video")
+        return Media("video", frames, rate,
+                     audio=video_audio(source, max_seconds=limits.audio_seconds, why=why) if with_audio else None)
     except MediaError as e:
-        raise InvalidInput(f"{what}: {e}", "", f"send a {kind} file that decodes") from None
-    except FileNotFoundError:
-        raise InvalidInput(f"{what}: {source} does not exist", "", "check the path") from None
+        raise InvalidInput(f"{what}: {e}", "", f"send a {kind} file that decodes and fits") from None
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+        raise InvalidInput(f"{what}: {source} cannot be read ({e.strerror})", "", "check the path") from None
 
 
-def split_messages(messages: list, use_audio_in_video: bool = False) -> tuple[list[dict], list[Media]]:
-    """use_audio_in_video: each video is heard with its own sound track (Qwen3-Omni's option)."""
+def split_messages(messages: list, use_audio_in_video: bool = False, sources: Sources = OFFLINE,
+                   limits: Limits = Limits()) -> tuple[list[dict], list[Media]]:
+    """use_audio_in_video: each video is heard with its own sound track (Qwen3-Omni's option); sources:
+    where media may be read from; limits: the most an item may hold."""
     if not isinstance(messages, list) or not messages:
         raise InvalidInput("messages must be a non-empty list", f"got {type(messages).__name__}", "send [{role, content}]")
     out, media = [], []
@@ -70,6 +128,9 @@ def split_messages(messages: list, use_audio_in_video: bool = False) -> tuple[li
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise InvalidInput(f"messages[{i}] needs role and content", f"got {m!r:.80}", "")
         content = m["content"]
+        if not isinstance(m["role"], str):
+            raise InvalidInput(f"messages[{i}].role must be a string", f"got {m['role']!r:.40}",
+                               "use system, user or assistant")
         if isinstance(content, str) or content is None:
             out.append({**m, "content": content or ""})
             continue
@@ -80,20 +141,39 @@ def split_messages(messages: list, use_audio_in_video: bool = False) -> tuple[li
             what = f"messages[{i}].content[{j}]"
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "text":
+                if not isinstance(part.get("text", ""), str):
+                    raise InvalidInput(f"{what}.text must be a string", f"got {type(part['text']).__name__}", "")
                 parts.append({"type": "text", "text": part.get("text", "")})
             elif kind == "input_audio":
                 spec = part.get("input_audio") or {}
-                media.append(_media("audio", _b64(spec.get("data", ""), f"{what}.input_audio.data"), what))
+                if not isinstance(spec, dict) or not isinstance(spec.get("data"), str):
+                    raise InvalidInput(f"{what}.input_audio needs data, a base64 string", f"got {spec!r:.80}",
+                                       "send {\"data\": BASE64, \"format\": \"wav\"}")
+                media.append(_media("audio", _b64(spec["data"], f"{what}.input_audio.data"), what, limits=limits))
                 parts.append({"type": "audio"})
             elif kind in URL_KEYS:
-                media.append(_media(URL_KEYS[kind], _url((part.get(kind) or {}).get("url"), URL_KEYS[kind], f"{what}.{kind}"),
-                                    what, part.get("fps"), use_audio_in_video))
+                spec = part.get(kind)
+                if not isinstance(spec, dict):
+                    raise InvalidInput(f"{what}.{kind} must be an object {{url}}", f"got {spec!r:.80}", "send {\"url\": ...}")
+                media.append(_media(URL_KEYS[kind], _url(spec.get("url"), URL_KEYS[kind], f"{what}.{kind}", sources),
+                                    what, _fps(part.get("fps"), what), use_audio_in_video, limits))
                 parts.append({"type": URL_KEYS[kind]})
             elif kind in ("audio", "image", "video") and "path" in part:
-                media.append(_media(kind, str(Path(part["path"])), what, part.get("fps"), use_audio_in_video))
+                if not isinstance(part["path"], str) or not part["path"]:
+                    raise InvalidInput(f"{what}.path must be a non-empty string", f"got {part['path']!r:.80}", "")
+                media.append(_media(kind, sources.read(part["path"], f"{what}.path"), what, _fps(part.get("fps"), what),
+                                    use_audio_in_video, limits))
                 parts.append({"type": kind})
             else:
                 raise InvalidInput(f"{what} has type {kind!r}", "parts: text, input_audio, image_url, video_url "
                                    "(or audio/image/video with a path, offline)", "send one of those")
         out.append({**m, "content": parts})
     return out, media
+
+
+def _fps(fps, what: str) -> float | None:
+    if fps is None:
+        return None
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)):
+        raise InvalidInput(f"{what}.fps must be a number", f"got {fps!r:.40}", "send frames a second, e.g. 2")
+    return float(fps)

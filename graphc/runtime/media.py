@@ -24,8 +24,10 @@ def _source(data: bytes | str | Path):
     return io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else str(data)
 
 
-def load_audio(data: bytes | str | Path, sample_rate: int = 16_000, max_seconds: float | None = None) -> np.ndarray:
-    """Decode, downmix and resample: float32 [n] at `sample_rate`."""
+def load_audio(data: bytes | str | Path, sample_rate: int = 16_000, max_seconds: float | None = None,
+               why: str = "") -> np.ndarray:
+    """Decode, downmix and resample: float32 [n] at `sample_rate`. Longer than max_seconds (read from the
+    header) is refused undecoded, the refusal saying `why` that is the limit."""
     import soundfile as sf
     import soxr
 
@@ -35,8 +37,8 @@ def load_audio(data: bytes | str | Path, sample_rate: int = 16_000, max_seconds:
         raise MediaError(f"the audio does not decode: {e}; send WAV, FLAC, OGG or MP3") from e
     seconds = info.frames / info.samplerate if info.samplerate else 0.0
     if max_seconds is not None and seconds > max_seconds:
-        raise MediaError(f"the audio is {seconds:.1f} s long, at most {max_seconds:.1f} s is allowed; "
-                         "send a shorter clip or split it")
+        raise MediaError(f"the audio is {seconds:.1f} s long, at most {max_seconds:.1f} s is allowed"
+                         f"{f' ({why})' if why else ''}; send a shorter clip or split it")
     try:
         wave, rate = sf.read(_source(data), dtype="float32", always_2d=True)
     except Exception as e:
@@ -59,7 +61,10 @@ def load_image(data: bytes | str | Path, max_pixels: int = MAX_IMAGE_PIXELS):
 
     try:
         img = Image.open(_source(data))
-    except (UnidentifiedImageError, OSError) as e:
+    except Image.DecompressionBombError as e:       # Pillow's own bound (twice its 89 M pixels) met at open
+        raise MediaError(f"the image is too large to open ({e}); at most {max_pixels:,} pixels are allowed; "
+                         "send it smaller") from e
+    except (UnidentifiedImageError, OSError, ValueError) as e:
         raise MediaError(f"the image does not decode: {e}; send PNG, JPEG, WebP, GIF or BMP") from e
     w, h = img.size
     if w * h > max_pixels:
@@ -67,7 +72,7 @@ def load_image(data: bytes | str | Path, max_pixels: int = MAX_IMAGE_PIXELS):
                          "send it smaller (the model sees at most a few megapixels anyway)")
     try:
         img = ImageOps.exif_transpose(img).convert("RGB")
-    except (OSError, ValueError) as e:          # truncated or corrupt pixel data
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:   # truncated or corrupt pixels
         raise MediaError(f"the image does not decode: {e}; send the whole file") from e
     return torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).reshape(img.height, img.width, 3).permute(
         2, 0, 1).contiguous()
@@ -75,6 +80,7 @@ def load_image(data: bytes | str | Path, max_pixels: int = MAX_IMAGE_PIXELS):
 
 VIDEO_FPS = 2.0          # frames a second taken from a video (Qwen's processors' default)
 MAX_VIDEO_FRAMES = 768
+MAX_VIDEO_BYTES = 2 << 30    # the decoded RGB frames one video may hold (2 GiB)
 
 
 def _open_av(data: bytes | str | Path):
@@ -88,10 +94,12 @@ def _open_av(data: bytes | str | Path):
 
 
 def load_video(data: bytes | str | Path, fps: float | None = None, max_frames: int = MAX_VIDEO_FRAMES,
-               max_pixels: int = MAX_IMAGE_PIXELS):
+               max_pixels: int = MAX_IMAGE_PIXELS, why: str = ""):
     """Decode with PyAV and sample `fps` frames a second (default 2): (uint8 [F, 3, H, W] RGB, fps).
     Frames are taken at the stream times nearest k / fps; an even count (two frames make one temporal
-    patch) is kept by repeating the last when needed. video_audio() reads the same file's sound."""
+    patch) is kept by repeating the last when needed. video_audio() reads the same file's sound. More than
+    max_frames (or than MAX_VIDEO_BYTES of decoded frames hold) is refused, from the header's duration
+    when it has one, the refusal saying `why` that is the limit."""
     import av
     import torch
 
@@ -105,6 +113,14 @@ def load_video(data: bytes | str | Path, fps: float | None = None, max_frames: i
         w, h = stream.codec_context.width, stream.codec_context.height
         if w * h > max_pixels:
             raise MediaError(f"the video is {w} x {h}, over {max_pixels:,} pixels a frame; send it smaller")
+        if w * h and max_frames * 3 * w * h > MAX_VIDEO_BYTES:     # what the decoded frames may hold
+            max_frames = max(MAX_VIDEO_BYTES // (3 * w * h), 2)
+        seconds = float(stream.duration * stream.time_base) if stream.duration and stream.time_base else \
+            (container.duration / 1e6 if container.duration else None)
+        if seconds is not None and int(seconds * fps) > max_frames + 1:      # from the header: refused undecoded
+            raise MediaError(f"the video is {seconds:.1f} s long: {int(seconds * fps)} frames at {fps:g} fps, "
+                             f"at most {max_frames} are taken of a {w} x {h} video{f' ({why})' if why else ''}; "
+                             "send a shorter clip or a lower fps")
         frames, next_t = [], 0.0
         try:
             for frame in container.decode(stream):
@@ -113,8 +129,8 @@ def load_video(data: bytes | str | Path, fps: float | None = None, max_frames: i
                     frames.append(torch.from_numpy(frame.to_ndarray(format="rgb24")).permute(2, 0, 1))
                     next_t += 1.0 / fps
                     if len(frames) > max_frames:
-                        raise MediaError(f"the video gives more than {max_frames} frames at {fps} fps; "
-                                         "send a shorter clip or a lower fps")
+                        raise MediaError(f"the video gives more than {max_frames} frames at {fps} fps"
+                                         f"{f' ({why})' if why else ''}; send a shorter clip or a lower fps")
         except av.error.FFmpegError as e:
             raise MediaError(f"the video does not decode: {e}; send the whole file") from e
     if not frames:
@@ -124,7 +140,8 @@ def load_video(data: bytes | str | Path, fps: float | None = None, max_frames: i
     return torch.stack(frames), fps
 
 
-def video_audio(data: bytes | str | Path, sample_rate: int = 16_000, max_seconds: float | None = None) -> np.ndarray:
+def video_audio(data: bytes | str | Path, sample_rate: int = 16_000, max_seconds: float | None = None,
+                why: str = "") -> np.ndarray:
     """A video file's first audio stream, decoded with PyAV, channels averaged, resampled with soxr:
     float32 [n] at `sample_rate` (what Qwen3-Omni hears with use_audio_in_video)."""
     import av
@@ -150,7 +167,8 @@ def video_audio(data: bytes | str | Path, sample_rate: int = 16_000, max_seconds
             raise MediaError(f"the video's audio does not decode: {e}") from e
     wave = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
     if max_seconds is not None and wave.size > max_seconds * rate:
-        raise MediaError(f"the video's audio is {wave.size / rate:.1f} s, at most {max_seconds:g} s are allowed")
+        raise MediaError(f"the video's audio is {wave.size / rate:.1f} s, at most {max_seconds:g} s are allowed"
+                         f"{f' ({why})' if why else ''}")
     if wave.size <= 200 * rate / sample_rate:
         raise MediaError("the video's audio is too short to hear (at most 12.5 ms)")
     return soxr.resample(wave, rate, sample_rate, quality="HQ").astype(np.float32) if rate != sample_rate else wave

@@ -12,8 +12,8 @@ install() adds them (and POST /v1/audio/transcriptions, graphc/runtime/transcrib
                  graphc_preemptions_total: the engine's stats(), read when scraped
   access log     one JSON line per HTTP request on the `graphc.access` logger: method, path, status,
                  duration_ms, request_id (the X-Request-Id header, when sent) and client
-  api key        every /v1/* route wants `Authorization: Bearer KEY`, else 401 in OpenAI's error body
-                 (code invalid_api_key); /health and /metrics stay open
+  api key        every route but /health wants `Authorization: Bearer KEY` (/metrics, /openapi.json and
+                 /docs too), else 401 in OpenAI's error body (code invalid_api_key); /health stays open
 
 The metrics see requests through the Driver's observers, called in the engine thread with each Event
 (and with a finished Event when a client's abort frees a request). Scrapes only read the engine.
@@ -147,14 +147,15 @@ class AccessLog:
 
 
 class ApiKey:
-    """ASGI middleware: /v1/* wants `Authorization: Bearer KEY`; a 401 in OpenAI's body otherwise."""
+    """ASGI middleware: every route but /health wants `Authorization: Bearer KEY`; a 401 in OpenAI's body
+    otherwise."""
 
     def __init__(self, app, key: str):
         self.app, self.key = app, key.encode()
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "")
-        if scope["type"] == "http" and (path == "/v1" or path.startswith("/v1/")):
+        if scope["type"] == "http" and path != "/health":
             auth = dict(scope.get("headers") or []).get(b"authorization", b"")
             scheme, _, token = auth.partition(b" ")
             if not auth:

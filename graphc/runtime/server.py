@@ -5,7 +5,12 @@ POST /v1/completions (stream or not), POST /v1/audio/speech, GET /v1/models, GET
 graphc/runtime/ops.py's /metrics and /v1/audio/transcriptions.
 One engine thread steps the engine; handlers hand it requests through a queue and read their tokens
 from per-request asyncio queues. Request bodies are strict (unknown fields are refused); errors use
-OpenAI's body {"error": {message, type, param, code}}.
+OpenAI's body {"error": {message, type, param, code}}. Media parts are decoded in the handlers (a thread
+pool), never in the engine's thread, and bounded by what the plan's prompts can hold.
+
+Saturation: requests wait for the engine in order of arrival; at most `max_waiting` may wait (default:
+8 times the sequences the decode walk runs at once), beyond that a request is refused at once with 429
+and Retry-After (the seconds in which, at the rate requests have been finishing, one leaves the queue).
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from graphc.errors import InvalidInput
 from graphc.runtime.engine import Engine, Event
+from graphc.runtime.inputs import Sources
 from graphc.runtime.sampler import MAX_TOP_LOGPROBS, SamplingParams
 from graphc.runtime.workers import WorkerDied
 from graphc.runtime.transcribe import DEFAULT_MAX_AUDIO_BYTES
@@ -118,23 +124,69 @@ def wrong_model(asked: str | None, served: str):
                  code="model_not_found")
 
 
+class QueueFull(Exception):
+    """More requests wait for the engine than the server queues: refused with 429 and Retry-After."""
+
+    def __init__(self, waiting: int, most: int, retry_after: int):
+        self.waiting, self.most, self.retry_after = waiting, most, retry_after
+        super().__init__(f"the server is full: {waiting} requests wait for the engine, at most {most} may; "
+                         f"retry after {retry_after} s, or start the server with a larger --max-waiting")
+
+
 class Driver:
     """The engine thread: adds submitted requests, steps while there is work, routes events. Observers
     (graphc/runtime/ops.py's metrics) are called in it with each Event, and with a finished one when an
     abort frees a request."""
 
-    def __init__(self, engine: Engine, on_death=None):
-        """on_death(WorkerDied): what ends the server when a device's worker died (default: exit 3)."""
+    RATE_WINDOW = 64          # the finished requests the Retry-After estimate looks at
+
+    def __init__(self, engine: Engine, on_death=None, max_waiting: int | None = None):
+        """on_death(WorkerDied): what ends the server when a device's worker died (default: exit 3);
+        max_waiting: the most requests waiting for the engine (default: 8 x the decode walk's sequences)."""
         self.engine = engine
         self.on_death = on_death or self._die
+        self.max_waiting = max_waiting if max_waiting is not None else 8 * engine.scheduler.max_running
+        if self.max_waiting < 1:
+            raise InvalidInput(f"max_waiting is {self.max_waiting}", "at least one request must be able to wait",
+                               "give --max-waiting 1 or more")
         self.observers: list = []
         self.inbox: queue.Queue = queue.Queue()
+        self.pending = 0                  # submitted, not yet taken by the engine thread
+        self.lock = threading.Lock()
+        self.finished: list[float] = []   # monotonic times of the last RATE_WINDOW finished requests
         self.wake = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="graphc-engine", daemon=True)
         self.thread.start()
 
+    def waiting(self) -> int:
+        """Requests submitted and not yet running: the server's queue."""
+        return self.pending + len(self.engine.scheduler.waiting)
+
+    def retry_after(self) -> int:
+        """Seconds in which one waiting request should leave the queue, at the rate they have been finishing."""
+        with self.lock:
+            done = list(self.finished)
+        if len(done) < 2 or done[-1] <= done[0]:
+            return 1
+        per = (done[-1] - done[0]) / (len(done) - 1)
+        return max(1, min(60, int(per + 0.999)))
+
+    def admit(self) -> None:
+        """Raise QueueFull when the queue is full (the server checks before it decodes any media)."""
+        waiting = self.waiting()
+        if waiting >= self.max_waiting:
+            raise QueueFull(waiting, self.max_waiting, self.retry_after())
+
     def submit(self, loop, kwargs: dict) -> tuple[asyncio.Future, asyncio.Queue]:
+        """Hand a request to the engine thread; the future fails at once with QueueFull when the queue is full."""
         fut, events = loop.create_future(), asyncio.Queue()
+        with self.lock:
+            try:
+                self.admit()
+            except QueueFull as e:
+                fut.set_exception(e)
+                return fut, events
+            self.pending += 1
         self.inbox.put(("add", loop, kwargs, fut, events))
         self.wake.set()
         return fut, events
@@ -172,6 +224,9 @@ class Driver:
                     loop.call_soon_threadsafe(_settle, fut, req, None)
                 except Exception as e:            # refused: InvalidInput with the numbers, or a bad input
                     loop.call_soon_threadsafe(_settle, fut, None, e)
+                finally:
+                    with self.lock:
+                        self.pending -= 1
             if not self.engine.has_work():
                 self.wake.wait(0.05)
                 self.wake.clear()
@@ -183,6 +238,9 @@ class Driver:
             except WorkerDied as e:              # a device's worker died: fail what is in flight, then exit
                 events, dead = e.events, e
             for ev in events:
+                if ev.finished:
+                    with self.lock:
+                        self.finished = self.finished[-(self.RATE_WINDOW - 1):] + [time.monotonic()]
                 self._observe(ev)
                 if ev.request.user is None:       # added to the engine directly, not through this server
                     continue
@@ -206,19 +264,51 @@ def _settle(fut: asyncio.Future, value, exc) -> None:
         fut.set_exception(exc) if exc is not None else fut.set_result(value)
 
 
+def refusal(e: Exception):
+    """The error response of a request the server or engine refused: 429 when the queue is full, 400
+    for what the request asked; None for anything else (a fault, raised on)."""
+    if isinstance(e, QueueFull):
+        r = error(429, str(e), kind="requests", code="rate_limit_exceeded")
+        r.headers["Retry-After"] = str(e.retry_after)
+        return r
+    if isinstance(e, InvalidInput):
+        return error(400, str(e), param=e.param)
+    if isinstance(e, ValueError):
+        return error(400, str(e))
+    return None
+
+
+async def submitted(driver: Driver, kwargs: dict):
+    """((request, its events), None) once the engine took it, or (None, the refusal's response)."""
+    fut, events = driver.submit(asyncio.get_running_loop(), kwargs)
+    try:
+        return (await fut, events), None
+    except Exception as e:
+        bad = refusal(e)
+        if bad is None:
+            raise
+        return None, bad
+
+
 def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = None, access_log: bool = False,
-              max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES, on_death=None):
-    """api_key: /v1/* wants it as a bearer token; access_log: a JSON line a request on `graphc.access`;
-    max_audio_bytes: the largest transcription upload (graphc/runtime/ops.py, transcribe.py); on_death:
-    Driver's."""
+              max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES, on_death=None, max_waiting: int | None = None,
+              sources: Sources = Sources(paths=False)):
+    """api_key: every route but /health wants it as a bearer token; access_log: a JSON line a request on
+    `graphc.access`; max_audio_bytes: the largest transcription upload (graphc/runtime/ops.py,
+    transcribe.py); on_death: Driver's; max_waiting: the queue's bound (Driver's); sources: where media
+    parts may be read from (default: their bytes only, no file and no URL)."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import StreamingResponse
+    from starlette.concurrency import run_in_threadpool
+
+    from graphc.runtime.inputs import split_messages
 
     model_name = name or engine.plan.model.name
     app = FastAPI(title="graphc", version="1")
-    driver = Driver(engine, on_death)
+    driver = Driver(engine, on_death, max_waiting)
     app.state.driver = driver
+    limits = engine.media_limits()
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req, exc: RequestValidationError):
@@ -259,15 +349,19 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
         return None
 
     async def start(kwargs: dict):
-        loop = asyncio.get_running_loop()
-        fut, events = driver.submit(loop, kwargs)
+        return await submitted(driver, kwargs)
+
+    async def parse(body: ChatBody):
+        """The messages and their decoded media (in a worker thread), or a refusal: 429 before any
+        decoding when the queue is full."""
         try:
-            req = await fut
-        except InvalidInput as e:
-            return None, error(400, str(e), param=e.param)
-        except ValueError as e:
-            return None, error(400, str(e))
-        return (req, events), None
+            driver.admit()
+            return await run_in_threadpool(split_messages, body.messages, body.use_audio_in_video, sources, limits), None
+        except Exception as e:
+            bad = refusal(e)
+            if bad is None:
+                raise
+            return None, bad
 
     async def collect(req, events) -> list[Event]:
         out = []
@@ -388,9 +482,13 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
             params = body.params(logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0, **extra)
         except ValidationError as e:
             return error(400, str(e.errors()[0]["msg"]))
+        parsed, bad = await parse(body)
+        if bad is not None:
+            return bad
+        messages, media = parsed
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        done = await answer(True, rid, body, dict(messages=body.messages, params=params, request_id=rid,
-                                                  use_audio_in_video=body.use_audio_in_video, speech=speech),
+        done = await answer(True, rid, body, dict(messages=messages, media=media, split=True, params=params,
+                                                  request_id=rid, speech=speech),
                             audio=body.audio.format if speak else None)
         if not isinstance(done, tuple):
             return done
@@ -509,8 +607,8 @@ def _sse(obj: dict) -> str:
 
 
 def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, api_key: str | None = None,
-          access_log: bool = False, max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES,
-          exit_on_death: bool = True) -> WorkerDied | None:
+          access_log: bool = False, max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES, max_waiting: int | None = None,
+          media_dir: str | None = None, media_urls: bool = False, exit_on_death: bool = True) -> WorkerDied | None:
     """Serve until stopped. A device's worker that dies ends it: the process exits with code 3 a moment
     after the requests in flight got their error, or, with exit_on_death=False (graphc run --ray: the
     server runs in a Ray actor), the server stops and the WorkerDied is returned."""
@@ -524,10 +622,27 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, api_key:
         threading.Timer(1.0, setattr, (server, "should_exit", True)).start()     # a moment to send the errors
 
     app = build_app(engine, api_key=api_key, access_log=access_log, max_audio_bytes=max_audio_bytes,
-                    on_death=None if exit_on_death else stop)
+                    on_death=None if exit_on_death else stop, max_waiting=max_waiting,
+                    sources=media_sources(media_dir, media_urls))
     if access_log:
         from graphc.runtime.ops import access_log_to_stderr
         access_log_to_stderr()
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     server.run()
     return died[0] if died else None
+
+
+def media_sources(media_dir: str | None, media_urls: bool) -> Sources:
+    """graphc run's --media-dir and --media-urls as inputs.Sources (neither: a request's own bytes only)."""
+    from pathlib import Path
+
+    paths: bool | Path = False
+    if media_dir is not None:
+        paths = Path(media_dir).resolve()
+        if not paths.is_dir():
+            raise InvalidInput(f"--media-dir {media_dir} is not a folder", "", "name an existing folder")
+    fetch = None
+    if media_urls:
+        from graphc.runtime.fetch import Fetcher
+        fetch = Fetcher()
+    return Sources(paths=paths, urls=fetch)

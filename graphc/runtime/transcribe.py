@@ -32,7 +32,6 @@ Streamed: `transcript.text.delta` events, then one `transcript.text.done` with t
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 import zlib
@@ -190,7 +189,7 @@ def register(app, engine, driver, model_name: str, max_audio_bytes: int = DEFAUL
     from graphc.runtime.host import Media
     from graphc.runtime.media import MediaError, load_audio
     from graphc.runtime.sampler import SamplingParams
-    from graphc.runtime.server import error, wrong_model
+    from graphc.runtime.server import error, refusal, submitted, wrong_model
 
     asr = is_qwen3_asr(engine)
 
@@ -211,13 +210,7 @@ def register(app, engine, driver, model_name: str, max_audio_bytes: int = DEFAUL
         parser = MultiPartParser(request.headers, counted(), max_files=1, max_fields=len(FIELDS) + 8)
         return await parser.parse()
 
-    async def submit(kwargs: dict):
-        """The request and its events, or an error response (the engine's refusal)."""
-        fut, events = driver.submit(asyncio.get_running_loop(), kwargs)
-        try:
-            return (await fut, events), None
-        except (InvalidInput, ValueError) as e:
-            return None, error(400, str(e))
+    limits = engine.media_limits()
 
     def usage(req) -> dict:
         audio = sum(len(p.rows) for m in req.prompt.media for p in m.pieces)
@@ -298,15 +291,20 @@ def register(app, engine, driver, model_name: str, max_audio_bytes: int = DEFAUL
         if len(data) > max_audio_bytes:
             return too_large()
         try:
-            wave = await run_in_threadpool(load_audio, data, SAMPLE_RATE)
+            driver.admit()                 # a full queue refuses before the audio is decoded
+            wave = await run_in_threadpool(load_audio, data, SAMPLE_RATE, limits.audio_seconds, limits.why)
         except MediaError as e:
             return error(400, f"file: {e}", param="file")
+        except Exception as e:
+            if (bad := refusal(e)) is None:
+                raise
+            return bad
         duration = len(wave) / SAMPLE_RATE
         prompt = build_prompt(engine.template, asr, fields.get("prompt", ""), language)
         params = SamplingParams(temperature=temperature, logprobs=fmt == "verbose_json",
                                 max_tokens=output_cap(prompt, duration, engine.executor.kv_spec.max_seq_len))
         rid = f"trsc-{uuid.uuid4().hex}"
-        started, bad = await submit(dict(prompt=prompt, media=[Media("audio", wave)], params=params, request_id=rid))
+        started, bad = await submitted(driver, dict(prompt=prompt, media=[Media("audio", wave)], params=params, request_id=rid))
         if bad is not None:
             return bad
         req, events = started

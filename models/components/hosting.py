@@ -15,7 +15,7 @@ import torch
 from graphc.declare import Model
 from graphc.errors import InvalidInput
 from graphc.runtime.host import EncodeBatch, Host, Media, MediaItem, Piece, Prompt, expand_placeholders
-from models.components.audio_inputs import SAMPLE_RATE, log_mel, num_tokens, pack_audios
+from models.components.audio_inputs import HOP_LENGTH, SAMPLE_RATE, log_mel, num_tokens, pack_audios
 from models.components.aut import AuTConfig
 from models.components.mrope import MediaTokens, rope_index
 from models.components.vision import VisionConfig
@@ -60,6 +60,18 @@ class AudioVisualHost(Host):
             self.token_of["image"] = media.image_token_id
         if encoders.video:
             self.token_of["video"] = media.video_token_id
+
+    def media_limits(self, max_rows: int) -> tuple[float | None, int | None]:
+        """Audio: one chunk more than max_rows' worth of full chunks (each chunk_frames mel frames, 100 a
+        second, gives chunk_tokens rows). Video: a temporal patch gives at least video_min_pixels / factor^2
+        rows (smart_resize keeps the area at least that); half of it is counted, to stay on the safe side."""
+        seconds = frames = None
+        if self.encoders.audio:
+            seconds = (max_rows // self.aut.chunk_tokens + 1) * self.aut.chunk_frames * HOP_LENGTH / SAMPLE_RATE
+        if self.encoders.video:
+            least = max(self.vision.video_min_pixels // self.vision.factor ** 2 // 2, 1)
+            frames = self.vision.temporal_patch_size * (max_rows // least + 1)
+        return seconds, frames
 
     # ---- prompt rows
     def _mel(self, wave) -> tuple[torch.Tensor, int]:

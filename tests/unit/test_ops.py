@@ -1,5 +1,5 @@
 """graphc run's server in operation, on a tiny Qwen3-ASR checkpoint: /metrics counts requests by kind and
-how they ended and shows the engine's steps, the API key guards /v1/* only, the access log writes one
+how they ended and shows the engine's steps, the API key guards every route but /health, the access log writes one
 JSON line a request, and `graphc run` passes its flags (and GRAPHC_API_KEY) on."""
 import base64
 import json
@@ -40,10 +40,10 @@ def get(port: int, path: str, headers: dict | None = None) -> tuple[int, bytes]:
 
 
 def scrape(port: int) -> dict:
-    """/metrics as {(name, sorted labels): value} (no key needed)."""
+    """/metrics as {(name, sorted labels): value}."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    status, text = get(port, "/metrics")
+    status, text = get(port, "/metrics", {"Authorization": "Bearer " + KEY})
     assert status == 200
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for fam in text_string_to_metric_families(text.decode()) for s in fam.samples}
@@ -90,7 +90,7 @@ def test_metrics_count_requests_by_kind_and_end_and_show_the_engines_steps(serve
     assert after[("graphc_kv_pages_used", ())] == 0
 
 
-def test_the_api_key_guards_v1_only(served):
+def test_the_api_key_guards_every_route_but_health(served):
     port, c, name = served["port"], served["client"], served["engine"].plan.model.name
     status, body = get(port, "/v1/models")
     err = json.loads(body)["error"]
@@ -102,7 +102,10 @@ def test_the_api_key_guards_v1_only(served):
         wrong.audio.transcriptions.create(model=name, file=open(served["dir"] / "ckpt" / "sample.wav", "rb"))
     assert e.value.status_code == 401 and e.value.body["code"] == "invalid_api_key"
     assert [m.id for m in c.models.list()] == [name]
-    assert get(port, "/health")[0] == 200 and get(port, "/metrics")[0] == 200
+    assert get(port, "/health")[0] == 200
+    for path in ("/metrics", "/openapi.json", "/docs", "/nowhere", "/health/", "/v1"):
+        assert get(port, path)[0] == 401, path
+    assert get(port, "/openapi.json", {"Authorization": "Bearer " + KEY})[0] == 200
 
 
 def test_the_access_log_writes_one_json_line_a_request(served, caplog):
@@ -158,9 +161,15 @@ def test_graphc_run_passes_its_flags_and_the_env_key(served, monkeypatch):
     plan = str(served["dir"] / "p.plan")
     monkeypatch.setenv("GRAPHC_API_KEY", "from-env")
     assert main(["run", plan]) == 0
-    assert calls[-2:] == [{"api_key": "from-env", "access_log": False, "max_audio_bytes": 25 * 1024 * 1024}, "closed"]
-    assert main(["run", plan, "--api-key", "flag", "--access-log", "--max-upload-mb", "1.5"]) == 0
-    assert calls[-2] == {"api_key": "flag", "access_log": True, "max_audio_bytes": 1536 * 1024}
+    defaults = {"max_waiting": None, "media_dir": None, "media_urls": False}
+    assert calls[-2:] == [{"api_key": "from-env", "access_log": False, "max_audio_bytes": 25 * 1024 * 1024,
+                           **defaults}, "closed"]
+    assert main(["run", plan, "--api-key", "flag", "--access-log", "--max-upload-mb", "1.5", "--max-waiting", "7",
+                 "--media-dir", str(served["dir"]), "--media-urls"]) == 0
+    assert calls[-2] == {"api_key": "flag", "access_log": True, "max_audio_bytes": 1536 * 1024, "max_waiting": 7,
+                         "media_dir": str(served["dir"]), "media_urls": True}
     monkeypatch.delenv("GRAPHC_API_KEY")
     assert main(["run", plan]) == 0 and calls[-2]["api_key"] is None
     assert main(["run", plan, "--max-upload-mb", "0"]) == 2 and len(calls) == 6
+    assert main(["run", plan, "--max-waiting", "0"]) == 2 and len(calls) == 6
+    assert main(["run", plan, "--media-dir", str(served["dir"] / "nope")]) == 2 and len(calls) == 6
