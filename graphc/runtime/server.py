@@ -152,7 +152,7 @@ class Driver:
         self.observers: list = []
         self.inbox: queue.Queue = queue.Queue()
         self.pending = 0                  # submitted, not yet taken by the engine thread
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()      # submit() holds it while admit() reads the finishing rate
         self.finished: list[float] = []   # monotonic times of the last RATE_WINDOW finished requests
         self.wake = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="graphc-engine", daemon=True)

@@ -1,0 +1,104 @@
+"""Saturation (issue 15): four times more requests than the tiny plan's pools can hold at once are queued
+and served, each kind in order of arrival, none hangs; the bounded queue refuses the rest at once with
+429, OpenAI's body and Retry-After. The engine's first step is held until every request has been sent,
+so which are queued and which refused does not depend on how fast the engine runs."""
+import base64
+import json
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from urllib.error import HTTPError
+
+import pytest
+
+from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
+from graphc.cli import main
+from graphc.runtime.engine import Engine
+from tests.unit.loopback import serve
+
+PROMPT = "hello world, how are you today?"
+MAX_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    d = tmp_path_factory.mktemp("saturation")
+    save(omni_model(build_tokenizer()), build_tokenizer(), d / "ckpt")
+    assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu",
+                 "-o", str(d / "p.plan"), "-q"]) == 0
+    return d
+
+
+def body(i: int, audio: str) -> dict:
+    """Even i: text; odd i: audio and text (two kinds, t2t and a2t)."""
+    content = PROMPT if i % 2 == 0 else [{"type": "input_audio", "input_audio": {"data": audio, "format": "wav"}},
+                                         {"type": "text", "text": PROMPT}]
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": MAX_TOKENS, "temperature": 0,
+            "ignore_eos": True, "user": str(i)}
+
+
+def test_four_times_what_the_pools_hold_is_served_in_order_and_the_rest_refused(plan, leak_oracle, tmp_path):
+    import numpy as np
+    import soundfile as sf
+
+    engine = leak_oracle.watch(Engine(plan / "p.plan", checkpoint=plan / "ckpt"))
+    s = engine.scheduler
+    wave = (0.2 * np.sin(np.arange(16000) / 16000 * 2 * np.pi * 220)).astype(np.float32)
+    sf.write(tmp_path / "a.wav", wave, 16000)
+    audio = base64.b64encode((tmp_path / "a.wav").read_bytes()).decode()
+    rows = len(engine.add(messages=body(1, audio)["messages"], request_id="probe").prompt.ids) + MAX_TOKENS
+    engine.abort("probe")
+    hold = min(s.max_running, s.capacity // s.kv.pages_for(rows))       # requests the pools hold at once
+    queued, extra = 4 * hold, 6
+    go = threading.Event()
+    step = engine.step
+
+    def held_step():
+        go.wait(60)
+        return step()
+    engine.step = held_step
+    order = []
+    server, port = serve(engine, max_waiting=queued)
+    server.config.app.state.driver.observers.append(
+        lambda ev: ev.finished and order.append((ev.request.kind, ev.request.arrival, ev.request.times.get("first_token"))))
+
+    def one(i):
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body(i, audio)).encode(),
+                                     {"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, json.loads(r.read()), dict(r.headers)
+        except HTTPError as e:
+            return e.code, json.loads(e.read()), dict(e.headers)
+
+    driver = server.config.app.state.driver
+    try:
+        with ThreadPoolExecutor(queued + extra) as pool:
+            futures = [pool.submit(one, i) for i in range(queued + extra)]
+            t = time.monotonic()
+            while time.monotonic() - t < 60:              # every request queued or answered, the engine held
+                if driver.waiting() + sum(f.done() for f in futures) == queued + extra:
+                    break
+                time.sleep(0.05)
+            go.set()
+            answers = [f.result(timeout=120) for f in futures]           # none hangs
+    finally:
+        go.set()
+        server.should_exit = True
+    codes = sorted(code for code, _, _ in answers)
+    assert codes == [200] * queued + [429] * extra
+    for code, out, headers in answers:
+        if code == 429:
+            err = out["error"]
+            assert err["code"] == "rate_limit_exceeded" and err["type"] == "requests"
+            assert f"at most {queued} may" in err["message"] and "--max-waiting" in err["message"]
+            assert int({k.lower(): v for k, v in headers.items()}["retry-after"]) >= 1
+        else:
+            assert out["usage"]["completion_tokens"] == MAX_TOKENS and out["choices"][0]["finish_reason"] == "length"
+    assert len(order) == queued
+    for kind in ("t2t", "a2t"):
+        mine = sorted((arrival, first) for k, arrival, first in order if k == kind)
+        assert len(mine) >= hold
+        firsts = [first for _, first in mine]
+        assert firsts == sorted(firsts), f"{kind} requests did not start in order of arrival"
