@@ -65,7 +65,7 @@ class Body(BaseModel):
                  if k in SamplingParams.model_fields}
         if isinstance(given.get("stop"), str):
             given["stop"] = [given["stop"]]
-        return SamplingParams(**given, **extra)
+        return SamplingParams(**(given | extra))        # max_completion_tokens over a max_tokens sent as null
 
 
 class AudioOut(BaseModel):
@@ -319,6 +319,23 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
                               f"{first.get('loc', ('body', '?'))[-1]})", param=None)
         loc = ".".join(str(x) for x in first.get("loc", ())[1:])
         return error(400, f"{loc or 'body'}: {first.get('msg', 'invalid')}", param=loc or None)
+
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(HTTPException)
+    async def _http(_req, exc: HTTPException):
+        """Starlette's own refusals (a body that does not parse, no such route, a method not allowed) in
+        OpenAI's body, not FastAPI's {"detail": ...}."""
+        message = str(exc.detail)
+        if exc.status_code == 400 and "parsing the body" in message:
+            message = "the body could not be read: send JSON in UTF-8 (Content-Type: application/json)"
+        elif exc.status_code == 404:
+            message = "no such route: this server answers /v1/chat/completions, /v1/completions, /v1/audio/speech, " \
+                      "/v1/audio/transcriptions, /v1/models, /health and /metrics"
+        r = error(exc.status_code, message, code="not_found" if exc.status_code == 404 else None)
+        for k, v in (exc.headers or {}).items():
+            r.headers[k] = v
+        return r
 
     max_body = max_audio_bytes * 4 // 3 + (1 << 20)        # base64 media parts in JSON, and the rest of the body
 
@@ -599,7 +616,65 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
 
     from graphc.runtime.ops import install
     install(app, engine, driver, model_name, api_key=api_key, access_log=access_log, max_audio_bytes=max_audio_bytes)
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            app.openapi_schema = document(get_openapi(title=app.title, version=app.version, routes=app.routes),
+                                          bool(api_key))
+        return app.openapi_schema
+    app.openapi = openapi
     return app
+
+
+ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+ERRORS = {"400": "the request is malformed or asks what the plan cannot serve (the message says which and why)",
+          "404": "the model named is not served here", "413": "the body is over the size limit",
+          "429": "the queue is full; Retry-After says when to try again",
+          "500": "the engine failed this request (a device's worker died)"}
+OBJECT = {"type": "object"}
+ANSWERS = {  # route -> (the JSON answer's required fields, further media types of a 200)
+    "/v1/chat/completions": (["id", "object", "created", "model", "choices"], ["text/event-stream"]),
+    "/v1/completions": (["id", "object", "created", "model", "choices"], ["text/event-stream"]),
+    "/v1/audio/speech": (None, ["text/event-stream", "audio/wav", "audio/pcm", "audio/flac", "audio/mpeg",
+                                "audio/ogg"]),
+    "/v1/models": (["object", "data"], []),
+    "/health": (["status", "running", "waiting", "free_pages", "pages"], []),
+}
+
+
+def document(schema: dict, keyed: bool) -> dict:
+    """FastAPI's schema of this app, told what the routes answer: OpenAI's error body for 400 (not
+    FastAPI's 422: validation errors are 400 here), 404, 413, 429 (with Retry-After) and 500; 401 on every
+    route but /health when an API key is set; the media types and required fields of a 200."""
+    for path, ops in schema.get("paths", {}).items():
+        for op in ops.values():
+            responses = op.setdefault("responses", {})
+            responses.pop("422", None)
+            required, media = ANSWERS.get(path, (None, []))
+            ok = responses.setdefault("200", {"description": "the answer"})
+            content = ok.setdefault("content", {})
+            if path == "/v1/audio/speech":
+                content.pop("application/json", None)
+            elif required:
+                content["application/json"] = {"schema": {**OBJECT, "required": required}}
+            for m in media:
+                content[m] = {"schema": {"type": "string"}}
+            if path in JSON_ROUTES:
+                for code, what in ERRORS.items():
+                    responses[code] = {"description": what, "content": {"application/json": {"schema": ERROR}}}
+                responses["429"]["headers"] = {"Retry-After": {"schema": {"type": "integer"},
+                                                               "description": "seconds"}}
+            if keyed and path != "/health":
+                responses["401"] = {"description": "no API key, or not this server's",
+                                    "content": {"application/json": {"schema": ERROR}}}
+    for name in ("HTTPValidationError", "ValidationError"):
+        schema.get("components", {}).get("schemas", {}).pop(name, None)
+    return schema
 
 
 def _sse(obj: dict) -> str:
