@@ -345,13 +345,18 @@ class Engine:
             return self._step()
         except WorkerDied as e:
             self.dead = str(e)
-            e.events = []                         # each request in flight, failed: for whoever streams it
-            for req in list(self.requests.values()):
-                if not req.closed:
-                    req.finish_reason, req.error = "error", f"WorkerDied: {e.what}"
-                    self._close(req)
-                    e.events.append(Event(req, [], "", True))
+            e.events = self.fail_all(f"WorkerDied: {e.what}")    # for whoever streams them
             raise
+
+    def fail_all(self, error: str) -> list[Event]:
+        """Fail every request in flight with `error` (the engine cannot go on): their finishing events."""
+        events = []
+        for req in list(self.requests.values()):
+            if not req.closed:
+                req.finish_reason, req.error = "error", error
+                self._close(req)
+                events.append(Event(req, [], "", True))
+        return events
 
     def _step(self) -> list[Event]:
         lanes = (self._thinker_step, self._talker_step, self._vocoder_step) if self.speech else (self._thinker_step,)
@@ -671,11 +676,19 @@ def parse_request(item: dict, index: int = 0) -> dict:
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as e:
+        raise InvalidInput(f"cannot read --requests {path}", str(e), "pass a JSONL file of requests") from None
+    except UnicodeDecodeError as e:
+        raise InvalidInput(f"--requests {path} is not a text file", f"byte {e.start} is not UTF-8",
+                           "pass a JSONL file of requests, one JSON object a line") from None
     out = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
                 out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise InvalidInput(f"{path}:{n} is not JSON", str(e), "write one JSON object a line") from None
+            except (ValueError, RecursionError) as e:   # not JSON, a 4301-digit int, or nested too deep
+                why = str(e).split(";")[0] if isinstance(e, ValueError) else "it nests deeper than a parser follows"
+                raise InvalidInput(f"{path}:{n} is not JSON", why, "write one JSON object a line") from None
     return out

@@ -124,6 +124,11 @@ def wrong_model(asked: str | None, served: str):
                  code="model_not_found")
 
 
+class EngineFailed(WorkerDied):
+    """The engine's own step raised (a bug, or the device failed): what was in flight is failed and the
+    server ends as when a device's worker died, rather than hang with requests nobody steps."""
+
+
 class QueueFull(Exception):
     """More requests wait for the engine than the server queues: refused with 429 and Retry-After."""
 
@@ -155,8 +160,17 @@ class Driver:
         self.lock = threading.RLock()      # submit() holds it while admit() reads the finishing rate
         self.finished: list[float] = []   # monotonic times of the last RATE_WINDOW finished requests
         self.wake = threading.Event()
+        self.stopping = False
         self.thread = threading.Thread(target=self._loop, name="graphc-engine", daemon=True)
         self.thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread after the step it is in (the server shuts down): the engine is then
+        its owner's again, to step or close."""
+        self.stopping = True
+        self.wake.set()
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout)
 
     def waiting(self) -> int:
         """Requests submitted and not yet running: the server's queue."""
@@ -209,7 +223,7 @@ class Driver:
             self._observe(Event(req, [], "", True))
 
     def _loop(self) -> None:
-        while True:
+        while not self.stopping:
             while True:
                 try:
                     item = self.inbox.get_nowait()
@@ -237,6 +251,11 @@ class Driver:
                 events = self.engine.step()
             except WorkerDied as e:              # a device's worker died: fail what is in flight, then exit
                 events, dead = e.events, e
+            except Exception as e:               # the step itself failed: the same, with its traceback logged
+                log.exception("graphc: the engine's step failed")
+                what = f"the engine's step failed ({type(e).__name__}: {e})"
+                events = self.engine.fail_all(what)
+                dead = EngineFailed(what, "the engine cannot go on", "see the log above; restart the server")
             for ev in events:
                 if ev.finished:
                     with self.lock:
@@ -308,6 +327,7 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
     app = FastAPI(title="graphc", version="1")
     driver = Driver(engine, on_death, max_waiting)
     app.state.driver = driver
+    app.router.on_shutdown.append(driver.close)
     limits = engine.media_limits()
 
     @app.exception_handler(RequestValidationError)

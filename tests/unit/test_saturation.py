@@ -102,3 +102,44 @@ def test_four_times_what_the_pools_hold_is_served_in_order_and_the_rest_refused(
         assert len(mine) >= hold
         firsts = [first for _, first in mine]
         assert firsts == sorted(firsts), f"{kind} requests did not start in order of arrival"
+
+
+def post(port: int, body: dict):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
+                                 {"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_failing_step_fails_what_is_in_flight_and_ends_the_server(plan, leak_oracle):
+    """A step that raises (a bug) must not leave the engine thread dead and its clients waiting forever."""
+    engine = leak_oracle.watch(Engine(plan / "p.plan", checkpoint=plan / "ckpt"))
+    step, died = engine._step, []
+
+    def broken():
+        if engine.scheduler.running:
+            raise RuntimeError("planted")
+        return step()
+    engine._step = broken
+    server, port = serve(engine, on_death=died.append)
+    try:
+        code, out = post(port, {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4})
+    finally:
+        server.should_exit = True
+    assert code == 500 and "the engine's step failed (RuntimeError: planted)" in out["error"]["message"]
+    assert out["error"]["type"] == "server_error"
+    assert len(died) == 1 and died[0].exit_code == 3
+
+
+def test_the_engine_thread_stops_with_the_server(plan):
+    engine = Engine(plan / "p.plan", checkpoint=plan / "ckpt")
+    server, port = serve(engine)
+    driver = server.config.app.state.driver
+    assert post(port, {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2})[0] == 200
+    server.should_exit = True
+    driver.thread.join(10)
+    assert not driver.thread.is_alive()          # the engine is its owner's again: nothing else steps it
+    assert engine.generate([{"prompt_token_ids": [5, 6, 7], "max_tokens": 2}])[0].finish_reason == "length"
