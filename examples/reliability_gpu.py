@@ -214,7 +214,7 @@ def saturation(engine, port, driver, reqs, max_tokens: int) -> dict:
 
     t0 = time.perf_counter()
     try:
-        with ThreadPoolExecutor(64) as pool:
+        with ThreadPoolExecutor(len(bodies)) as pool:          # every request in flight at once
             futures = [pool.submit(http, port, "/v1/completions", b, 600) for b in bodies]
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and driver.waiting() + sum(f.done() for f in futures) < len(bodies):
