@@ -22,3 +22,20 @@ def serve(engine, **app_kwargs):
             break
         time.sleep(0.05)
     return server, port
+
+
+def tiny_omni(d, speech: bool = False):
+    """A tiny Qwen3-Omni checkpoint (d/ckpt; with talker and Code2Wav when speech, its weights re-drawn so the
+    talker speaks) and its CPU plan (d/p.plan), as the server tests serve it: d."""
+    from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
+    from graphc.cli import main
+
+    tok = build_tokenizer()
+    hf = omni_model(tok, speech=speech)
+    if speech:
+        from tests.parity.weights import randomize
+        randomize(hf, seed=3)
+    save(hf, tok, d / "ckpt")
+    assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu",
+                 "-o", str(d / "p.plan"), "-q"]) == 0
+    return d

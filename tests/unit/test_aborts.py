@@ -18,13 +18,10 @@ import pytest
 import soundfile as sf
 from PIL import Image
 
-from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
-from graphc.cli import main
 from graphc.runtime.engine import Engine
 from graphc.runtime.sampler import SamplingParams
 from graphc.runtime.speech import SpeechParams
-from tests.parity.weights import randomize
-from tests.unit.loopback import serve
+from tests.unit.loopback import serve, tiny_omni
 
 openai = pytest.importorskip("openai")
 N, CANCELLED, MAX, FRAMES, SEED = 100, 10, 6, 12, 7
@@ -34,12 +31,7 @@ KINDS = ("t2t", "a2t", "i2t", "t2s")
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     d = tmp_path_factory.mktemp("aborts")
-    tok = build_tokenizer()
-    hf = omni_model(tok, speech=True)
-    randomize(hf, seed=3)
-    save(hf, tok, d / "ckpt")
-    assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu",
-                 "-o", str(d / "p.plan"), "-q"]) == 0
+    tiny_omni(d, speech=True)
     engine = Engine(d / "p.plan", checkpoint=d / "ckpt")
     ref = Engine(d / "p.plan", checkpoint=d / "ckpt")
     server, port = serve(engine, max_waiting=2 * N)

@@ -8,10 +8,8 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
-from graphc.cli import main
 from graphc.runtime.engine import Engine
-from tests.unit.loopback import serve
+from tests.unit.loopback import serve, tiny_omni
 
 schemathesis = pytest.importorskip("schemathesis")
 EXAMPLES = 50
@@ -20,9 +18,7 @@ EXAMPLES = 50
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
     d = tmp_path_factory.mktemp("fuzz")
-    save(omni_model(build_tokenizer()), build_tokenizer(), d / "ckpt")
-    assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu",
-                 "-o", str(d / "p.plan"), "-q"]) == 0
+    tiny_omni(d)
     engine = Engine(d / "p.plan", checkpoint=d / "ckpt")
     server, port = serve(engine)
     schema = schemathesis.openapi.from_url(f"http://127.0.0.1:{port}/openapi.json")

@@ -15,12 +15,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
-from graphc.cli import main
 from graphc.runtime.engine import Engine
 from graphc.runtime.inputs import Sources
 from tests.parity.test_engine import write_video
-from tests.unit.loopback import serve
+from tests.unit.loopback import serve, tiny_omni
 
 UPLOAD = 200_000                # the server's max_audio_bytes: its JSON bodies may be 200000 * 4/3 + 1 MiB
 
@@ -28,9 +26,7 @@ UPLOAD = 200_000                # the server's max_audio_bytes: its JSON bodies 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     d = tmp_path_factory.mktemp("hostile")
-    save(omni_model(build_tokenizer()), build_tokenizer(), d / "ckpt")
-    assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu",
-                 "-o", str(d / "p.plan"), "-q"]) == 0
+    tiny_omni(d)
     engine = Engine(d / "p.plan", checkpoint=d / "ckpt")
     media = d / "media"
     media.mkdir()

@@ -12,10 +12,8 @@ from urllib.error import HTTPError
 
 import pytest
 
-from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
-from graphc.cli import main
 from graphc.runtime.engine import Engine
-from tests.unit.loopback import serve
+from tests.unit.loopback import serve, tiny_omni
 
 PROMPT = "hello world, how are you today?"
 MAX_TOKENS = 6
@@ -24,9 +22,7 @@ MAX_TOKENS = 6
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
     d = tmp_path_factory.mktemp("saturation")
-    save(omni_model(build_tokenizer()), build_tokenizer(), d / "ckpt")
-    assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu",
-                 "-o", str(d / "p.plan"), "-q"]) == 0
+    tiny_omni(d)
     return d
 
 
