@@ -17,11 +17,17 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_INVALID)
 
 
+MAX_DEVICES = 1024      # placement search grows with the device count: 1024 plan in seconds, 10**5 never end
+
+
 def _bytes(text: str) -> int:
     try:
-        return parse_bytes(text)
+        n = parse_bytes(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not a size (e.g. 80GiB, 512MiB, 85000000000)") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"'{text}' is a negative size; sizes are bytes, 0 or more")
+    return n
 
 
 def _counts(text: str) -> list[int]:
@@ -31,6 +37,8 @@ def _counts(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a device count or a comma-separated list of them") from None
     if any(n < 1 for n in out) or len(set(out)) != len(out):
         raise argparse.ArgumentTypeError(f"{text!r}: device counts are positive and distinct")
+    if max(out) > MAX_DEVICES:
+        raise argparse.ArgumentTypeError(f"{text!r}: graphc plans at most {MAX_DEVICES} devices")
     return out
 
 
@@ -133,10 +141,9 @@ def cmd_plan(args) -> int:
               file=sys.stderr, end="")
         return EXIT_DOES_NOT_FIT
     out = args.output or f"{source.model.name}.{args.gpu}x{args.gpus}.plan"
-    compiled.plan.save(out)
+    _write(out, compiled.plan.to_yaml(), "-o")
     if args.html:
-        with open(args.html, "w") as f:
-            f.write(plan_html(compiled.plan))
+        _write(args.html, plan_html(compiled.plan), "--html")
     print(out if args.quiet else plan_summary(compiled.plan, out), end="" if not args.quiet else "\n")
     if not args.quiet:
         from graphc import memo
@@ -145,6 +152,15 @@ def cmd_plan(args) -> int:
         print(f"simulated steps: {traces.hits} of {len(traces)} read from the cache in {where}" if where else
               "simulated steps: the disk cache is off (GRAPHC_CACHE_DIR=off)", file=sys.stderr)
     return EXIT_FITS
+
+
+def _write(path: str, text: str, flag: str) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise InvalidInput(f"cannot write {flag} {path}", f"{type(e).__name__}: {e.strerror or e}",
+                           f"pass a writable file path to {flag}") from None
 
 
 def cheapest(rows: list[dict]) -> dict | None:
@@ -241,7 +257,7 @@ def cmd_run(args) -> int:
     plan = load_plan(args.plan)
     if args.checkpoint and args.random_weights:
         raise InvalidInput("--checkpoint and --random-weights are exclusive", "", "pass one")
-    if not args.max_upload_mb > 0:
+    if not 0 < args.max_upload_mb < float("inf"):
         raise InvalidInput(f"--max-upload-mb {args.max_upload_mb} is not a size", "", "pass a positive number")
     if args.max_waiting is not None and args.max_waiting < 1:
         raise InvalidInput(f"--max-waiting {args.max_waiting}", "at least one request must be able to wait",

@@ -170,6 +170,21 @@ def check_slots(walk: Walk, node: str, budget: int, seqs: int) -> None:
                            f"make the budget {seqs} x the slot length and each rung a multiple of it")
 
 
+MAX_TENSOR_BYTES = 2**63 - 1      # torch counts a tensor's bytes in a signed 64-bit int
+
+
+def check_port_sizes(walk: Walk, node: Node, sizes: dict[str, int]) -> None:
+    """Every port of a node on a walk is a tensor torch can size at the walk's budget (a budget of 10**30
+    is refused here, before the simulation asks torch for such a tensor)."""
+    for pname, port in {**node.inputs, **node.outputs}.items():
+        nbytes = port.nbytes(sizes) if port.axes() <= set(sizes) else 0
+        if nbytes > MAX_TENSOR_BYTES:
+            raise InvalidInput(f"walk '{walk.name}': port {node.name}.{pname} {list(port.shape)} would hold about "
+                               f"2**{nbytes.bit_length() - 1} bytes at the walk's budget",
+                               "no tensor holds more than 2**63 - 1 bytes (torch counts them in 64 bits)",
+                               f"lower walks.{walk.name}.budget, or {node.name}'s port sizes")
+
+
 def build_ir(model: Model, target: Target, num_devices: int) -> IR:
     graph = nx.MultiDiGraph()
     for n in model.nodes:
@@ -182,6 +197,7 @@ def build_ir(model: Model, target: Target, num_devices: int) -> IR:
         sizes = walk_sizes(w)
         for name in w.path:
             node = model.node(name)
+            check_port_sizes(w, node, sizes)
             axis = capture_axis(node, w)
             budget = sizes.get(axis)
             if w.kind == "chunk" and "seqs" in sizes and axis != "seqs" and budget:

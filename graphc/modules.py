@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from graphc.declare import TORCH_DTYPES, Node
+from graphc.errors import GraphcError, InvalidInput
 from graphc.units import round_up
 
 ARENA_ALIGN = 256
@@ -40,7 +41,16 @@ def set_kernels(module: torch.nn.Module, kernels: dict[str, int]) -> set[str]:
 
 def build_module(node: Node, device: str | torch.device = "meta") -> torch.nn.Module:
     with torch.device(device):
-        module = node.build()
+        try:
+            module = node.build()
+        except Exception as e:
+            if str(device) != "meta" or isinstance(e, GraphcError):
+                raise
+            # the compiler's build (meta): a module that cannot be built from its config is the declaration's fault
+            raise InvalidInput(f"node '{node.name}': {node.module.__name__} fails to build from its config: "
+                               f"{type(e).__name__}: {e}",
+                               "the compiler builds each node's module on the meta device to size its weights",
+                               f"give {node.name} a config {node.module.__name__} accepts") from e
     dtype = TORCH_DTYPES[node.dtype]
     for p in module.parameters():
         if p.is_floating_point():

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from graphc.declare import Model
 from graphc.errors import InvalidInput
-from graphc.strict import closest, explain_validation
+from graphc.strict import closest, explain_validation, read_yaml
 
 SECTIONS = {"walks": "walks", "resources": "resources", "nodes": "nodes"}
 FIXED = {"walks": {"name", "kind", "path"}, "resources": {"name"},
@@ -32,10 +31,7 @@ def parse_set(items: list[str]) -> dict:
         if any(not p for p in parts):
             raise InvalidInput(f"--set key '{key}' has an empty part", "keys are dotted paths",
                                "e.g. resources.thinker_kv.pages=176")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError as e:
-            raise InvalidInput(f"--set {key}: value '{raw}' is not valid YAML", str(e), "quote it") from None
+        value = read_yaml(raw, f"--set {key}: value '{raw[:80]}'", "quote it") if raw.strip() else None
         node = out
         for p in parts[:-1]:
             node = node.setdefault(p, {})
@@ -47,12 +43,11 @@ def parse_set(items: list[str]) -> dict:
 
 def load_config(path: str) -> dict:
     try:
-        with open(path) as f:
-            data = yaml.safe_load(f) or {}
+        with open(path, "rb") as f:          # bytes: YAML decodes them, and refuses what is not text
+            raw = f.read()
     except OSError as e:
         raise InvalidInput(f"cannot read --config {path}", str(e), "check the path") from None
-    except yaml.YAMLError as e:
-        raise InvalidInput(f"--config {path} is not valid YAML", str(e), "fix the file") from None
+    data = read_yaml(raw, f"--config {path}", "fix the file") or {}
     if not isinstance(data, dict):
         raise InvalidInput(f"--config {path} must be a mapping at the top level",
                            f"it holds a {type(data).__name__}", "start the file with walks:, resources: or nodes:")

@@ -10,7 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from graphc.errors import InvalidInput
-from graphc.strict import Strict, explain_validation
+from graphc.strict import Strict, explain_validation, read_yaml
 
 FORMAT = "graphc.plan/1"
 
@@ -155,13 +155,7 @@ def load_plan(path: str | Path) -> Plan:
     except UnicodeDecodeError as e:
         raise InvalidInput(f"plan {path} is not a text file", f"byte {e.start} is not UTF-8 ({raw[e.start:e.start + 1]!r})",
                            "pass a plan written by graphc plan") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise InvalidInput(f"plan {path} is not valid YAML", str(e), "regenerate it with graphc plan") from None
-    except RecursionError:
-        raise InvalidInput(f"plan {path} is not valid YAML", "it nests deeper than a parser follows",
-                           "regenerate it with graphc plan") from None
+    data = read_yaml(text, f"plan {path}", "regenerate it with graphc plan")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise InvalidInput(f"{path} is not a {FORMAT} plan", f"its format is {got!r}", "regenerate it with graphc plan")

@@ -43,9 +43,12 @@ def read_config(checkpoint: str | Path) -> dict:
         raise InvalidInput(f"{checkpoint} has no config.json", "the model's shapes are read from it",
                            "pass the folder a model was saved in (save_pretrained writes config.json)")
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise InvalidInput(f"{path} is not JSON", str(e), "re-save the checkpoint") from None
+        data = json.loads(path.read_bytes())
+    except OSError as e:
+        raise InvalidInput(f"cannot read {path}", str(e), "check the checkpoint folder") from None
+    except (ValueError, RecursionError) as e:     # not JSON, not UTF-8, a 4301-digit int, or nested too deep
+        why = str(e).split(";")[0] if not isinstance(e, RecursionError) else "it nests deeper than a parser follows"
+        raise InvalidInput(f"{path} is not JSON", why, "re-save the checkpoint") from None
     if not isinstance(data, dict):
         raise InvalidInput(f"{path} holds {type(data).__name__}, not an object", "", "re-save the checkpoint")
     return data
@@ -74,37 +77,92 @@ def load_model(path: str, preset: str | None = None, config: dict | None = None)
         raise InvalidInput(f"model file {path} does not exist", "", "pass the path of a model .py file")
     name = "graphc_model_" + hashlib.sha256(str(p.resolve()).encode()).hexdigest()[:16]
     spec = importlib.util.spec_from_file_location(name, p)
+    if spec is None or spec.loader is None:
+        raise InvalidInput(f"model file {path} is not a Python file", "graphc imports it to call its declare()",
+                           "pass the path of a model .py file")
     mod = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(mod)
     except GraphcError:
         raise
-    except Exception as e:
-        raise InvalidInput(f"model file {path} failed to import", f"{type(e).__name__}: {e}",
-                           "fix the model file") from e
+    except (Exception, SystemExit) as e:      # a model file that calls sys.exit() is refused like one that raises
+        raise InvalidInput(f"model file {path} failed to import", _raised(e, p), "fix the model file") from e
     declare = getattr(mod, "declare", None)
     if not callable(declare):
         raise InvalidInput(f"model file {path} has no declare() function",
                            "a model file defines declare(preset: str = ...) -> graphc.Model", "add it")
     import inspect
 
-    params = inspect.signature(declare).parameters
+    try:
+        params = inspect.signature(declare).parameters
+    except (TypeError, ValueError):           # a callable without a signature (a builtin)
+        raise InvalidInput(f"model file {path}: declare is {declare!r}, not a function",
+                           "a model file defines declare(preset: str = ...) -> graphc.Model", "define it") from None
     kw = {}
     if config is not None:
         if "config" not in params:
             raise InvalidInput(f"{path} cannot declare a model from a checkpoint's config.json",
                                "its declare() takes no config argument", "plan it from a preset (no --checkpoint)")
         kw["config"] = config
+    args = (preset,) if preset is not None else ()
+    called = f"declare({', '.join(map(repr, args))})"
     try:
-        model = declare(preset, **kw) if preset is not None else declare(**kw)
-    except ValidationError as e:
-        raise explain_validation(e, f"the declaration in {path}") from None
-    except (ValueError, KeyError) as e:
-        raise InvalidInput(f"{path}: declare({preset!r}) failed", str(e).strip("'\""),
-                           "pick a preset the model file offers") from None
+        inspect.signature(declare).bind(*args, **kw)
+    except TypeError as e:
+        raise InvalidInput(f"{path}: declare() cannot be called as {called}", str(e),
+                           "drop --preset if the model file has none" if args else
+                           "give declare() a default preset: def declare(preset: str = ...)") from None
+    try:
+        model = declare(*args, **kw)
+    except GraphcError:
+        raise
+    except (Exception, SystemExit) as e:
+        raise _declare_failed(e, p, called, config is not None) from None
     if not isinstance(model, Model):
-        raise InvalidInput(f"{path}: declare() returned {type(model).__name__}", "it must return a graphc.Model")
+        raise InvalidInput(f"{path}: declare() returned {type(model).__name__}", "it must return a graphc.Model",
+                           "return graphc.Model(name=..., nodes=[...], walks=[...]) from declare()")
     if preset is None:
-        preset = params["preset"].default if "preset" in params else "default"
+        default = params["preset"].default if "preset" in params else inspect.Parameter.empty
+        preset = "default" if default is inspect.Parameter.empty else default
     rel = os.path.relpath(p.resolve(), Path.cwd()) if p.resolve().is_relative_to(Path.cwd()) else str(p.resolve())
     return ModelSource(rel, str(preset), model, mod, config)
+
+
+def _declare_failed(e: BaseException, path: Path, called: str, from_config: bool) -> InvalidInput:
+    """Why a model file's declare() failed: a declaration type it built wrongly (which, and the line), the
+    checkpoint's config.json it could not read, a preset it does not offer, or its own bug."""
+    source = " from the checkpoint's config.json" if from_config else ""
+    if isinstance(e, ValidationError):
+        line = _line(e, path)
+        at = f" (line {line})" if line else ""
+        return explain_validation(e, f"the declaration in {path}{source}: its {e.title}{at}")
+    if from_config:
+        return InvalidInput(f"{path}: {called} cannot declare the model{source}", _raised(e, path),
+                            "pass the checkpoint of a model this file declares, or plan a preset (no --checkpoint)")
+    if isinstance(e, (ValueError, KeyError)):         # how model files refuse a preset they do not offer
+        return InvalidInput(f"{path}: {called} failed", str(e).strip("'\""), "pick a preset the model file offers")
+    return InvalidInput(f"{path}: {called} raised {type(e).__name__}", _raised(e, path), "fix the model file")
+
+
+def _raised(e: BaseException, path: Path) -> str:
+    """An exception a model file raised, with the line of that file it came from."""
+    text = f"{type(e).__name__}: {e}"
+    if isinstance(e, SyntaxError) and e.lineno is not None:
+        return f"{text} (line {e.lineno})" if f"line {e.lineno}" not in text else text
+    line = _line(e, path)
+    return f"{text} (line {line} of {path})" if line else text
+
+
+def _line(e: BaseException, path: Path) -> int | None:
+    """The last line of the model file that the exception passed through."""
+    import traceback
+
+    lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if _same_file(f.filename, path)]
+    return lines[-1] if lines else None
+
+
+def _same_file(filename: str, path: Path) -> bool:
+    try:
+        return Path(filename).resolve() == path.resolve()
+    except (OSError, ValueError):
+        return False

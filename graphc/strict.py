@@ -4,20 +4,55 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from graphc.errors import InvalidInput
 
 
 def closest(word: str, valid: list[str]) -> str | None:
-    match = difflib.get_close_matches(word, valid, n=1, cutoff=0.5)
+    # str(): a YAML file's keys may be ints, dates or null
+    match = difflib.get_close_matches(str(word), [str(v) for v in valid], n=1, cutoff=0.5)
     return match[0] if match else None
+
+
+def read_yaml(source: Any, what: str, fix: str) -> Any:
+    """yaml.safe_load, with every way it fails an InvalidInput naming `what`: besides YAMLError, PyYAML's
+    constructors raise ValueError, KeyError, TypeError or AttributeError on scalars and tags they cannot
+    convert ('!!int abc', '2020-13-45', an int of more than 4300 digits), and deep nesting RecursionError."""
+    try:
+        return yaml.safe_load(source)
+    except yaml.YAMLError as e:
+        why = str(e)
+    except RecursionError:
+        why = "it nests deeper than a parser follows"
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:
+        why = f"a value in it cannot be read: {type(e).__name__}: {str(e).split(';')[0]}"
+    raise InvalidInput(f"{what} is not valid YAML", why, fix)
 
 
 def unknown_key_message(key: str, valid: list[str], where: str) -> str:
     hint = closest(key, valid)
     suggestion = f"; did you mean '{hint}'?" if hint else ""
     return f"unknown key '{key}' in {where}{suggestion} (valid keys: {', '.join(sorted(valid))})"
+
+
+MAX_INT = 2**63 - 1
+
+
+def _past_int64(value: Any, where: str = "", depth: int = 0) -> tuple[str, int] | None:
+    """The first int in a value (its lists, tuples and dicts, a few levels deep) past a signed 64-bit
+    int, with where it is ('budget.seqs', 'ladder[2]')."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (where, value) if abs(value) > MAX_INT else None
+    if depth < 4 and isinstance(value, (list, tuple, dict)):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for k, v in items:
+            at = f"{where}[{k}]" if not isinstance(value, dict) else f"{where}.{k}" if where else str(k)
+            big = _past_int64(v, at, depth + 1)
+            if big is not None:
+                return big
+    return None
 
 
 class Strict(BaseModel):
@@ -34,6 +69,10 @@ class Strict(BaseModel):
             for key in data:
                 if key not in cls.model_fields:
                     raise ValueError(unknown_key_message(str(key), valid, cls.__name__))
+            big = _past_int64(data)
+            if big is not None:           # sizes reach torch and C code as 64-bit ints; refuse before they do
+                where, n = big
+                raise ValueError(f"{where} is about 2**{n.bit_length() - 1}, more than a 64-bit int holds (2**63 - 1)")
         return data
 
 

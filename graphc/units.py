@@ -1,6 +1,8 @@
 """Byte arithmetic and formatting shared by passes, reports and the runtime."""
 from __future__ import annotations
 
+import math
+
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
@@ -32,8 +34,12 @@ def parse_bytes(text: str | int) -> int:
     units = {"TIB": 1 << 40, "GIB": GiB, "MIB": MiB, "KIB": KiB, "TB": 10**12, "GB": 10**9,
              "MB": 10**6, "KB": 10**3, "B": 1}
     upper = s.upper()
-    for suffix, mult in units.items():
+    num, mult = s, 1
+    for suffix, m in units.items():
         if upper.endswith(suffix):
-            num = s[: -len(suffix)]
-            return int(float(num) * mult)
-    return int(float(s))
+            num, mult = s[: -len(suffix)], m
+            break
+    x = float(num) * mult
+    if not math.isfinite(x):           # int() of inf raises OverflowError, not ValueError
+        raise ValueError(f"'{text}' is not a finite size")
+    return int(x)

@@ -8,12 +8,13 @@ SDPA per segment on the CPU.
 """
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
+from graphc.errors import InvalidInput
 from resources import flashinfer_sizes as fis
 from resources.base import ResourceSpec, Sized, StepShape
 from resources.capabilities import USES_FLOAT_WORKSPACE
@@ -28,7 +29,8 @@ class RaggedAttentionSpec(ResourceSpec):
     # When every unit of the node's capture axis is one segment of exactly this many rows (an audio
     # window is 104 rows; the code predictor's frame is 16): rows = units x rows_per_segment.
     rows_per_segment: int | None = Field(None, ge=1)
-    segment_axis: str | None = None  # the axis that counts those segments (default: the capture axis)
+    # the axis that counts those segments (default: the capture axis); graphc.declare.AXES
+    segment_axis: Literal["tokens", "seqs", "windows", "patches", "frames"] | None = None
     causal: bool = False
     window: int | None = Field(None, ge=1)   # causal sliding window: keys seen per query, itself included
     backend: str = "auto"
@@ -58,6 +60,12 @@ class RaggedAttentionSpec(ResourceSpec):
         (audio windows, code-predictor frames); otherwise the axis counts rows and the walk's seqs
         budget counts segments (one image or frame group each)."""
         if self.rows_per_segment is not None:
+            if (self.segment_axis or axis) not in sizes:
+                raise InvalidInput(f"resource '{self.name}' counts its segments along '{self.segment_axis}', which a "
+                                   "step of a node that calls it does not size",
+                                   f"that step's axes: {', '.join(sizes)}",
+                                   f"set resources.{self.name}.segment_axis to one of them, or budget "
+                                   f"{self.segment_axis} on each walk through its nodes")
             units = sizes[self.segment_axis or axis]
             return StepShape(rows=units * self.rows_per_segment, seqs=units, kv_len=self.rows_per_segment)
         rows = sizes[axis]
@@ -96,6 +104,12 @@ class FakeRagged:
         self.spec, self.run = spec, run_head_dim
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        s = self.spec
+        if tuple(q.shape[-2:]) != (s.num_heads, s.head_dim) or tuple(k.shape[-2:]) != (s.kv_heads, s.head_dim):
+            raise InvalidInput(f"resource '{s.name}' is declared as {s.num_heads} query and {s.kv_heads} key heads of "
+                               f"{s.head_dim}, but its node calls it with q {list(q.shape)} and k {list(k.shape)}",
+                               "the resource's heads are what its kernels and workspaces are sized by",
+                               f"set resources.{s.name}'s num_heads, num_kv_heads and head_dim to the module's")
         d = v.shape[-1]
         if self.run is None or self.run == d:
             return q.new_empty(q.shape[:-1] + (d,))             # [T, Hq, Dv]
