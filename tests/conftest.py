@@ -28,6 +28,15 @@ def tiny_small():
     return load_model(TINY, "small")
 
 
+@pytest.fixture(scope="session")
+def tiny_omni_dir(tmp_path_factory):
+    """A tiny Qwen3-Omni checkpoint (ckpt/) and its CPU plan (p.plan), made once for the served tests; each
+    test module boots its own Engine of it. Read-only: write elsewhere."""
+    from tests.unit.loopback import tiny_omni
+
+    return tiny_omni(tmp_path_factory.mktemp("tiny_omni"))
+
+
 def pytest_configure(config):
     """The compiler's disk memo (graphc/memo.py) in a directory of this session's own: no test reads
     an entry another run wrote, and the user's cache is left alone."""

@@ -9,16 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from graphc.runtime.engine import Engine
-from tests.unit.loopback import serve, tiny_omni
+from tests.unit.loopback import serve
 
 schemathesis = pytest.importorskip("schemathesis")
 EXAMPLES = 50
 
 
 @pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fuzz")
-    tiny_omni(d)
+def api(tiny_omni_dir):
+    d = tiny_omni_dir
     engine = Engine(d / "p.plan", checkpoint=d / "ckpt")
     server, port = serve(engine)
     schema = schemathesis.openapi.from_url(f"http://127.0.0.1:{port}/openapi.json")

@@ -18,23 +18,22 @@ import soundfile as sf
 from graphc.runtime.engine import Engine
 from graphc.runtime.inputs import Sources
 from tests.parity.test_engine import write_video
-from tests.unit.loopback import serve, tiny_omni
+from tests.unit.loopback import serve
 
 UPLOAD = 200_000                # the server's max_audio_bytes: its JSON bodies may be 200000 * 4/3 + 1 MiB
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    d = tmp_path_factory.mktemp("hostile")
-    tiny_omni(d)
+def served(tiny_omni_dir, tmp_path_factory):
+    d, here = tiny_omni_dir, tmp_path_factory.mktemp("hostile")
     engine = Engine(d / "p.plan", checkpoint=d / "ckpt")
-    media = d / "media"
+    media = here / "media"
     media.mkdir()
-    (d / "secret.png").write_bytes(png(8, 8))
+    (here / "secret.png").write_bytes(png(8, 8))
     (media / "ok.png").write_bytes(png(8, 8))
     server, port = serve(engine, max_audio_bytes=UPLOAD)
     dir_server, dir_port = serve(engine_of(d), max_audio_bytes=UPLOAD, sources=Sources(paths=media))
-    yield dict(engine=engine, port=port, dir=d, media=media, dir_port=dir_port, dir_engine=dir_server.config.app)
+    yield dict(engine=engine, port=port, dir=here, media=media, dir_port=dir_port, dir_engine=dir_server.config.app)
     server.should_exit = dir_server.should_exit = True
 
 

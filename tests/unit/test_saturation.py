@@ -13,17 +13,15 @@ from urllib.error import HTTPError
 import pytest
 
 from graphc.runtime.engine import Engine
-from tests.unit.loopback import serve, tiny_omni
+from tests.unit.loopback import serve
 
 PROMPT = "hello world, how are you today?"
 MAX_TOKENS = 6
 
 
 @pytest.fixture(scope="module")
-def plan(tmp_path_factory):
-    d = tmp_path_factory.mktemp("saturation")
-    tiny_omni(d)
-    return d
+def plan(tiny_omni_dir):
+    return tiny_omni_dir
 
 
 def body(i: int, audio: str) -> dict:
@@ -127,6 +125,10 @@ def test_a_failing_step_fails_what_is_in_flight_and_ends_the_server(plan, leak_o
         server.should_exit = True
     assert code == 500 and "the engine's step failed (RuntimeError: planted)" in out["error"]["message"]
     assert out["error"]["type"] == "server_error"
+    for _ in range(500):                       # the engine thread ends the server right after it sent the errors
+        if died:
+            break
+        time.sleep(0.01)
     assert len(died) == 1 and died[0].exit_code == 3
 
 
