@@ -395,14 +395,17 @@ class Engine:
 
     def _talker_step(self) -> list[Event] | None:
         step = self.speech.schedule_talker([r for r in self.talking if r.speech.ended is None])
+        # scheduling can end a request's speech before any step (its text holds nothing to speak): close those
+        ended = [ev for r in list(self.talking) if r not in (step.reqs if step else ()) and
+                 (ev := self._maybe_close(r)) is not None]
         if step is None:
-            return None
+            return ended or None
         self._count(step)
         try:
             self.speech.run_talker(step)
         except Exception as e:
-            return self._fail(step.reqs, e)
-        return [ev for r in step.reqs if (ev := self._maybe_close(r)) is not None]
+            return ended + self._fail(step.reqs, e)
+        return ended + [ev for r in step.reqs if (ev := self._maybe_close(r)) is not None]
 
     def _vocoder_step(self) -> list[Event] | None:
         step = self.speech.schedule_vocoder(self.talking)

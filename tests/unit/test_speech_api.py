@@ -271,3 +271,27 @@ def test_an_aborted_speaking_request_frees_thinker_and_talker_pages(served, leak
         ref.abort(req.id)
         assert req.closed and req.finish_reason in ("abort", "stop", "length") and not ref.has_work()
         assert ref.scheduler.pool_full() and ref.speech.pages.num_free == ref.speech.capacity
+
+
+def test_a_spoken_answer_whose_first_token_ends_it_closes_with_no_audio(served, leak_oracle):
+    """Was a hang (the request stayed speaking, no step to run; the server then ended with code 3): the
+    talker has nothing to speak when the text's first token ends the turn (found by the soak)."""
+    ref = leak_oracle.watch(served["ref"])
+    vocab = ref.model.node(ref.llm).outputs["logits"].shape[-1]
+    req = ref.add(messages=MSGS, params=SamplingParams(max_tokens=8, temperature=0, stop_token_ids=list(range(vocab))),
+                  speech=SpeechParams(voice="ethan", max_frames=10))
+    for _ in range(10):
+        if req.closed:
+            break
+        ref.step()
+    out = ref.output(req)
+    assert req.closed and out.finish_reason == "stop" and len(out.token_ids) == 1
+    assert out.audio_codes == [] and len(out.audio) == 0 and out.audio_finish_reason == "stop"
+    code, got = post(served, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 8, "temperature": 0,
+                                                      "stop_token_ids": list(range(vocab)),
+                                                      "modalities": ["text", "audio"],
+                                                      "audio": {"voice": "ethan", "format": "wav"}})
+    assert code == 200 and got["choices"][0]["finish_reason"] == "stop"
+    wave, rate = read_wav(base64.b64decode(got["choices"][0]["message"]["audio"]["data"]))
+    assert len(wave) == 0 and rate == 24000
+    assert wait_idle(served["engine"])
