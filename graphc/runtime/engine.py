@@ -319,7 +319,7 @@ class Engine:
     def abort(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
         if req is not None and not req.closed:
-            req.finish_reason = req.finish_reason or "abort"
+            req.finish_reason = "abort"           # a speaking request's text may have ended: the request did not
             if req.speech is not None and req.speech.ended is None:
                 req.speech.ended = "abort"
             self._close(req)

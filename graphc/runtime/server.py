@@ -370,9 +370,14 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
 
     @app.get("/health")
     def health():
+        """The thinker's KV pages and requests; with a talker, its pages and the requests still speaking."""
         s = engine.scheduler
-        return {"status": "ok", "running": len(s.running), "waiting": len(s.waiting),
-                "free_pages": s.pages.num_free, "pages": s.capacity}
+        out = {"status": "ok", "running": len(s.running), "waiting": len(s.waiting),
+               "free_pages": s.pages.num_free, "pages": s.capacity}
+        if engine.speech is not None:
+            out |= {"speaking": len(engine.talking), "talker_free_pages": engine.speech.pages.num_free,
+                    "talker_pages": engine.speech.capacity}
+        return out
 
     @app.get("/v1/models")
     def models():

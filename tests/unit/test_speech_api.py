@@ -295,3 +295,26 @@ def test_a_spoken_answer_whose_first_token_ends_it_closes_with_no_audio(served, 
     wave, rate = read_wav(base64.b64decode(got["choices"][0]["message"]["audio"]["data"]))
     assert len(wave) == 0 and rate == 24000
     assert wait_idle(served["engine"])
+
+
+def test_a_cancelled_speech_stream_counts_as_an_abort_and_health_shows_the_talker(served, leak_oracle):
+    """A /v1/audio/speech stream the client leaves was freed but counted nowhere (its finish_reason, 'stop'
+    from the start, was kept); /health now shows the talker's pool too (found by the soak)."""
+    import re
+
+    engine = leak_oracle.watch(served["engine"])
+
+    def aborts() -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{served['port']}/metrics", timeout=30) as r:
+            found = re.search(r'^graphc_requests_total\{kind="t2s",status="abort"\} (\S+)$', r.read().decode(), re.M)
+        return float(found.group(1)) if found else 0.0
+    before = aborts()
+    body = {"input": "the quick brown fox jumps over the lazy dog " * 4, "voice": "aiden", "response_format": "pcm",
+            "stream_format": "sse", "seed": SEED, "max_frames": 400}
+    with urllib.request.urlopen(request(served, "/v1/audio/speech", body), timeout=60) as s:
+        assert s.status == 200                  # the headers, then the client leaves before the tiny talker ends
+    assert wait_idle(engine)
+    assert aborts() == before + 1
+    with urllib.request.urlopen(f"http://127.0.0.1:{served['port']}/health", timeout=30) as r:
+        h = json.loads(r.read())
+    assert h["speaking"] == 0 and h["talker_free_pages"] == h["talker_pages"] == engine.speech.capacity
