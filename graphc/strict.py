@@ -55,6 +55,20 @@ def _past_int64(value: Any, where: str = "", depth: int = 0) -> tuple[str, int] 
     return None
 
 
+MAX_COUNT = 65_536
+COUNTS = {"layers", "depth", "heads", "experts"}
+
+
+def _too_many(data: dict) -> tuple[str, Any] | None:
+    """A count of layers, heads or experts (a key with one of COUNTS among its words) past MAX_COUNT: no
+    model has that many, and building that many modules would not end before memory does."""
+    for key, value in data.items():
+        if COUNTS & set(str(key).split("_")) and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and value > MAX_COUNT:
+            return str(key), value
+    return None
+
+
 class Strict(BaseModel):
     """Every declaration and override type derives from this: frozen, no extra keys."""
 
@@ -73,6 +87,10 @@ class Strict(BaseModel):
             if big is not None:           # sizes reach torch and C code as 64-bit ints; refuse before they do
                 where, n = big
                 raise ValueError(f"{where} is about 2**{n.bit_length() - 1}, more than a 64-bit int holds (2**63 - 1)")
+            many = _too_many(data)
+            if many is not None:
+                raise ValueError(f"{many[0]} is {int(many[1]):,}; a count of layers, heads or experts is at most "
+                                 f"{MAX_COUNT:,} (building that many modules would not end)")
         return data
 
 

@@ -117,3 +117,21 @@ def test_the_asr_host_reads_the_audio_token_of_either_layout(tmp_path):
         (tmp_path / "config.json").write_text(json.dumps(config))
         host = qwen3_asr.host(qwen3_asr.declare("1.7b", config=config), str(tmp_path))
         assert host.media.audio_token_id == want
+
+
+@pytest.mark.parametrize("where, key, value", [("audio_config", "encoder_layers", 6.2e16),
+                                               ("text_config", "num_hidden_layers", 10**7),
+                                               ("text_config", "num_attention_heads", 65_537)])
+def test_an_absurd_count_is_refused_not_built(tmp_path, capsys, where, key, value):
+    """Was a hang: 6.2e16 encoder layers were built until memory ran out (found by fuzzing config.json)."""
+    import time
+
+    hf = json.loads(json.dumps(asr_dicts()[0]))
+    hf[where][key] = value
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    t = time.perf_counter()
+    assert main(["plan", "models/qwen3_asr.py", "--preset", "1.7b", "--checkpoint", str(tmp_path), "--gpu", "h100",
+                 "-o", str(tmp_path / "p.plan"), "-q"]) == 2
+    assert time.perf_counter() - t < 30
+    err = capsys.readouterr().err
+    assert f" is {int(value):,}; a count of layers, heads or experts is at most 65,536" in err, err   # by its declared name
