@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
-from graphc.errors import InvalidInput
 from graphc.units import ceil_div
 from resources import flashinfer_sizes as fis
 from resources.base import ResourceSpec, Sized, StepShape
@@ -93,26 +92,13 @@ class PagedKVSpec(ResourceSpec):
         return bufs
 
     def fake(self, shape: StepShape, run_head_dim: int | None = None) -> "FakePaged":
-        return FakePaged(self)
+        return FakePaged()
 
 
 class FakePaged:
-    """The simulation's stand-in: the append writes in place; attention returns one new tensor. A call
-    whose heads or layer are not the resource's is refused: the pool was sized by them."""
-
-    def __init__(self, spec: PagedKVSpec):
-        self.spec = spec
+    """The simulation's stand-in: the append writes in place; attention returns one new tensor."""
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        s = self.spec
-        if tuple(q.shape[-2:]) != (s.num_qo_heads, s.head_dim) or tuple(k.shape[-2:]) != (s.num_kv_heads, s.head_dim) \
-                or not 0 <= layer < s.num_layers:
-            raise InvalidInput(f"resource '{s.name}' is declared as {s.num_layers} layers of {s.num_qo_heads} query and "
-                               f"{s.num_kv_heads} key heads of {s.head_dim}, but its node calls it at layer {layer} "
-                               f"with q {list(q.shape)} and k {list(k.shape)}",
-                               "the KV pool's pages are sized by the resource's layers, heads and head_dim",
-                               f"set resources.{s.name}'s num_layers, num_qo_heads, num_kv_heads and head_dim to "
-                               "the module's")
         return q.new_empty(q.shape[:-1] + (v.shape[-1],))
 
 

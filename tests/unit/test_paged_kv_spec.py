@@ -153,33 +153,3 @@ def test_pages_are_given_back_once():
         pages.free(a[:1])                              # a second time
     pages.free(b)
     assert pages.num_free == 8 and sorted(pages.allocate(8)) == list(range(8))
-
-
-@pytest.mark.parametrize("layer, q, k, ok", [
-    (0, (5, 4, 8), (5, 2, 8), True), (2, (5, 4, 8), (5, 2, 8), True),
-    (3, (5, 4, 8), (5, 2, 8), False),            # past the declared layers
-    (-1, (5, 4, 8), (5, 2, 8), False),
-    (0, (5, 4, 16), (5, 2, 16), False),          # another head_dim
-    (0, (5, 8, 8), (5, 2, 8), False),            # more query heads
-    (0, (5, 4, 8), (5, 4, 8), False),            # more key heads
-])
-def test_the_simulation_refuses_a_call_the_pool_is_not_sized_for(layer, q, k, ok):
-    """The pool's pages are sized by the resource's layers, heads and head_dim: a node that calls it with
-    others would be planned with a cache of the wrong size (found by fuzzing --set head_dim)."""
-    from graphc.errors import InvalidInput
-
-    fake = spec().fake(StepShape(rows=5, seqs=1, kv_len=5))
-    v = torch.empty(k, device="meta")
-    if ok:
-        assert fake(layer, torch.empty(q, device="meta"), torch.empty(k, device="meta"), v).shape == q
-    else:
-        with pytest.raises(InvalidInput, match=rf"declared as 3 layers of 4 query and 2 key heads of 8, but its node "
-                                               rf"calls it at layer {layer} with q \[{q[0]}, {q[1]}, {q[2]}\]"):
-            fake(layer, torch.empty(q, device="meta"), torch.empty(k, device="meta"), v)
-
-
-def test_a_kv_resource_of_the_wrong_head_dim_is_refused_when_planned(capsys):
-    from graphc.cli import main
-
-    assert main(["plan", "models/tiny_omni.py", "--gpu", "cpu", "-q", "--set", "resources.decoder_kv.head_dim=3"]) == 2
-    assert "resource 'decoder_kv' is declared as 2 layers of 4 query and 2 key heads of 3" in capsys.readouterr().err
