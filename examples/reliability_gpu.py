@@ -110,18 +110,10 @@ def http(port: int, path: str, body: dict, timeout: float = 300):
 
 
 async def drop_stream(port: int, ids: list[int], after_bytes: int, long: int) -> None:
-    body = json.dumps({"prompt": ids, "max_tokens": long, "temperature": 0, "stream": True, "ignore_eos": True}).encode()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    await writer.drain()
-    got = 0
-    while got < after_bytes:
-        piece = await reader.read(256)
-        if not piece:
-            break
-        got += len(piece)
-    writer.close()
+    from tests.unit.loopback import drop_after
+
+    await drop_after(port, "/v1/completions", {"prompt": ids, "max_tokens": long, "temperature": 0, "stream": True,
+                                               "ignore_eos": True}, after_bytes)
 
 
 def long_tokens(engine, kw: dict) -> int:

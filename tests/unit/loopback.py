@@ -39,3 +39,23 @@ def tiny_omni(d, speech: bool = False):
     assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu",
                  "-o", str(d / "p.plan"), "-q"]) == 0
     return d
+
+
+async def drop_after(port: int, path: str, body: dict, after_bytes: int) -> None:
+    """A client that POSTs a streaming request, reads about `after_bytes` of the answer and closes its socket
+    (a client that goes away mid-stream, as a browser tab or a killed process does)."""
+    import asyncio
+    import json
+
+    data = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    await writer.drain()
+    got = 0
+    while got < after_bytes:
+        piece = await reader.read(256)
+        if not piece:
+            break
+        got += len(piece)
+    writer.close()

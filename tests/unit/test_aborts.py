@@ -9,7 +9,6 @@ engine holds every page of both pools and no request (the leak oracle)."""
 import asyncio
 import base64
 import io
-import json
 import random
 import time
 
@@ -21,7 +20,7 @@ from PIL import Image
 from graphc.runtime.engine import Engine
 from graphc.runtime.sampler import SamplingParams
 from graphc.runtime.speech import SpeechParams
-from tests.unit.loopback import serve, tiny_omni
+from tests.unit.loopback import drop_after, serve, tiny_omni
 
 openai = pytest.importorskip("openai")
 N, CANCELLED, MAX, FRAMES, SEED = 100, 10, 6, 12, 7
@@ -98,23 +97,11 @@ async def read_stream(client, name, kind, msgs, stop_after=None, how=None):
 
 
 async def drop_connection(port, kind, msgs, after_bytes):
-    """A client that sends a streaming request, reads some of the answer and closes its socket."""
+    """A client that sends a streaming chat request, reads some of the answer and closes its socket."""
     body = {"messages": msgs, "max_tokens": 200, "temperature": 0, "stream": True, "ignore_eos": True}
     if kind == "t2s":
         body |= {"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "pcm16", "max_frames": 400}}
-    data = json.dumps(body).encode()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-    await writer.drain()
-    got = 0
-    while got < after_bytes:
-        piece = await reader.read(256)
-        if not piece:
-            break
-        got += len(piece)
-    writer.close()
-    return None
+    await drop_after(port, "/v1/chat/completions", body, after_bytes)
 
 
 def test_100_streams_10_cancelled_the_rest_as_alone_and_nothing_leaks(served, leak_oracle):
