@@ -29,15 +29,15 @@ import random
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
-from urllib.error import HTTPError
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+
+from tests.unit.loopback import drop_after, post_json  # noqa: E402
 
 KINDS = ("t2t", "a2t", "i2t", "t2s")
 
@@ -99,19 +99,7 @@ def parted(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def http(port: int, path: str, body: dict, timeout: float = 300):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
-                                 {"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read()), {k.lower(): v for k, v in r.headers.items()}
-    except HTTPError as e:
-        return e.code, json.loads(e.read()), {k.lower(): v for k, v in e.headers.items()}
-
-
 async def drop_stream(port: int, ids: list[int], after_bytes: int, long: int) -> None:
-    from tests.unit.loopback import drop_after
-
     await drop_after(port, "/v1/completions", {"prompt": ids, "max_tokens": long, "temperature": 0, "stream": True,
                                                "ignore_eos": True}, after_bytes)
 
@@ -151,7 +139,7 @@ def aborts(engine, driver, port, reqs, want, n: int, cancel: int, max_tokens: in
             if i in cut:
                 await drop_stream(port, kw["prompt_token_ids"], rng.randint(200, 4000), long_tokens(engine, kw))
                 return None
-            code, out, _ = await asyncio.to_thread(http, port, "/v1/completions",
+            code, out, _ = await asyncio.to_thread(post_json, port, "/v1/completions",
                                                    {"prompt": kw["prompt_token_ids"], "max_tokens": max_tokens,
                                                     "temperature": 0, "ignore_eos": True, "seed": 7})
             assert code == 200, out
@@ -207,7 +195,7 @@ def saturation(engine, port, driver, reqs, max_tokens: int) -> dict:
     t0 = time.perf_counter()
     try:
         with ThreadPoolExecutor(len(bodies)) as pool:          # every request in flight at once
-            futures = [pool.submit(http, port, "/v1/completions", b, 600) for b in bodies]
+            futures = [pool.submit(post_json, port, "/v1/completions", b, 600) for b in bodies]
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and driver.waiting() + sum(f.done() for f in futures) < len(bodies):
                 time.sleep(0.05)

@@ -660,7 +660,7 @@ ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
 ERRORS = {"400": "the request is malformed or asks what the plan cannot serve (the message says which and why)",
           "404": "the model named is not served here", "413": "the body is over the size limit",
           "429": "the queue is full; Retry-After says when to try again",
-          "500": "the engine failed this request (a device's worker died)"}
+          "500": "the engine failed this request (a device's worker died, or a step raised): the server ends"}
 OBJECT = {"type": "object"}
 ANSWERS = {  # route -> (the JSON answer's required fields, further media types of a 200)
     "/v1/chat/completions": (["id", "object", "created", "model", "choices"], ["text/event-stream"]),

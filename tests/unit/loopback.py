@@ -59,3 +59,20 @@ async def drop_after(port: int, path: str, body: dict, after_bytes: int) -> None
             break
         got += len(piece)
     writer.close()
+
+
+def post_json(port: int, path: str, body, headers: dict | None = None, timeout: float = 120):
+    """POST a JSON body (or raw bytes) to the loopback server: (status, the JSON answer, headers with
+    lower-case names), errors included."""
+    import json
+    import urllib.request
+    from urllib.error import HTTPError
+
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
+                                 headers={"content-type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read()), {k.lower(): v for k, v in r.headers.items()}
+    except HTTPError as e:
+        return e.code, json.loads(e.read()), {k.lower(): v for k, v in e.headers.items()}

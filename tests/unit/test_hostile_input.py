@@ -7,9 +7,7 @@ import io
 import json
 import struct
 import time
-import urllib.request
 import zlib
-from urllib.error import HTTPError
 
 import numpy as np
 import pytest
@@ -18,7 +16,7 @@ import soundfile as sf
 from graphc.runtime.engine import Engine
 from graphc.runtime.inputs import Sources
 from tests.parity.test_engine import write_video
-from tests.unit.loopback import serve
+from tests.unit.loopback import post_json as post, serve
 
 UPLOAD = 200_000                # the server's max_audio_bytes: its JSON bodies may be 200000 * 4/3 + 1 MiB
 
@@ -33,7 +31,7 @@ def served(tiny_omni_dir, tmp_path_factory):
     (media / "ok.png").write_bytes(png(8, 8))
     server, port = serve(engine, max_audio_bytes=UPLOAD)
     dir_server, dir_port = serve(engine_of(d), max_audio_bytes=UPLOAD, sources=Sources(paths=media))
-    yield dict(engine=engine, port=port, dir=here, media=media, dir_port=dir_port, dir_engine=dir_server.config.app)
+    yield dict(engine=engine, port=port, dir=here, media=media, dir_port=dir_port)
     server.should_exit = dir_server.should_exit = True
 
 
@@ -59,17 +57,6 @@ def wav(samples: np.ndarray, rate: int = 16000, fmt: str = "WAV") -> bytes:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def post(port: int, path: str, body, headers: dict | None = None) -> tuple[int, dict, dict]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
-                                 headers={"content-type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read()), dict(r.headers)
-    except HTTPError as e:
-        return e.code, json.loads(e.read()), dict(e.headers)
 
 
 def chat(*parts, **fields) -> dict:
