@@ -195,7 +195,7 @@ def saturation(engine, port, driver, reqs, max_tokens: int) -> dict:
     t0 = time.perf_counter()
     try:
         with ThreadPoolExecutor(len(bodies)) as pool:          # every request in flight at once
-            futures = [pool.submit(post_json, port, "/v1/completions", b, 600) for b in bodies]
+            futures = [pool.submit(post_json, port, "/v1/completions", b, timeout=600) for b in bodies]
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and driver.waiting() + sum(f.done() for f in futures) < len(bodies):
                 time.sleep(0.05)

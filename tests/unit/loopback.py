@@ -61,7 +61,7 @@ async def drop_after(port: int, path: str, body: dict, after_bytes: int) -> None
     writer.close()
 
 
-def post_json(port: int, path: str, body, headers: dict | None = None, timeout: float = 120):
+def post_json(port: int, path: str, body, *, headers: dict | None = None, timeout: float = 120):
     """POST a JSON body (or raw bytes) to the loopback server: (status, the JSON answer, headers with
     lower-case names), errors included."""
     import json

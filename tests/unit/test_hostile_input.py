@@ -167,7 +167,7 @@ def test_a_two_hour_transcription_is_refused_from_its_header(served):
             "Content-Type: audio/flac\r\n\r\n").encode() + SILENCE_2H + f"\r\n--{boundary}--\r\n".encode()
     t = time.perf_counter()
     got, out, _ = post(served["port"], "/v1/audio/transcriptions", form,
-                       {"content-type": f"multipart/form-data; boundary={boundary}"})
+                       headers={"content-type": f"multipart/form-data; boundary={boundary}"})
     assert got == 400 and "is 7200.0 s long, at most" in out["error"]["message"]
     assert time.perf_counter() - t < 2.0          # decoding and resampling two hours takes longer than this
 
