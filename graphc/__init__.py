@@ -1,7 +1,7 @@
 """graphc: the public declaration API, and the Engine that serves a plan.
 
     import graphc as gc
-    gc.Model, gc.Node, gc.Port, gc.Edge, gc.Walk, gc.Budget, gc.RequestKind, gc.AXES,
+    gc.Model, gc.Node, gc.Port, gc.Edge, gc.Link, gc.Walk, gc.Budget, gc.RequestKind, gc.AXES,
     gc.NodeModule, gc.StepContext
     graphc.Engine                       # serves a plan (graphc/runtime/engine.py; what `graphc run` drives)
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 
-_API = {"AXES": "graphc.declare", "Budget": "graphc.declare", "Edge": "graphc.declare", "Model": "graphc.declare",
+_API = {"AXES": "graphc.declare", "Budget": "graphc.declare", "Edge": "graphc.declare", "Link": "graphc.declare", "Model": "graphc.declare",
         "Node": "graphc.declare", "Port": "graphc.declare", "RequestKind": "graphc.declare", "Walk": "graphc.declare",
         "NodeModule": "graphc.step", "StepContext": "graphc.step", "Engine": "graphc.runtime.engine"}
 

@@ -124,6 +124,20 @@ class Edge(Strict):
         return (s[0], s[1]), (d[0], d[1])
 
 
+class Link(Strict):
+    """A node the engine drives from another node's device: the runtime builds dst's `inputs` on src's
+    device (Qwen3-Omni's talker reads rows made from the thinker's embeddings and hidden states, its
+    sampling rows and random draws) and reads dst's `outputs` there (its codes, the vocoder's audio).
+    Where a plan puts dst on another device than src, each of those ports crosses device to device into
+    a static receive buffer on the far side, sized at dst's largest step: the ledger's `transfers.NODE`
+    lines, as for an edge."""
+
+    src: str = Field(pattern=_NAME)
+    dst: str = Field(pattern=_NAME)
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+
+
 class Walk(Strict):
     """What one engine step runs: a path through nodes, a kind of work and a budget.
 
@@ -167,6 +181,7 @@ class Model(Strict):
     nodes: tuple[Node, ...] = Field(min_length=1)
     resources: tuple[SerializeAsAny[ResourceSpec], ...] = ()
     edges: tuple[Edge, ...] = ()
+    links: tuple[Link, ...] = ()
     walks: tuple[Walk, ...] = Field(min_length=1)
     requests: tuple[RequestKind, ...] = ()
 
@@ -177,6 +192,31 @@ class Model(Strict):
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 raise ValueError(f"duplicate {kind} names: {', '.join(dupes)}")
+        return self
+
+    @model_validator(mode="after")
+    def _links_name_ports(self) -> "Model":
+        nodes = {n.name: n for n in self.nodes}
+        for link in self.links:
+            where = f"link {link.src} -> {link.dst}"
+            for name in (link.src, link.dst):
+                if name not in nodes:
+                    raise ValueError(f"{where} names unknown node '{name}' (nodes: {', '.join(nodes)})")
+            if link.src == link.dst:
+                raise ValueError(f"{where} links a node to itself: a link is between two nodes")
+            dst = nodes[link.dst]
+            for kind, ports, have in (("input", link.inputs, dst.inputs), ("output", link.outputs, dst.outputs)):
+                bad = [p for p in ports if p not in have]
+                if bad or len(set(ports)) != len(ports):
+                    raise ValueError(f"{where}: {link.dst} has no {kind} {', '.join(bad)} or lists one twice "
+                                     f"(its {kind}s: {', '.join(have)})")
+            if not link.inputs and not link.outputs:
+                raise ValueError(f"{where} names no port: list the inputs made on {link.src}'s device or the "
+                                 "outputs read there")
+        dsts = [link.dst for link in self.links]
+        twice = sorted({d for d in dsts if dsts.count(d) > 1})
+        if twice:
+            raise ValueError(f"node(s) {', '.join(twice)} linked twice: one node drives each")
         return self
 
     def node(self, name: str) -> Node:

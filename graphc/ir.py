@@ -85,16 +85,31 @@ class IR:
         return family_step([s for s in self.steps if s.node == node and s.family == family])
 
     def transfers_into(self, nodes: list[str]) -> list[tuple[str, str, int, str]]:
-        """The static receive buffers of a device that holds `nodes`: each edge into one of them from a
-        node elsewhere arrives in a buffer of its source port, (source, port, elements, dtype), as large
-        as the port is at the largest step of the source's walks (its budget sizes)."""
+        """The static receive buffers of a device that holds `nodes`, (source, port, elements, dtype), each
+        as large as its port is at the largest step of the walks that size it (their budget sizes):
+        - each edge into one of them from a node elsewhere arrives in a buffer of its source port;
+        - a linked node here driven from a node elsewhere (declare.Link) receives each linked input,
+          (link source, 'node.port'), sized by the linked node's steps;
+        - a linked node elsewhere driven from a node here sends back each linked output, (node, port)."""
         out = {}
+
+        def add(src: str, sized_by: str, label: str, spec) -> None:
+            if (src, label) not in out:
+                numel = max(math.prod(spec.concrete(s.sizes_at(s.budget))) for s in self.steps_of(sized_by))
+                out[(src, label)] = (src, label, numel, spec.dtype)
+
         for e in self.model.edges:
             (src, port), (dst, _) = e.ends()
-            if dst in nodes and src not in nodes and (src, port) not in out:
-                spec = self.node(src).outputs[port]
-                numel = max(math.prod(spec.concrete(s.sizes_at(s.budget))) for s in self.steps_of(src))
-                out[(src, port)] = (src, port, numel, spec.dtype)
+            if dst in nodes and src not in nodes:
+                add(src, src, port, self.node(src).outputs[port])
+        for link in self.model.links:
+            dst = self.node(link.dst)
+            if link.dst in nodes and link.src not in nodes:
+                for port in link.inputs:
+                    add(link.src, link.dst, f"{link.dst}.{port}", dst.inputs[port])
+            elif link.src in nodes and link.dst not in nodes:
+                for port in link.outputs:
+                    add(link.dst, link.dst, port, dst.outputs[port])
         return list(out.values())
 
     @cached_property

@@ -150,6 +150,8 @@ def walks(p: dict) -> list[gc.Walk]:
     ]
 
 
+# the talker's inputs made on the thinker's device (the others, positions and row indices, on the host)
+TALKER_FROM_THINKER = ("embeds", "trailing_text", "sampling", "noise", "seen", "thinker_embeds", "thinker_hidden")
 SPEECH = ("thinker_decode", "talker_prefill", "talker_decode", "code2wav_short", "code2wav_chunk")
 
 
@@ -212,6 +214,10 @@ def declare(preset: str = "30b-a3b", config: dict | None = None) -> gc.Model:
         edges=[gc.Edge(src="audio_encoder.embeds", dst="thinker.audio_embeds"),
                gc.Edge(src="vision_encoder.embeds", dst="thinker.visual_embeds"),
                gc.Edge(src="vision_encoder.deepstack", dst="thinker.deepstack")],
+        # the engine builds the talker's rows from the thinker's embeddings and hidden states (and its
+        # sampling rows and draws) on the thinker's device, and reads the codes and the audio there
+        links=[gc.Link(src="thinker", dst="talker", inputs=TALKER_FROM_THINKER, outputs=("codes", "next_embeds")),
+               gc.Link(src="thinker", dst="code2wav", outputs=("wav",))] if speech else [],
         walks=[w for w in walks(p) if speech or w.name not in SPEECH[1:]],
         requests=requests,
     )

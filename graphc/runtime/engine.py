@@ -122,12 +122,16 @@ class Engine:
         self.speech_refused: str | None = None
         sh = getattr(self.host, "speech", None)
         if sh is not None and self._speech_kinds():
-            if sh.talker in self.boot.nodes and sh.vocoder in self.boot.nodes:
+            linked = {ln.dst for ln in self.model.links if ln.src == self.llm}
+            away = [n for n in (sh.talker, sh.vocoder) if n not in self.boot.nodes and n not in linked]
+            if not away:          # each here, or on a worker that the engine drives through a declared link
                 sh.bind(self.boot.modules, self.boot.device)
                 self.speech = SpeechLane(sh, self.executor, self.boot, seed=seed)
             else:
-                self.speech_refused = (f"the plan puts {sh.talker} and {sh.vocoder} on another device than "
-                                       f"{self.llm}; speech across devices is not served yet")
+                self.speech_refused = (f"the plan puts {' and '.join(away)} on another device than {self.llm}, and "
+                                       f"the model declares no link from {self.llm} to {away[0]} (its inputs are "
+                                       f"made on {self.llm}'s device); declare a graphc Link, or plan with "
+                                       f"--set nodes.{away[0]}.device=N on {self.llm}'s device")
         self.talking: list[Request] = []          # speaking requests not closed, in arrival order
         self._lane = 0
         self.sampler = Sampler(seed, self.boot.device)

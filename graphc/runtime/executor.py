@@ -103,6 +103,11 @@ class Executor:
         workers: the plan's other devices (graphc/runtime/workers.py), for nodes this device does not hold."""
         self.boot, self.host, self.llm = boot, host, llm
         self.reserved = {res: 1 for res in (scratch or {})}
+        # every paged pool's page bookkeeping: this device's, and the workers' (their pages are kept here)
+        self.pools = dict(boot.pages)
+        if workers is not None:
+            self.pools |= workers.pools
+            self.reserved |= workers.reserved
         self.model = boot.ir.model
         self.steps: dict[tuple[str, str], Step] = {(s.node, s.walk): s for s in boot.ir.steps}
         self.kv_role, kv_res = next((role, r) for role, r in self.model.node(llm).resources.items()
@@ -121,11 +126,13 @@ class Executor:
     def run_node(self, node: str, walk: str, rung: int | None, size: int, inputs: dict, layouts: dict,
                  want: list[str] | None = None) -> dict:
         """One node of a step, on this device or on the worker of the device that holds it (its outputs
-        `want` then arrive here device to device). layouts: role -> its layout."""
+        `want`, by default every one this device has a receive buffer for, then arrive here device to
+        device). layouts: role -> its layout."""
         if node in self.boot.nodes:
             return self.local.run_node(node, walk, rung, size, inputs, layouts)
-        return self.workers.run(node, walk, rung, size, inputs, layouts, want if want is not None else
-                                list(self.model.node(node).outputs))
+        if want is None:
+            want = [p for p in self.model.node(node).outputs if (node, p) in self.workers.buffers]
+        return self.workers.run(node, walk, rung, size, inputs, layouts, want)
 
     def run(self, plan: StepPlan) -> StepResult:
         walk = self.model.walk(plan.walk)

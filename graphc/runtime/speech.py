@@ -168,7 +168,7 @@ class SpeechLane:
         self.kv_role, kv_res = next((role, r) for role, r in model.node(speech.talker).resources.items()
                                     if isinstance(model.resource(r), PagedKVSpec))
         self.kv: PagedKVSpec = model.resource(kv_res)
-        self.pages = boot.pages[kv_res]
+        self.pages = executor.pools[kv_res]            # on the talker's device, or kept here for its worker
         self.capacity = self.pages.num_pages - executor.reserved.get(kv_res, 0)
         self.prefill_budget = model.walk(speech.prefill_walk).budget.axes()
         self.decode_seqs = model.walk(speech.decode_walk).budget.seqs

@@ -10,17 +10,20 @@ scheduler stays one, in the engine. A worker is one of two things, with the same
     a Ray actor   `graphc run PLAN --ray ADDRESS` (graphc/runtime/ray_run.py): one actor per plan device
                   in a placement group; control is the actor's method calls
 
-    messages      boot (the plan, the weights) -> booted; join (the process group) -> ready; run (node,
-                  walk, rung, size, host inputs, layouts, which outputs the engine wants) -> done (their
-                  shapes) or error; send (the wanted outputs, through the process group, into the
-                  receives the engine posts once it has told the worker) -> sent; stop
+    messages      boot (the plan, the weights) -> booted (with its page pools); join (the process group)
+                  -> ready; run (node, walk, rung, size, host inputs, layouts, which outputs the engine
+                  wants, which linked inputs it sends now) -> done (the outputs' shapes) or error; send
+                  (the wanted outputs, through the process group, into the receives the engine posts once
+                  it has told the worker) -> sent; stop
     data          torch.distributed point to point, ranks = plan devices, rendezvous at rank 0: NCCL
                   between GPUs (device to device, never through the host), gloo between CPU processes.
-                  A step's inputs are host tensors (mel features, pixel patches) and go with the step;
-                  inputs on the engine's device are refused (nothing sends one yet: speech across
-                  devices is not served). The outputs the engine wants come back into its device's static
-                  receive buffers, one per edge source (node, port) at the largest step of the node's
-                  walks (IR.transfers_into): the plan's transfers.NODE ledger lines, allocated and
+                  A step's host inputs (mel features, pixel patches, positions) go with the step. The
+                  inputs of a node the engine drives (declare.Link: the talker's rows made from the
+                  thinker's embeddings and hidden states) are sent right after the step, into the
+                  worker's static receive buffers; an input on the engine's device that no link names is
+                  refused. The outputs the engine wants come back into its device's static receive
+                  buffers. Every buffer is one per (source, port) at the largest step of the walks that
+                  size it (IR.transfers_into): the plan's transfers.NODE ledger lines, allocated and
                   measured at boot.
 
 A worker that dies is seen at the next step that waits on it (its process or actor is watched while
@@ -29,6 +32,7 @@ flight and stops.
 """
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import secrets
@@ -45,9 +49,11 @@ from multiprocessing.connection import Client, Connection, answer_challenge, del
 import torch
 import torch.distributed as dist
 
+from graphc.declare import TORCH_DTYPES
 from graphc.errors import GraphcError, InvalidInput
 from graphc.plan import Plan
 from graphc.runtime.check import compare, verdict
+from resources.paged_kv import PageAllocator
 
 POLL_S = 0.05                  # how often a waiting engine looks at its workers
 BOOT_TIMEOUT_S = 3600.0        # the longest a worker may take to boot (captures on a GPU take minutes)
@@ -158,7 +164,15 @@ class DeviceWorker:
                 return "failed", traceback.format_exc()
             return "ready", verdict(compare(boot))
         if kind == "run":
-            _, node, walk, rung, size, inputs, layouts, want = msg
+            _, node, walk, rung, size, inputs, layouts, want, linked = msg
+            try:                         # the engine sends these right after the step: a failed receive ends us
+                for port, shape, key in linked:
+                    buf = self.runner.boot.transfers[key]
+                    view = buf[:math.prod(shape)].view(shape)
+                    dist.recv(view, src=self.engine_rank)
+                    inputs[port] = view
+            except BaseException:
+                return "failed", traceback.format_exc()
             try:
                 out = self.runner.run_node(node, walk, rung, size, inputs, layouts)
                 ready = {p: (tuple(out[p].shape), out[p].dtype) for p in want}
@@ -194,8 +208,11 @@ class DeviceWorker:
         boot = boot_plan(plan, devices=[self.index], checkpoint=options.get("checkpoint"),
                          seed=options.get("seed", 0), emulate=options.get("emulate", False),
                          force=options.get("force", False), prebuild=options.get("prebuild", True))[0]
-        self.runner = NodeRunner(boot, scratch_pages(boot))
-        return {"graphs": len(boot.graphs), "faults": list(boot.faults), "pid": os.getpid()}
+        scratch = scratch_pages(boot)
+        self.runner = NodeRunner(boot, scratch)
+        # its page pools and scratch pages: the engine keeps their bookkeeping (page tables go with each step)
+        return {"graphs": len(boot.graphs), "faults": list(boot.faults), "pid": os.getpid(),
+                "pools": {res: alloc.num_pages for res, alloc in boot.pages.items()}, "scratch": scratch}
 
 
 def worker_main(address: str, index: int) -> None:
@@ -316,13 +333,36 @@ class Workers:
         except BaseException:
             self.close()
             raise
-        # the engine's device's receive buffers, one per edge source port: the plan's transfers.NODE ledger
+        # the engine's device's receive buffers, one per (source, port): the plan's transfers.NODE ledger
         # lines (IR.transfers_into), allocated and measured with the rest of its device's boot
         self.buffers = self.booted.transfers
-        # remote node steps; bytes received through the process group; seconds the engine spent in those
-        # steps (waiting on the worker included), in sending the step (its host inputs pickled), and in
-        # receiving their outputs after the worker was done
-        self.stats = {"steps": 0, "recv_bytes": 0, "seconds": 0.0, "request_seconds": 0.0, "recv_seconds": 0.0}
+        ir, model = self.booted.ir, self.booted.ir.model
+        # what the engine sends a driven node's worker (declare.Link): node -> port -> (the worker's buffer
+        # key, its elements, dtype)
+        self.linked: dict[str, dict[str, tuple]] = {}
+        for d in self.links:
+            room = {(src, label): (n, dt) for src, label, n, dt in ir.transfers_into(
+                [x for x, dev in self.of.items() if dev == d])}
+            for ln in model.links:
+                if self.of.get(ln.dst) == d and self.of.get(ln.src) == local:
+                    self.linked[ln.dst] = {p: ((ln.src, f"{ln.dst}.{p}"), *room[(ln.src, f"{ln.dst}.{p}")])
+                                           for p in ln.inputs}
+        # the workers' page pools, kept here (a step sends its page tables): the same pages free, their
+        # scratch pages taken as the worker took them
+        self.pools: dict[str, PageAllocator] = {}
+        self.reserved: dict[str, int] = {}
+        for d, s in self.summaries.items():
+            for res, n in s["pools"].items():
+                self.pools[res] = PageAllocator(n)
+                if res in s["scratch"]:
+                    taken = self.pools[res].allocate(1)
+                    assert taken == [s["scratch"][res]], (res, taken, s["scratch"])
+                    self.reserved[res] = 1
+        # remote node steps; bytes sent and received through the process group; seconds the engine spent in
+        # those steps (waiting on the worker included), in sending the step (its host inputs pickled, its
+        # linked inputs sent), and in receiving their outputs after the worker was done
+        self.stats = {"steps": 0, "send_bytes": 0, "recv_bytes": 0, "seconds": 0.0, "request_seconds": 0.0,
+                      "recv_seconds": 0.0}
         self.recent = deque(maxlen=4096)       # (seconds, recv seconds) of the latest node steps
 
     def _start_processes(self, world: int, local: int) -> None:
@@ -407,14 +447,32 @@ class Workers:
             want: list[str]) -> dict[str, torch.Tensor]:
         d = self.of[node]
         t0 = time.perf_counter()
-        on_device = [k for k, v in inputs.items() if v.device.type != "cpu"]
+        linked = self.linked.get(node, {})
+        on_device = [k for k, v in inputs.items() if v.device.type != "cpu" and k not in linked]
         if on_device:
-            raise RuntimeError(f"{node}'s inputs {on_device} are on the engine's device; a step sends a worker "
-                               "host inputs only")
+            raise RuntimeError(f"{node}'s inputs {on_device} are on the engine's device and no link declares "
+                               "them; a step sends a worker host inputs, and linked inputs device to device")
+        host, sends, meta = {}, [], []
+        for k, v in inputs.items():
+            if k not in linked:
+                host[k] = v
+                continue
+            key, room, dtype = linked[k]
+            t = v.to(device=self.device, dtype=TORCH_DTYPES[dtype]).contiguous()
+            if t.numel() > room:
+                raise RuntimeError(f"{node}.{k} is {tuple(t.shape)}; its receive buffer on device {d} holds {room:,} "
+                                   f"elements (the plan sizes it at {node}'s largest step)")
+            sends.append(t)
+            meta.append((k, tuple(t.shape), key))
         link = self.links[d]
-        link.request(("run", node, walk, rung, size, inputs, layouts, list(want)))
+        link.request(("run", node, walk, rung, size, host, layouts, list(want), meta))
+        # sent without waiting: a dead worker is seen below, not in a send that no receive meets
+        works = [dist.isend(t, dst=d) for t in sends]
         self.stats["request_seconds"] += time.perf_counter() - t0
         ready = self._wait(d, "done", STEP_TIMEOUT_S)
+        for w, t in zip(works, sends):               # the worker received them before it ran the step
+            w.wait()
+            self.stats["send_bytes"] += t.numel() * t.element_size()
         t1 = time.perf_counter()
         out = {}
         views = []

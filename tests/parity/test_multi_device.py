@@ -1,7 +1,8 @@
 """A plan of two CPU devices served through two processes (issue 12): the engine's own (the thinker) and a
 worker process for device 0 (the encoders, the talker, Code2Wav), gloo between them. The token ids of
-t2t, a2t and i2t equal the one-device plan's (seeded weights: each node's are the same on any device),
-the encoders' outputs come back through the process group (test_multi_device_failure.py: a killed worker)."""
+t2t, a2t and i2t, and the speech of t2s and a2s, equal the one-device plan's (seeded weights: each node's
+are the same on any device); the encoders' outputs come back through the process group, the talker's
+inputs go to it (test_multi_device_run.py: a killed worker)."""
 import numpy as np
 import pytest
 import torch
@@ -58,7 +59,8 @@ def test_two_processes_give_the_one_device_tokens(engines):
     # the encoders' outputs arrive in the thinker device's receive buffers, one per edge source port: the
     # plan's transfers lines, measured at boot at the ledger's bytes
     assert set(two.workers.buffers) == {("audio_encoder", "embeds"), ("vision_encoder", "embeds"),
-                                        ("vision_encoder", "deepstack")}
+                                        ("vision_encoder", "deepstack"), ("talker", "codes"),
+                                        ("talker", "next_embeds"), ("code2wav", "wav")}
     ledger, sources = two.plan.devices[1].ledger, two.plan.devices[1].sources
     for comp in ("transfers.audio_encoder", "transfers.vision_encoder"):
         assert two.boot.measured[comp] == ledger[comp] > 0
@@ -82,9 +84,46 @@ def test_one_process_drives_one_multi_device_plan(engines, plans):
         Engine(plans[1], random_weights=True)
 
 
-def test_speech_across_devices_is_refused_with_the_reason(engines):
-    two = engines[1]
-    assert "t2s" not in two.kinds() and "t2t" in two.kinds()
-    with pytest.raises(InvalidInput) as e:
-        two.add(prompt_token_ids=[1, 2, 3], speech=SpeechParams())
-    assert "another device" in str(e.value) and e.value.param == "modalities"
+def speak(engine: Engine) -> list:
+    """A greedy t2s, a sampled (seeded) t2s and an a2s, arriving together."""
+    ids, m = engine.host.speech.ids, engine.host.media
+    clip = (0.1 * np.random.default_rng(1).standard_normal(16000)).astype(np.float32)
+    user, asst = [ids["im_start_token_id"], ids["user_token_id"]], [ids["im_start_token_id"], ids["assistant_token_id"]]
+    audio = [m.audio_start_token_id, m.audio_token_id, engine.host.audio_end]
+    text = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    reqs = [engine.add(prompt_token_ids=user + [5, 6, 7] + asst, params=text,
+                       speech=SpeechParams(temperature=0, max_frames=18)),
+            engine.add(prompt_token_ids=user + [8, 9] + asst, params=text,
+                       speech=SpeechParams(temperature=0.9, seed=3, max_frames=25, first_chunk=3)),
+            engine.add(prompt_token_ids=user + [4, *audio, 6] + asst, media=[Media("audio", clip)], params=text,
+                       speech=SpeechParams(temperature=0, max_frames=12))]
+    while engine.has_work():
+        engine.step()
+    return [engine.output(r) for r in reqs]
+
+
+def test_speech_across_devices_gives_the_one_device_frames_and_audio(engines):
+    """The talker and Code2Wav on device 0, driven from the thinker's device 1 through the model's links: the
+    talker's rows and sampling inputs cross in the worker's receive buffers, its codes, next rows and audio
+    come back in the engine's; frames, text and samples equal the one-device plan's (same seeded weights)."""
+    one, two = engines
+    assert {"t2s", "a2s"} <= set(two.kinds())
+    assert set(two.workers.linked["talker"]) == {"embeds", "trailing_text", "sampling", "noise", "seen",
+                                                 "thinker_embeds", "thinker_hidden"}
+    ledger = two.plan.devices[1].ledger
+    for comp in ("transfers.talker", "transfers.code2wav"):
+        assert two.boot.measured[comp] == ledger[comp] > 0
+    # the talker's pages are kept by the engine, as many as its worker booted (less the scratch page on a GPU)
+    assert two.speech.pages.num_pages == two.plan.devices[0].kv_pages["talker_kv"]
+    before = dict(two.workers.stats)
+    want, got = speak(one), speak(two)
+    assert [o.error for o in got] == [None] * 3
+    for a, b in zip(want, got):
+        assert b.token_ids == a.token_ids and len(b.token_ids) == 10
+        assert b.audio_codes == a.audio_codes and len(b.audio_codes) >= 3
+        assert b.audio_finish_reason == a.audio_finish_reason
+        assert b.audio.shape == a.audio.shape and np.array_equal(b.audio, a.audio)
+    assert two.speech.pages.num_free == two.speech.capacity            # every talker page given back
+    assert two.workers.stats["send_bytes"] > before["send_bytes"]
+    assert two.workers.stats["recv_bytes"] > before["recv_bytes"]
+
