@@ -1,6 +1,7 @@
 """A JSONL of requests for `graphc run --requests` on seeded weights (token ids, no tokenizer): t2t prompts
 of random ids, a2t prompts whose one audio placeholder id stands for a synthetic WAV written beside it, and
-i2t prompts likewise with a random PNG.
+i2t prompts likewise with a random PNG, and t2s prompts (a user turn of random ids, then the assistant's
+turn) that ask for speech too.
 
     python examples/make_requests.py out/requests.jsonl --t2t 32 --a2t 32 --max-tokens 64
     graphc run plans/qwen3_omni_h200.plan --random-weights --requests out/requests.jsonl --stats out/stats.json
@@ -23,12 +24,16 @@ def main() -> None:
     ap.add_argument("--t2t", type=int, default=32)
     ap.add_argument("--a2t", type=int, default=32)
     ap.add_argument("--i2t", type=int, default=0, help="prompts around one random image (PNG) of 128-1024 px a side")
+    ap.add_argument("--t2s", type=int, default=0, help="prompts answered with text and speech (greedy)")
+    ap.add_argument("--frames", type=int, default=64, help="the most codec frames a t2s answer speaks (80 ms each)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=128, help="text tokens per prompt (t2t), around the audio (a2t)")
     ap.add_argument("--seconds", type=float, nargs=2, default=(2.0, 20.0), help="audio lengths drawn in this range")
     ap.add_argument("--vocab", type=int, default=151_000, help="prompt ids are drawn below this")
     ap.add_argument("--audio-token", type=int, default=151_675)
     ap.add_argument("--image-token", type=int, default=151_655)
+    ap.add_argument("--turn-tokens", type=int, nargs=3, default=(151_644, 872, 77_091),
+                    help="<|im_start|>, user and assistant ids (a t2s prompt's turns)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     import soundfile as sf
@@ -37,10 +42,14 @@ def main() -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     lines = []
-    for i in range(a.t2t + a.a2t + a.i2t):
+    for i in range(a.t2t + a.a2t + a.i2t + a.t2s):
         ids = rng.integers(0, a.vocab, a.prompt).tolist()
         line = {"id": f"r{i}", "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True}
-        if i >= a.t2t + a.a2t:
+        if i >= a.t2t + a.a2t + a.i2t:
+            start, user, assistant = a.turn_tokens
+            ids = [start, user] + ids + [start, assistant]
+            line |= {"modalities": ["text", "audio"], "audio": {"temperature": 0, "max_frames": a.frames}}
+        elif i >= a.t2t + a.a2t:
             from PIL import Image
 
             h, w = (int(x) for x in rng.integers(128, 1025, 2))

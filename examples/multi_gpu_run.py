@@ -2,8 +2,8 @@
 
     python examples/multi_gpu_run.py --out $OUT [--kernels .fimods] [--plan plans/qwen3_omni_2xh100.plan]
 
-1. `graphc run PLAN --random-weights --emulate --requests R --stats S` over a JSONL of a2t and i2t
-   requests (examples/make_requests.py): every device boots in its own process, each checked against its
+1. `graphc run PLAN --random-weights --emulate --requests R --stats S` over a JSONL of a2t, i2t and t2s
+   requests (examples/make_requests.py; t2s speaks through the talker and Code2Wav on another device): every device boots in its own process, each checked against its
    ledger (its peak, its graphs), the requests complete, and the stats say tokens/s, TTFT and the time the
    engine spent on the other devices' node steps and in receiving their rows.
 2. The same run again with a worker process killed (SIGKILL) once the requests are under way: the run must
@@ -147,6 +147,8 @@ def main() -> None:
     ap.add_argument("--requests", help="a JSONL to serve instead of making one of a2t and i2t requests")
     ap.add_argument("--a2t", type=int, default=32)
     ap.add_argument("--i2t", type=int, default=32)
+    ap.add_argument("--t2s", type=int, default=8, help="requests answered with speech too (talker and Code2Wav "
+                    "on another device than the thinker, in the shipped 2-GPU plan)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--timeout", type=float, default=240, help="seconds each run may take")
     ap.add_argument("--no-kill", action="store_true", help="skip the killed-worker run")
@@ -159,7 +161,8 @@ def main() -> None:
     requests = Path(a.requests) if a.requests else out / "requests" / "requests.jsonl"
     if not a.requests:
         subprocess.run([sys.executable, str(ROOT / "examples" / "make_requests.py"), str(requests), "--t2t", "0",
-                        "--a2t", str(a.a2t), "--i2t", str(a.i2t), "--max-tokens", str(a.max_tokens)], check=True)
+                        "--a2t", str(a.a2t), "--i2t", str(a.i2t), "--t2s", str(a.t2s), "--max-tokens", str(a.max_tokens)],
+                       check=True)
     result = {"plan": a.plan, "requests": len(requests.read_text().splitlines())}
     result["serve"] = graphc_run(a.plan, requests, out, "serve", a.timeout)
     stats_path = out / "serve_stats.json"
@@ -167,6 +170,10 @@ def main() -> None:
         stats = json.loads(stats_path.read_text())
         outs = [json.loads(x) for x in (out / "serve.jsonl").read_text().splitlines()]
         result["completed"] = sum(1 for o in outs if o.get("finish_reason") in ("length", "stop"))
+        spoke = [o for o in outs if "audio_frames" in o]
+        result["spoken"] = {"requests": len(spoke), "frames": sum(o["audio_frames"] for o in spoke),
+                            "seconds": sum(o["audio_seconds"] for o in spoke),
+                            "first_audio_s": sorted(o["times"].get("first_audio_s", 0) for o in spoke)}
         result["stats"] = stats
     if not a.no_kill:
         result["kill"] = graphc_run(a.plan, requests, out, "kill", a.timeout, kill_after=2.0)
@@ -180,6 +187,11 @@ def main() -> None:
                   f"TTFT p50 {st.get('ttft_s', {}).get('p50', 0) * 1e3:.0f} ms, other-device steps {r.get('steps')}, "
                   f"{1e3 * r.get('seconds', 0) / max(r.get('steps', 0), 1):.2f} ms each, "
                   f"{1e3 * r.get('recv_seconds', 0) / max(r.get('steps', 0), 1):.3f} ms receiving")
+        sp = result.get("spoken", {})
+        if sp.get("requests"):
+            firsts = sp["first_audio_s"]
+            detail += (f"; {sp['requests']} spoke {sp['frames']} frames ({sp['seconds']:.1f} s of audio), first audio "
+                       f"p50 {1e3 * firsts[len(firsts) // 2]:.0f} ms")
         for d, c in st.get("devices", {}).items():
             detail += (f"; device {d}: {c['graphs_captured']}/{c['graphs_planned']} graphs, peak "
                        f"{c['measured']} of {c['planned']} ({100 * (c['within'] or 0):+.2f}%), after run "

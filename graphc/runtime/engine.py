@@ -576,7 +576,7 @@ class Engine:
         if r and r["steps"]:
             line += (f"; other devices: {r['steps']} node steps, {r['seconds'] / r['steps'] * 1e3:.2f} ms each (p50 "
                      f"{r['step_ms']['p50']:.2f}), of which {r['request_seconds'] / r['steps'] * 1e3:.2f} ms sending the "
-                     f"step, {r['recv_seconds'] / r['steps'] * 1e3:.3f} ms (p50 {r['recv_ms']['p50']:.3f}) receiving "
+                     f"step ({r.get('send_bytes', 0) / r['steps'] / 1e6:.2f} MB device to device), {r['recv_seconds'] / r['steps'] * 1e3:.3f} ms (p50 {r['recv_ms']['p50']:.3f}) receiving "
                      f"{r['recv_bytes'] / r['steps'] / 1e6:.2f} MB")
         return line
 
