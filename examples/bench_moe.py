@@ -6,6 +6,11 @@ once, at --bandwidth). Every time includes what the timing costs (two events and
 empty graph's replay, printed first and kept in the JSON.
 
     python examples/bench_moe.py --json OUT.json [--tokens 1 2 4 8 16 32 64] [--replays 200]
+    python examples/bench_moe.py --sweep --tokens 128 512 2048 8192 --skew 0 4 --json OUT.json
+
+--sweep times the tiled kernels (steps of more than moe_triton.TILED_FROM pairs) at each block choice of
+SWEEP and keeps the fastest per row; --skew S adds S to 8 experts' router logits (most pairs then choose
+them, as seeded weights' routers do), so that an expert chosen by many pairs is measured too.
 """
 from __future__ import annotations
 
@@ -24,9 +29,16 @@ from models.components.moe_ops import fused_experts  # noqa: E402
 SHAPES = {"thinker": (128, 2048, 768, 8), "talker": (128, 1024, 384, 6)}   # experts, hidden, intermediate, top-k
 
 
-def routing(t: int, e: int, k: int, hidden: int, gen: torch.Generator):
-    """A router's top-k of softmax over random logits, renormalised, in bf16 (SparseMoE.route's order)."""
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) tried for the tiled kernels by --sweep
+SWEEP = [(64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3), (64, 64, 128, 4, 3),
+         (32, 64, 128, 4, 4), (128, 64, 64, 4, 3), (64, 256, 64, 8, 3), (128, 128, 32, 8, 4), (64, 128, 32, 4, 4)]
+
+
+def routing(t: int, e: int, k: int, hidden: int, gen: torch.Generator, skew: float = 0.0):
+    """A router's top-k of softmax over random logits, renormalised, in bf16 (SparseMoE.route's order);
+    skew is added to the first 8 experts' logits."""
     logits = torch.randn(t, e, generator=gen, device="cuda")
+    logits[:, :8] += skew
     w, ex = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
     return ex, (w / w.sum(-1, keepdim=True)).to(torch.bfloat16)
 
@@ -71,7 +83,10 @@ def main() -> int:
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--bandwidth", type=float, default=4.26e12)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sweep", action="store_true", help="time the tiled kernels at each block choice of SWEEP")
+    ap.add_argument("--skew", type=float, nargs="+", default=[0.0], help="router logit added to 8 experts")
     args = ap.parse_args()
+    from models.components import moe_triton as mt
     gen = torch.Generator(device="cuda").manual_seed(0)
     empty = captured(lambda: None, args.replays)      # what the timing itself costs: an empty graph's replay
     print(f"an empty graph replays in {empty:.1f} us (in every time below)")
@@ -83,9 +98,9 @@ def main() -> int:
             ex_mod.down_proj.normal_(0, 0.02, generator=gen)
         gu, dn = ex_mod.gate_up_proj.detach(), ex_mod.down_proj.detach()
         per_expert = (gu[0].numel() + dn[0].numel()) * 2
-        for t in args.tokens:
+        for t, skew in [(t, sk) for t in args.tokens for sk in args.skew]:
             x = torch.randn(t, h, generator=gen, device="cuda").to(torch.bfloat16)
-            ex, w = routing(t, e, k, h, gen)
+            ex, w = routing(t, e, k, h, gen, skew)
             with torch.no_grad():
                 ref = reference(x, gu, dn, ex, w)
                 a = ex_mod(x, ex, w)
@@ -95,10 +110,31 @@ def main() -> int:
                        "floor_us": ex.unique().numel() * per_expert / args.bandwidth * 1e6,
                        "torch_us": captured(lambda: ex_mod(x, ex, w), args.replays),
                        "fused_us": captured(lambda: fused_experts(x, gu, dn, ex, w), args.replays),
-                       "torch_err": err(a), "fused_err": err(b)}
+                       "torch_err": err(a), "fused_err": err(b), "skew": skew,
+                       "most_pairs_one_expert": int(torch.bincount(ex.reshape(-1)).max())}
+                if args.sweep and t * k > mt.TILED_FROM:
+                    keep = dict(mt.TILED)
+                    best = {}
+                    for kind in ("gate_up", "down"):
+                        for cfg in SWEEP:
+                            mt.TILED = {**mt.TILED, kind: cfg}
+                            try:
+                                us = captured(lambda: fused_experts(x, gu, dn, ex, w), args.replays)
+                                e_ = err(fused_experts(x, gu, dn, ex, w))
+                            except Exception as exc:       # a block choice past the shared memory, say
+                                print(f"  {kind} {cfg}: {type(exc).__name__}", flush=True)
+                                continue
+                            row.setdefault("sweep", []).append({"kind": kind, "blocks": cfg, "us": us, "err": e_})
+                            if kind not in best or us < best[kind][1]:
+                                best[kind] = (cfg, us)
+                        mt.TILED = {**mt.TILED, kind: best[kind][0]}      # the next kind swept with this one's best
+                    row["best_blocks"] = {kd: v[0] for kd, v in best.items()}
+                    row["fused_us"] = best["down"][1]
+                    mt.TILED = keep
             row["speedup"] = row["torch_us"] / row["fused_us"]
             rows.append(row)
-            print(f"{name:8s} T={t:3d} experts {row['experts_touched']:3d}  torch {row['torch_us']:7.1f} us  "
+            print(f"{name:8s} T={t:4d} skew {skew:g} (most {row['most_pairs_one_expert']}) "
+                  f"{row.get('best_blocks', '')} experts {row['experts_touched']:3d}  torch {row['torch_us']:7.1f} us  "
                   f"fused {row['fused_us']:7.1f} us  x{row['speedup']:.2f}  floor {row['floor_us']:6.1f} us  "
                   f"err torch {row['torch_err']:.2e} fused {row['fused_err']:.2e}", flush=True)
     if args.json:

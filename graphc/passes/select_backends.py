@@ -3,15 +3,15 @@
 A paged KV resource gets one backend for prefill and mixed steps and one for decode steps; a
 backend whose kernels do not take the resource's head dim runs it padded (capabilities.HEAD_DIMS).
 
-Kernels that are not attention's, per node (graphc.modules.KERNEL_KNOBS, applied to whichever of the
-node's modules declare them): a bf16 node on an sm_90 target runs its sparse MoE experts' steps of up to
-FUSED_MAX_TOKENS tokens in the fused Triton kernels (models/components/moe_ops.py), grouped_mm above;
-measured on the H200 faster at every count from 1 to 64 tokens at Qwen3-Omni's thinker and talker
-shapes (docs/benchmarks.md), and not measured on other archs or above 64 tokens. The same nodes run
-their RMSNorms, residual add + RMSNorm and qk-norm + rotary embedding as one launch each
+Kernels that are not attention's, per node (graphc.modules.KERNEL_KNOBS, applied to whichever of the node's
+modules declare them): a bf16 node on an sm_90 target runs its sparse MoE experts' steps of up to
+FUSED_MAX_TOKENS tokens in the fused Triton kernels (models/components/moe_ops.py; tiled past 64 tokens),
+grouped_mm above; measured on the H200 faster at every count from 1 to 16,384 tokens at Qwen3-Omni's thinker
+and talker shapes (docs/benchmarks.md), and not measured on other archs or above 16,384 tokens. The same
+nodes run their RMSNorms, residual add + RMSNorm and qk-norm + rotary embedding as one launch each
 (models/components/norm_ops.py, the fused_norms knob), and their MoE routers' softmax, top-k and
-renormalisation as one (moe_ops.fused_route, the fused_router knob), at every token count; measured on
-the H200 (docs/benchmarks.md), not on other archs.
+renormalisation as one (moe_ops.fused_route, the fused_router knob), at every token count; measured on the
+H200 (docs/benchmarks.md), not on other archs.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class Choice:
     why: str
 
 
-FUSED_MAX_TOKENS = 64
+FUSED_MAX_TOKENS = 16384
 FUSED_ARCHS = ("sm_90",)
 
 

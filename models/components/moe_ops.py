@@ -77,6 +77,11 @@ def fused_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Ten
     return experts, weights
 
 
+# more token-expert pairs than this are grouped by torch's sort (moe_group's work grows as the pairs squared:
+# examples/bench_moe.py --sweep)
+GROUP_SORT_FROM = 512
+
+
 def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor,
                   weights: torch.Tensor) -> torch.Tensor:
     """Experts.forward's contract: x [T, H], gate_up_proj [E, 2I, H], down_proj [E, H, I], experts and
@@ -87,9 +92,14 @@ def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.
     if x.shape != (t, hidden) or down_proj.shape != (num_experts, hidden, inter):
         raise ValueError(f"fused_experts: x {tuple(x.shape)}, gate_up {tuple(gate_up_proj.shape)}, down "
                          f"{tuple(down_proj.shape)} do not agree")
-    rows = torch.empty(t * k, device=x.device, dtype=torch.int32)      # pairs grouped by expert
-    ends = torch.empty(num_experts, device=x.device, dtype=torch.int32)
-    moe_group(experts.reshape(-1).contiguous(), rows, ends)
+    if t * k > GROUP_SORT_FROM:      # the group kernel ranks every pair against every other: sort many instead
+        order, idx = torch.sort(experts.reshape(-1), stable=True)
+        rows = idx.to(torch.int32)
+        ends = torch.searchsorted(order, torch.arange(1, num_experts + 1, device=x.device), out_int32=True)
+    else:
+        rows = torch.empty(t * k, device=x.device, dtype=torch.int32)      # pairs grouped by expert
+        ends = torch.empty(num_experts, device=x.device, dtype=torch.int32)
+        moe_group(experts.reshape(-1).contiguous(), rows, ends)
     h = torch.empty(t * k, inter, device=x.device, dtype=x.dtype)      # in grouped order
     moe_gate_up(x.contiguous(), gate_up_proj, h, rows, ends, k)
     pairs = torch.empty(t * k, hidden, device=x.device, dtype=x.dtype)  # in (token, slot) order

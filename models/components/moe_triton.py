@@ -122,9 +122,88 @@ def _down(h_ptr, w_ptr, out_ptr, rows_ptr, ends_ptr, scale_ptr, H: tl.constexpr,
                  mask=m_mask[:, None] & n_mask[None, :])
 
 
+@triton.jit
+def _tile(ends_ptr, b, E: tl.constexpr, EBLOCK: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Tile b of the grouped pairs: each expert's pairs cut into BLOCK_M-row tiles, experts in order. Returns
+    (expert, first row, end of the expert's rows); expert E when b is past the last tile."""
+    offs_e = tl.arange(0, EBLOCK)
+    ends = tl.load(ends_ptr + offs_e, mask=offs_e < E, other=0)
+    starts = tl.load(ends_ptr + offs_e - 1, mask=(offs_e > 0) & (offs_e < E), other=0)
+    tiles = (tl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M
+    upto = tl.cumsum(tiles, axis=0)                                   # tiles of experts <= e
+    e = tl.sum((upto <= b).to(tl.int32), axis=0)
+    before = tl.sum(tl.where(offs_e < e, tiles, 0), axis=0)
+    start = tl.sum(tl.where(offs_e == e, starts, 0), axis=0)
+    end = tl.sum(tl.where(offs_e == e, ends, 0), axis=0)
+    return e, start + (b - before) * BLOCK_M, end
+
+
+@triton.jit
+def _gate_up_tiled(x_ptr, w_ptr, h_ptr, rows_ptr, ends_ptr, H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr,
+                   E: tl.constexpr, EBLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+    """_gate_up for many tokens: a program per (tile of one expert's pairs, N-block), so an expert chosen by
+    many pairs is spread over as many programs as its tiles (no expert's rows run in one program)."""
+    e, m0, end = _tile(ends_ptr, tl.program_id(0), E, EBLOCK, BLOCK_M)
+    if e < E:
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < I
+        w_e = w_ptr + e.to(tl.int64) * (2 * I * H)
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        m_mask = offs_m < end
+        tok = tl.load(rows_ptr + offs_m, mask=m_mask, other=0) // TOP_K
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < H
+            xa = tl.load(x_ptr + tok[:, None].to(tl.int64) * H + offs_k[None, :],
+                         mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            wk = k_mask[:, None] & n_mask[None, :]
+            wg = tl.load(w_e + offs_n[None, :] * H + offs_k[:, None], mask=wk, other=0.0)
+            wu = tl.load(w_e + (offs_n[None, :] + I) * H + offs_k[:, None], mask=wk, other=0.0)
+            acc_g += tl.dot(xa, wg)
+            acc_u += tl.dot(xa, wu)
+        h = acc_g * tl.sigmoid(acc_g) * acc_u
+        tl.store(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
+                 mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _down_tiled(h_ptr, w_ptr, out_ptr, rows_ptr, ends_ptr, scale_ptr, H: tl.constexpr, I: tl.constexpr,
+                E: tl.constexpr, EBLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """_down for many tokens, tiled as _gate_up_tiled."""
+    e, m0, end = _tile(ends_ptr, tl.program_id(0), E, EBLOCK, BLOCK_M)
+    if e < E:
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < H
+        w_e = w_ptr + e.to(tl.int64) * (H * I)
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        m_mask = offs_m < end
+        pair = tl.load(rows_ptr + offs_m, mask=m_mask, other=0)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < I
+            ha = tl.load(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_k[None, :],
+                         mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            wd = tl.load(w_e + offs_n[None, :] * I + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :],
+                         other=0.0)
+            acc += tl.dot(ha, wd)
+        scale = tl.load(scale_ptr + pair, mask=m_mask, other=0.0).to(tl.float32)
+        y = acc * scale[:, None]
+        tl.store(out_ptr + pair[:, None].to(tl.int64) * H + offs_n[None, :], y.to(out_ptr.dtype.element_ty),
+                 mask=m_mask[:, None] & n_mask[None, :])
+
+
 # BLOCK_M rows of one expert's pairs at a time (tl.dot's least), N and K blocks of its weights, warps, stages
 # (measured on the H200 at the thinker's and the talker's shapes, 1 to 64 tokens: examples/bench_moe.py)
 BLOCKS = {"gate_up": (16, 32, 128, 4, 4), "down": (16, 32, 128, 2, 4)}
+# steps of more than TILED_FROM token-expert pairs (64 of the thinker's tokens) run the tiled kernels (a
+# program per tile of an expert's pairs) with these blocks (examples/bench_moe.py --sweep on the H200)
+TILED_FROM = 512
+TILED = {"gate_up": (64, 64, 64, 4, 3), "down": (64, 128, 64, 4, 3)}
 GROUP_BLOCK = 64
 
 
@@ -139,6 +218,13 @@ def gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, h: torch.Tensor, rows: 
             top_k: int) -> None:
     """h [P, I] (grouped order) = silu(x W_gate) * (x W_up) of each pair's token and expert."""
     num_experts, two_i, hidden = gate_up_proj.shape
+    if h.shape[0] > TILED_FROM:
+        bm, bn, bk, warps, stages = TILED["gate_up"]
+        grid = (triton.cdiv(h.shape[0], bm) + num_experts, triton.cdiv(two_i // 2, bn))
+        _gate_up_tiled[grid](x, gate_up_proj, h, rows, ends, hidden, two_i // 2, top_k, num_experts,
+                             triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                             num_warps=warps, num_stages=stages)
+        return
     bm, bn, bk, warps, stages = BLOCKS["gate_up"]
     _gate_up[(num_experts, triton.cdiv(two_i // 2, bn))](x, gate_up_proj, h, rows, ends, hidden, two_i // 2, top_k,
                                                         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
@@ -149,6 +235,13 @@ def down(h: torch.Tensor, down_proj: torch.Tensor, pairs: torch.Tensor, rows: to
          weights: torch.Tensor) -> None:
     """pairs [P, H] ((token, slot) order) = weight x (h W_down) of each pair."""
     num_experts, hidden, inter = down_proj.shape
+    if pairs.shape[0] > TILED_FROM:
+        bm, bn, bk, warps, stages = TILED["down"]
+        grid = (triton.cdiv(pairs.shape[0], bm) + num_experts, triton.cdiv(hidden, bn))
+        _down_tiled[grid](h, down_proj, pairs, rows, ends, weights, hidden, inter, num_experts,
+                          triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                          num_warps=warps, num_stages=stages)
+        return
     bm, bn, bk, warps, stages = BLOCKS["down"]
     _down[(num_experts, triton.cdiv(hidden, bn))](h, down_proj, pairs, rows, ends, weights, hidden, inter,
                                                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,

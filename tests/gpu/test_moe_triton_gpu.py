@@ -26,7 +26,7 @@ def reference(x, gu, dn, ex, w) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("tokens", [1, 7, 64, 300])
+@pytest.mark.parametrize("tokens", [1, 7, 64, 100, 300, 2048])
 def test_fused_experts_against_fp64_and_the_bf16_path(shape, tokens):
     pytest.importorskip("triton")
     from models.components.moe_ops import fused_experts

@@ -30,7 +30,7 @@ def test_shipped_plans_record_the_choice_where_it_acts():
         got = {n: p.kernels for n, p in plan.nodes.items()}
         # the thinker and the talker hold sparse MoE experts and RMSNorms; Code2Wav RMSNorms only; the
         # encoders neither (LayerNorms)
-        both = {"fused_max_tokens": 64, "fused_norms": 1, "fused_router": 1}
+        both = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1}
         assert got == {"thinker": both, "talker": both, "audio_encoder": {}, "vision_encoder": {},
                        "code2wav": {"fused_norms": 1}}, got
     assert all(not p.kernels for p in load_plan("plans/qwen3_omni_tiny_cpu.plan").nodes.values())     # cpu
@@ -49,7 +49,7 @@ def test_select_backends_by_arch_and_dtype():
         ir = verify_graph(model, get_target(gpu), 1)
         chosen = select_backends(ir).kernels
         bf16 = {n.name for n in model.nodes if n.dtype == "bfloat16"}
-        assert chosen == ({n: {"fused_max_tokens": 64, "fused_norms": 1, "fused_router": 1} for n in bf16}
+        assert chosen == ({n: {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1} for n in bf16}
                           if want else {}), gpu
 
 
