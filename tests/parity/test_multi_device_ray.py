@@ -1,6 +1,6 @@
 """`graphc run PLAN --ray ADDRESS` on a local Ray cluster (issue 12): the two-device tiny Omni plan's devices
 as actors in one placement group, gloo between them. Token ids equal the one-device plan's for t2t,
-a2t and i2t; a killed device actor ends the run naming its device within 10 s. A module of its own: it
+a2t and i2t, and a t2s's speech its audio; a killed device actor ends the run naming its device within 10 s. A module of its own: it
 starts and stops its cluster."""
 import json
 import time
@@ -35,15 +35,20 @@ def jsonl(tmp_path_factory):
     Image.fromarray((rng.random((64, 80, 3)) * 255).astype(np.uint8)).save(path / "pic.png")
     items = [{"id": "t2t", "prompt_token_ids": [1, 2, 3, 4, 5, 6]},
              {"id": "a2t", "prompt_token_ids": [1, 2, "AUDIO", 7, 8], "media": [{"type": "audio", "path": str(path / "clip.wav")}]},
-             {"id": "i2t", "prompt_token_ids": [1, 2, "IMAGE", 9], "media": [{"type": "image", "path": str(path / "pic.png")}]}]
+             {"id": "i2t", "prompt_token_ids": [1, 2, "IMAGE", 9], "media": [{"type": "image", "path": str(path / "pic.png")}]},
+             {"id": "t2s", "prompt_token_ids": ["USER", 5, 6, 7, "ASSISTANT"], "modalities": ["text", "audio"],
+              "audio": {"temperature": 0, "max_frames": 12}}]
     return path, items
 
 
 def resolve(items, engine):
     """The placeholders as the model's media token ids."""
     m = engine.host.media
+    sp = engine.host.speech.ids
     ids = {"AUDIO": [m.audio_start_token_id, m.audio_token_id, engine.host.audio_end],
-           "IMAGE": [m.vision_start_token_id, m.image_token_id]}
+           "IMAGE": [m.vision_start_token_id, m.image_token_id],
+           "USER": [sp["im_start_token_id"], sp["user_token_id"]],
+           "ASSISTANT": [sp["im_start_token_id"], sp["assistant_token_id"]]}
     out = []
     for it in items:
         toks = [t for x in it["prompt_token_ids"] for t in (ids[x] if isinstance(x, str) else [x])]
@@ -68,8 +73,14 @@ def test_ray_actors_give_the_one_device_tokens(cluster, plans, jsonl, tmp_path):
     assert main(["run", str(plans[1]), "--ray", "local", "--random-weights", "--requests", str(tmp_path / "in.jsonl"),
                  "--output", str(out), "--stats", str(stats)]) == 0
     got = [json.loads(x) for x in out.read_text().splitlines()]
-    assert [g["id"] for g in got] == ["t2t", "a2t", "i2t"]
+    assert [g["id"] for g in got] == ["t2t", "a2t", "i2t", "t2s"]
     assert [g["token_ids"] for g in got] == [o.token_ids for o in want]
+    # the spoken answer: the talker and Code2Wav in device 0's actor, driven from the engine's actor
+    spoke = got[3]
+    assert spoke["audio_frames"] == len(want[3].audio_codes) >= 3
+    wav, rate = sf.read(spoke["audio_path"], dtype="float32")
+    assert rate == want[3].sample_rate and wav.shape == want[3].audio.shape
+    assert np.abs(wav - want[3].audio).max() <= 2 / 32768             # the WAV's 16-bit rounding
     remote = json.loads(stats.read_text())["remote"]
     assert remote["steps"] >= 2 and remote["recv_bytes"] > 0          # the encoders ran in device 0's actor
 
