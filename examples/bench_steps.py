@@ -116,7 +116,7 @@ def main() -> None:
     ap.add_argument("plan", nargs="?", help="the plan (not needed with --floors-from)")
     ap.add_argument("--device", type=int, default=0, help="the plan device to boot (default 0)")
     ap.add_argument("--emulate", action="store_true", help="cap this GPU to the plan's card")
-    ap.add_argument("--only", default=None, help="NODE or NODE/FAMILY: time only these graphs")
+    ap.add_argument("--only", nargs="+", default=None, help="NODE or NODE/FAMILY (several): time only these graphs")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--bandwidth", type=float, default=4.26e12, help="bytes per second the floor assumes")
@@ -142,7 +142,7 @@ def main() -> None:
     with torch.inference_mode():
         for key in plan.devices[a.device].capture_order:
             node, family, rung = parse_graph_id(key)
-            if a.only and not (key.startswith(a.only + "/") or node == a.only):
+            if a.only and not any(key.startswith(o + "/") or node == o for o in a.only):
                 continue
             step = ir.family(node, family)
             g.static_inputs(node, family, step, rung)
