@@ -6,9 +6,11 @@
 
 One backend per (resource, captured rung), or one for eager steps. A captured backend's wrapper
 reads fixed buffers sized for its rung (graph_buffers: the ones spec.wrapper_allocs lists, plus
-the paged append indices it does not) and its own int workspace; each plan() rewrites them in
-place, so one graph replays any layout of the rung. The float workspace is passed in and shared
-by all of a resource's wrappers: steps run one after another and only a running kernel uses it.
+the paged append indices it does not); each plan() rewrites them in place, so one graph replays any
+layout of the rung. The float workspace and the int workspace are passed in and shared by all of a
+resource's captured wrappers: steps run one after another on one stream, each replay is planned right
+before it (the plan's copy into the int workspace is ordered after the replays before it), and a
+captured step holds one wrapper of each resource. An eager backend makes its own int workspace.
 
 flashinfer is imported when a backend is built, never at import: planning needs no GPU.
 """
@@ -156,7 +158,8 @@ class RaggedFlashInfer:
     """
 
     def __init__(self, spec: RaggedAttentionSpec, backend: str, workspace: torch.Tensor,
-                 rung: StepShape | None = None, dtype: torch.dtype = torch.bfloat16, run_head_dim: int | None = None):
+                 rung: StepShape | None = None, dtype: torch.dtype = torch.bfloat16, run_head_dim: int | None = None,
+                 ints: torch.Tensor | None = None):
         _check_backend(spec.kind, backend)
         fi = _flashinfer()
         # a head dim the kernels lack runs zero-padded to one they take (the plan's run_head_dim)
@@ -173,7 +176,7 @@ class RaggedFlashInfer:
         self._wrapper = fi.BatchPrefillWithRaggedKVCacheWrapper(
             workspace, "NHD", use_cuda_graph=rung is not None, qo_indptr_buf=self.buffers.get("qo_indptr"),
             kv_indptr_buf=self.buffers.get("kv_indptr"), backend=backend)
-        self._wrapper.reset_workspace_buffer(workspace, int_workspace(spec, workspace.device))
+        self._wrapper.reset_workspace_buffer(workspace, ints if ints is not None else int_workspace(spec, workspace.device))
         self._rows: int | None = None     # query rows the plan covers
         self._keys: int | None = None     # key rows it reads (None: all, as captured runs must)
 
@@ -216,7 +219,8 @@ class PagedFlashInfer:
     """
 
     def __init__(self, spec: PagedKVSpec, backend: str, workspace: torch.Tensor, cache: torch.Tensor,
-                 rung: StepShape | None = None, dtype: torch.dtype = torch.bfloat16, decode_backend: str | None = None):
+                 rung: StepShape | None = None, dtype: torch.dtype = torch.bfloat16, decode_backend: str | None = None,
+                 ints: torch.Tensor | None = None):
         _check_backend(spec.kind, backend)
         self._fi = _flashinfer()
         self.spec, self.backend, self.cache, self.rung, self.dtype = spec, backend, cache, rung, dtype
@@ -225,7 +229,7 @@ class PagedFlashInfer:
         self.tensor_cores = tensor_core_decode(self.decode_backend, spec.num_qo_heads, spec.num_kv_heads)
         device = workspace.device
         self.buffers = graph_buffers(spec, rung, device) if rung is not None else {}
-        ints = int_workspace(spec, device)
+        ints = ints if ints is not None else int_workspace(spec, device)
         self._prefill = self._decode = self._active = None
         if rung is None or rung.phase != "decode":
             self._prefill = self._prefill_wrapper(workspace)
@@ -301,17 +305,18 @@ class PagedFlashInfer:
 def make_backend(spec: RaggedAttentionSpec | PagedKVSpec, backend: str, workspace: torch.Tensor, captured: bool,
                  rung_shape: StepShape | None, *, cache: torch.Tensor | None = None,
                  dtype: torch.dtype = torch.bfloat16, decode_backend: str | None = None,
-                 run_head_dim: int | None = None) -> RaggedFlashInfer | PagedFlashInfer:
+                 run_head_dim: int | None = None, ints: torch.Tensor | None = None) -> RaggedFlashInfer | PagedFlashInfer:
     """A backend for one resource: for a captured rung (rung_shape sizes its buffers) or eager.
 
     workspace: the resource's float workspace (zeroed once: FlashInfer's decode asks for that);
-    cache: a paged resource's pool (resources.paged_kv.new_cache); dtype: q's (and ragged k/v's).
+    cache: a paged resource's pool (resources.paged_kv.new_cache); dtype: q's (and ragged k/v's);
+    ints: the resource's int workspace its captured wrappers share (int_workspace; None: one of its own).
     """
     rung = rung_shape if captured else None
     if isinstance(spec, RaggedAttentionSpec):
-        return RaggedFlashInfer(spec, backend, workspace, rung, dtype, run_head_dim)
+        return RaggedFlashInfer(spec, backend, workspace, rung, dtype, run_head_dim, ints)
     if isinstance(spec, PagedKVSpec):
         if cache is None:
             raise ValueError(f"paged resource '{spec.name}' needs its cache pool")
-        return PagedFlashInfer(spec, backend, workspace, cache, rung, dtype, decode_backend)
+        return PagedFlashInfer(spec, backend, workspace, cache, rung, dtype, decode_backend, ints)
     raise TypeError(f"{type(spec).__name__} has no FlashInfer backend")

@@ -61,13 +61,21 @@ def size_resources(ir: IR, backends: Backends, buckets: Buckets) -> ResourceSize
         needs[r.name] = (best, where)
     workspaces = _workspaces(ir, backends, needs)
     wrappers: dict[tuple[str, str, int], list[tuple[str, str, int]]] = {}
+    shared: set[str] = set()           # resources whose one int workspace is counted (its first graph's)
     for (node, fam, rung) in buckets.graphs():
         step = ir.family(node, fam)        # the runtime sizes a graph's wrapper at its family's step
         bufs = []
         for role, res in ir.node(node).resources.items():
             spec = ir.model.resource(res)
             shape = spec.step_shape(step.axis, step.sizes_at(rung), step.phase)
-            bufs += [(res, name, n) for name, n in spec.wrapper_allocs(backends.backend(res, step.phase), shape)]
+            for name, n in spec.wrapper_allocs(backends.backend(res, step.phase), shape):
+                # a resource's captured wrappers share one int workspace (each replay is planned right
+                # before it, one step at a time): counted once, with its first graph
+                if name == "int_workspace":
+                    if res in shared:
+                        continue
+                    shared.add(res)
+                bufs.append((res, name, n))
         wrappers[(node, fam, rung)] = bufs
     out = ResourceSizes(workspaces, wrappers)
     out.check(ir)

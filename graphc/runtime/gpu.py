@@ -17,7 +17,7 @@ from graphc.plan import parse_graph_id
 from graphc.runtime.boot import DeviceBoot, allocate
 from graphc.runtime.steps import layouts, synthetic_inputs
 from graphc.step import StepContext
-from resources.flashinfer_backend import make_backend
+from resources.flashinfer_backend import int_workspace, make_backend
 
 
 def _mem() -> tuple[int, int]:
@@ -55,6 +55,7 @@ class Graphs:
     def __init__(self, boot: DeviceBoot):
         self.boot = boot
         self.workspaces: dict[str, torch.Tensor] = {}
+        self.ints: dict[str, torch.Tensor] = {}           # each resource's int workspace, its captured wrappers'
         self.io: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
         self.backends: dict[tuple[str, str, int], dict[str, object]] = {}
 
@@ -85,9 +86,14 @@ class Graphs:
         plan_res = self.boot.plan.resources[res]
         backend = plan_res.decode_backend if step.phase == "decode" and plan_res.decode_backend else plan_res.backend
         shape = spec.step_shape(step.axis, step.sizes_at(rung), step.phase) if rung is not None else None
+        ints = None
+        if captured:       # one int workspace per resource, shared by its captured wrappers (the plan counts one)
+            if res not in self.ints:
+                self.ints[res] = int_workspace(spec, self.boot.device)
+            ints = self.ints[res]
         return make_backend(spec, backend, self.float_workspace(res), captured, shape,
                             cache=self.boot.caches.get(res), decode_backend=plan_res.decode_backend,
-                            run_head_dim=plan_res.run_head_dim)
+                            run_head_dim=plan_res.run_head_dim, ints=ints)
 
     def allocate_wrappers(self) -> None:
         before, _ = _mem()
