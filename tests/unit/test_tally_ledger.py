@@ -137,18 +137,16 @@ def test_general_pool_caches_nothing_by_default():
 
 
 def test_flashinfer_transient_is_8_mib(oracle):
-    """FlashInfer's replaced int workspace is 8 MiB: its 20 MiB segment keeps a 12 MiB tail (a 9 MiB
-    one would keep 11). The oracle's general pool with no KV pages: the arena's segment tail is
-    2 MiB - 512 B, the workspace slots are exactly 16 MiB segments, the small buffers share a 2 MiB
-    segment and the six 8 MiB int workspaces fill three 20 MiB segments two by two (4 MiB tails). So
-    an eager step of 11.5 MiB fits only the transient's tail: no new segment."""
-    step = 11 * MiB + 512 * KiB
-    s = replace(oracle, acts=replace(oracle.acts, eager={("mlp", "mixed"): trace(step)}))
+    """FlashInfer's replaced int workspace is 8 MiB. The oracle's general pool with no KV pages: the arena's
+    segment tail is 2 MiB - 512 B, the workspace slots are exactly 16 MiB segments, the small buffers share a
+    2 MiB segment, and the one 8 MiB int workspace the wrappers share opens a 20 MiB segment whose tail takes
+    the cached 8 MiB: 4 MiB stay free there (a 9 MiB transient would leave 3). So an eager step of 3.5 MiB
+    fits that tail (no new segment) and one of 4.5 MiB opens a 20 MiB segment of its own."""
+    s = replace(oracle, acts=replace(oracle.acts, eager={("mlp", "mixed"): trace(3 * MiB + 512 * KiB)}))
     led = tally_ledger(s, 0, ["mlp"], {"cache": 0})
-    assert led.get("activations") == 0, "an 11.5 MiB step fits the cached 8 MiB block's 12 MiB segment tail"
-    # 12.5 MiB fits no free block: its own segment, rounded up to 2 MiB
-    s = replace(oracle, acts=replace(oracle.acts, eager={("mlp", "mixed"): trace(12 * MiB + 512 * KiB)}))
-    assert tally_ledger(s, 0, ["mlp"], {"cache": 0}).get("activations") == 14 * MiB
+    assert led.get("activations") == 0, "a 3.5 MiB step fits the int workspace segment's 4 MiB tail"
+    s = replace(oracle, acts=replace(oracle.acts, eager={("mlp", "mixed"): trace(4 * MiB + 512 * KiB)}))
+    assert tally_ledger(s, 0, ["mlp"], {"cache": 0}).get("activations") == 20 * MiB
     assert detail(led, "allocator").endswith(", and FlashInfer's replaced 8 MiB int workspace, kept cached")
 
 
@@ -280,8 +278,9 @@ def test_details_of_the_exact_and_formula_lines(h100):
 def test_details_of_the_oracle(oracle):
     led = tally_ledger(oracle, 0, ["mlp"], {"cache": 0})
     assert detail(led, "graph_io.mlp") == "4 static input/output buffers at each captured family's largest rung"
-    count = sum(len(wrapper_buffers(fam, r)) for fam, r in GPU_GRAPHS)       # 3 x 7 prefill + 3 x 6 decode
-    assert count == 39
+    # one shared int workspace + 3 x 6 prefill + 3 x 5 decode
+    count = 1 + sum(len(wrapper_buffers(fam, r)) for fam, r in GPU_GRAPHS)
+    assert count == 34
     assert detail(led, "wrappers.cache") == \
         f"{count} fixed buffers of captured fa3/fa2 wrappers (int workspace, indptrs, append indices)"
     need = oracle.resources.workspaces["ws"].need
