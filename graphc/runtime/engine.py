@@ -407,6 +407,8 @@ class Engine:
         self._count(step)
         try:
             self.speech.run_talker(step)
+        except WorkerDied:                     # the talker's device is gone: the engine cannot go on
+            raise
         except Exception as e:
             return ended + self._fail(step.reqs, e)
         return ended + [ev for r in step.reqs if (ev := self._maybe_close(r)) is not None]
@@ -418,6 +420,8 @@ class Engine:
         self._count(step)
         try:
             served = self.speech.run_vocoder(step)
+        except WorkerDied:
+            raise
         except Exception as e:
             return self._fail(step.reqs, e)
         events = []

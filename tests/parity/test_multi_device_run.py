@@ -39,6 +39,33 @@ def test_a_killed_worker_fails_the_requests_in_flight_and_names_its_device(plans
         engine.close()
 
 
+def test_a_worker_killed_while_its_talker_speaks_stops_the_engine(plans, leak_oracle):
+    """The talker and Code2Wav live on the worker (speech across devices): a kill after the first frame ends
+    the run with WorkerDied naming device 0 (not one request failed and the engine going on without them)."""
+    from graphc.runtime.speech import SpeechParams
+
+    engine = leak_oracle.watch(Engine(plans[1], random_weights=True))
+    try:
+        ids = engine.host.speech.ids
+        prompt = [ids["im_start_token_id"], ids["user_token_id"], 5, 6, ids["im_start_token_id"], ids["assistant_token_id"]]
+        speaking = engine.add(prompt_token_ids=prompt, params=SamplingParams(temperature=0, max_tokens=60, ignore_eos=True),
+                              speech=SpeechParams(temperature=0, max_frames=200))
+        text = engine.add(prompt_token_ids=[1, 2, 3], params=SamplingParams(temperature=0, max_tokens=60))
+        while not speaking.speech.frames:
+            engine.step()
+        os.kill(engine.workers.links[0].proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerDied, match="device 0") as e:
+            while engine.has_work():
+                engine.step()
+        assert time.monotonic() - t0 < 10
+        assert {ev.request.id for ev in e.value.events} == {speaking.id, text.id}
+        assert all(r.closed and r.finish_reason == "error" and "device 0" in r.error for r in (speaking, text))
+        assert engine.dead and not engine.has_work()
+    finally:
+        engine.close()
+
+
 def test_graphc_run_serves_a_two_device_plan_offline(plans, tmp_path):
     reqs = tmp_path / "in.jsonl"
     reqs.write_text("".join(json.dumps({"id": f"r{i}", "prompt_token_ids": [1 + i, 2, 3], "max_tokens": 5,
