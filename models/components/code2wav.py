@@ -209,12 +209,20 @@ class ConvNeXtBlock(nn.Module):
 class SnakeBeta(nn.Module):
     """x + 1/exp(beta) * sin^2(x * exp(alpha)), per channel (log-scale parameters)."""
 
+    # a kernel choice the plan makes (select_backends' fused_norms knob, set at boot and in the simulation):
+    # 1 runs bf16 activations on a GPU (and on meta tensors) as one launch (norm_ops.snake_beta, fp32 inside,
+    # rounded once) in place of torch's nine; 0: torch's ops
+    fused_norms: int = 0
+
     def __init__(self, dim: int):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(dim))
         self.beta = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_norms and x.dtype == torch.bfloat16 and x.dim() == 3 and x.device.type in ("cuda", "meta"):
+            from models.components.norm_ops import snake_beta
+            return snake_beta(x, self.alpha, self.beta)
         alpha = self.alpha.exp()[None, :, None]
         beta = self.beta.exp()[None, :, None]
         return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)     # HF's epsilon and op order

@@ -5,9 +5,11 @@ caller with torch.empty, which the simulation records). Triton is imported only 
     graphc::rms_norm(x, weight, y!, eps)
     graphc::add_rms_norm(x, residual, weight, total!, y!, eps)
     graphc::qk_norm_rope(x, weight, cos, sin, y!, eps)
+    graphc::snake_beta(x, alpha, beta, y!)
 
-layers.RMSNorm and thinker.Attention take them where the plan says so (the fused_norms knob) and the
-inputs allow; the wrappers here check shapes and return the outputs.
+layers.RMSNorm and thinker.Attention take the first three, code2wav.SnakeBeta the last, where the plan
+says so (the fused_norms knob: the normalisation-like elementwise chains of a node as one launch each) and
+the inputs allow; the wrappers here check shapes and return the outputs.
 """
 from __future__ import annotations
 
@@ -49,6 +51,18 @@ def qk_norm_rope_op(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, si
 
 @qk_norm_rope_op.register_fake
 def _(x, weight, cos, sin, y, eps) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::snake_beta", mutates_args=("y",))
+def snake_beta_op(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, y: torch.Tensor) -> None:
+    from models.components import norm_triton as k
+
+    k.snake_beta(x, alpha, beta, y)
+
+
+@snake_beta_op.register_fake
+def _(x, alpha, beta, y) -> None:
     return None
 
 
@@ -94,3 +108,16 @@ def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: 
     y = torch.empty(x3.shape, device=x.device, dtype=x.dtype)
     qk_norm_rope_op(x3, weight, c2, s2, y, eps)
     return y.view(x.shape)
+
+
+def snake_beta(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """code2wav.SnakeBeta's forward: x [B, C, T] -> [B, C, T] in x's dtype (samples contiguous; a copy
+    only where they are not)."""
+    if x.dim() != 3 or alpha.shape != (x.shape[1],) or beta.shape != alpha.shape:
+        raise ValueError(f"snake_beta: x {tuple(x.shape)} takes alpha and beta of its {x.shape[1:2]} channels, not "
+                         f"{tuple(alpha.shape)} and {tuple(beta.shape)}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    snake_beta_op(x, alpha, beta, y)
+    return y

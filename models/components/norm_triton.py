@@ -108,3 +108,30 @@ def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: 
     if n:
         _qk_norm_rope[(n * heads,)](x, weight, cos, sin, y, heads, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
                                     cos.stride(0), eps, D=d, num_warps=1)
+
+
+@triton.jit
+def _snake_beta(x_ptr, a_ptr, b_ptr, y_ptr, C, T, x_batch, x_chan, BLOCK: tl.constexpr):
+    """One (batch, channel) row's BLOCK samples: y = x + sin(x e^a)^2 / (e^b + 1e-9), in fp32, rounded once."""
+    row = tl.program_id(0)
+    c = row % C
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < T
+    x = tl.load(x_ptr + (row // C).to(tl.int64) * x_batch + c.to(tl.int64) * x_chan + offs, mask=m,
+                other=0.0).to(tl.float32)
+    a = tl.exp(tl.load(a_ptr + c).to(tl.float32))
+    inv_b = 1.0 / (tl.exp(tl.load(b_ptr + c).to(tl.float32)) + 1e-9)
+    s = tl.sin(x * a)
+    tl.store(y_ptr + row.to(tl.int64) * T + offs, (x + inv_b * s * s).to(y_ptr.dtype.element_ty), mask=m)
+
+
+SNAKE_BLOCK = 1024
+
+
+def snake_beta(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, y: torch.Tensor) -> None:
+    """x [B, C, T] (batch and channels may be strided, samples contiguous), alpha and beta [C] (log scale),
+    y [B, C, T] contiguous: y = x + sin(x * exp(alpha))^2 / (exp(beta) + 1e-9), per channel."""
+    b, c, t = x.shape
+    if b * c and t:
+        _snake_beta[(b * c, triton.cdiv(t, SNAKE_BLOCK))](x, alpha, beta, y, c, t, x.stride(0), x.stride(1),
+                                                         BLOCK=SNAKE_BLOCK, num_warps=4)

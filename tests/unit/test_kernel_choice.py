@@ -194,3 +194,28 @@ def test_the_simulation_sees_a_fused_router_as_one_operator_and_its_two_outputs(
     assert allocs == [T * E * 2, T * k * 8, T * k * 2], allocs        # the logits, then the two outputs
     assert experts.shape == weights.shape == (T, k) and experts.dtype == torch.int64
     assert weights.dtype == torch.bfloat16
+
+
+def test_the_simulation_sees_a_fused_residual_unit_as_two_snake_operators():
+    """A Code2Wav residual unit (SnakeBeta, dilated causal conv, SnakeBeta, 1x1 conv) in bf16 on meta with
+    the norms fused: each SnakeBeta is one graphc.snake_beta and torch's sin, pow, exp and reciprocal are
+    gone; the convolutions stay. Without the knob, no graphc operator runs."""
+    from models.components.code2wav import ResidualUnit
+
+    with torch.device("meta"):
+        unit = ResidualUnit(8, dilation=3).to(torch.bfloat16)
+        x = torch.empty(2, 8, 40, dtype=torch.bfloat16)
+    names = OpNames()
+    seen = names.seen
+    set_kernels(unit, {"fused_norms": 1})
+    with names, torch.no_grad():
+        out = unit(x)
+    assert out.shape == (2, 8, 40) and out.dtype == torch.bfloat16
+    assert [s for s in seen if s.startswith("graphc.")] == ["graphc.snake_beta", "graphc.snake_beta"]
+    assert not any(s.split(".")[-1] in ("sin", "pow", "exp", "reciprocal") for s in seen), seen
+    assert sum(s.endswith("convolution") for s in seen) == 2
+    set_kernels(unit, {})
+    seen.clear()
+    with names, torch.no_grad():
+        unit(x)
+    assert not any(s.startswith("graphc.") for s in seen) and any(s.endswith("sin") for s in seen)

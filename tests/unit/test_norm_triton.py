@@ -64,3 +64,34 @@ def test_fused_norms_equal_the_torch_path_in_the_interpreter():
     assert bf16["add_total"] == 0.0, bf16                     # the sum rounds once, as x + r does
     for k in ("rms_norm", "add_norm", "qk_norm_rope"):        # a few elements an ulp or two off at most
         assert bf16[k] <= 2 ** -6 * bf16["scale"] and bf16["differ"][k] <= 0.02, (k, bf16)
+
+
+SNAKE = r"""
+import torch
+from models.components.code2wav import SnakeBeta
+from models.components.norm_ops import snake_beta
+
+torch.manual_seed(0)
+act = SnakeBeta(5)
+with torch.no_grad():
+    act.alpha.normal_(0, 0.5)
+    act.beta.normal_(0, 0.5)
+    x = torch.randn(2, 5, 1200) * 3
+    want = act(x)                                   # the torch path (fp32: the knob acts on bf16 only)
+    got = snake_beta(x, act.alpha, act.beta)
+    # a ConvTranspose's trimmed output: channels strided, samples contiguous from an offset
+    wide = torch.randn(2, 5, 1210) * 3
+    part = wide[..., 5:1205]
+    want_part, got_part = act(part), snake_beta(part, act.alpha, act.beta)
+print(json.dumps({"err": (got - want).abs().max().item(), "scale": want.abs().max().item(),
+                  "part_err": (got_part - want_part).abs().max().item(), "contiguous": part.is_contiguous(),
+                  "shape": list(got.shape), "dtype": str(got.dtype)}))
+"""
+
+
+def test_fused_snake_beta_equals_the_torch_path_in_the_interpreter():
+    """Code2Wav's SnakeBeta as one kernel: 1,200 samples (two 1,024-sample blocks, the second partial), five
+    channels with their own alpha and beta, and a strided input (a trimmed view) as the decoder passes it."""
+    r = interpreted(SNAKE)
+    assert r["shape"] == [2, 5, 1200] and r["dtype"] == "torch.float32" and not r["contiguous"]
+    assert r["err"] <= 1e-5 * r["scale"] and r["part_err"] <= 1e-5 * r["scale"], r
