@@ -61,6 +61,49 @@ def _group(ex_ptr, rows_ptr, ends_ptr, P, E: tl.constexpr, BLOCK: tl.constexpr, 
 
 
 @triton.jit
+def _gate_up_tile(x_ptr, w_e, h_ptr, rows_ptr, offs_m, m_mask, offs_n, n_mask, H: tl.constexpr, I: tl.constexpr,
+                  TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One tile: grouped rows offs_m (pairs of one expert, whose weights start at w_e) x N-block offs_n of
+    silu(x W_gate) * (x W_up), accumulated in fp32 and rounded once into h."""
+    tok = tl.load(rows_ptr + offs_m, mask=m_mask, other=0) // TOP_K
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < H
+        xa = tl.load(x_ptr + tok[:, None].to(tl.int64) * H + offs_k[None, :],
+                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        wk = k_mask[:, None] & n_mask[None, :]
+        wg = tl.load(w_e + offs_n[None, :] * H + offs_k[:, None], mask=wk, other=0.0)
+        wu = tl.load(w_e + (offs_n[None, :] + I) * H + offs_k[:, None], mask=wk, other=0.0)
+        acc_g += tl.dot(xa, wg)
+        acc_u += tl.dot(xa, wu)
+    h = acc_g * tl.sigmoid(acc_g) * acc_u
+    tl.store(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _down_tile(h_ptr, w_e, out_ptr, rows_ptr, scale_ptr, offs_m, m_mask, offs_n, n_mask, H: tl.constexpr,
+               I: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One tile of down_proj: each pair's row times its routing weight, written to its (token, slot) place."""
+    pair = tl.load(rows_ptr + offs_m, mask=m_mask, other=0)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < I
+        ha = tl.load(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_k[None, :],
+                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        wd = tl.load(w_e + offs_n[None, :] * I + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :],
+                     other=0.0)
+        acc += tl.dot(ha, wd)
+    scale = tl.load(scale_ptr + pair, mask=m_mask, other=0.0).to(tl.float32)
+    y = acc * scale[:, None]
+    tl.store(out_ptr + pair[:, None].to(tl.int64) * H + offs_n[None, :], y.to(out_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
 def _gate_up(x_ptr, w_ptr, h_ptr, rows_ptr, ends_ptr, H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     e = tl.program_id(0)
@@ -72,24 +115,9 @@ def _gate_up(x_ptr, w_ptr, h_ptr, rows_ptr, ends_ptr, H: tl.constexpr, I: tl.con
     m0 = start
     while m0 < end:
         offs_m = m0 + tl.arange(0, BLOCK_M)
-        m_mask = offs_m < end
         m0 += BLOCK_M
-        tok = tl.load(rows_ptr + offs_m, mask=m_mask, other=0) // TOP_K
-        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < H
-            xa = tl.load(x_ptr + tok[:, None].to(tl.int64) * H + offs_k[None, :],
-                         mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            wk = k_mask[:, None] & n_mask[None, :]
-            wg = tl.load(w_e + offs_n[None, :] * H + offs_k[:, None], mask=wk, other=0.0)
-            wu = tl.load(w_e + (offs_n[None, :] + I) * H + offs_k[:, None], mask=wk, other=0.0)
-            acc_g += tl.dot(xa, wg)
-            acc_u += tl.dot(xa, wu)
-        h = acc_g * tl.sigmoid(acc_g) * acc_u
-        tl.store(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
-                 mask=m_mask[:, None] & n_mask[None, :])
+        _gate_up_tile(x_ptr, w_e, h_ptr, rows_ptr, offs_m, offs_m < end, offs_n, n_mask, H, I, TOP_K, BLOCK_M,
+                      BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -104,22 +132,9 @@ def _down(h_ptr, w_ptr, out_ptr, rows_ptr, ends_ptr, scale_ptr, H: tl.constexpr,
     m0 = start
     while m0 < end:
         offs_m = m0 + tl.arange(0, BLOCK_M)
-        m_mask = offs_m < end
         m0 += BLOCK_M
-        pair = tl.load(rows_ptr + offs_m, mask=m_mask, other=0)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, I, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < I
-            ha = tl.load(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_k[None, :],
-                         mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            wd = tl.load(w_e + offs_n[None, :] * I + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :],
-                         other=0.0)
-            acc += tl.dot(ha, wd)
-        scale = tl.load(scale_ptr + pair, mask=m_mask, other=0.0).to(tl.float32)
-        y = acc * scale[:, None]
-        tl.store(out_ptr + pair[:, None].to(tl.int64) * H + offs_n[None, :], y.to(out_ptr.dtype.element_ty),
-                 mask=m_mask[:, None] & n_mask[None, :])
+        _down_tile(h_ptr, w_e, out_ptr, rows_ptr, scale_ptr, offs_m, offs_m < end, offs_n, n_mask, H, I, BLOCK_M,
+                   BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -147,26 +162,9 @@ def _gate_up_tiled(x_ptr, w_ptr, h_ptr, rows_ptr, ends_ptr, H: tl.constexpr, I: 
     e, m0, end = _tile(ends_ptr, tl.program_id(0), E, EBLOCK, BLOCK_M)
     if e < E:
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < I
-        w_e = w_ptr + e.to(tl.int64) * (2 * I * H)
         offs_m = m0 + tl.arange(0, BLOCK_M)
-        m_mask = offs_m < end
-        tok = tl.load(rows_ptr + offs_m, mask=m_mask, other=0) // TOP_K
-        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < H
-            xa = tl.load(x_ptr + tok[:, None].to(tl.int64) * H + offs_k[None, :],
-                         mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            wk = k_mask[:, None] & n_mask[None, :]
-            wg = tl.load(w_e + offs_n[None, :] * H + offs_k[:, None], mask=wk, other=0.0)
-            wu = tl.load(w_e + (offs_n[None, :] + I) * H + offs_k[:, None], mask=wk, other=0.0)
-            acc_g += tl.dot(xa, wg)
-            acc_u += tl.dot(xa, wu)
-        h = acc_g * tl.sigmoid(acc_g) * acc_u
-        tl.store(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
-                 mask=m_mask[:, None] & n_mask[None, :])
+        _gate_up_tile(x_ptr, w_ptr + e.to(tl.int64) * (2 * I * H), h_ptr, rows_ptr, offs_m, offs_m < end, offs_n,
+                      offs_n < I, H, I, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -177,24 +175,9 @@ def _down_tiled(h_ptr, w_ptr, out_ptr, rows_ptr, ends_ptr, scale_ptr, H: tl.cons
     e, m0, end = _tile(ends_ptr, tl.program_id(0), E, EBLOCK, BLOCK_M)
     if e < E:
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < H
-        w_e = w_ptr + e.to(tl.int64) * (H * I)
         offs_m = m0 + tl.arange(0, BLOCK_M)
-        m_mask = offs_m < end
-        pair = tl.load(rows_ptr + offs_m, mask=m_mask, other=0)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, I, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < I
-            ha = tl.load(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_k[None, :],
-                         mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            wd = tl.load(w_e + offs_n[None, :] * I + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :],
-                         other=0.0)
-            acc += tl.dot(ha, wd)
-        scale = tl.load(scale_ptr + pair, mask=m_mask, other=0.0).to(tl.float32)
-        y = acc * scale[:, None]
-        tl.store(out_ptr + pair[:, None].to(tl.int64) * H + offs_n[None, :], y.to(out_ptr.dtype.element_ty),
-                 mask=m_mask[:, None] & n_mask[None, :])
+        _down_tile(h_ptr, w_ptr + e.to(tl.int64) * (H * I), out_ptr, rows_ptr, scale_ptr, offs_m, offs_m < end,
+                   offs_n, offs_n < H, H, I, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 # BLOCK_M rows of one expert's pairs at a time (tl.dot's least), N and K blocks of its weights, warps, stages

@@ -26,17 +26,23 @@ def test_a_killed_worker_fails_the_requests_in_flight_and_names_its_device(plans
                 engine.add(prompt_token_ids=[1, m.audio_start_token_id, m.audio_token_id, engine.host.audio_end],
                            media=[Media("audio", clip)], params=SamplingParams(temperature=0, max_tokens=50))]
         engine.step()
-        os.kill(engine.workers.links[0].proc.pid, signal.SIGKILL)
-        t0 = time.monotonic()
-        with pytest.raises(WorkerDied, match="device 0") as e:
-            while engine.has_work():
-                engine.step()
-        assert time.monotonic() - t0 < 10
-        assert {ev.request.id for ev in e.value.events} == {r.id for r in reqs}
-        assert all(r.closed and r.finish_reason == "error" and "device 0" in r.error for r in reqs)
-        assert engine.dead and not engine.has_work()
+        kill_and_see_it_stop(engine, reqs)
     finally:
         engine.close()
+
+
+def kill_and_see_it_stop(engine: Engine, reqs: list) -> None:
+    """SIGKILL device 0's worker and step: WorkerDied naming it within 10 s, every request in flight ended
+    with that error (each event delivered), the engine dead and holding nothing."""
+    os.kill(engine.workers.links[0].proc.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerDied, match="device 0") as e:
+        while engine.has_work():
+            engine.step()
+    assert time.monotonic() - t0 < 10
+    assert {ev.request.id for ev in e.value.events} == {r.id for r in reqs}
+    assert all(r.closed and r.finish_reason == "error" and "device 0" in r.error for r in reqs)
+    assert engine.dead and not engine.has_work()
 
 
 def test_a_worker_killed_while_its_talker_speaks_stops_the_engine(plans, leak_oracle):
@@ -53,15 +59,7 @@ def test_a_worker_killed_while_its_talker_speaks_stops_the_engine(plans, leak_or
         text = engine.add(prompt_token_ids=[1, 2, 3], params=SamplingParams(temperature=0, max_tokens=60))
         while not speaking.speech.frames:
             engine.step()
-        os.kill(engine.workers.links[0].proc.pid, signal.SIGKILL)
-        t0 = time.monotonic()
-        with pytest.raises(WorkerDied, match="device 0") as e:
-            while engine.has_work():
-                engine.step()
-        assert time.monotonic() - t0 < 10
-        assert {ev.request.id for ev in e.value.events} == {speaking.id, text.id}
-        assert all(r.closed and r.finish_reason == "error" and "device 0" in r.error for r in (speaking, text))
-        assert engine.dead and not engine.has_work()
+        kill_and_see_it_stop(engine, [speaking, text])
     finally:
         engine.close()
 
