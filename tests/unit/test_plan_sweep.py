@@ -39,7 +39,7 @@ def test_each_row_is_its_target_planned_alone(tmp_path, capsys):
 
 
 def test_a_target_that_does_not_fit_says_why(capsys):
-    assert main(["plan", MODEL, "--gpu", "h100,l40s", "--gpus", "1", "--memory-cap", "1GiB", "-q"]) == 1
+    assert main(["plan", MODEL, "--gpu", "h100,l40s", "--gpus", "1", "--memory-cap", "850MiB", "-q"]) == 1
     out = capsys.readouterr().out
     assert all(" no " in line for line in rows(out).values()) and "nothing fits" in out
 
