@@ -356,7 +356,9 @@ class Workers:
                 self.pools[res] = PageAllocator(n)
                 if res in s["scratch"]:
                     taken = self.pools[res].allocate(1)
-                    assert taken == [s["scratch"][res]], (res, taken, s["scratch"])
+                    if taken != [s["scratch"][res]]:
+                        raise WorkerDied(f"device {d}'s {res} pool took scratch page {s['scratch'][res]}",
+                                         f"the engine's copy of its pages would take {taken}", "a bookkeeping bug")
                     self.reserved[res] = 1
         # remote node steps; bytes sent and received through the process group; seconds the engine spent in
         # those steps (waiting on the worker included), in sending the step (its host inputs pickled, its
