@@ -16,11 +16,43 @@ def closest(word: str, valid: list[str]) -> str | None:
     return match[0] if match else None
 
 
+SHALLOW = 32
+
+
+def _shallow(text: str) -> bool:
+    """No line nested past SHALLOW levels (two spaces of indentation, or a block entry '- ', '? ' or ': '
+    opened on the line, each a level), and no more than SHALLOW flow brackets open at once (brackets inside
+    quoted strings counted too: a false alarm only takes the slower parser)."""
+    depth = most = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            most = max(most, depth)
+        elif ch in "]}":
+            depth = max(depth - 1, 0)
+    if most > SHALLOW:
+        return False
+    for line in text.splitlines():
+        rest = line.lstrip(" ")
+        level = (len(line) - len(rest)) // 2
+        while rest[:2] in ("- ", "? ", ": ") or rest in ("-", "?", ":"):   # block entries opened on one line
+            level += 1
+            rest = rest[1:].lstrip(" ")
+        if level > SHALLOW:
+            return False
+    return True
+
+
 def read_yaml(source: Any, what: str, fix: str) -> Any:
     """yaml.safe_load, with every way it fails an InvalidInput naming `what`: besides YAMLError, PyYAML's
     constructors raise ValueError, KeyError, TypeError or AttributeError on scalars and tags they cannot
-    convert ('!!int abc', '2020-13-45', an int of more than 4300 digits), and deep nesting RecursionError."""
+    convert ('!!int abc', '2020-13-45', an int of more than 4300 digits), and deep nesting RecursionError.
+    A text that nests at most SHALLOW levels (brackets or indentation, counted generously) is parsed by libyaml
+    where PyYAML has it (a plan reads several times faster); a deeper one by PyYAML's Python parser, which
+    refuses what is too deep where libyaml's composer would overflow the C stack."""
     try:
+        if isinstance(source, str) and _shallow(source) and hasattr(yaml, "CSafeLoader"):
+            return yaml.load(source, Loader=yaml.CSafeLoader)
         return yaml.safe_load(source)
     except yaml.YAMLError as e:
         why = str(e)
