@@ -386,7 +386,10 @@ class Engine:
         return []
 
     def _fail(self, reqs: list[Request], e: Exception) -> list[Event]:
-        """A step's requests fail; the engine and the others go on."""
+        """A step's requests fail; the engine and the others go on. A dead worker (WorkerDied, from any lane's
+        step) is raised on instead: the engine cannot go on, and step() fails everything in flight."""
+        if isinstance(e, WorkerDied):
+            raise e
         events = []
         for req in reqs:
             if req.closed:
@@ -407,8 +410,6 @@ class Engine:
         self._count(step)
         try:
             self.speech.run_talker(step)
-        except WorkerDied:                     # the talker's device is gone: the engine cannot go on
-            raise
         except Exception as e:
             return ended + self._fail(step.reqs, e)
         return ended + [ev for r in step.reqs if (ev := self._maybe_close(r)) is not None]
@@ -420,8 +421,6 @@ class Engine:
         self._count(step)
         try:
             served = self.speech.run_vocoder(step)
-        except WorkerDied:
-            raise
         except Exception as e:
             return self._fail(step.reqs, e)
         events = []
@@ -451,8 +450,6 @@ class Engine:
         self._walk = plan.walk
         try:
             result = self.executor.run(plan)
-        except WorkerDied:
-            raise
         except Exception as e:
             return self._fail([c.req for c in plan.chunks], e)
         logits = result.logits
@@ -580,7 +577,8 @@ class Engine:
         if r and r["steps"]:
             line += (f"; other devices: {r['steps']} node steps, {r['seconds'] / r['steps'] * 1e3:.2f} ms each (p50 "
                      f"{r['step_ms']['p50']:.2f}), of which {r['request_seconds'] / r['steps'] * 1e3:.2f} ms sending the "
-                     f"step ({r.get('send_bytes', 0) / r['steps'] / 1e6:.2f} MB device to device), {r['recv_seconds'] / r['steps'] * 1e3:.3f} ms (p50 {r['recv_ms']['p50']:.3f}) receiving "
+                     f"step ({r.get('send_bytes', 0) / r['steps'] / 1e6:.2f} MB device to device), "
+                     f"{r['recv_seconds'] / r['steps'] * 1e3:.3f} ms (p50 {r['recv_ms']['p50']:.3f}) receiving "
                      f"{r['recv_bytes'] / r['steps'] / 1e6:.2f} MB")
         return line
 
