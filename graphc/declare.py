@@ -137,6 +137,10 @@ class Link(Strict):
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
 
+    def input_key(self, port: str) -> tuple[str, str]:
+        """(source, label) of a linked input's receive buffer: the ledger's transfers.SRC line names it 'dst.port'."""
+        return self.src, f"{self.dst}.{port}"
+
 
 class Walk(Strict):
     """What one engine step runs: a path through nodes, a kind of work and a budget.

@@ -93,23 +93,23 @@ class IR:
         - a linked node elsewhere driven from a node here sends back each linked output, (node, port)."""
         out = {}
 
-        def add(src: str, sized_by: str, label: str, spec) -> None:
-            if (src, label) not in out:
+        def add(key: tuple[str, str], sized_by: str, spec) -> None:
+            if key not in out:
                 numel = max(math.prod(spec.concrete(s.sizes_at(s.budget))) for s in self.steps_of(sized_by))
-                out[(src, label)] = (src, label, numel, spec.dtype)
+                out[key] = (*key, numel, spec.dtype)
 
         for e in self.model.edges:
             (src, port), (dst, _) = e.ends()
             if dst in nodes and src not in nodes:
-                add(src, src, port, self.node(src).outputs[port])
+                add((src, port), src, self.node(src).outputs[port])
         for link in self.model.links:
             dst = self.node(link.dst)
             if link.dst in nodes and link.src not in nodes:
                 for port in link.inputs:
-                    add(link.src, link.dst, f"{link.dst}.{port}", dst.inputs[port])
+                    add(link.input_key(port), link.dst, dst.inputs[port])
             elif link.src in nodes and link.dst not in nodes:
                 for port in link.outputs:
-                    add(link.dst, link.dst, port, dst.outputs[port])
+                    add((link.dst, port), link.dst, dst.outputs[port])
         return list(out.values())
 
     @cached_property

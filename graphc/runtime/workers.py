@@ -345,8 +345,7 @@ class Workers:
                 [x for x, dev in self.of.items() if dev == d])}
             for ln in model.links:
                 if self.of.get(ln.dst) == d and self.of.get(ln.src) == local:
-                    self.linked[ln.dst] = {p: ((ln.src, f"{ln.dst}.{p}"), *room[(ln.src, f"{ln.dst}.{p}")])
-                                           for p in ln.inputs}
+                    self.linked[ln.dst] = {p: (ln.input_key(p), *room[ln.input_key(p)]) for p in ln.inputs}
         # the workers' page pools, kept here (a step sends its page tables): the same pages free, their
         # scratch pages taken as the worker took them
         self.pools: dict[str, PageAllocator] = {}
