@@ -61,11 +61,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def _broadcasts(t: torch.Tensor, shape: tuple[int, ...]) -> bool:
+    """Whether t broadcasts to shape without growing it."""
+    try:
+        return tuple(torch.broadcast_shapes(t.shape, shape)) == tuple(shape)
+    except RuntimeError:
+        return False
+
+
 def norm_rope(norm: RMSNorm, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """apply_rope(norm(x), cos, sin) for x [..., heads, D] (Qwen3's qk-norm): one fused launch where the
-    norm is fused and the shapes allow (a power-of-two D; cos and sin [..., 1, D], in x's dtype)."""
+    norm is fused and the shapes allow (a power-of-two D; cos and sin broadcast to [..., 1, D], in x's dtype:
+    the code predictor's [n, 1, D] tables serve its [S, n] rows)."""
     d = x.shape[-1]
-    if (norm.fused(x) and d & (d - 1) == 0 and tuple(cos.shape) == (*x.shape[:-2], 1, d)
+    if (norm.fused(x) and d & (d - 1) == 0 and _broadcasts(cos, (*x.shape[:-2], 1, d))
             and cos.shape == sin.shape and cos.dtype == sin.dtype == x.dtype):
         from models.components.norm_ops import qk_norm_rope
         return qk_norm_rope(x, norm.weight, cos, sin, norm.eps)

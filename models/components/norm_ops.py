@@ -95,16 +95,23 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
                  ) -> torch.Tensor:
-    """apply_rope(rms_norm(x) * weight, cos, sin): x [..., heads, D], cos and sin [..., 1, D] (the same
-    leading shape) -> [..., heads, D] in x's dtype."""
+    """apply_rope(rms_norm(x) * weight, cos, sin): x [..., heads, D], cos and sin [..., 1, D] or broadcasting
+    to it (a row of the table serving many rows of x is read in place where one stride can say so, else
+    copied) -> [..., heads, D] in x's dtype."""
     *rows, heads, d = x.shape
-    if tuple(cos.shape) != (*rows, 1, d) or cos.shape != sin.shape or cos.dtype != x.dtype or sin.dtype != x.dtype:
-        raise ValueError(f"qk_norm_rope: x {tuple(x.shape)} {x.dtype} takes cos and sin of shape {(*rows, 1, d)} in "
-                         f"its dtype, not {tuple(cos.shape)} {cos.dtype}, {tuple(sin.shape)} {sin.dtype}")
+    shape = (*rows, 1, d)
+    try:
+        fits = tuple(torch.broadcast_shapes(cos.shape, shape)) == shape
+    except RuntimeError:
+        fits = False
+    if not fits or cos.shape != sin.shape or cos.dtype != x.dtype or sin.dtype != x.dtype:
+        raise ValueError(f"qk_norm_rope: x {tuple(x.shape)} {x.dtype} takes cos and sin of shape {shape} (or "
+                         f"broadcasting to it) in its dtype, not {tuple(cos.shape)} {cos.dtype}, "
+                         f"{tuple(sin.shape)} {sin.dtype}")
     x3 = x.reshape(-1, heads, d)
     if x3.stride(-1) != 1:
         x3 = x3.contiguous()
-    c2, s2 = cos.reshape(-1, d).contiguous(), sin.reshape(-1, d).contiguous()
+    c2, s2 = _rows(cos.expand(shape)), _rows(sin.expand(shape))
     y = torch.empty(x3.shape, device=x.device, dtype=x.dtype)
     qk_norm_rope_op(x3, weight, c2, s2, y, eps)
     return y.view(x.shape)

@@ -46,6 +46,15 @@ for dtype in (torch.float32, torch.bfloat16):
         wq = apply_rope(qn(q), cos, sin)
         gq = norm_ops.qk_norm_rope(q, qn.weight, cos, sin, qn.eps)
         res["qk_norm_rope"] = (gq.float() - wq.float()).abs().max().item()
+        # the code predictor's layout: rows [S, n], one table row per slot n shared by the S sequences
+        # (n = 2 cannot be said with one stride and is copied; n = 1 is read in place, stride 0)
+        for n in (2, 1):
+            xs = proj[:, :H * HD].reshape(T, 1, H, HD).expand(T, n, H, HD)[:, :n] * torch.arange(1, n + 1).to(dtype)[:, None, None]
+            cs, sn = cos[:n], sin[:n]                 # [n, 1, HD]
+            wb = apply_rope(qn(xs), cs, sn)
+            gb = norm_ops.qk_norm_rope(xs, qn.weight, cs, sn, qn.eps)
+            res[f"broadcast_{n}"] = (gb.float() - wb.float()).abs().max().item()
+            res["shapes_b"] = res.get("shapes_b", []) + [list(gb.shape)]
         res["differ"] = {k: (a != b).float().mean().item() for k, (a, b) in
                          {"rms_norm": (got, want), "add_norm": (gn, wn), "qk_norm_rope": (gq, wq)}.items()}
         res["scale"] = max(want.float().abs().max().item(), wq.float().abs().max().item())
@@ -59,9 +68,12 @@ def test_fused_norms_equal_the_torch_path_in_the_interpreter():
     r = interpreted(SCRIPT)
     f32, bf16 = r["torch.float32"], r["torch.bfloat16"]
     assert f32["shapes"] == [[5, 96], [5, 96], [5, 4, 16]]
-    for k in ("rms_norm", "add_total", "add_norm", "qk_norm_rope"):
+    assert f32["shapes_b"] == [[5, 2, 4, 16], [5, 1, 4, 16]]
+    for k in ("rms_norm", "add_total", "add_norm", "qk_norm_rope", "broadcast_2", "broadcast_1"):
         assert f32[k] <= 2e-6 * f32["scale"], (k, f32)
     assert bf16["add_total"] == 0.0, bf16                     # the sum rounds once, as x + r does
+    for k in ("broadcast_2", "broadcast_1"):
+        assert bf16[k] <= 2 ** -6 * bf16["scale"], (k, bf16)
     for k in ("rms_norm", "add_norm", "qk_norm_rope"):        # a few elements an ulp or two off at most
         assert bf16[k] <= 2 ** -6 * bf16["scale"] and bf16["differ"][k] <= 0.02, (k, bf16)
 
