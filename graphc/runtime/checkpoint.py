@@ -1,9 +1,11 @@
 """Load a node's weights from safetensors by their public on-disk names.
 
-Disk names are the node's weight_prefix + the module's state-dict names, except for MoE experts:
-on disk each expert is its own tensors (experts.E.{gate,up,down}_proj.weight); in memory they are
-fused for grouped GEMM (experts.gate_up_proj [E, 2I, H] = gate then up, experts.down_proj [E, H, I]).
-Either form loads. Shards are found through model.safetensors.index.json or by listing the folder.
+Disk names are the node's weight_prefix + the module's state-dict names, except for stacked matrices:
+- MoE experts: on disk each expert is its own tensors (experts.E.{gate,up,down}_proj.weight); in memory
+  they are fused for the MoE kernels (experts.gate_up_proj [E, 2I, H] = gate then up, experts.down_proj
+  [E, H, I]). Either form loads.
+- Dense projections run as one GEMM: self_attn.qkv_proj.weight holds q_proj's rows, then k_proj's, then
+  v_proj's; mlp.gate_up_proj.weight gate_proj's, then up_proj's (biases alike). Either form loads. Shards are found through model.safetensors.index.json or by listing the folder.
 Missing, unexpected and mis-shaped tensors are refused by name.
 """
 from __future__ import annotations
@@ -19,6 +21,8 @@ from safetensors import safe_open
 from graphc.errors import InvalidInput
 
 _FUSED = re.compile(r"^(?P<stem>.*experts\.)(?P<kind>gate_up_proj|down_proj)$")
+_STACKED = re.compile(r"^(?P<stem>(?:.*\.)?)(?P<kind>qkv_proj|gate_up_proj)\.(?P<field>weight|bias)$")
+_STACKED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 SHOWN = 8
 
 
@@ -63,6 +67,20 @@ class Shards:
         return tuple(self._open[f].get_slice(name).get_shape())
 
 
+class TensorShards(Shards):
+    """A state dict in memory read as a checkpoint: the same names, stacking and checks as files get."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.tensors = dict(tensors)
+        self.where = dict.fromkeys(self.tensors)
+
+    def get(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.tensors[name].shape)
+
+
 @dataclass
 class LoadReport:
     loaded: int = 0
@@ -82,6 +100,17 @@ def _read(shards: Shards, prefix: str, name: str, target: torch.Tensor, report: 
         report.used.add(disk)
         t = shards.get(disk)
         return t if tuple(t.shape) == tuple(target.shape) else f"{disk}: on disk {list(t.shape)}, module wants {list(target.shape)}"
+    st = _STACKED.match(name)
+    if st:
+        names = [f"{prefix}{st['stem']}{part}.{st['field']}" for part in _STACKED_PARTS[st["kind"]]]
+        absent = [n for n in names if n not in shards]
+        if absent:
+            return f"{disk}: missing (nor {', '.join(absent)})"
+        t = torch.cat([shards.get(n) for n in names], 0)
+        report.used.update(names)
+        report.fused += 1
+        return t if tuple(t.shape) == tuple(target.shape) else \
+            f"{disk}: {' + '.join(names)} stack to {list(t.shape)}, module wants {list(target.shape)}"
     m = _FUSED.match(name)
     if not m:
         return f"{disk}: missing"

@@ -81,12 +81,32 @@ def norm_rope(norm: RMSNorm, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     return apply_rope(norm(x), cos, sin)
 
 
+def split_qkv(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A fused projection's output [..., (heads + 2 kv_heads) D] -> q [..., heads, D], k and v [..., kv_heads, D],
+    views of it (rows strided: the kernels after it take strides)."""
+    rows, q_end, k_end = qkv.shape[:-1], heads * head_dim, (heads + kv_heads) * head_dim
+    return (qkv[..., :q_end].view(*rows, heads, head_dim), qkv[..., q_end:k_end].view(*rows, kv_heads, head_dim),
+            qkv[..., k_end:].view(*rows, kv_heads, head_dim))
+
+
 class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)), gate and up as one matrix (gate's rows, then up's: one GEMM; the
+    checkpoint's gate_proj and up_proj are stacked at load, graphc/runtime/checkpoint.py)."""
+
+    # the plan's knob (as RMSNorm's): 1 runs bf16 rows on a GPU (and on meta tensors) through one fused
+    # activation launch (norm_ops.silu_mul) in place of torch's silu and product
+    fused_norms: int = 0
+
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = self.gate_up_proj(x)
+        if self.fused_norms and gate_up.dtype == torch.bfloat16 and gate_up.device.type in ("cuda", "meta"):
+            from models.components.norm_ops import silu_mul
+            return self.down_proj(silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

@@ -6,8 +6,10 @@ caller with torch.empty, which the simulation records). Triton is imported only 
     graphc::add_rms_norm(x, residual, weight, total!, y!, eps)
     graphc::qk_norm_rope(x, weight, cos, sin, y!, eps)
     graphc::snake_beta(x, alpha, beta, y!)
+    graphc::silu_mul(gate_up, y!)
 
-layers.RMSNorm and thinker.Attention take the first three, code2wav.SnakeBeta the last, where the plan
+layers.RMSNorm and thinker.Attention take the first three, code2wav.SnakeBeta the fourth, layers.SwiGLU
+the last, where the plan
 says so (the fused_norms knob: the normalisation-like elementwise chains of a node as one launch each) and
 the inputs allow; the wrappers here check shapes and return the outputs.
 """
@@ -63,6 +65,18 @@ def snake_beta_op(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, y: t
 
 @snake_beta_op.register_fake
 def _(x, alpha, beta, y) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::silu_mul", mutates_args=("y",))
+def silu_mul_op(gate_up: torch.Tensor, y: torch.Tensor) -> None:
+    from models.components import norm_triton as k
+
+    k.silu_mul(gate_up, y)
+
+
+@silu_mul_op.register_fake
+def _(gate_up, y) -> None:
     return None
 
 
@@ -128,3 +142,14 @@ def snake_beta(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torc
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     snake_beta_op(x, alpha, beta, y)
     return y
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """layers.SwiGLU's activation: gate_up [..., 2I] (gate's columns, then up's) -> silu(gate) * up [..., I]
+    in its dtype."""
+    if gate_up.shape[-1] % 2:
+        raise ValueError(f"silu_mul: gate_up {tuple(gate_up.shape)} must hold gate's and up's columns, an even count")
+    g2 = _rows(gate_up)
+    y = torch.empty((g2.shape[0], g2.shape[1] // 2), device=gate_up.device, dtype=gate_up.dtype)
+    silu_mul_op(g2, y)
+    return y.view(*gate_up.shape[:-1], y.shape[-1])

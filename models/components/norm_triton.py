@@ -9,6 +9,7 @@ is a few microseconds of launch and almost no work: about forty of the thinker's
     rms_norm       y = w * (x * rsqrt(mean(x^2) + eps)), a program per row
     add_rms_norm   s = x + r (the residual sum, written), y = rms_norm(s): one read of each, two writes
     qk_norm_rope   y = rope(rms_norm(x)) over each [head_dim] row of q or k, cos and sin given per row
+    silu_mul       y = silu(gate) * up over a SwiGLU's [gate | up] projection rows (torch: two launches)
 
 Each rounds where the torch path (HF's order) rounds: the sum in the input dtype, the normalised row cast
 to the input dtype before the weight's product, each rotary product and their sum in the input dtype;
@@ -108,6 +109,30 @@ def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: 
     if n:
         _qk_norm_rope[(n * heads,)](x, weight, cos, sin, y, heads, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
                                     cos.stride(0), eps, D=d, num_warps=1)
+
+
+@triton.jit
+def _silu_mul(gu_ptr, y_ptr, I, gu_row, y_row, BLOCK: tl.constexpr):
+    """One row's BLOCK columns: y = silu(gate) * up, gate = gu[:I], up = gu[I:]; rounded where torch rounds
+    (silu's output, then the product)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < I
+    BF16: tl.constexpr = y_ptr.dtype.element_ty == tl.bfloat16
+    g = tl.load(gu_ptr + row * gu_row + offs, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * gu_row + I + offs, mask=m, other=0.0).to(tl.float32)
+    a = _round(g / (1.0 + tl.exp(-g)), BF16)
+    tl.store(y_ptr + row * y_row + offs, _round(a * u, BF16).to(y_ptr.dtype.element_ty), mask=m)
+
+
+SILU_BLOCK = 1024
+
+
+def silu_mul(gu: torch.Tensor, y: torch.Tensor) -> None:
+    """gu [N, 2I] (rows may be strided, columns contiguous), y [N, I]: y = silu(gu[:, :I]) * gu[:, I:]."""
+    n, i = y.shape
+    if n and i:
+        _silu_mul[(n, triton.cdiv(i, SILU_BLOCK))](gu, y, i, gu.stride(0), y.stride(0), BLOCK=SILU_BLOCK, num_warps=4)
 
 
 @triton.jit

@@ -13,7 +13,7 @@ from torch import nn
 from graphc.declare import Port
 from graphc.step import NodeModule, StepContext
 from graphc.strict import Strict
-from models.components.layers import RMSNorm, SwiGLU, norm_rope, rope_cos_sin, rope_inv_freq
+from models.components.layers import RMSNorm, SwiGLU, norm_rope, rope_cos_sin, rope_inv_freq, split_qkv
 
 
 class Qwen3Config(Strict):
@@ -33,18 +33,17 @@ class Qwen3Attention(nn.Module):
     def __init__(self, cfg: Qwen3Config, layer: int):
         super().__init__()
         self.layer, self.h, self.kv, self.d = layer, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        # q's, k's and v's rows in one matrix (one GEMM; the checkpoint's {q,k,v}_proj are stacked at load)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> torch.Tensor:
         t = x.shape[0]
-        q = norm_rope(self.q_norm, self.q_proj(x).view(t, self.h, self.d), cos, sin)    # [T, H, D]
-        k = norm_rope(self.k_norm, self.k_proj(x).view(t, self.kv, self.d), cos, sin)   # [T, KV, D]
-        v = self.v_proj(x).view(t, self.kv, self.d)
+        q, k, v = split_qkv(self.qkv_proj(x), self.h, self.kv, self.d)
+        q = norm_rope(self.q_norm, q, cos, sin)                                         # [T, H, D]
+        k = norm_rope(self.k_norm, k, cos, sin)                                         # [T, KV, D]
         o = kv(self.layer, q, k, v)                                                     # [T, H, D]
         return self.o_proj(o.reshape(t, self.h * self.d))
 

@@ -1,8 +1,9 @@
 """Qwen3-Omni's thinker text model as a serving node: MoE decoder, M-RoPE, encoder splice, deepstack.
 
 Weight names (minus the node's weight_prefix, 'thinker.' in the real checkpoint): model.embed_tokens,
-model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, post_attention_layernorm,
-mlp.gate, mlp.experts.{gate_up_proj, down_proj}}, model.norm, lm_head. The real checkpoint also holds
+model.layers.N.{input_layernorm, self_attn.{qkv,o}_proj, self_attn.{q,k}_norm, post_attention_layernorm,
+mlp.gate, mlp.experts.{gate_up_proj, down_proj}}, model.norm, lm_head (qkv_proj stacks the checkpoint's q_proj,
+k_proj and v_proj, and the experts its per-expert matrices, at load). The real checkpoint also holds
 thinker.audio_tower.* and thinker.visual.* under the same prefix: those belong to the encoder nodes.
 
 One step carries packed rows of several sequences (prefill chunks and decode rows alike); attention goes
@@ -25,7 +26,7 @@ from torch import nn
 
 from graphc.step import NodeModule, StepContext
 from graphc.strict import Strict
-from models.components.layers import RMSNorm, norm_rope, rope_inv_freq
+from models.components.layers import RMSNorm, norm_rope, rope_inv_freq, split_qkv
 from models.components.moe import SparseMoE
 from models.components.mrope import mrope_cos_sin, mrope_slots
 
@@ -87,18 +88,17 @@ class Attention(nn.Module):
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float):
         super().__init__()
         self.h, self.kv, self.d = heads, kv_heads, head_dim
-        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        # q's, k's and v's rows in one matrix (one GEMM; the checkpoint's {q,k,v}_proj are stacked at load)
+        self.qkv_proj = nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=False)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         rows = x.shape[:-1]
-        q = norm_rope(self.q_norm, self.q_proj(x).view(*rows, self.h, self.d), cos, sin)    # [..., H, D]
-        k = norm_rope(self.k_norm, self.k_proj(x).view(*rows, self.kv, self.d), cos, sin)   # [..., KV, D]
-        v = self.v_proj(x).view(*rows, self.kv, self.d)
+        q, k, v = split_qkv(self.qkv_proj(x), self.h, self.kv, self.d)
+        q = norm_rope(self.q_norm, q, cos, sin)                                             # [..., H, D]
+        k = norm_rope(self.k_norm, k, cos, sin)                                             # [..., KV, D]
         return self.o_proj(attend(q, k, v).reshape(*rows, self.h * self.d))
 
 

@@ -162,3 +162,74 @@ def test_fused_snake_beta_against_fp64_and_the_torch_path(channels, samples):
             out = act(x)
         g.replay()
     torch.testing.assert_close(out, ours, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("seqs, slots", [(1, 2), (1, 1), (32, 2), (32, 1)])
+def test_code_predictor_rotary_tables_broadcast(seqs, slots):
+    """The code predictor's qk-norm + rotary: rows [S, n] (n = 2 at its first sub-step, then 1), one [n, 1, D]
+    table row per slot shared by the S sequences (read in place at stride 0 where n = 1): equal to the torch
+    path as the per-row case is, at the talker's code predictor heads (16 of 128)."""
+    pytest.importorskip("triton")
+    from models.components import norm_ops
+
+    heads, d = 16, 128
+    gen = torch.Generator(device="cuda").manual_seed(seqs * 10 + slots)
+    bf = torch.bfloat16
+    qn = RMSNorm(d).to("cuda", bf)
+    with torch.no_grad():
+        qn.weight.normal_(1.0, 0.2, generator=gen)
+    proj = torch.randn(seqs, slots, (heads + 16) * d, device="cuda", generator=gen).to(bf)
+    q = proj[..., :heads * d].view(seqs, slots, heads, d)              # strided rows, as split_qkv gives
+    ang = torch.rand(slots, 1, d // 2, device="cuda", generator=gen) * 15
+    cos, sin = torch.cat([ang.cos()] * 2, -1).to(bf), torch.cat([ang.sin()] * 2, -1).to(bf)
+    with torch.no_grad():
+        n = qn(q)
+        torch_path = apply_rope(n, cos, sin)
+        got = norm_ops.qk_norm_rope(q, qn.weight, cos, sin, qn.eps)
+        terms = (n.float() * cos.float()).abs() + (torch_path.float() - n.float() * cos.float()).abs()
+    assert got.shape == (seqs, slots, heads, d)
+    off = ulps(got, torch_path, terms)
+    assert off.max() <= 2.0 and (off > 0).float().mean() <= 0.01, (off.max().item(), (off > 0).float().mean().item())
+
+
+@pytest.mark.parametrize("hidden, inter", [(1024, 3072), (1024, 768), (1024, 2048)])
+@pytest.mark.parametrize("rows", [1, 15, 512])
+def test_fused_silu_mul_against_the_torch_path_and_fp64(hidden, inter, rows):
+    """SwiGLU's activation at the code predictor's (3,072), the talker's shared expert's (768) and Code2Wav's
+    transformer's widths: bit-equal to torch's silu and product but for silu's exp in its last bits (at most
+    an ulp on 1% of elements), its error against fp64 at or under theirs, and the module with the knob
+    replayed in a CUDA graph to its eager output."""
+    pytest.importorskip("triton")
+    from models.components.layers import SwiGLU
+    from models.components.norm_ops import silu_mul
+
+    gen = torch.Generator(device="cuda").manual_seed(rows + inter)
+    gu = (2 * torch.randn(rows, 2 * inter, device="cuda", generator=gen)).to(torch.bfloat16)
+    gate, up = gu[:, :inter], gu[:, inter:]
+    with torch.no_grad():
+        ours, theirs = silu_mul(gu), torch.nn.functional.silu(gate) * up
+        g64 = gate.double()
+        exact = g64 / (1 + torch.exp(-g64)) * up.double()
+    off = ulps(ours, theirs)
+    assert off.max() <= 1.0 and (off > 0).float().mean() <= 0.01, (off.max().item(), (off > 0).float().mean().item())
+    assert (ours.double() - exact).abs().mean() <= (theirs.double() - exact).abs().mean() * 1.001
+    mlp = SwiGLU(hidden, inter).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.normal_(0.0, 0.02, generator=gen)
+        x = torch.randn(rows, hidden, device="cuda", generator=gen).to(torch.bfloat16)
+        plain = mlp(x)
+        set_kernels(mlp, {"fused_norms": 1})
+        eager = mlp(x)
+        assert ulps(eager, plain, plain.abs().max()).max() <= 2.0
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            mlp(x)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = mlp(x)
+        g.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(out, eager)

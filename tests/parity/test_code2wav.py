@@ -158,7 +158,9 @@ def test_real_config_shapes_and_weight_count():
     assert cfg.total_upsample == 1920 and cfg.samples(300) == 1920 * 300 - 555
     with torch.device("meta"):
         module = Code2Wav(cfg)
-    assert len(module.state_dict()) == 230                                  # the checkpoint's code2wav tensors
+    # the checkpoint's 230 code2wav tensors: each stacked gate_up_proj stands for its gate_proj and up_proj
+    names = module.state_dict()
+    assert len(names) + sum(n.endswith("gate_up_proj.weight") for n in names) == 230
     assert sum(p.numel() for p in module.parameters()) == 216_016_577
 
 

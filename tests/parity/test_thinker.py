@@ -64,7 +64,8 @@ def pair(tmp_path_factory):
     hf.save_pretrained(path)
     ours = Thinker(CFG).eval()
     report = load_weights(ours, path, strict=False)   # the checkpoint also holds audio_tower.* and visual.*
-    assert report.loaded == len(ours.state_dict()) and report.fused == 2 * CFG.num_hidden_layers
+    # stacked at load: each layer's experts (gate_up, down) and q/k/v
+    assert report.loaded == len(ours.state_dict()) and report.fused == 3 * CFG.num_hidden_layers
     spec = PagedKVSpec(name="kv", num_layers=CFG.num_hidden_layers, num_qo_heads=CFG.num_attention_heads,
                        num_kv_heads=CFG.num_key_value_heads, head_dim=CFG.head_dim, page_size=4, max_seq_len=64,
                        dtype="float32")

@@ -16,6 +16,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from graphc.runtime.checkpoint import TensorShards, load_weights
+
 from tests.conftest import rel
 
 
@@ -164,7 +166,7 @@ def check_moe_block_bf16(hf_block: nn.Module, ours_block: nn.Module, rows: int =
     Returns {"router": (graphc error, HF error), "output": (...)}."""
     hf_block, ours_block = copy.deepcopy(hf_block).eval(), copy.deepcopy(ours_block).eval()
     randomize(hf_block, seed, gain=lambda name: ROUTER_GAIN if name == "gate.weight" else 1.0, bf16_exact=True)
-    ours_block.load_state_dict(hf_block.state_dict())
+    load_weights(ours_block, TensorShards(hf_block.state_dict()))       # HF's names, stacked as a checkpoint's
     num_experts, hidden = ours_block.gate.out_features, ours_block.gate.in_features
     x = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(seed)).bfloat16()
     hf16, ours16 = bf16(hf_block), bf16(ours_block)

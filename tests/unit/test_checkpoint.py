@@ -1,4 +1,5 @@
-"""The checkpoint loader: per-expert tensors fuse; missing, unexpected and mis-shaped are named."""
+"""The checkpoint loader: per-expert tensors fuse, q/k/v and gate/up stack; missing, unexpected and mis-shaped
+are named."""
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -81,3 +82,57 @@ def test_missing_unexpected_and_misshaped_are_named(tmp_path):
 def test_no_checkpoint(tmp_path):
     with pytest.raises(InvalidInput, match="no .safetensors files"):
         load_weights(Block(), tmp_path)
+
+
+class Dense(torch.nn.Module):
+    """Attention and a SwiGLU as the layers hold them: q/k/v and gate/up stacked, one with biases."""
+
+    def __init__(self):
+        super().__init__()
+        self.self_attn = torch.nn.Module()
+        self.self_attn.qkv_proj = torch.nn.Linear(4, 6 + 2 + 2, bias=False)
+        self.mlp = torch.nn.Module()
+        self.mlp.gate_up_proj = torch.nn.Linear(4, 2 * 3, bias=True)
+
+
+def dense_disk(prefix="m."):
+    torch.manual_seed(1)
+    return {f"{prefix}self_attn.q_proj.weight": torch.randn(6, 4), f"{prefix}self_attn.k_proj.weight": torch.randn(2, 4),
+            f"{prefix}self_attn.v_proj.weight": torch.randn(2, 4), f"{prefix}mlp.gate_proj.weight": torch.randn(3, 4),
+            f"{prefix}mlp.up_proj.weight": torch.randn(3, 4), f"{prefix}mlp.gate_proj.bias": torch.randn(3),
+            f"{prefix}mlp.up_proj.bias": torch.randn(3)}
+
+
+def test_dense_projections_stack_in_order(tmp_path):
+    t = dense_disk()
+    save_file(t, tmp_path / "model.safetensors")
+    d = Dense()
+    rep = load_weights(d, tmp_path, prefix="m.")
+    assert rep.loaded == 3 and rep.fused == 3 and len(rep.used) == 7
+    w = d.self_attn.qkv_proj.weight
+    # by hand: rows 0-5 q's, 6-7 k's, 8-9 v's; gate's rows (and bias) before up's
+    assert torch.equal(w[:6], t["m.self_attn.q_proj.weight"]) and torch.equal(w[6:8], t["m.self_attn.k_proj.weight"])
+    assert torch.equal(w[8:], t["m.self_attn.v_proj.weight"])
+    assert torch.equal(d.mlp.gate_up_proj.weight[3:], t["m.mlp.up_proj.weight"])
+    assert torch.equal(d.mlp.gate_up_proj.bias[:3], t["m.mlp.gate_proj.bias"])
+
+
+def test_stacked_tensors_load_as_they_are(tmp_path):
+    d = Dense()
+    stacked = {k: torch.randn_like(v) for k, v in d.state_dict().items()}
+    save_file(stacked, tmp_path / "a.safetensors")
+    assert load_weights(d, tmp_path / "a.safetensors").fused == 0
+    assert torch.equal(d.self_attn.qkv_proj.weight, stacked["self_attn.qkv_proj.weight"])
+
+
+def test_a_missing_or_misshaped_part_is_named(tmp_path):
+    t = dense_disk()
+    del t["m.self_attn.k_proj.weight"]
+    t["m.mlp.up_proj.weight"] = torch.randn(4, 4)
+    save_file(t, tmp_path / "model.safetensors")
+    with pytest.raises(InvalidInput) as e:
+        load_weights(Dense(), tmp_path, prefix="m.")
+    msg = str(e.value)
+    assert "m.self_attn.qkv_proj.weight: missing (nor m.self_attn.k_proj.weight)" in msg
+    assert ("m.mlp.gate_up_proj.weight: m.mlp.gate_proj.weight + m.mlp.up_proj.weight stack to [7, 4], "
+            "module wants [6, 4]") in msg

@@ -15,7 +15,8 @@ def test_parameters_by_hand(shared):
     moe = SparseMoE(h, i, e, k, norm_topk_prob=True, shared_intermediate=shared)
     want = {"gate.weight": (e, h), "experts.gate_up_proj": (e, 2 * i, h), "experts.down_proj": (e, h, i)}
     if shared:
-        want |= {"shared_expert.gate_proj.weight": (shared, h), "shared_expert.up_proj.weight": (shared, h),
+        # gate's rows then up's in one matrix (the checkpoint's gate_proj and up_proj, stacked at load)
+        want |= {"shared_expert.gate_up_proj.weight": (2 * shared, h),
                  "shared_expert.down_proj.weight": (h, shared), "shared_expert_gate.weight": (1, h)}
     assert {n: tuple(p.shape) for n, p in moe.state_dict().items()} == want
 
@@ -32,7 +33,8 @@ def test_a_one_wide_shared_expert_adds_its_gated_output():
     x = torch.randn(3, 8)
     routed = moe.experts(x, *moe.route(x))
     se = moe.shared_expert
+    gate_w, up_w = se.gate_up_proj.weight[:1], se.gate_up_proj.weight[1:]
     # by hand: sigmoid(x . g) x down(silu(x . gate) * (x . up)), one intermediate unit
     extra = torch.sigmoid(x @ moe.shared_expert_gate.weight.T) * (
-        torch.nn.functional.silu(x @ se.gate_proj.weight.T) * (x @ se.up_proj.weight.T)) @ se.down_proj.weight.T
+        torch.nn.functional.silu(x @ gate_w.T) * (x @ up_w.T)) @ se.down_proj.weight.T
     torch.testing.assert_close(moe(x), routed + extra)

@@ -107,3 +107,52 @@ def test_fused_snake_beta_equals_the_torch_path_in_the_interpreter():
     r = interpreted(SNAKE)
     assert r["shape"] == [2, 5, 1200] and r["dtype"] == "torch.float32" and not r["contiguous"]
     assert r["err"] <= 1e-5 * r["scale"] and r["part_err"] <= 1e-5 * r["scale"], r
+
+
+SILU = r"""
+import torch
+from models.components.layers import SwiGLU
+from models.components.norm_ops import silu_mul
+from graphc.modules import set_kernels
+
+torch.manual_seed(0)
+out = {}
+for dtype in (torch.float32, torch.bfloat16):
+    # 1,100 columns a half: a full 1,024-column block, then a partial one; rows strided (a slice of a wider tensor)
+    wide = (2 * torch.randn(3, 2, 2200 + 6)).to(dtype)
+    gu = wide[:, 1, 3:2203]
+    gate, up = gu[:, :1100], gu[:, 1100:]
+    want = torch.nn.functional.silu(gate) * up          # the torch path SwiGLU takes
+    got = silu_mul(gu)
+    out[str(dtype)] = {"err": (got.float() - want.float()).abs().max().item(), "scale": want.float().abs().max().item(),
+                       "differ": (got != want).float().mean().item(), "shape": list(got.shape),
+                       "strided": not gu.is_contiguous()}
+# through the module on meta tensors (where the compiler traces it): the knob takes the fused operator
+mlp = SwiGLU(8, 6).to("meta", torch.bfloat16)
+set_kernels(mlp, {"fused_norms": 1})
+ops = []
+from torch.utils._python_dispatch import TorchDispatchMode
+class Seen(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        ops.append(str(func.overloadpacket.__name__))
+        return func(*args, **(kwargs or {}))
+with Seen():
+    y = mlp(torch.empty(5, 8, device="meta", dtype=torch.bfloat16))
+out["meta"] = {"ops": ops, "shape": list(y.shape)}
+print(json.dumps(out))
+"""
+
+
+def test_fused_silu_mul_equals_the_torch_path_in_the_interpreter():
+    """SwiGLU's activation as one kernel: silu(gate) * up over strided [gate | up] rows, fp32 and bf16 (rounded
+    where torch rounds: silu's output, then the product), and the module taking it on meta tensors when the
+    plan's knob is on (one GEMM for gate and up, one activation launch, the down GEMM)."""
+    r = interpreted(SILU)
+    for dtype in ("torch.float32", "torch.bfloat16"):
+        d = r[dtype]
+        assert d["shape"] == [3, 1100] and d["strided"], d
+    assert r["torch.float32"]["err"] <= 2e-6 * r["torch.float32"]["scale"], r
+    bf16 = r["torch.bfloat16"]
+    assert bf16["err"] <= 2 ** -7 * bf16["scale"] and bf16["differ"] <= 0.02, bf16
+    assert r["meta"]["shape"] == [5, 8]
+    assert [o for o in r["meta"]["ops"] if o in ("mm", "addmm", "silu", "mul", "silu_mul")] == ["mm", "silu_mul", "mm"], r
