@@ -90,6 +90,19 @@ def split_qkv(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int
             qkv[..., k_end:].view(*rows, kv_heads, head_dim))
 
 
+def norm_rope_qk(q_norm: RMSNorm, k_norm: RMSNorm, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm_rope(q_norm, q, ...), norm_rope(k_norm, k, ...)): one fused launch for both where each would
+    take the fused kernel and their rows and eps agree."""
+    d = q.shape[-1]
+    if (q_norm.fused(q) and k_norm.fused(k) and q_norm.eps == k_norm.eps and d & (d - 1) == 0
+            and k.shape[-1] == d and k.shape[:-2] == q.shape[:-2] and _broadcasts(cos, (*q.shape[:-2], 1, d))
+            and cos.shape == sin.shape and cos.dtype == sin.dtype == q.dtype):
+        from models.components.norm_ops import q_k_norm_rope
+        return q_k_norm_rope(q, k, q_norm.weight, k_norm.weight, cos, sin, q_norm.eps)
+    return norm_rope(q_norm, q, cos, sin), norm_rope(k_norm, k, cos, sin)
+
+
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x)), gate and up as one matrix (gate's rows, then up's: one GEMM; the
     checkpoint's gate_proj and up_proj are stacked at load, graphc/runtime/checkpoint.py)."""

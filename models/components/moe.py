@@ -33,12 +33,14 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
 
-    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """x [T, H], experts/weights [T, k] -> [T, H]: each row's k expert outputs, weighted and summed."""
+    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, H], experts/weights [T, k] -> [T, H]: each row's k expert outputs, weighted and summed (and
+        added to residual [T, H] where given: one launch with the sum where the kernels run)."""
         t, k = experts.shape
         if x.dtype == torch.bfloat16 and t <= self.fused_max_tokens and x.device.type in ("cuda", "meta"):
             from models.components.moe_ops import fused_experts
-            return fused_experts(x, self.gate_up_proj, self.down_proj, experts, weights)
+            return fused_experts(x, self.gate_up_proj, self.down_proj, experts, weights, residual)
         order, rows = torch.sort(experts.reshape(-1))                            # [T*k] pairs by expert
         ends = torch.searchsorted(order, torch.arange(1, self.num_experts + 1, device=x.device),
                                   out_int32=True)                                 # [E] end of each expert's rows
@@ -52,7 +54,8 @@ class Experts(nn.Module):
         y = y * weights.reshape(-1).index_select(0, rows)[:, None]
         pairs = torch.empty_like(y)
         pairs[rows] = y                                                          # back to (token, slot) order
-        return pairs.view(t, k, -1).sum(dim=1)
+        out = pairs.view(t, k, -1).sum(dim=1)
+        return out if residual is None else residual + out
 
 
 class SparseMoE(nn.Module):
@@ -85,8 +88,11 @@ class SparseMoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return experts, weights.to(logits.dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, H] -> the block's output [T, H], plus residual where given (the decoder layer's add: without a
+        shared expert it shares the experts' last launch)."""
+        if not self.shared:
+            return self.experts(x, *self.route(x), residual=residual)
         out = self.experts(x, *self.route(x))
-        if self.shared:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return out
+        out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out if residual is None else residual + out

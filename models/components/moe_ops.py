@@ -9,6 +9,7 @@ only when an operator runs on a device, so planning needs no GPU stack.
     graphc::moe_gate_up(x, gate_up_proj, h!, rows, ends, top_k)  silu(gate) * up, by expert
     graphc::moe_down(h, down_proj, pairs!, rows, ends, weights)  down, scaled, to each pair's place
     graphc::moe_route(logits, experts!, weights!, norm)          the router: softmax, top-k, renormalised
+    graphc::moe_sum_add(pairs, residual, y!)                     each token's k slots summed, plus the residual
 """
 from __future__ import annotations
 
@@ -65,6 +66,18 @@ def _(logits, experts, weights, norm) -> None:
     return None
 
 
+@torch.library.custom_op("graphc::moe_sum_add", mutates_args=("y",))
+def moe_sum_add(pairs: torch.Tensor, residual: torch.Tensor, y: torch.Tensor) -> None:
+    from models.components import moe_triton as k
+
+    k.sum_add(pairs, residual, y)
+
+
+@moe_sum_add.register_fake
+def _(pairs, residual, y) -> None:
+    return None
+
+
 def fused_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """SparseMoE.route's contract from the router's logits [T, E]: (experts [T, k] int64, weights [T, k] in the
     logits' dtype), one launch where torch takes six (a cast, softmax, topk, a sum, a division, a cast)."""
@@ -83,9 +96,10 @@ GROUP_SORT_FROM = 512
 
 
 def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor,
-                  weights: torch.Tensor) -> torch.Tensor:
+                  weights: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
     """Experts.forward's contract: x [T, H], gate_up_proj [E, 2I, H], down_proj [E, H, I], experts and
-    weights [T, k] -> [T, H] in x's dtype; three operators and a sum, static shapes for a given T."""
+    weights [T, k] -> [T, H] in x's dtype (plus residual [T, H] where given: the decoder layer's add, in the
+    same launch as the slots' sum); three operators and a sum, static shapes for a given T."""
     t, k = experts.shape
     num_experts, two_i, hidden = gate_up_proj.shape
     inter = two_i // 2
@@ -104,4 +118,11 @@ def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.
     moe_gate_up(x.contiguous(), gate_up_proj, h, rows, ends, k)
     pairs = torch.empty(t * k, hidden, device=x.device, dtype=x.dtype)  # in (token, slot) order
     moe_down(h, down_proj, pairs, rows, ends, weights.reshape(-1).contiguous())
-    return pairs.view(t, k, hidden).sum(dim=1)
+    if residual is None:
+        return pairs.view(t, k, hidden).sum(dim=1)
+    if residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1:
+        raise ValueError(f"fused_experts: residual {tuple(residual.shape)} {residual.dtype} must be x's "
+                         f"{tuple(x.shape)} {x.dtype}, columns contiguous")
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    moe_sum_add(pairs.view(t, k, hidden), residual, y)
+    return y

@@ -263,3 +263,31 @@ def route(logits: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, no
     if t:
         _route[(t,)](logits, experts, weights, e, logits.stride(0), TOP_K=k, NORM=norm,
                      BLOCK=triton.next_power_of_2(e), KBLOCK=triton.next_power_of_2(k), num_warps=1)
+
+
+@triton.jit
+def _sum_add(pairs_ptr, res_ptr, y_ptr, H, res_row, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """One token's BLOCK columns: y = residual + sum over its TOP_K slots, the slots summed in fp32 and
+    rounded once (as torch's sum over them), then the residual's add rounded (as torch's add)."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < H
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(pairs_ptr + (t * TOP_K + j) * H + offs, mask=m, other=0.0).to(tl.float32)
+    dt = y_ptr.dtype.element_ty
+    s = acc.to(dt).to(tl.float32)
+    r = tl.load(res_ptr + t * res_row + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + t * H + offs, (r + s).to(dt), mask=m)
+
+
+SUM_BLOCK = 1024
+
+
+def sum_add(pairs: torch.Tensor, residual: torch.Tensor, y: torch.Tensor) -> None:
+    """pairs [T, k, H] contiguous, residual [T, H] (rows may be strided), y [T, H] contiguous:
+    y = residual + pairs.sum(1)."""
+    t, k, h = pairs.shape
+    if t and h:
+        _sum_add[(t, triton.cdiv(h, SUM_BLOCK))](pairs, residual, y, h, residual.stride(0), TOP_K=k, BLOCK=SUM_BLOCK,
+                                                 num_warps=4)

@@ -5,6 +5,7 @@ caller with torch.empty, which the simulation records). Triton is imported only 
     graphc::rms_norm(x, weight, y!, eps)
     graphc::add_rms_norm(x, residual, weight, total!, y!, eps)
     graphc::qk_norm_rope(x, weight, cos, sin, y!, eps)
+    graphc::q_k_norm_rope(q, k, wq, wk, cos, sin, yq!, yk!, eps)
     graphc::snake_beta(x, alpha, beta, y!)
     graphc::silu_mul(gate_up, y!)
 
@@ -53,6 +54,19 @@ def qk_norm_rope_op(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, si
 
 @qk_norm_rope_op.register_fake
 def _(x, weight, cos, sin, y, eps) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::q_k_norm_rope", mutates_args=("yq", "yk"))
+def q_k_norm_rope_op(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor, yq: torch.Tensor, yk: torch.Tensor, eps: float) -> None:
+    from models.components import norm_triton as kern
+
+    kern.q_k_norm_rope(q, k, wq, wk, cos, sin, yq, yk, eps)
+
+
+@q_k_norm_rope_op.register_fake
+def _(q, k, wq, wk, cos, sin, yq, yk, eps) -> None:
     return None
 
 
@@ -129,6 +143,36 @@ def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: 
     y = torch.empty(x3.shape, device=x.device, dtype=x.dtype)
     qk_norm_rope_op(x3, weight, c2, s2, y, eps)
     return y.view(x.shape)
+
+
+def _heads(x: torch.Tensor) -> torch.Tensor:
+    x3 = x.reshape(-1, *x.shape[-2:])
+    return x3 if x3.stride(-1) == 1 else x3.contiguous()
+
+
+def q_k_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(qk_norm_rope(q, wq, ...), qk_norm_rope(k, wk, ...)) in one launch: q [..., HQ, D] and k [..., HK, D] of
+    the same rows, cos and sin as qk_norm_rope takes them."""
+    *rows, _, d = q.shape
+    if tuple(k.shape[:-2]) != tuple(rows) or k.shape[-1] != d or k.dtype != q.dtype:
+        raise ValueError(f"q_k_norm_rope: q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} must share "
+                         "their rows, head dim and dtype")
+    shape = (*rows, 1, d)
+    try:
+        fits = tuple(torch.broadcast_shapes(cos.shape, shape)) == shape
+    except RuntimeError:
+        fits = False
+    if not fits or cos.shape != sin.shape or cos.dtype != q.dtype or sin.dtype != q.dtype:
+        raise ValueError(f"q_k_norm_rope: q {tuple(q.shape)} {q.dtype} takes cos and sin of shape {shape} (or "
+                         f"broadcasting to it) in its dtype, not {tuple(cos.shape)} {cos.dtype}, "
+                         f"{tuple(sin.shape)} {sin.dtype}")
+    q3, k3 = _heads(q), _heads(k)
+    c2, s2 = _rows(cos.expand(shape)), _rows(sin.expand(shape))
+    yq = torch.empty(q3.shape, device=q.device, dtype=q.dtype)
+    yk = torch.empty(k3.shape, device=k.device, dtype=k.dtype)
+    q_k_norm_rope_op(q3, k3, wq, wk, c2, s2, yq, yk, eps)
+    return yq.view(q.shape), yk.view(k.shape)
 
 
 def snake_beta(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:

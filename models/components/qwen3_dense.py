@@ -13,7 +13,7 @@ from torch import nn
 from graphc.declare import Port
 from graphc.step import NodeModule, StepContext
 from graphc.strict import Strict
-from models.components.layers import RMSNorm, SwiGLU, norm_rope, rope_cos_sin, rope_inv_freq, split_qkv
+from models.components.layers import RMSNorm, SwiGLU, norm_rope_qk, rope_cos_sin, rope_inv_freq, split_qkv
 
 
 class Qwen3Config(Strict):
@@ -42,8 +42,7 @@ class Qwen3Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = split_qkv(self.qkv_proj(x), self.h, self.kv, self.d)
-        q = norm_rope(self.q_norm, q, cos, sin)                                         # [T, H, D]
-        k = norm_rope(self.k_norm, k, cos, sin)                                         # [T, KV, D]
+        q, k = norm_rope_qk(self.q_norm, self.k_norm, q, k, cos, sin)                  # [T, H or KV, D]
         o = kv(self.layer, q, k, v)                                                     # [T, H, D]
         return self.o_proj(o.reshape(t, self.h * self.d))
 

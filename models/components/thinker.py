@@ -26,7 +26,7 @@ from torch import nn
 
 from graphc.step import NodeModule, StepContext
 from graphc.strict import Strict
-from models.components.layers import RMSNorm, norm_rope, rope_inv_freq, split_qkv
+from models.components.layers import RMSNorm, norm_rope_qk, rope_inv_freq, split_qkv
 from models.components.moe import SparseMoE
 from models.components.mrope import mrope_cos_sin, mrope_slots
 
@@ -97,8 +97,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         rows = x.shape[:-1]
         q, k, v = split_qkv(self.qkv_proj(x), self.h, self.kv, self.d)
-        q = norm_rope(self.q_norm, q, cos, sin)                                             # [..., H, D]
-        k = norm_rope(self.k_norm, k, cos, sin)                                             # [..., KV, D]
+        q, k = norm_rope_qk(self.q_norm, self.k_norm, q, k, cos, sin)                      # [..., H or KV, D]
         return self.o_proj(attend(q, k, v).reshape(*rows, self.h * self.d))
 
 
@@ -115,6 +114,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         x, h = self.post_attention_layernorm.add(x, self.self_attn(self.input_layernorm(x), cos, sin, attend))
+        if isinstance(self.mlp, SparseMoE):
+            return self.mlp(h, residual=x)          # the residual add in the experts' last launch where fused
         return x + self.mlp(h)
 
 

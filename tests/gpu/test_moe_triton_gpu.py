@@ -125,3 +125,28 @@ def test_fused_router_against_the_torch_path(shape, tokens):
     a, b = want_w.gather(1, wi).float(), got_w.gather(1, gi).float()           # each expert's weight
     ulp = torch.exp2(torch.floor(torch.log2(a.abs())) - 7)
     assert bool((((a - b).abs() <= ulp) | ~same[:, None]).all())
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("tokens", [1, 64, 2048])
+def test_slots_sum_and_residual_add_round_as_torch(shape, tokens):
+    """moe_sum_add (a decoder layer's residual + the k slots' sum, one launch) equals torch's
+    residual + pairs.sum(1) in bf16: the slots summed in fp32 and rounded once, then the add rounded (at most
+    an ulp apart on 1% of elements, where fp32's summation order tips a rounding)."""
+    pytest.importorskip("triton")
+    from models.components.moe_ops import moe_sum_add
+
+    _, hidden, _, k = SHAPES[shape]
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    pairs = (0.3 * torch.randn(tokens, k, hidden, device="cuda", generator=gen)).to(torch.bfloat16)
+    wide = (4 * torch.randn(tokens, 2 * hidden, device="cuda", generator=gen)).to(torch.bfloat16)
+    residual = wide[:, 8:8 + hidden]                                  # rows strided
+    y = torch.empty(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+    moe_sum_add(pairs, residual, y)
+    want = residual + pairs.sum(dim=1)
+    apart = (y != want)
+    spacing = torch.exp2(torch.floor(torch.log2(want.float().abs().clamp(min=2 ** -126))) - 7)
+    assert ((y.float() - want.float()).abs() <= spacing).all()
+    assert apart.float().mean() <= 0.01, apart.float().mean().item()
+    assert (y.double() - (residual.double() + pairs.double().sum(1))).abs().mean() <= \
+        (want.double() - (residual.double() + pairs.double().sum(1))).abs().mean() * 1.001

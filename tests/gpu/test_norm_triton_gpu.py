@@ -106,8 +106,9 @@ def test_a_thinker_layer_runs_the_operators_and_replays_in_a_graph():
         set_kernels(layer, {"fused_norms": 1, "fused_max_tokens": 64})
         with names:
             eager = layer(x, cos, sin, attend)
-        assert [s for s in seen if s in ("graphc.rms_norm", "graphc.qk_norm_rope", "graphc.add_rms_norm")] == [
-            "graphc.rms_norm", "graphc.qk_norm_rope", "graphc.qk_norm_rope", "graphc.add_rms_norm"]
+        assert [s for s in seen if s in ("graphc.rms_norm", "graphc.q_k_norm_rope", "graphc.qk_norm_rope",
+                                         "graphc.add_rms_norm", "graphc.moe_sum_add")] == [
+            "graphc.rms_norm", "graphc.q_k_norm_rope", "graphc.add_rms_norm", "graphc.moe_sum_add"]
         rel = ((eager.float() - plain.float()).norm() / plain.float().norm()).item()
         assert rel <= 1e-2, rel                                  # the same layer, roundings apart
         static = x.clone()
@@ -233,3 +234,26 @@ def test_fused_silu_mul_against_the_torch_path_and_fp64(hidden, inter, rows):
         g.replay()
         torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("rows", [1, 64, 2048])
+def test_q_and_k_in_one_launch_equal_two(shape, rows):
+    """q_k_norm_rope (a layer's q and k heads in one grid, each with its norm weight) equals qk_norm_rope run
+    on q and on k, bit for bit, on q and k as split_qkv gives them (strided views of one projection)."""
+    pytest.importorskip("triton")
+    from models.components import norm_ops
+    from models.components.layers import split_qkv
+
+    _, heads, kv, d = SHAPES[shape]
+    gen = torch.Generator(device="cuda").manual_seed(rows + 7)
+    bf = torch.bfloat16
+    wq = torch.randn(d, device="cuda", generator=gen).mul(0.2).add(1).to(bf)
+    wk = torch.randn(d, device="cuda", generator=gen).mul(0.2).add(1).to(bf)
+    qkv = torch.randn(rows, (heads + 2 * kv) * d, device="cuda", generator=gen).to(bf)
+    q, k, _ = split_qkv(qkv, heads, kv, d)
+    ang = torch.rand(rows, 1, d // 2, device="cuda", generator=gen) * 100
+    cos, sin = torch.cat([ang.cos()] * 2, -1).to(bf), torch.cat([ang.sin()] * 2, -1).to(bf)
+    yq, yk = norm_ops.q_k_norm_rope(q, k, wq, wk, cos, sin, 1e-6)
+    assert torch.equal(yq, norm_ops.qk_norm_rope(q, wq, cos, sin, 1e-6))
+    assert torch.equal(yk, norm_ops.qk_norm_rope(k, wk, cos, sin, 1e-6))

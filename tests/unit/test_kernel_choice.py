@@ -138,8 +138,8 @@ def test_the_plan_records_a_choice_only_where_a_module_declares_the_knob():
 
 def test_the_simulation_sees_a_fused_decoder_layer_as_four_norm_operators():
     """A thinker layer (hidden 64, 4 heads and 2 kv heads of 16, 8 experts, top 2), bf16 on meta, with the
-    norms fused: its input norm, q's and k's norm + rotary, the residual add + post-attention norm are one
-    graphc operator each, in that order; none of torch's norm or rotary kernels is left (rsqrt, mean, pow,
+    norms fused: its input norm, q's and k's norm + rotary (one launch for both), the residual add +
+    post-attention norm are one graphc operator each, in that order; none of torch's norm or rotary kernels is left (rsqrt, mean, pow,
     cat, neg). Without the knob, no graphc norm operator runs."""
     from models.components.thinker import MoETextConfig, moe_layer
 
@@ -163,8 +163,8 @@ def test_the_simulation_sees_a_fused_decoder_layer_as_four_norm_operators():
     with names, torch.no_grad():
         out = layer(x, cos, sin, attend)
     assert out.shape == (T, 64) and out.dtype == torch.bfloat16
-    assert [s for s in seen if s.startswith("graphc.")] == ["graphc.rms_norm", "graphc.qk_norm_rope",
-                                                            "graphc.qk_norm_rope", "graphc.add_rms_norm"]
+    assert [s for s in seen if s.startswith("graphc.")] == ["graphc.rms_norm", "graphc.q_k_norm_rope",
+                                                            "graphc.add_rms_norm"]
     assert not any(s.split(".")[-1] in ("rsqrt", "mean", "pow", "cat", "neg") for s in seen), seen
     set_kernels(layer, {})
     seen.clear()

@@ -43,7 +43,11 @@ weights = torch.rand(T, K, generator=g)
 with torch.no_grad():
     want = ex(x, experts, weights)
     got = fused_experts(x, ex.gate_up_proj, ex.down_proj, experts, weights)
+    # the decoder layer's residual added in the slots' sum (moe_sum_add), residual rows strided
+    res = torch.randn(T, 2 * H)[:, 5:5 + H]
+    got_res = fused_experts(x, ex.gate_up_proj, ex.down_proj, experts, weights, residual=res)
 print(json.dumps({"err": (got - want).abs().max().item(), "scale": want.abs().max().item(),
+                  "res_err": (got_res - (want + res)).abs().max().item(),
                   "shape": list(got.shape), "counts": torch.bincount(experts.reshape(-1), minlength=E).tolist(),
                   "block_m": BLOCKS["gate_up"][0]}))
 """
@@ -64,7 +68,7 @@ def test_fused_experts_equal_the_reference_path_in_the_interpreter(path):
     r = interpreted((TILED if path == "tiled" else "") + SCRIPT)
     assert r["shape"] == [21, 80]
     assert r["counts"][2] == 21 > r["block_m"] and r["counts"][7] == 0 and r["counts"][1] == 0   # the cases meant
-    assert r["err"] <= 1e-5 * r["scale"], r
+    assert r["err"] <= 1e-5 * r["scale"] and r["res_err"] <= 1e-5 * (r["scale"] + 5), r
 
 
 ROUTE = r"""

@@ -55,6 +55,14 @@ for dtype in (torch.float32, torch.bfloat16):
             gb = norm_ops.qk_norm_rope(xs, qn.weight, cs, sn, qn.eps)
             res[f"broadcast_{n}"] = (gb.float() - wb.float()).abs().max().item()
             res["shapes_b"] = res.get("shapes_b", []) + [list(gb.shape)]
+        # q and k of the same rows in one launch: each equal to its own launch, bit for bit
+        k_in = proj[:, H * HD:].view(T, KV, HD)
+        kn = RMSNorm(HD, 1e-6)
+        torch.nn.init.normal_(kn.weight, 1.0, 0.3)
+        kn = kn.to(dtype)
+        bq, bk = norm_ops.q_k_norm_rope(q, k_in, qn.weight, kn.weight, cos, sin, qn.eps)
+        res["q_k_same"] = bool(torch.equal(bq, gq) and torch.equal(bk, norm_ops.qk_norm_rope(k_in, kn.weight, cos, sin, kn.eps)))
+        res["q_k_err"] = (bk.float() - apply_rope(kn(k_in), cos, sin).float()).abs().max().item()
         res["differ"] = {k: (a != b).float().mean().item() for k, (a, b) in
                          {"rms_norm": (got, want), "add_norm": (gn, wn), "qk_norm_rope": (gq, wq)}.items()}
         res["scale"] = max(want.float().abs().max().item(), wq.float().abs().max().item())
@@ -69,6 +77,7 @@ def test_fused_norms_equal_the_torch_path_in_the_interpreter():
     f32, bf16 = r["torch.float32"], r["torch.bfloat16"]
     assert f32["shapes"] == [[5, 96], [5, 96], [5, 4, 16]]
     assert f32["shapes_b"] == [[5, 2, 4, 16], [5, 1, 4, 16]]
+    assert f32["q_k_same"] and bf16["q_k_same"] and f32["q_k_err"] <= 2e-6 * f32["scale"], (f32, bf16)
     for k in ("rms_norm", "add_total", "add_norm", "qk_norm_rope", "broadcast_2", "broadcast_1"):
         assert f32[k] <= 2e-6 * f32["scale"], (k, f32)
     assert bf16["add_total"] == 0.0, bf16                     # the sum rounds once, as x + r does
