@@ -56,7 +56,8 @@ PRELOAD = ["torch", "transformers", "hypothesis", "pytest", "networkx", "pydanti
 
 # issue 9's named mutants: (file, text, replacement, what)
 HAND = [
-    ("models/components/qwen3_dense.py", "norm_rope(self.k_norm,", "norm_rope(self.q_norm,", "k projected through q_norm"),
+    ("models/components/qwen3_dense.py", "norm_rope_qk(self.q_norm, self.k_norm,", "norm_rope_qk(self.q_norm, self.q_norm,",
+     "k projected through q_norm"),
     # the input norm and the post-attention norm, each computed with the other's weights (a swap of the two)
     ("models/components/thinker.py", "self.input_layernorm(x)", "self.post_attention_layernorm(x)",
      "input norm with the post-attention norm's weights"),
