@@ -121,54 +121,47 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     return total.view(x.shape), y.view(x.shape)
 
 
-def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
-                 ) -> torch.Tensor:
-    """apply_rope(rms_norm(x) * weight, cos, sin): x [..., heads, D], cos and sin [..., 1, D] or broadcasting
-    to it (a row of the table serving many rows of x is read in place where one stride can say so, else
-    copied) -> [..., heads, D] in x's dtype."""
-    *rows, heads, d = x.shape
+def _tables(op: str, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin for x [..., heads, D] as [N, D] rows, one per row of x: they must be [..., 1, D] or broadcast
+    to it (a table row serving many rows of x is read in place where one stride can say so, else copied)."""
+    *rows, _, d = x.shape
     shape = (*rows, 1, d)
     try:
         fits = tuple(torch.broadcast_shapes(cos.shape, shape)) == shape
     except RuntimeError:
         fits = False
     if not fits or cos.shape != sin.shape or cos.dtype != x.dtype or sin.dtype != x.dtype:
-        raise ValueError(f"qk_norm_rope: x {tuple(x.shape)} {x.dtype} takes cos and sin of shape {shape} (or "
-                         f"broadcasting to it) in its dtype, not {tuple(cos.shape)} {cos.dtype}, "
-                         f"{tuple(sin.shape)} {sin.dtype}")
-    x3 = x.reshape(-1, heads, d)
-    if x3.stride(-1) != 1:
-        x3 = x3.contiguous()
-    c2, s2 = _rows(cos.expand(shape)), _rows(sin.expand(shape))
-    y = torch.empty(x3.shape, device=x.device, dtype=x.dtype)
-    qk_norm_rope_op(x3, weight, c2, s2, y, eps)
-    return y.view(x.shape)
+        raise ValueError(f"{op}: x {tuple(x.shape)} {x.dtype} takes cos and sin of shape {shape} (or broadcasting "
+                         f"to it) in its dtype, not {tuple(cos.shape)} {cos.dtype}, {tuple(sin.shape)} {sin.dtype}")
+    return _rows(cos.expand(shape)), _rows(sin.expand(shape))
 
 
 def _heads(x: torch.Tensor) -> torch.Tensor:
+    """x [..., heads, D] as [N, heads, D], elements contiguous (rows and heads may be strided)."""
     x3 = x.reshape(-1, *x.shape[-2:])
     return x3 if x3.stride(-1) == 1 else x3.contiguous()
+
+
+def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
+                 ) -> torch.Tensor:
+    """apply_rope(rms_norm(x) * weight, cos, sin): x [..., heads, D], cos and sin [..., 1, D] or broadcasting
+    to it -> [..., heads, D] in x's dtype."""
+    c2, s2 = _tables("qk_norm_rope", x, cos, sin)
+    x3 = _heads(x)
+    y = torch.empty(x3.shape, device=x.device, dtype=x.dtype)
+    qk_norm_rope_op(x3, weight, c2, s2, y, eps)
+    return y.view(x.shape)
 
 
 def q_k_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
                   sin: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(qk_norm_rope(q, wq, ...), qk_norm_rope(k, wk, ...)) in one launch: q [..., HQ, D] and k [..., HK, D] of
     the same rows, cos and sin as qk_norm_rope takes them."""
-    *rows, _, d = q.shape
-    if tuple(k.shape[:-2]) != tuple(rows) or k.shape[-1] != d or k.dtype != q.dtype:
+    if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1] or k.dtype != q.dtype:
         raise ValueError(f"q_k_norm_rope: q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} must share "
                          "their rows, head dim and dtype")
-    shape = (*rows, 1, d)
-    try:
-        fits = tuple(torch.broadcast_shapes(cos.shape, shape)) == shape
-    except RuntimeError:
-        fits = False
-    if not fits or cos.shape != sin.shape or cos.dtype != q.dtype or sin.dtype != q.dtype:
-        raise ValueError(f"q_k_norm_rope: q {tuple(q.shape)} {q.dtype} takes cos and sin of shape {shape} (or "
-                         f"broadcasting to it) in its dtype, not {tuple(cos.shape)} {cos.dtype}, "
-                         f"{tuple(sin.shape)} {sin.dtype}")
+    c2, s2 = _tables("q_k_norm_rope", q, cos, sin)
     q3, k3 = _heads(q), _heads(k)
-    c2, s2 = _rows(cos.expand(shape)), _rows(sin.expand(shape))
     yq = torch.empty(q3.shape, device=q.device, dtype=q.dtype)
     yk = torch.empty(k3.shape, device=k.device, dtype=k.dtype)
     q_k_norm_rope_op(q3, k3, wq, wk, c2, s2, yq, yk, eps)
