@@ -4,7 +4,9 @@ cancelled at random points: 4 by a client that drops its connection mid-stream (
 by the `openai` client closing its stream, 3 by cancelling the asyncio task that reads it. The other 90
 complete with what they would have produced alone: the same greedy text, the same codec frames from the
 talker (seeded), and the same waveform as PCM16 but for float32 rounding in the batched vocoder (the tiny
-random vocoder saturates; a few unsaturated samples differ by up to 0.2% of full scale); once idle the
+random vocoder saturates; a few unsaturated samples differ: up to 0.2% of full scale when this test was
+written, 0.32% on 2026-12-01 (106 of 32767 on 7 samples of one request, the same on the commit before that
+day's changes: another CPU or library build rounds otherwise), so the bound is 0.5%); once idle the
 engine holds every page of both pools and no request (the leak oracle)."""
 import asyncio
 import base64
@@ -165,4 +167,4 @@ def test_100_streams_10_cancelled_the_rest_as_alone_and_nothing_leaks(served, le
             samples = np.frombuffer(pcm, "<i2").astype(int)
             assert len(samples) == len(want_pcm) > 0, i
             d = np.abs(samples - want_pcm)
-            assert d.max() <= 0.003 * 32767 and (d > 1).mean() < 0.05, (i, d.max(), (d > 1).sum())
+            assert d.max() <= 0.005 * 32767 and (d > 1).mean() < 0.05, (i, d.max(), (d > 1).sum())
