@@ -5,8 +5,9 @@ Disk names are the node's weight_prefix + the module's state-dict names, except 
   they are fused for the MoE kernels (experts.gate_up_proj [E, 2I, H] = gate then up, experts.down_proj
   [E, H, I]). Either form loads.
 - Dense projections run as one GEMM: self_attn.qkv_proj.weight holds q_proj's rows, then k_proj's, then
-  v_proj's; mlp.gate_up_proj.weight gate_proj's, then up_proj's (biases alike). Either form loads. Shards are found through model.safetensors.index.json or by listing the folder.
-Missing, unexpected and mis-shaped tensors are refused by name.
+  v_proj's; mlp.gate_up_proj.weight gate_proj's, then up_proj's (biases alike). Either form loads.
+Shards are found through model.safetensors.index.json or by listing the folder; TensorShards reads a state
+dict in memory the same way. Missing, unexpected and mis-shaped tensors are refused by name.
 """
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ caller with torch.empty, which the simulation records). Triton is imported only 
     graphc::snake_beta(x, alpha, beta, y!)
     graphc::silu_mul(gate_up, y!)
 
-layers.RMSNorm and thinker.Attention take the first three, code2wav.SnakeBeta the fourth, layers.SwiGLU
-the last, where the plan
+layers.RMSNorm takes the first two, the attention layers' q and k norm + rotary q_k_norm_rope (qk_norm_rope
+where only one of them is fused), code2wav.SnakeBeta snake_beta and layers.SwiGLU silu_mul, where the plan
 says so (the fused_norms knob: the normalisation-like elementwise chains of a node as one launch each) and
 the inputs allow; the wrappers here check shapes and return the outputs.
 """
