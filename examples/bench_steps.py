@@ -16,6 +16,10 @@ tokens touch, E x (1 - (1 - k/E)^T) of E for T tokens routed to k of E each (the
 uniform routing), each of which is read once, and an embedding table only its T rows. It is a memory
 floor only: compute-bound steps (prefill of many tokens, the encoders, Code2Wav) sit far above it.
 
+`--profile GRAPH ...` (ids or prefixes, as --only) also records those graphs' replays under torch.profiler
+and writes each one's kernels to the JSON (name, launches and GPU microseconds per replay, by total time),
+with the sum of kernel time against the replay's wall time (the rest is gaps between kernels).
+
 `--floors-from JSON` prints the table of an earlier run with floors recomputed on this machine (no GPU:
 the node modules are built on the meta device).
 """
@@ -111,6 +115,28 @@ def time_graph(graph, warmup: int, replays: int) -> float:
     return statistics.median(times)
 
 
+def profile_graph(graph, replays: int) -> dict:
+    """Kernels of `replays` replays of a captured graph, grouped by name: per replay, launches and GPU us."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(e.name, [0, 0.0])
+            k[0] += 1
+            k[1] += e.device_time
+    rows = sorted(({"kernel": n, "launches": c / replays, "us": t / replays} for n, (c, t) in kernels.items()),
+                  key=lambda r: -r["us"])
+    return {"replays": replays, "kernel_us": sum(r["us"] for r in rows),
+            "launches": sum(r["launches"] for r in rows), "kernels": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("plan", nargs="?", help="the plan (not needed with --floors-from)")
@@ -122,6 +148,8 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=4.26e12, help="bytes per second the floor assumes")
     ap.add_argument("--no-launches", action="store_true", help="skip the simulation that counts launches")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", nargs="+", default=None, metavar="GRAPH",
+                    help="also profile these graphs (ids or prefixes, as --only): kernels per replay, in --json")
     ap.add_argument("--floors-from", default=None, metavar="JSON", help="re-render an earlier run's table")
     a = ap.parse_args()
     if a.floors_from:
@@ -142,7 +170,7 @@ def main() -> None:
     with torch.inference_mode():
         for key in plan.devices[a.device].capture_order:
             node, family, rung = parse_graph_id(key)
-            if a.only and not any(key.startswith(o + "/") or node == o for o in a.only):
+            if a.only and not any(key == o or key.startswith(o + "/") or node == o for o in a.only):
                 continue
             step = ir.family(node, family)
             g.static_inputs(node, family, step, rung)
@@ -152,10 +180,17 @@ def main() -> None:
             per_layer = launches[key] / layers[node] if launches.get(key) and layers.get(node) else None
             tokens = step.sizes_at(rung).get("tokens", rung)
             floor = floor_bytes(boot.modules[node], tokens) / a.bandwidth * 1e3
+            prof = None
+            if a.profile and any(key == o or key.startswith(o + "/") or node == o for o in a.profile):
+                prof = profile_graph(boot.graphs[key], a.replays)
+                print(f"  profile of {key}: {prof['launches']:.0f} kernels, {prof['kernel_us'] / 1e3:.3f} ms kernel time; top:",
+                      flush=True)
+                for r in prof["kernels"][:12]:
+                    print(f"    {r['us']:9.1f} us {r['launches']:6.0f}x  {r['kernel'][:110]}", flush=True)
             rows.append({"graph": key, "node": node, "family": family, "rung": rung, "axis": step.axis,
                          "ms": ms, "units_per_s": rung / ms * 1e3, "launches": launches.get(key),
                          "launches_per_layer": per_layer,
-                         "floor_ms": floor, "ratio": ms / floor if floor else None})
+                         "floor_ms": floor, "ratio": ms / floor if floor else None, "profile": prof})
             print(f"{key:48s} {ms:8.3f} ms  {rung / ms * 1e3:12,.0f} {step.axis}/s  "
                   f"launches {launches.get(key, '-')!s:>6} ({'-' if per_layer is None else f'{per_layer:.1f}'} a layer)"
                   f"  floor {floor:7.3f} ms  x{ms / floor:5.1f}", flush=True)

@@ -10,8 +10,9 @@ grouped_mm above; measured on the H200 faster at every count from 1 to 16,384 to
 and talker shapes (docs/benchmarks.md), and not measured on other archs or above 16,384 tokens. The same
 nodes run their RMSNorms, residual add + RMSNorm and qk-norm + rotary embedding as one launch each
 (models/components/norm_ops.py, the fused_norms knob), and their MoE routers' softmax, top-k and
-renormalisation as one (moe_ops.fused_route, the fused_router knob), at every token count; measured on the
-H200 (docs/benchmarks.md), not on other archs.
+renormalisation as one (moe_ops.fused_route, the fused_router knob), at every token count; and their linear
+layers' one-row products in a weight-streaming Triton kernel (gemv_triton.py, the gemv knob; cuBLAS for more
+rows). Measured on the H200 (docs/benchmarks.md), not on other archs.
 """
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def select_backends(ir: IR) -> Backends:
         if runs is not None and runs != head_dim:
             why += f"; {prefill} takes no head_dim {head_dim}: runs zero-padded to {runs}"
         chosen[r.name] = Choice(prefill, decode, runs, why)
-    knobs = {"fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_router": 1}
+    knobs = {"fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_router": 1, "gemv": 1}
     kernels = {n.name: dict(knobs) for n in ir.model.nodes if arch in FUSED_ARCHS and n.dtype == "bfloat16"}
     out = Backends(chosen, kernels)
     out.check(ir)

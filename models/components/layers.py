@@ -42,6 +42,24 @@ class RMSNorm(nn.Module):
         return total, self(total)
 
 
+class Linear(nn.Linear):
+    """nn.Linear (the same parameters and checkpoint names) whose one-row steps stream the weight through
+    one Triton kernel (gemv_ops.py) where the plan says so."""
+
+    # the plan's knob (graphc/passes/select_backends.py, as RMSNorm's fused_norms): 1 runs a bf16 input of
+    # one row on a GPU (and on meta tensors) through the one-row kernel, more rows through cuBLAS; 0: never
+    gemv: int = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = x.shape[-1]
+        w = self.weight
+        if (self.gemv and x.numel() == k == self.in_features and x.dtype == torch.bfloat16 == w.dtype
+                and w.is_contiguous() and x.device.type in ("cuda", "meta")):
+            from models.components.gemv_ops import gemv
+            return gemv(x.reshape(1, k).contiguous(), self.weight, self.bias).view(*x.shape[:-1], self.out_features)
+        return F.linear(x, self.weight, self.bias)
+
+
 def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
 
@@ -113,8 +131,8 @@ class SwiGLU(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=bias)
+        self.down_proj = Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)

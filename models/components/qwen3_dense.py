@@ -13,7 +13,7 @@ from torch import nn
 from graphc.declare import Port
 from graphc.step import NodeModule, StepContext
 from graphc.strict import Strict
-from models.components.layers import RMSNorm, SwiGLU, norm_rope_qk, rope_cos_sin, rope_inv_freq, split_qkv
+from models.components.layers import Linear, RMSNorm, SwiGLU, norm_rope_qk, rope_cos_sin, rope_inv_freq, split_qkv
 
 
 class Qwen3Config(Strict):
@@ -34,8 +34,8 @@ class Qwen3Attention(nn.Module):
         super().__init__()
         self.layer, self.h, self.kv, self.d = layer, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         # q's, k's and v's rows in one matrix (one GEMM; the checkpoint's {q,k,v}_proj are stacked at load)
-        self.qkv_proj = nn.Linear(cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.qkv_proj = Linear(cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, bias=False)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
@@ -82,7 +82,7 @@ class Qwen3LM(NodeModule):
         super().__init__()
         self.cfg = cfg
         self.model = Qwen3Body(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
@@ -120,7 +120,7 @@ class Qwen3LMNested(Qwen3LM):
         self.cfg = cfg
         self.model = nn.Module()
         self.model.language_model = Qwen3Body(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.language_model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)

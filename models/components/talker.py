@@ -58,7 +58,7 @@ from torch import nn
 
 from graphc.step import NodeModule, StepContext
 from graphc.strict import Strict
-from models.components.layers import RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
+from models.components.layers import Linear, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
 from models.components.thinker import Attend, Attention, DecoderLayer, MoETextConfig, MRope, moe_layer
 
 
@@ -188,8 +188,8 @@ class ResizeMLP(nn.Module):
 
     def __init__(self, inp: int, hidden: int, out: int):
         super().__init__()
-        self.linear_fc1 = nn.Linear(inp, hidden)
-        self.linear_fc2 = nn.Linear(hidden, out)
+        self.linear_fc1 = Linear(inp, hidden)
+        self.linear_fc2 = Linear(hidden, out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(nn.functional.silu(self.linear_fc1(x)))
@@ -234,7 +234,7 @@ class CodePredictor(nn.Module):
         super().__init__()
         self.cfg, self.groups = cfg, groups
         self.model = CodePredictorBody(cfg, groups)
-        self.lm_head = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(groups - 1))
+        self.lm_head = nn.ModuleList(Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(groups - 1))
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
 
     def run(self, x: torch.Tensor, slots: slice, cos: torch.Tensor, sin: torch.Tensor, cache: FrameCache
@@ -295,7 +295,7 @@ class Talker(NodeModule):
         text, cp = cfg.text_config, cfg.code_predictor_config
         self.cfg = cfg
         self.model = TalkerBody(text)
-        self.codec_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.codec_head = Linear(text.hidden_size, text.vocab_size, bias=False)
         self.text_projection = ResizeMLP(cfg.thinker_hidden_size, text.intermediate_size, text.hidden_size)
         self.hidden_projection = ResizeMLP(cfg.thinker_hidden_size, text.intermediate_size, text.hidden_size)
         self.code_predictor = CodePredictor(cp, cfg.num_code_groups)

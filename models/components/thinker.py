@@ -26,7 +26,7 @@ from torch import nn
 
 from graphc.step import NodeModule, StepContext
 from graphc.strict import Strict
-from models.components.layers import RMSNorm, norm_rope_qk, rope_inv_freq, split_qkv
+from models.components.layers import Linear, RMSNorm, norm_rope_qk, rope_inv_freq, split_qkv
 from models.components.moe import SparseMoE
 from models.components.mrope import mrope_cos_sin, mrope_slots
 
@@ -89,8 +89,8 @@ class Attention(nn.Module):
         super().__init__()
         self.h, self.kv, self.d = heads, kv_heads, head_dim
         # q's, k's and v's rows in one matrix (one GEMM; the checkpoint's {q,k,v}_proj are stacked at load)
-        self.qkv_proj = nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=False)
-        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.qkv_proj = Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=False)
+        self.o_proj = Linear(heads * head_dim, hidden, bias=False)
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
 
@@ -174,7 +174,7 @@ class Thinker(NodeModule):
         super().__init__()
         self.cfg = cfg
         self.model = ThinkerBody(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope = MRope(cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
 
     def embed(self, token_ids: torch.Tensor, audio_embeds: torch.Tensor | None, audio_rows: torch.Tensor | None,

@@ -30,12 +30,12 @@ def test_shipped_plans_record_the_choice_where_it_acts():
         got = {n: p.kernels for n, p in plan.nodes.items()}
         # the thinker and the talker hold sparse MoE experts and RMSNorms; Code2Wav RMSNorms only; the
         # encoders neither (LayerNorms)
-        both = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1}
+        both = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1, "gemv": 1}
         assert got == {"thinker": both, "talker": both, "audio_encoder": {}, "vision_encoder": {},
-                       "code2wav": {"fused_norms": 1}}, got
+                       "code2wav": {"fused_norms": 1, "gemv": 1}}, got
     assert all(not p.kernels for p in load_plan("plans/qwen3_omni_tiny_cpu.plan").nodes.values())     # cpu
     asr = {n: p.kernels for n, p in load_plan("plans/qwen3_asr_1.7b_h100.plan").nodes.items()}
-    assert asr == {"audio_encoder": {}, "thinker": {"fused_norms": 1}}, asr          # a dense LM: no MoE
+    assert asr == {"audio_encoder": {}, "thinker": {"fused_norms": 1, "gemv": 1}}, asr     # a dense LM: no MoE
 
 
 def test_select_backends_by_arch_and_dtype():
@@ -49,7 +49,8 @@ def test_select_backends_by_arch_and_dtype():
         ir = verify_graph(model, get_target(gpu), 1)
         chosen = select_backends(ir).kernels
         bf16 = {n.name for n in model.nodes if n.dtype == "bfloat16"}
-        assert chosen == ({n: {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1} for n in bf16}
+        knobs = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1, "gemv": 1}
+        assert chosen == ({n: knobs for n in bf16}
                           if want else {}), gpu
 
 
@@ -219,3 +220,29 @@ def test_the_simulation_sees_a_fused_residual_unit_as_two_snake_operators():
     with names, torch.no_grad():
         unit(x)
     assert not any(s.startswith("graphc.") for s in seen) and any(s.endswith("sin") for s in seen)
+
+
+def test_a_one_row_linear_takes_the_gemv_operator_and_more_rows_cublas():
+    """layers.Linear with the gemv knob, bf16 on meta: one row (in any leading shape) is one graphc.gemv
+    writing [.., N]; two rows, fp32, or the knob off go to aten's mm/addmm and no graphc operator."""
+    from models.components.layers import Linear
+
+    with torch.device("meta"):
+        lin = Linear(32, 24, bias=True).to(torch.bfloat16)
+        one, two = torch.empty(1, 1, 32, dtype=torch.bfloat16), torch.empty(2, 32, dtype=torch.bfloat16)
+    names = OpNames()
+    seen = names.seen
+    set_kernels(lin, {"gemv": 1})
+    with names, torch.no_grad():
+        y = lin(one)
+    assert y.shape == (1, 1, 24) and y.dtype == torch.bfloat16
+    assert [s for s in seen if s.startswith("graphc.")] == ["graphc.gemv"], seen
+    assert not any(s.split(".")[-1] in ("mm", "addmm", "linear") for s in seen), seen
+    for x, knob in ((two, 1), (one.float(), 1), (one, 0)):
+        seen.clear()
+        set_kernels(lin.to(x.dtype), {"gemv": knob})
+        with names, torch.no_grad():
+            lin(x)
+        assert not any(s.startswith("graphc.") for s in seen) and any(s.split(".")[-1] in ("mm", "addmm")
+                                                                         for s in seen), seen
+        lin.to(torch.bfloat16)

@@ -1,0 +1,104 @@
+"""The one-row linear kernel (models/components/gemv_triton.py) against cuBLAS (torch.mm) at Qwen3-Omni's
+decode shapes on the GPU: each shape's weight in enough copies to pass the L2 cache (as a step's layers
+do), a captured graph of one product per copy, timed with CUDA events (median of replays); a sweep of the
+kernel's blocks (every one recorded), the configured choice (gemv_triton.config), and the error of each
+against an fp32 product.
+
+    python examples/bench_gemv.py --json OUT.json [--quick]
+
+Prints per shape: cuBLAS us and TB/s, the configured blocks' us and TB/s, and the sweep's best.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+# (name, N, K): out features, in features
+SHAPES = [("cp.qkv", 4096, 1024), ("cp.o", 1024, 2048), ("cp.gate_up", 6144, 1024), ("cp.down", 1024, 3072),
+          ("cp.lm_head", 2048, 1024), ("talker.qkv", 2560, 1024), ("talker.shared_gate_up", 1536, 1024),
+          ("talker.shared_down", 1024, 768), ("talker.codec_head", 3072, 1024),
+          ("talker.text_projection.fc1", 2048, 2048), ("thinker.qkv", 5120, 2048), ("thinker.o", 2048, 4096),
+          ("thinker.router", 128, 2048), ("thinker.lm_head", 152064, 2048)]
+SWEEP = list(itertools.product((1, 2, 4, 8, 16), (512, 1024, 2048, 4096), (4, 8)))
+
+
+def timed(fn, copies: int, replays: int = 20) -> float:
+    """us per call of fn(i) for i over the copies, captured as one graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(copies):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(copies):
+            fn(i)
+    for _ in range(3):
+        g.replay()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / copies)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--quick", action="store_true", help="no sweep: cuBLAS and the configured blocks only")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_gemv needs a CUDA device")
+    from models.components import gemv_triton as gk
+
+    torch.manual_seed(0)
+    out = []
+    for name, n, k in SHAPES:
+        nbytes = n * k * 2
+        copies = max(2, min(64, -(-200_000_000 // nbytes)))              # >= 200 MB: past the 50 MB L2
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        ys = [torch.empty(1, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        ref = x.float() @ ws[0].float().t()
+        cublas = timed(lambda i: torch.mm(x, ws[i].t(), out=ys[i]), copies)
+        err_cublas = (torch.mm(x, ws[0].t()).float() - ref).abs().max().item()
+        sweep = {}
+        for bn, bk, warps in ([] if a.quick else SWEEP):
+            if bk > 2 * (1 << (k - 1).bit_length()) or bn * bk > 32 * 1024:
+                continue
+            sweep[f"{bn},{bk},{warps}"] = timed(lambda i: gk.gemv(x, ws[i], None, ys[i], (bn, bk, warps)), copies)
+        conf = timed(lambda i: gk.gemv(x, ws[i], None, ys[i]), copies)
+        y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+        gk.gemv(x, ws[0], None, y)
+        err = (y.float() - ref).abs().max().item()
+        best = min(sweep.items(), key=lambda kv: kv[1]) if sweep else None
+        out.append({"shape": name, "n": n, "k": k, "weight_mb": nbytes / 1e6, "cublas_us": cublas,
+                    "configured": list(gk.config(n, k)), "configured_us": conf, "sweep_us": sweep,
+                    "err_cublas": err_cublas, "err_gemv": err})
+        tb = lambda us: nbytes / us / 1e6                              # noqa: E731
+        print(f"{name:28s} {nbytes / 1e6:7.1f} MB  cuBLAS {cublas:7.2f} us {tb(cublas):4.2f} TB/s  "
+              f"configured {conf:7.2f} us {tb(conf):4.2f} TB/s {gk.config(n, k)}"
+              + (f"  best {best[1]:7.2f} us {tb(best[1]):4.2f} TB/s ({best[0]})" if best else "")
+              + f"  max err vs fp32 {err_cublas:.3g} / {err:.3g}", flush=True)
+        del ws, ys
+        torch.cuda.empty_cache()
+    if a.json:
+        Path(a.json).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                            "rows": out}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
