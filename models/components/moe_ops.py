@@ -107,9 +107,14 @@ def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.
         raise ValueError(f"fused_experts: x {tuple(x.shape)}, gate_up {tuple(gate_up_proj.shape)}, down "
                          f"{tuple(down_proj.shape)} do not agree")
     if t * k > GROUP_SORT_FROM:      # the group kernel ranks every pair against every other: sort many instead
-        order, idx = torch.sort(experts.reshape(-1), stable=True)
+        # the ids as one byte where they fit: a radix sort of one 8-bit pass in place of int64's eight (2.4 of a
+        # 2,048-token thinker prefill's 44 ms on the H200); stable either way, so the same order
+        keys = experts.reshape(-1)
+        keys = keys.to(torch.uint8) if num_experts < 256 else keys
+        order, idx = torch.sort(keys, stable=True)
         rows = idx.to(torch.int32)
-        ends = torch.searchsorted(order, torch.arange(1, num_experts + 1, device=x.device), out_int32=True)
+        bounds = torch.arange(1, num_experts + 1, device=x.device, dtype=keys.dtype)
+        ends = torch.searchsorted(order, bounds, out_int32=True)
     else:
         rows = torch.empty(t * k, device=x.device, dtype=torch.int32)      # pairs grouped by expert
         ends = torch.empty(num_experts, device=x.device, dtype=torch.int32)
