@@ -5,7 +5,7 @@ graph timed as examples/bench_steps.py times it (random token ids, CUDA events, 
 warm-up).
 
     python examples/ab_kernels.py OUT.json [--plan plans/qwen3_omni_2xh100.plan] [--without fused_norms ...]
-        [--none] [--no-again] [--devices 1] [--graphs talker/decode:seqs/1 thinker/decode:seqs/1 ...]
+        [--none] [--no-again] [--sampled] [--devices 1] [--graphs talker/decode:seqs/1 thinker/decode:seqs/1 ...]
 
 Without --graphs: each device's decode graphs at 1, 16 and the largest rung, and the thinker's prefill at
 128 and 2048 tokens where the plan captures them. Prints a row per graph and variant; OUT.json holds them.
@@ -23,7 +23,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
 import torch  # noqa: E402
 
-from bench_steps import time_graph, vary_tokens  # noqa: E402
+from bench_steps import sample_rows, time_graph, vary_tokens  # noqa: E402
 from graphc.modules import KERNEL_KNOBS  # noqa: E402
 from graphc.plan import load_plan  # noqa: E402
 from graphc.runtime.boot import boot_plan  # noqa: E402
@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--devices", nargs="*", type=int, help="the plan devices to boot (default: all)")
     ap.add_argument("--none", action="store_true", help="a variant with every knob taken away too")
     ap.add_argument("--no-again", action="store_true", help="no second boot with the plan's kernels at the end")
+    ap.add_argument("--sampled", action="store_true", help="the talker's default sampling in its rows (bench_steps)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--replays", type=int, default=30)
     a = ap.parse_args()
@@ -73,6 +74,8 @@ def main() -> None:
                 plan.nodes[k] = n.model_copy(update={"kernels": {x: v for x, v in n.kernels.items() if x not in drop}})
             (boot,) = boot_plan(plan, devices=[dev.index], emulate=True)
             vary_tokens(boot)                  # distinct rows, routed as real rows are
+            if a.sampled:
+                sample_rows(boot)
             for g in graphs:
                 ms = time_graph(boot.graphs[g], a.warmup, a.replays)
                 out[f"{g} {name}"] = ms

@@ -5,7 +5,8 @@ the node's longest stack), and the step's memory-bandwidth floor.
     python examples/bench_steps.py plans/qwen3_omni_2xh100.plan --device 1 --emulate --json OUT.json
     python examples/bench_steps.py PLAN --only thinker/decode:seqs --replays 30
 
-Each graph replays on the boot's synthetic layout of its rung (decode rows sit after a short history),
+Each graph replays on the boot's synthetic layout of its rung (greedy talker rows; --sampled: the
+talker's default sampling, see sample_rows) (decode rows sit after a short history),
 with random token ids in place of the layout's zeros (vary_tokens: identical rows would all route to the
 same experts), after --warmup replays, timed with CUDA events over --replays replays (the median of
 per-replay times).
@@ -101,6 +102,29 @@ def vary_tokens(boot, seed: int = 0, only: tuple[str, str] | None = None) -> lis
     return varied
 
 
+def sample_rows(boot, only: tuple[str, str] | None = None) -> list[str]:
+    """The talker's default sampling (models/components/speech_host.py: temperature 0.9, top-k 50, repetition
+    penalty 1.05 for code 0; top-k 50 and top-p 0.8 for the residual codes) in every captured graph's static
+    `sampling` rows and Exp(1) draws in its `noise`, in place of the layout's zeros (greedy rows, which skip
+    the sampler's filters). The nodes set are returned."""
+    from models.components.speech_host import RESIDUAL_SAMPLING, TALKER_SAMPLING as t
+    from models.components.talker import sampling_row
+
+    row = sampling_row(t.temperature, t.top_k, t.top_p, t.repetition_penalty, **RESIDUAL_SAMPLING)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    done = []
+    for (node, family), bufs in boot.runtime.io.items():
+        if (only is not None and (node, family) != only) or "in.sampling" not in bufs:
+            continue
+        bufs["in.sampling"].copy_(torch.tensor(row, dtype=torch.float32).expand_as(bufs["in.sampling"]))
+        if "in.noise" in bufs:
+            n = bufs["in.noise"]
+            n.copy_(torch.empty(n.shape, dtype=n.dtype).exponential_(generator=gen))
+        done.append(f"{node}/{family}")
+    torch.cuda.synchronize()
+    return done
+
+
 def time_graph(graph, warmup: int, replays: int) -> float:
     for _ in range(warmup):
         graph.replay()
@@ -148,6 +172,8 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=4.26e12, help="bytes per second the floor assumes")
     ap.add_argument("--no-launches", action="store_true", help="skip the simulation that counts launches")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sampled", action="store_true",
+                    help="the talker's default sampling in its graphs' rows (default: the layout's greedy rows)")
     ap.add_argument("--profile", nargs="+", default=None, metavar="GRAPH",
                     help="also profile these graphs (ids or prefixes, as --only): kernels per replay, in --json")
     ap.add_argument("--floors-from", default=None, metavar="JSON", help="re-render an earlier run's table")
@@ -175,6 +201,8 @@ def main() -> None:
             step = ir.family(node, family)
             g.static_inputs(node, family, step, rung)
             vary_tokens(boot, only=(node, family))        # the layout's zeros again replaced
+            if a.sampled:
+                sample_rows(boot, only=(node, family))
             g.plan_step(g.backends[(node, family, rung)], step, rung)
             ms = time_graph(boot.graphs[key], a.warmup, a.replays)
             per_layer = launches[key] / layers[node] if launches.get(key) and layers.get(node) else None
@@ -194,7 +222,7 @@ def main() -> None:
             print(f"{key:48s} {ms:8.3f} ms  {rung / ms * 1e3:12,.0f} {step.axis}/s  "
                   f"launches {launches.get(key, '-')!s:>6} ({'-' if per_layer is None else f'{per_layer:.1f}'} a layer)"
                   f"  floor {floor:7.3f} ms  x{ms / floor:5.1f}", flush=True)
-    info = {"plan": a.plan, "device": a.device, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+    info = {"plan": a.plan, "device": a.device, "sampled": a.sampled, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "replays": a.replays, "warmup": a.warmup, "bandwidth": a.bandwidth, "rows": rows}
     if a.json:
         Path(a.json).write_text(json.dumps(info, indent=1))

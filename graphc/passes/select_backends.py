@@ -12,7 +12,8 @@ nodes run their RMSNorms, residual add + RMSNorm and qk-norm + rotary embedding 
 (models/components/norm_ops.py, the fused_norms knob), and their MoE routers' softmax, top-k and
 renormalisation as one (moe_ops.fused_route, the fused_router knob), at every token count; and their linear
 layers' one-row products in a weight-streaming Triton kernel (gemv_triton.py, the gemv knob; cuBLAS for more
-rows). Measured on the H200 (docs/benchmarks.md), not on other archs.
+rows); and the talker's in-step sampler in one launch per code (select_ops.py, the fused_sampler knob).
+Measured on the H200 (docs/benchmarks.md), not on other archs.
 """
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def select_backends(ir: IR) -> Backends:
         if runs is not None and runs != head_dim:
             why += f"; {prefill} takes no head_dim {head_dim}: runs zero-padded to {runs}"
         chosen[r.name] = Choice(prefill, decode, runs, why)
-    knobs = {"fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_router": 1, "gemv": 1}
+    knobs = {"fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_router": 1, "fused_sampler": 1, "gemv": 1}
     kernels = {n.name: dict(knobs) for n in ir.model.nodes if arch in FUSED_ARCHS and n.dtype == "bfloat16"}
     out = Backends(chosen, kernels)
     out.check(ir)

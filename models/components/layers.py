@@ -109,16 +109,27 @@ def split_qkv(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int
 
 
 def norm_rope_qk(q_norm: RMSNorm, k_norm: RMSNorm, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                 sin: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm_rope(q_norm, q, ...), norm_rope(k_norm, k, ...)): one fused launch for both where each would
-    take the fused kernel and their rows and eps agree."""
+    take the fused kernel and their rows and eps agree. out: (yq, yk) shaped as q and k to hold the results
+    (returned): the fused launch writes them in place where their rows allow (norm_ops.head_rows), else
+    they are copied in."""
     d = q.shape[-1]
     if (q_norm.fused(q) and k_norm.fused(k) and q_norm.eps == k_norm.eps and d & (d - 1) == 0
             and k.shape[-1] == d and k.shape[:-2] == q.shape[:-2] and _broadcasts(cos, (*q.shape[:-2], 1, d))
             and cos.shape == sin.shape and cos.dtype == sin.dtype == q.dtype):
-        from models.components.norm_ops import q_k_norm_rope
-        return q_k_norm_rope(q, k, q_norm.weight, k_norm.weight, cos, sin, q_norm.eps)
-    return norm_rope(q_norm, q, cos, sin), norm_rope(k_norm, k, cos, sin)
+        from models.components.norm_ops import head_rows, q_k_norm_rope
+        if out is None or (head_rows(out[0]) is not None and head_rows(out[1]) is not None):
+            return q_k_norm_rope(q, k, q_norm.weight, k_norm.weight, cos, sin, q_norm.eps, out)
+        rq, rk = q_k_norm_rope(q, k, q_norm.weight, k_norm.weight, cos, sin, q_norm.eps)
+    else:
+        rq, rk = norm_rope(q_norm, q, cos, sin), norm_rope(k_norm, k, cos, sin)
+    if out is None:
+        return rq, rk
+    out[0].copy_(rq)
+    out[1].copy_(rk)
+    return out
 
 
 class SwiGLU(nn.Module):

@@ -153,15 +153,34 @@ def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: 
     return y.view(x.shape)
 
 
+def head_rows(y: torch.Tensor) -> torch.Tensor | None:
+    """y [..., heads, D] as a view [N, heads, D] with contiguous elements (one stride per dim), or None where
+    its rows cannot be said with one stride (then it cannot be a kernel's output in place)."""
+    try:
+        y3 = y.view(-1, *y.shape[-2:])
+    except RuntimeError:
+        return None
+    return y3 if y3.stride(-1) == 1 else None
+
+
 def q_k_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
-                  sin: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                  sin: torch.Tensor, eps: float, out: tuple[torch.Tensor, torch.Tensor] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(qk_norm_rope(q, wq, ...), qk_norm_rope(k, wk, ...)) in one launch: q [..., HQ, D] and k [..., HK, D] of
-    the same rows, cos and sin as qk_norm_rope takes them."""
+    the same rows, cos and sin as qk_norm_rope takes them. out: (yq, yk) shaped as q and k to write in place
+    (views whose rows head_rows can say, such as the code predictor's frame-cache slots); returned."""
     if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1] or k.dtype != q.dtype:
         raise ValueError(f"q_k_norm_rope: q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} must share "
                          "their rows, head dim and dtype")
     c2, s2 = _tables("q_k_norm_rope", q, cos, sin)
     q3, k3 = _heads(q), _heads(k)
+    if out is not None:
+        yq, yk = (head_rows(y) if y.shape == x.shape and y.dtype == x.dtype else None for y, x in zip(out, (q, k)))
+        if yq is None or yk is None:
+            raise ValueError(f"q_k_norm_rope: out {[tuple(y.shape) for y in out]} must be shaped as q {tuple(q.shape)} "
+                             f"and k {tuple(k.shape)} in their dtype, rows of one stride (head_rows)")
+        q_k_norm_rope_op(q3, k3, wq, wk, c2, s2, yq, yk, eps)
+        return out
     yq = torch.empty(q3.shape, device=q.device, dtype=q.dtype)
     yk = torch.empty(k3.shape, device=k.device, dtype=k.dtype)
     q_k_norm_rope_op(q3, k3, wq, wk, c2, s2, yq, yk, eps)

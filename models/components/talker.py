@@ -177,6 +177,16 @@ def select(logits: torch.Tensor, rows: RowParams, log_noise: torch.Tensor, seen:
     return torch.where(rows.sampled, race.argmax(dim=-1), greedy)
 
 
+def sampler(module: nn.Module, logits: torch.Tensor):
+    """The select a module runs: the fused one-launch sampler (select_ops.fused_select) where the plan says so
+    (its fused_sampler knob) and the logits are on a GPU (or meta, where the compiler traces them); else
+    select, the torch path."""
+    if module.fused_sampler and logits.device.type in ("cuda", "meta"):
+        from models.components.select_ops import fused_select
+        return fused_select
+    return select
+
+
 def log_draws(noise: torch.Tensor) -> torch.Tensor:
     """log E of Exp(1) draws; E floored at the smallest normal float (a CPU draw can be 0), so the race
     never meets -inf - (-inf)."""
@@ -206,13 +216,29 @@ class FrameCache:
         self.k = like.new_zeros(n, seqs, groups, cfg.num_key_value_heads, d)
         self.v = like.new_zeros(n, seqs, groups, cfg.num_key_value_heads, d)
 
-    def attend(self, layer: int, slots: slice, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [S, n, H, D], k/v [S, n, KV, D] at slots -> attention output of those slots [S, n, H, D]."""
-        self.q[layer, :, slots] = q
-        self.k[layer, :, slots] = k
+    def attend(self, layer: int, slots: slice, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               written: tuple[bool, bool] = (False, False)) -> torch.Tensor:
+        """q [S, n, H, D], k/v [S, n, KV, D] at slots -> attention output of those slots [S, n, H, D]. written:
+        q and k are already in the cache's slots (FrameAttend.qk_out), not copied again."""
+        if not written[0]:
+            self.q[layer, :, slots] = q
+        if not written[1]:
+            self.k[layer, :, slots] = k
         self.v[layer, :, slots] = v
         o = self.attn(self.q[layer].flatten(0, 1), self.k[layer].flatten(0, 1), self.v[layer].flatten(0, 1))
         return o.view(self.s, self.g, *o.shape[1:])[:, slots]
+
+
+class FrameAttend:
+    """A code predictor layer's attend at some slots: FrameCache.attend, with qk_out naming the cache's q and
+    k slots, where the attention layer writes its normed q and k in place (thinker.Attention)."""
+
+    def __init__(self, cache: FrameCache, layer: int, slots: slice):
+        self.cache, self.layer, self.slots = cache, layer, slots
+        self.qk_out = (cache.q[layer, :, slots], cache.k[layer, :, slots])
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.cache.attend(self.layer, self.slots, q, k, v, (q is self.qk_out[0], k is self.qk_out[1]))
 
 
 class CodePredictorBody(nn.Module):
@@ -230,6 +256,9 @@ class CodePredictorBody(nn.Module):
 class CodePredictor(nn.Module):
     """Residual codes 1..G-1 of a frame from the talker's hidden state and code 0's embedding."""
 
+    # the plan's knob (graphc/passes/select_backends.py): 1 samples each code in one launch (sampler())
+    fused_sampler: int = 0
+
     def __init__(self, cfg: CodePredictorConfig, groups: int):
         super().__init__()
         self.cfg, self.groups = cfg, groups
@@ -241,7 +270,7 @@ class CodePredictor(nn.Module):
             ) -> torch.Tensor:
         """x [S, n, H] at positions slots -> the last slot's final-normed hidden [S, H]."""
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos[slots], sin[slots], partial(cache.attend, i, slots))
+            x = layer(x, cos[slots], sin[slots], FrameAttend(cache, i, slots))
         return self.model.norm(x[:, -1])
 
     def forward(self, hidden: torch.Tensor, code0_embed: torch.Tensor, attn: Attend, params: torch.Tensor,
@@ -260,7 +289,7 @@ class CodePredictor(nn.Module):
         for j in range(g - 1):
             slots = slice(0, 2) if j == 0 else slice(j + 1, j + 2)
             logits = self.lm_head[j](self.run(x, slots, cos, sin, cache))
-            code = select(logits, rows, log_noise[:, j, :v])                    # [S]
+            code = sampler(self, logits)(logits, rows, log_noise[:, j, :v])     # [S]
             e = self.model.codec_embedding[j](code)                             # [S, H]
             codes.append(code)
             embeds.append(e)
@@ -289,6 +318,7 @@ class Talker(NodeModule):
     """
 
     ROLES = {"kv": "paged_kv", "cp_attn": "ragged_attention"}
+    fused_sampler: int = 0          # the plan's knob, as CodePredictor's
 
     def __init__(self, cfg: TalkerConfig):
         super().__init__()
@@ -328,7 +358,8 @@ class Talker(NodeModule):
         h = self.model.norm(x.index_select(0, sample_rows))                      # [S, H]
         logits = self.codec_head(h).float()                                      # [S, V]
         log_noise = log_draws(noise)                                             # [S, G, V]
-        code0 = select(logits, RowParams(sampling[:, :4], logits.shape[-1]), log_noise[:, 0], seen, self.suppress)
+        code0 = sampler(self, logits)(logits, RowParams(sampling[:, :4], logits.shape[-1]), log_noise[:, 0], seen,
+                                      self.suppress)
         e0 = self.model.codec_embedding(code0)                                   # [S, H]
         residual, residual_embeds = self.code_predictor(h, e0, ctx["cp_attn"], sampling[:, 4:], log_noise[:, 1:])
         frame = torch.cat((e0[:, None], residual_embeds), dim=1)                # [S, G, H]

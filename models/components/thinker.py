@@ -97,7 +97,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         rows = x.shape[:-1]
         q, k, v = split_qkv(self.qkv_proj(x), self.h, self.kv, self.d)
-        q, k = norm_rope_qk(self.q_norm, self.k_norm, q, k, cos, sin)                      # [..., H or KV, D]
+        # an attend that keeps q and k (the code predictor's frame cache) names where: written there in place
+        q, k = norm_rope_qk(self.q_norm, self.k_norm, q, k, cos, sin, getattr(attend, "qk_out", None))
         return self.o_proj(attend(q, k, v).reshape(*rows, self.h * self.d))
 
 

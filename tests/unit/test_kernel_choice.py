@@ -28,11 +28,11 @@ def test_shipped_plans_record_the_choice_where_it_acts():
         plan = load_plan(path)
         assert plan.target.arch == "sm_90"
         got = {n: p.kernels for n, p in plan.nodes.items()}
-        # the thinker and the talker hold sparse MoE experts and RMSNorms; Code2Wav RMSNorms only; the
-        # encoders neither (LayerNorms)
+        # the thinker and the talker hold sparse MoE experts, RMSNorms and layers.Linear, the talker its sampler
+        # too; Code2Wav RMSNorms and a SwiGLU's Linears only; the encoders none of them (LayerNorms, nn.Linear)
         both = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1, "gemv": 1}
-        assert got == {"thinker": both, "talker": both, "audio_encoder": {}, "vision_encoder": {},
-                       "code2wav": {"fused_norms": 1, "gemv": 1}}, got
+        assert got == {"thinker": both, "talker": {**both, "fused_sampler": 1}, "audio_encoder": {},
+                       "vision_encoder": {}, "code2wav": {"fused_norms": 1, "gemv": 1}}, got
     assert all(not p.kernels for p in load_plan("plans/qwen3_omni_tiny_cpu.plan").nodes.values())     # cpu
     asr = {n: p.kernels for n, p in load_plan("plans/qwen3_asr_1.7b_h100.plan").nodes.items()}
     assert asr == {"audio_encoder": {}, "thinker": {"fused_norms": 1, "gemv": 1}}, asr     # a dense LM: no MoE
@@ -49,7 +49,7 @@ def test_select_backends_by_arch_and_dtype():
         ir = verify_graph(model, get_target(gpu), 1)
         chosen = select_backends(ir).kernels
         bf16 = {n.name for n in model.nodes if n.dtype == "bfloat16"}
-        knobs = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1, "gemv": 1}
+        knobs = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1, "fused_sampler": 1, "gemv": 1}
         assert chosen == ({n: knobs for n in bf16}
                           if want else {}), gpu
 
@@ -246,3 +246,41 @@ def test_a_one_row_linear_takes_the_gemv_operator_and_more_rows_cublas():
         assert not any(s.startswith("graphc.") for s in seen) and any(s.split(".")[-1] in ("mm", "addmm")
                                                                          for s in seen), seen
         lin.to(torch.bfloat16)
+
+
+def test_normed_q_and_k_land_in_the_frame_cache_in_place_where_its_rows_allow():
+    """The code predictor's layers write q and k straight into their frame-cache slots (FrameAttend.qk_out):
+    with the norms fused (bf16, meta) one graphc.q_k_norm_rope and no copy where the slots' rows take one
+    stride (one slot of S sequences, or two slots of one), the kernel then copies where they cannot (two
+    slots of two sequences); without the knob (CPU, fp32) the torch path's results are copied into the slots
+    and equal a plain call's."""
+    from models.components.layers import RMSNorm, norm_rope_qk
+
+    H, KV, D, G = 4, 2, 16, 6
+    for s, n, copies in ((3, 1, 0), (1, 2, 0), (2, 2, 2)):
+        with torch.device("meta"):
+            qn, kn = RMSNorm(D).to(torch.bfloat16), RMSNorm(D).to(torch.bfloat16)
+            q = torch.empty(s, n, H, D, dtype=torch.bfloat16)
+            k = torch.empty(s, n, KV, D, dtype=torch.bfloat16)
+            cq = torch.empty(s, G, H, D, dtype=torch.bfloat16)
+            ck = torch.empty(s, G, KV, D, dtype=torch.bfloat16)
+            cos = sin = torch.empty(n, 1, D, dtype=torch.bfloat16)
+        set_kernels(qn, {"fused_norms": 1})
+        set_kernels(kn, {"fused_norms": 1})
+        out = (cq[:, 1:1 + n], ck[:, 1:1 + n])
+        names = OpNames()
+        with names, torch.no_grad():
+            got = norm_rope_qk(qn, kn, q, k, cos, sin, out)
+        assert got is out
+        assert [x for x in names.seen if x.startswith("graphc.")] == ["graphc.q_k_norm_rope"], names.seen
+        assert sum(x.endswith("copy_") for x in names.seen) == copies, (s, n, names.seen)
+    torch.manual_seed(0)
+    qn, kn = RMSNorm(D), RMSNorm(D)
+    torch.nn.init.normal_(qn.weight, 1.0, 0.3)
+    q, k = torch.randn(2, 1, H, D), torch.randn(2, 1, KV, D)
+    cos, sin = torch.rand(1, 1, D), torch.rand(1, 1, D)
+    cq, ck = torch.zeros(2, G, H, D), torch.zeros(2, G, KV, D)
+    want = norm_rope_qk(qn, kn, q, k, cos, sin)
+    norm_rope_qk(qn, kn, q, k, cos, sin, (cq[:, 3:4], ck[:, 3:4]))
+    assert torch.equal(cq[:, 3:4], want[0]) and torch.equal(ck[:, 3:4], want[1])
+    assert not cq[:, :3].any() and not ck[:, 4:].any()

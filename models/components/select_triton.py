@@ -1,0 +1,138 @@
+"""talker.select (the talker's in-step sampler: code 0 and each residual code) as one Triton launch, a program
+per row.
+
+The torch path is about nineteen small kernels a call on the H200 (a radix sort, 27 us of them at V = 2048, a
+softmax, two argmaxes, a scan, a scatter, a gather, compares), called 16 times a talker decode step. Here a
+program holds its row [V] in registers (BLOCK = the next power of two, masked) and does all of it:
+
+    x = logits.float(); the repetition penalty over seen; suppressed ids -> -inf
+    greedy = the first argmax of x
+    x = x / temperature; top-k drops x < the sorted row's kth value; p = softmax of what is left;
+    top-p drops each id whose cumulative p along the ascending sort is <= floor, the top id never;
+    a sampled row takes the first argmax of x - log E over the ids kept, any other row greedy
+
+No sort. The ascending sort is torch.sort's on CUDA: at V <= 4096 CUB's block radix sort, stable, in the bit
+order of the fp32 values (-inf < ... < -1 < +1 < ... < +inf) but for -0.0, which CUB's digit extractor reads as
++0.0 (BaseDigitExtractor::ProcessFloatMinusZero), so the two zeros tie and go by index as in a stable
+comparison sort. That is the order of the unique int64 keys (u << log2 BLOCK) | index, u the order-preserving
+uint32 image of the value (-0.0 taken as +0.0). Both filters need only a threshold in that order, found by a
+bitwise binary search of full-row reductions (a masked count, a masked sum), which keeps the program small
+(tl.sort of 4096 int64 keys is 78 compare-exchange stages through shared memory, then a scatter back):
+  top-k  u_k = the largest u with count(u_i < u) <= kth is the sorted row's kth value: 32 masked counts;
+         the drop itself compares floats (x < value), as torch's does (-0.0 is not below +0.0);
+  top-p  cum along the sort is nondecreasing (p >= 0), so the ids it drops are the keys below some t: t = the
+         largest key with sum(p_i : key_i < t) <= floor, 32 + log2 BLOCK masked sums. The sum is a fixed
+         reduction tree with the masked ids as zeros, so it is monotone in t and the search is exact for
+         this arithmetic. The top key (the sort's last position) is never dropped.
+Ties are the sort's: by value, then by index, whatever the dtype (bf16 logits tie often, and top-p's drop is
+positional: it can keep one of two equal logits and drop the other).
+
+Rounding: the penalty's product and quotient, the temperature's quotient and the softmax's quotient are fp32
+as torch takes them (IEEE division, div_rn: Triton's `/` is an approximate division); exp is libdevice's
+expf, CUDA's and so torch's (tl.exp lowers to ex2.approx) where compiled, tl.exp under the interpreter, which
+has no libdevice. What cannot match is the order of the softmax's sum and of the cumulative sum (torch: a
+block reduction and a scan; here a reduction tree), so the cumulative probability differs from torch's in its
+last bits, and where it lies within a few ulp of floor `cum <= floor` can flip: an id at the top-p boundary
+kept here and dropped there or back (it changes a code only if that id then wins the race). Everything else
+is exact: top-k, the greedy and race argmaxes (the first index among equal maxima, as torch's), suppression.
+NaN logits are not handled as torch handles them.
+
+tests/unit/test_select_triton.py runs it under Triton's interpreter on CPU, tests/gpu/test_select_gpu.py
+compiled at the talker's shapes; select_ops.py makes it a torch operator.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+
+@triton.jit
+def _exp(x, PRECISE: tl.constexpr):
+    """exp as torch's softmax takes it: libdevice's expf where compiled; tl.exp under the interpreter."""
+    if PRECISE:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _first_argmax(x, offs, BLOCK: tl.constexpr):
+    """torch.argmax of a row: the first index among equal maxima (-0.0 equals +0.0; all -inf: 0)."""
+    return tl.min(tl.where(x == tl.max(x, axis=0), offs, BLOCK), axis=0)
+
+
+@triton.jit
+def _select(logits_ptr, sampled_ptr, temp_ptr, kth_ptr, floor_ptr, pen_ptr, noise_ptr, seen_ptr, sup_ptr, out_ptr,
+            V, l_row, n_row, s_row, sa_st, t_st, k_st, f_st, p_st, HAS_SEEN: tl.constexpr, HAS_SUP: tl.constexpr,
+            PRECISE: tl.constexpr, KEY_BITS: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    m = offs < V
+    x = tl.load(logits_ptr + row * l_row + offs, mask=m, other=float("-inf")).to(tl.float32)
+    if HAS_SEEN:                                   # repetition penalty: x * rp below zero, x / rp above
+        rp = tl.broadcast_to(tl.load(pen_ptr + row * p_st), [BLOCK])
+        seen = tl.load(seen_ptr + row * s_row + offs, mask=m, other=0) != 0
+        x = tl.where(seen, tl.where(x < 0, x * rp, tl.math.div_rn(x, rp)), x)
+    if HAS_SUP:
+        x = tl.where(tl.load(sup_ptr + offs, mask=m, other=0) != 0, float("-inf"), x)
+    code = _first_argmax(x, offs, BLOCK)           # greedy
+    if tl.load(sampled_ptr + row * sa_st) != 0:
+        x = tl.math.div_rn(x, tl.broadcast_to(tl.load(temp_ptr + row * t_st), [BLOCK]))
+        # u: the order-preserving image of each value in [0, 2^32) (the radix sort's: negatives' bits reversed
+        # below positives', -0.0 taken as +0.0); padding above every value
+        b = tl.where(x == 0, 0, x.to(tl.int32, bitcast=True)).to(tl.int64)
+        u = tl.where(m, tl.where(b < 0, -1 - b, b + 2147483648), 4294967296)
+        one = tl.full([], 1, tl.int64)
+        drop = offs < 0                            # nothing dropped yet
+        kth = tl.load(kth_ptr + row * k_st)
+        if kth > 0:                                # top-k (kth 0: the smallest value, nothing is below it)
+            t = tl.zeros([], tl.int64)             # the largest u with count(u_i < u) <= kth: the kth value
+            for i in range(32):                    # bits high to low
+                c = t | (one << (31 - i))
+                t = tl.where(tl.sum((u < c).to(tl.int32), axis=0) <= kth, c, t)
+            kth_val = tl.where(t >= 2147483648, t - 2147483648, -1 - t).to(tl.int32).to(tl.float32, bitcast=True)
+            drop = x < kth_val
+        xk = tl.where(drop, float("-inf"), x)
+        e = _exp(xk - tl.max(xk, axis=0), PRECISE)
+        p = tl.math.div_rn(e, tl.broadcast_to(tl.sum(e, axis=0), [BLOCK]))
+        floor = tl.load(floor_ptr + row * f_st)
+        if floor >= 0:                             # top-p (off: floor -1, no cumulative p is below it)
+            key = u * BLOCK + offs                 # unique, in the sort's order: value, then index
+            t = tl.zeros([], tl.int64)             # the largest key with sum(p_i : key_i < key) <= floor
+            for i in range(KEY_BITS):
+                c = t | (one << (KEY_BITS - 1 - i))
+                t = tl.where(tl.sum(tl.where(key < c, p, 0.0), axis=0) <= floor, c, t)
+            # cum at key_i (the sum over keys <= key_i) is <= floor exactly where key_i < t; the top key stays
+            drop = drop | ((key < t) & (key != tl.max(tl.where(m, key, -1), axis=0)))
+        log_e = tl.load(noise_ptr + row * n_row + offs, mask=m, other=0.0)
+        code = _first_argmax(tl.where(drop, float("-inf"), x - log_e), offs, BLOCK)
+    tl.store(out_ptr + row, code.to(tl.int64))
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def select_codes(logits: torch.Tensor, sampled: torch.Tensor, temperature: torch.Tensor, kth: torch.Tensor,
+                 floor: torch.Tensor, penalty: torch.Tensor | None, log_noise: torch.Tensor, seen: torch.Tensor | None,
+                 suppress: torch.Tensor | None, out: torch.Tensor) -> None:
+    """out [S] int64 = talker.select's codes. logits [S, V] (bf16 or fp32), log_noise [S, V] fp32, seen [S, V]
+    bool or None (rows may be strided, columns contiguous), suppress [V] bool or None; per row (first dim,
+    any stride): sampled bool, temperature fp32 (> 0), kth int64, floor fp32 (< 0: off), penalty fp32 (read
+    only with seen)."""
+    s, v = logits.shape
+    if not s:
+        return
+    block = triton.next_power_of_2(v)
+    has_seen, has_sup = seen is not None, suppress is not None
+    pen = penalty if has_seen else temperature
+    _select[(s,)](logits, sampled.view(torch.uint8), temperature, kth, floor, pen, log_noise,
+                  seen.view(torch.uint8) if has_seen else logits, suppress.view(torch.uint8) if has_sup else logits,
+                  out, v, logits.stride(0), log_noise.stride(0), seen.stride(0) if has_seen else 0, sampled.stride(0),
+                  temperature.stride(0), kth.stride(0), floor.stride(0), pen.stride(0), HAS_SEEN=has_seen,
+                  HAS_SUP=has_sup, PRECISE=not _interpreted(), KEY_BITS=32 + block.bit_length() - 1, BLOCK=block,
+                  num_warps=8 if block >= 4096 else 4 if block >= 1024 else 1)
