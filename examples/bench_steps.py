@@ -116,7 +116,8 @@ def sample_rows(boot, only: tuple[str, str] | None = None) -> list[str]:
     for (node, family), bufs in boot.runtime.io.items():
         if (only is not None and (node, family) != only) or "in.sampling" not in bufs:
             continue
-        bufs["in.sampling"].copy_(torch.tensor(row, dtype=torch.float32).expand_as(bufs["in.sampling"]))
+        buf = bufs["in.sampling"]                  # the rung's rows, flat
+        buf.copy_(torch.tensor(row, dtype=buf.dtype).repeat(buf.numel() // len(row)))
         if "in.noise" in bufs:
             n = bufs["in.noise"]
             n.copy_(torch.empty(n.shape, dtype=n.dtype).exponential_(generator=gen))

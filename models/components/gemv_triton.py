@@ -1,13 +1,14 @@
-"""y = x @ W^T (+ b) for a few rows: a weight-streaming Triton kernel for decode steps (issue 13).
+"""y = x @ W^T (+ b) for one row: a weight-streaming Triton kernel for decode steps (issue 13).
 
-At one to a few rows a linear layer reads its whole weight to do almost no arithmetic, so its time is the
-weight's bytes over the memory bandwidth. cuBLAS's kernels for these shapes on the H200 reach 1.2-1.6 TB/s
-of the 4.3 a copy reaches (measured in a captured talker step: 10.2 us for the code predictor's 12.6 MB
-gate/up projection), and its split-K shapes add a second reduce launch. Here each program owns BLOCK_N
-output columns of every row and streams their weight rows once, BLOCK_K columns at a time, accumulating in
-fp32. The sum over K is taken in BLOCK_K chunks (a different order from cuBLAS's; both accumulate in
-fp32 and round once to the output dtype). One row only: with more rows this kernel fell behind cuBLAS
-(at 4 rows 1.1-3x slower on the same shapes, examples/bench_gemv.py), where cuBLAS's time hardly grows.
+At one row a linear layer reads its whole weight to do almost no arithmetic, so its time is the weight's
+bytes over the memory bandwidth. cuBLAS's kernels for Qwen3-Omni's one-row shapes on the H200 reach
+0.25-2.5 TB/s (12.7 us for the code predictor's 4.2 MB o_proj; 4.1 TB/s only on the thinker's 623 MB
+lm_head), and its split-K shapes add a reduce launch. Here each program owns BLOCK_N output columns and
+streams their weight rows once, BLOCK_K columns a step, accumulating in fp32: 0.7-2.9 TB/s on the same
+shapes, 4.5 on the lm_head, faster than cuBLAS on all 14 measured (examples/bench_gemv.py,
+docs/benchmarks.md). The sum over K is taken in BLOCK_K chunks (a different order from cuBLAS's; both
+accumulate in fp32 and round once to the output dtype). One row only: a first version that carried up to
+8 rows fell behind cuBLAS from 2-4 rows on the same shapes, where cuBLAS's time hardly grows with rows.
 
     gemv(x [1, K], weight [N, K], bias [N] or None, y [1, N])
 
@@ -39,11 +40,12 @@ def _gemv(x_ptr, w_ptr, b_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr, BLOCK_N: tl.
 
 
 def config(n: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps) for an [n, k] weight; measured on the H200 (examples/bench_gemv.py):
-    BLOCK_N = 1 column per program for the narrowest weights up to 8 for the widest (about 500-1,300
-    programs where the weight allows), BLOCK_K = 1,024."""
-    bn = 1 if n <= 256 else 2 if n <= 3072 else 4 if n <= 8192 else 8
-    return bn, min(1024, triton.next_power_of_2(k)), 4
+    """(BLOCK_N, BLOCK_K, num_warps) for an [n, k] weight, measured on the H200 (examples/bench_gemv.py at 14
+    decode shapes: 0.6% above the sum of each shape's best choice of 40, no shape more than 0.9 us above its
+    own): two columns a program (one for the narrowest weights, a router's 128), the whole of K a step up
+    to 4,096, with 8 warps from 2,048."""
+    bk = min(4096, triton.next_power_of_2(k))
+    return (1 if n <= 256 else 2), bk, (8 if bk >= 2048 else 4)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
