@@ -1,8 +1,9 @@
 """A/B of the plan's kernel choices inside the captured steps (issue 13): a plan's devices booted with the
 plan's choices, with one or more knobs taken away on every node, with all taken away, and with the plan's
 again, one after the other in one process on one GPU (each device capped to its card), each captured
-graph timed as examples/bench_steps.py times it (random token ids, CUDA events, median of replays after
-warm-up).
+graph prepared and timed as examples/bench_steps.py does (its rung's inputs with random token ids and its
+attention planned: bench_steps.prepare; --sampled: the talker's default sampling; CUDA events, median of
+replays after warm-up).
 
     python examples/ab_kernels.py OUT.json [--plan plans/qwen3_omni_2xh100.plan] [--without fused_norms ...]
         [--none] [--no-again] [--sampled] [--devices 1] [--graphs talker/decode:seqs/1 thinker/decode:seqs/1 ...]
@@ -23,7 +24,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
 import torch  # noqa: E402
 
-from bench_steps import sample_rows, time_graph, vary_tokens  # noqa: E402
+from bench_steps import prepare, time_graph  # noqa: E402
 from graphc.modules import KERNEL_KNOBS  # noqa: E402
 from graphc.plan import load_plan  # noqa: E402
 from graphc.runtime.boot import boot_plan  # noqa: E402
@@ -73,13 +74,12 @@ def main() -> None:
             for k, n in list(plan.nodes.items()):
                 plan.nodes[k] = n.model_copy(update={"kernels": {x: v for x, v in n.kernels.items() if x not in drop}})
             (boot,) = boot_plan(plan, devices=[dev.index], emulate=True)
-            vary_tokens(boot)                  # distinct rows, routed as real rows are
-            if a.sampled:
-                sample_rows(boot)
-            for g in graphs:
-                ms = time_graph(boot.graphs[g], a.warmup, a.replays)
-                out[f"{g} {name}"] = ms
-                print(f"{g:40s} {name:24s} {ms:8.3f} ms", flush=True)
+            with torch.inference_mode():
+                for g in graphs:
+                    prepare(boot, g, a.sampled)    # its rung's inputs (random ids) and attention plan
+                    ms = time_graph(boot.graphs[g], a.warmup, a.replays)
+                    out[f"{g} {name}"] = ms
+                    print(f"{g:40s} {name:24s} {ms:8.3f} ms", flush=True)
             del boot
             gc.collect()
             torch.cuda.empty_cache()

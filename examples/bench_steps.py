@@ -126,6 +126,22 @@ def sample_rows(boot, only: tuple[str, str] | None = None) -> list[str]:
     return done
 
 
+def prepare(boot, key: str, sampled: bool = False):
+    """Make graph `key` ready to replay on its rung: the boot's synthetic layout in its static inputs, random
+    token ids (vary_tokens), the talker's sampling where asked (sample_rows), and its attention wrappers
+    planned for this rung (a replay reads the last plan; the boot leaves each family planned at its last
+    captured rung). Returns the family's step."""
+    g = boot.runtime
+    node, family, rung = parse_graph_id(key)
+    step = boot.ir.family(node, family)
+    g.static_inputs(node, family, step, rung)
+    vary_tokens(boot, only=(node, family))        # the layout's zeros replaced
+    if sampled:
+        sample_rows(boot, only=(node, family))
+    g.plan_step(g.backends[(node, family, rung)], step, rung)
+    return step
+
+
 def time_graph(graph, warmup: int, replays: int) -> float:
     for _ in range(warmup):
         graph.replay()
@@ -199,12 +215,7 @@ def main() -> None:
             node, family, rung = parse_graph_id(key)
             if a.only and not any(key == o or key.startswith(o + "/") or node == o for o in a.only):
                 continue
-            step = ir.family(node, family)
-            g.static_inputs(node, family, step, rung)
-            vary_tokens(boot, only=(node, family))        # the layout's zeros again replaced
-            if a.sampled:
-                sample_rows(boot, only=(node, family))
-            g.plan_step(g.backends[(node, family, rung)], step, rung)
+            step = prepare(boot, key, a.sampled)
             ms = time_graph(boot.graphs[key], a.warmup, a.replays)
             per_layer = launches[key] / layers[node] if launches.get(key) and layers.get(node) else None
             tokens = step.sizes_at(rung).get("tokens", rung)
