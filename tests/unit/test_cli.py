@@ -59,3 +59,14 @@ def test_config_file_and_set_combine(tmp_path):
                  "-o", str(out), "-q"]) == EXIT_FITS
     plan = yaml.safe_load(out.read_text())
     assert plan["walks"]["decode"]["budget"] == {"seqs": 4} and plan["walks"]["prefill"]["budget"]["tokens"] == 64
+
+
+def test_explain_lists_each_nodes_kernel_choices_apart(capsys):
+    """The shipped H200 plan's `kernels` line: each node's knobs as name=value, separated (they once ran
+    together: fused_max_tokens=16384fused_norms=1)."""
+    assert main(["explain", "plans/qwen3_omni_h200.plan"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("kernels:"))
+    plan = yaml.safe_load(open("plans/qwen3_omni_h200.plan"))
+    for name, node in plan["nodes"].items():
+        if node.get("kernels"):
+            assert f"{name} " + " ".join(f"{k}={v}" for k, v in node["kernels"].items()) in line, line
