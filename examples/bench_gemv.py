@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 import torch  # noqa: E402
+
+from bench_moe import captured  # noqa: E402
 
 # (name, N, K): out features, in features
 SHAPES = [("cp.qkv", 4096, 1024), ("cp.o", 1024, 2048), ("cp.gate_up", 6144, 1024), ("cp.down", 1024, 3072),
@@ -31,28 +32,8 @@ SWEEP = list(itertools.product((1, 2, 4, 8, 16), (512, 1024, 2048, 4096), (4, 8)
 
 
 def timed(fn, copies: int, replays: int = 20) -> float:
-    """us per call of fn(i) for i over the copies, captured as one graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(copies):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(copies):
-            fn(i)
-    for _ in range(3):
-        g.replay()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / copies)
-    return statistics.median(times)
+    """us per call of fn(i) for i over the copies, captured as one graph (bench_moe.captured)."""
+    return captured(lambda: [fn(i) for i in range(copies)], replays) / copies
 
 
 def main() -> None:
