@@ -229,16 +229,19 @@ class FrameCache:
         return o.view(self.s, self.g, *o.shape[1:])[:, slots]
 
 
-class FrameAttend:
-    """A code predictor layer's attend at some slots: FrameCache.attend, with qk_out naming the cache's q and
-    k slots, where the attention layer writes its normed q and k in place (thinker.Attention)."""
+class FrameAttend(partial):
+    """A code predictor layer's attend at some slots: partial(FrameCache.attend, layer, slots), with qk_out
+    naming the cache's q and k slots, where the attention layer writes its normed q and k in place
+    (thinker.Attention). A partial, so the compiler's layer memo keys it as one (graphc/layer_memo.py: by
+    its function, not its layer and slots) and replays the frame's repeated layer passes."""
 
-    def __init__(self, cache: FrameCache, layer: int, slots: slice):
-        self.cache, self.layer, self.slots = cache, layer, slots
+    def __new__(cls, cache: FrameCache, layer: int, slots: slice):
+        self = super().__new__(cls, cache.attend, layer, slots)
         self.qk_out = (cache.q[layer, :, slots], cache.k[layer, :, slots])
+        return self
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.cache.attend(self.layer, self.slots, q, k, v, (q is self.qk_out[0], k is self.qk_out[1]))
+        return super().__call__(q, k, v, (q is self.qk_out[0], k is self.qk_out[1]))
 
 
 class CodePredictorBody(nn.Module):
