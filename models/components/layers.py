@@ -51,13 +51,12 @@ class Linear(nn.Linear):
     gemv: int = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        k = x.shape[-1]
-        w = self.weight
+        k, w = x.shape[-1], self.weight
         if (self.gemv and x.numel() == k == self.in_features and x.dtype == torch.bfloat16 == w.dtype
                 and w.is_contiguous() and x.device.type in ("cuda", "meta")):
             from models.components.gemv_ops import gemv
-            return gemv(x.reshape(1, k).contiguous(), self.weight, self.bias).view(*x.shape[:-1], self.out_features)
-        return F.linear(x, self.weight, self.bias)
+            return gemv(x.reshape(1, k).contiguous(), w, self.bias).view(*x.shape[:-1], self.out_features)
+        return F.linear(x, w, self.bias)
 
 
 def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
@@ -113,18 +112,15 @@ def norm_rope_qk(q_norm: RMSNorm, k_norm: RMSNorm, q: torch.Tensor, k: torch.Ten
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm_rope(q_norm, q, ...), norm_rope(k_norm, k, ...)): one fused launch for both where each would
     take the fused kernel and their rows and eps agree. out: (yq, yk) shaped as q and k to hold the results
-    (returned): the fused launch writes them in place where their rows allow (norm_ops.head_rows), else
-    they are copied in."""
+    (returned): the fused launch writes them in place where their rows allow (norm_ops.q_k_norm_rope), the
+    torch path copies them in."""
     d = q.shape[-1]
     if (q_norm.fused(q) and k_norm.fused(k) and q_norm.eps == k_norm.eps and d & (d - 1) == 0
             and k.shape[-1] == d and k.shape[:-2] == q.shape[:-2] and _broadcasts(cos, (*q.shape[:-2], 1, d))
             and cos.shape == sin.shape and cos.dtype == sin.dtype == q.dtype):
-        from models.components.norm_ops import head_rows, q_k_norm_rope
-        if out is None or (head_rows(out[0]) is not None and head_rows(out[1]) is not None):
-            return q_k_norm_rope(q, k, q_norm.weight, k_norm.weight, cos, sin, q_norm.eps, out)
-        rq, rk = q_k_norm_rope(q, k, q_norm.weight, k_norm.weight, cos, sin, q_norm.eps)
-    else:
-        rq, rk = norm_rope(q_norm, q, cos, sin), norm_rope(k_norm, k, cos, sin)
+        from models.components.norm_ops import q_k_norm_rope
+        return q_k_norm_rope(q, k, q_norm.weight, k_norm.weight, cos, sin, q_norm.eps, out)
+    rq, rk = norm_rope(q_norm, q, cos, sin), norm_rope(k_norm, k, cos, sin)
     if out is None:
         return rq, rk
     out[0].copy_(rq)

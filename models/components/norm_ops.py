@@ -167,24 +167,31 @@ def q_k_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.
                   sin: torch.Tensor, eps: float, out: tuple[torch.Tensor, torch.Tensor] | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(qk_norm_rope(q, wq, ...), qk_norm_rope(k, wk, ...)) in one launch: q [..., HQ, D] and k [..., HK, D] of
-    the same rows, cos and sin as qk_norm_rope takes them. out: (yq, yk) shaped as q and k to write in place
-    (views whose rows head_rows can say, such as the code predictor's frame-cache slots); returned."""
+    the same rows, cos and sin as qk_norm_rope takes them. out: (yq, yk) shaped as q and k to hold the results
+    (returned): written in place where their rows take one stride each (head_rows; the code predictor's
+    frame-cache slots of one sequence or one slot), else written beside and copied in."""
     if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1] or k.dtype != q.dtype:
         raise ValueError(f"q_k_norm_rope: q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} must share "
                          "their rows, head dim and dtype")
+    if out is not None and (out[0].shape != q.shape or out[1].shape != k.shape or out[0].dtype != q.dtype
+                            or out[1].dtype != k.dtype):
+        raise ValueError(f"q_k_norm_rope: out {[tuple(y.shape) for y in out]} must be shaped as q {tuple(q.shape)} "
+                         f"and k {tuple(k.shape)}, in their dtype")
     c2, s2 = _tables("q_k_norm_rope", q, cos, sin)
     q3, k3 = _heads(q), _heads(k)
-    if out is not None:
-        yq, yk = (head_rows(y) if y.shape == x.shape and y.dtype == x.dtype else None for y, x in zip(out, (q, k)))
-        if yq is None or yk is None:
-            raise ValueError(f"q_k_norm_rope: out {[tuple(y.shape) for y in out]} must be shaped as q {tuple(q.shape)} "
-                             f"and k {tuple(k.shape)} in their dtype, rows of one stride (head_rows)")
-        q_k_norm_rope_op(q3, k3, wq, wk, c2, s2, yq, yk, eps)
-        return out
-    yq = torch.empty(q3.shape, device=q.device, dtype=q.dtype)
-    yk = torch.empty(k3.shape, device=k.device, dtype=k.dtype)
+    yq, yk = (None, None) if out is None else (head_rows(out[0]), head_rows(out[1]))
+    in_place = yq is not None and yk is not None
+    if not in_place:
+        yq = torch.empty(q3.shape, device=q.device, dtype=q.dtype)
+        yk = torch.empty(k3.shape, device=k.device, dtype=k.dtype)
     q_k_norm_rope_op(q3, k3, wq, wk, c2, s2, yq, yk, eps)
-    return yq.view(q.shape), yk.view(k.shape)
+    if in_place:
+        return out
+    if out is None:
+        return yq.view(q.shape), yk.view(k.shape)
+    out[0].copy_(yq.view(q.shape))
+    out[1].copy_(yk.view(k.shape))
+    return out
 
 
 def snake_beta(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
