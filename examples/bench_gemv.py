@@ -74,8 +74,6 @@ def main() -> None:
               f"configured {conf:7.2f} us {tb(conf):4.2f} TB/s {gk.config(n, k)}"
               + (f"  best {best[1]:7.2f} us {tb(best[1]):4.2f} TB/s ({best[0]})" if best else "")
               + f"  max err vs fp32 {err_cublas:.3g} / {err:.3g}", flush=True)
-        del ws, ys
-        torch.cuda.empty_cache()
     if a.json:
         Path(a.json).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                                             "rows": out}, indent=1))

@@ -5,9 +5,8 @@ the node's longest stack), and the step's memory-bandwidth floor.
     python examples/bench_steps.py plans/qwen3_omni_2xh100.plan --device 1 --emulate --json OUT.json
     python examples/bench_steps.py PLAN --only thinker/decode:seqs --replays 30
 
-Each graph replays on the boot's synthetic layout of its rung (greedy talker rows; --sampled: the
-talker's default sampling, see sample_rows) (decode rows sit after a short history),
-with random token ids in place of the layout's zeros (vary_tokens: identical rows would all route to the
+Each graph replays on the boot's synthetic layout of its rung (decode rows sit after a short history;
+greedy talker rows, or with --sampled the talker's default sampling: sample_rows), with random token ids in place of the layout's zeros (vary_tokens: identical rows would all route to the
 same experts), after --warmup replays, timed with CUDA events over --replays replays (the median of
 per-replay times).
 
@@ -142,6 +141,11 @@ def prepare(boot, key: str, sampled: bool = False):
     return step
 
 
+def picked(key: str, patterns: list[str] | None) -> bool:
+    """Whether graph `key` (node/family/rung) is one of patterns: a graph id, or a node or node/family prefix."""
+    return any(key == o or key.startswith(o + "/") or key.split("/")[0] == o for o in patterns or ())
+
+
 def time_graph(graph, warmup: int, replays: int) -> float:
     for _ in range(warmup):
         graph.replay()
@@ -205,7 +209,7 @@ def main() -> None:
 
     plan = load_plan(a.plan)
     (boot,) = boot_plan(plan, devices=[a.device], emulate=a.emulate)
-    g, ir = boot.runtime, boot.ir
+    ir = boot.ir
     print(f"random token ids in: {', '.join(vary_tokens(boot)) or 'no graph'}", flush=True)
     launches = {} if a.no_launches else launches_per_graph(ir)
     layers = {n: num_layers(m) for n, m in boot.modules.items()}
@@ -213,7 +217,7 @@ def main() -> None:
     with torch.inference_mode():
         for key in plan.devices[a.device].capture_order:
             node, family, rung = parse_graph_id(key)
-            if a.only and not any(key == o or key.startswith(o + "/") or node == o for o in a.only):
+            if a.only and not picked(key, a.only):
                 continue
             step = prepare(boot, key, a.sampled)
             ms = time_graph(boot.graphs[key], a.warmup, a.replays)
@@ -221,10 +225,10 @@ def main() -> None:
             tokens = step.sizes_at(rung).get("tokens", rung)
             floor = floor_bytes(boot.modules[node], tokens) / a.bandwidth * 1e3
             prof = None
-            if a.profile and any(key == o or key.startswith(o + "/") or node == o for o in a.profile):
+            if picked(key, a.profile):
                 prof = profile_graph(boot.graphs[key], a.replays)
-                print(f"  profile of {key}: {prof['launches']:.0f} kernels, {prof['kernel_us'] / 1e3:.3f} ms kernel time; top:",
-                      flush=True)
+                print(f"  profile of {key}: {prof['launches']:.0f} kernels, {prof['kernel_us'] / 1e3:.3f} ms kernel "
+                      "time; top:", flush=True)
                 for r in prof["kernels"][:12]:
                     print(f"    {r['us']:9.1f} us {r['launches']:6.0f}x  {r['kernel'][:110]}", flush=True)
             rows.append({"graph": key, "node": node, "family": family, "rung": rung, "axis": step.axis,
@@ -234,8 +238,8 @@ def main() -> None:
             print(f"{key:48s} {ms:8.3f} ms  {rung / ms * 1e3:12,.0f} {step.axis}/s  "
                   f"launches {launches.get(key, '-')!s:>6} ({'-' if per_layer is None else f'{per_layer:.1f}'} a layer)"
                   f"  floor {floor:7.3f} ms  x{ms / floor:5.1f}", flush=True)
-    info = {"plan": a.plan, "device": a.device, "sampled": a.sampled, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "replays": a.replays, "warmup": a.warmup, "bandwidth": a.bandwidth, "rows": rows}
+    info = {"plan": a.plan, "device": a.device, "sampled": a.sampled, "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "replays": a.replays, "warmup": a.warmup, "bandwidth": a.bandwidth, "rows": rows}
     if a.json:
         Path(a.json).write_text(json.dumps(info, indent=1))
 
