@@ -22,6 +22,18 @@ class OpNames(torch.utils._python_dispatch.TorchDispatchMode):
         self.seen.append(str(func.overloadpacket))
         return func(*args, **(kwargs or {}))
 
+    @classmethod
+    def of(cls, fn):
+        """(fn(), the operators it ran), without autograd."""
+        names = cls()
+        with names, torch.no_grad():
+            out = fn()
+        return out, names.seen
+
+
+def graphc_ops(seen: list[str]) -> list[str]:
+    return [s for s in seen if s.startswith("graphc.")]
+
 
 def test_shipped_plans_record_the_choice_where_it_acts():
     for path in ("plans/qwen3_omni_h200.plan", "plans/qwen3_omni_2xh100.plan"):
@@ -206,20 +218,15 @@ def test_the_simulation_sees_a_fused_residual_unit_as_two_snake_operators():
     with torch.device("meta"):
         unit = ResidualUnit(8, dilation=3).to(torch.bfloat16)
         x = torch.empty(2, 8, 40, dtype=torch.bfloat16)
-    names = OpNames()
-    seen = names.seen
     set_kernels(unit, {"fused_norms": 1})
-    with names, torch.no_grad():
-        out = unit(x)
+    out, seen = OpNames.of(lambda: unit(x))
     assert out.shape == (2, 8, 40) and out.dtype == torch.bfloat16
-    assert [s for s in seen if s.startswith("graphc.")] == ["graphc.snake_beta", "graphc.snake_beta"]
+    assert graphc_ops(seen) == ["graphc.snake_beta", "graphc.snake_beta"]
     assert not any(s.split(".")[-1] in ("sin", "pow", "exp", "reciprocal") for s in seen), seen
     assert sum(s.endswith("convolution") for s in seen) == 2
     set_kernels(unit, {})
-    seen.clear()
-    with names, torch.no_grad():
-        unit(x)
-    assert not any(s.startswith("graphc.") for s in seen) and any(s.endswith("sin") for s in seen)
+    _, seen = OpNames.of(lambda: unit(x))
+    assert not graphc_ops(seen) and any(s.endswith("sin") for s in seen)
 
 
 def test_a_one_row_linear_takes_the_gemv_operator_and_more_rows_cublas():
@@ -230,21 +237,15 @@ def test_a_one_row_linear_takes_the_gemv_operator_and_more_rows_cublas():
     with torch.device("meta"):
         lin = Linear(32, 24, bias=True).to(torch.bfloat16)
         one, two = torch.empty(1, 1, 32, dtype=torch.bfloat16), torch.empty(2, 32, dtype=torch.bfloat16)
-    names = OpNames()
-    seen = names.seen
     set_kernels(lin, {"gemv": 1})
-    with names, torch.no_grad():
-        y = lin(one)
+    y, seen = OpNames.of(lambda: lin(one))
     assert y.shape == (1, 1, 24) and y.dtype == torch.bfloat16
-    assert [s for s in seen if s.startswith("graphc.")] == ["graphc.gemv"], seen
+    assert graphc_ops(seen) == ["graphc.gemv"], seen
     assert not any(s.split(".")[-1] in ("mm", "addmm", "linear") for s in seen), seen
     for x, knob in ((two, 1), (one.float(), 1), (one, 0)):
-        seen.clear()
         set_kernels(lin.to(x.dtype), {"gemv": knob})
-        with names, torch.no_grad():
-            lin(x)
-        assert not any(s.startswith("graphc.") for s in seen) and any(s.split(".")[-1] in ("mm", "addmm")
-                                                                         for s in seen), seen
+        _, seen = OpNames.of(lambda: lin(x))
+        assert not graphc_ops(seen) and any(s.split(".")[-1] in ("mm", "addmm") for s in seen), seen
         lin.to(torch.bfloat16)
 
 
@@ -268,12 +269,10 @@ def test_normed_q_and_k_land_in_the_frame_cache_in_place_where_its_rows_allow():
         set_kernels(qn, {"fused_norms": 1})
         set_kernels(kn, {"fused_norms": 1})
         out = (cq[:, 1:1 + n], ck[:, 1:1 + n])
-        names = OpNames()
-        with names, torch.no_grad():
-            got = norm_rope_qk(qn, kn, q, k, cos, sin, out)
+        got, seen = OpNames.of(lambda: norm_rope_qk(qn, kn, q, k, cos, sin, out))
         assert got is out
-        assert [x for x in names.seen if x.startswith("graphc.")] == ["graphc.q_k_norm_rope"], names.seen
-        assert sum(x.endswith("copy_") for x in names.seen) == copies, (s, n, names.seen)
+        assert graphc_ops(seen) == ["graphc.q_k_norm_rope"], seen
+        assert sum(x.endswith("copy_") for x in seen) == copies, (s, n, seen)
     torch.manual_seed(0)
     qn, kn = RMSNorm(D), RMSNorm(D)
     torch.nn.init.normal_(qn.weight, 1.0, 0.3)
