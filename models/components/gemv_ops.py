@@ -1,4 +1,4 @@
-"""The few-row linear kernel (gemv_triton.py) as a torch operator, as norm_ops.py does for the norm kernels:
+"""The one-row linear kernel (gemv_triton.py) as a torch operator, as norm_ops.py does for the norm kernels:
 capture and the compiler's simulation see it as one launch whose output the caller allocates with
 torch.empty. Triton is imported only when it runs on a device.
 
