@@ -70,8 +70,9 @@ def alone(engine, kind, msgs, max_tokens=MAX):
     return out.text, pcm, out.audio_codes
 
 
-async def read_stream(client, name, kind, msgs, stop_after=None, how=None):
-    """Stream one chat request; stop_after chunks, cancel it `how` ('close': the client closes its stream).
+async def read_stream(client, name, kind, msgs, stop_after=None, how=None, reached=None):
+    """Stream one chat request; stop_after chunks, cancel it `how` ('close': the client closes its stream;
+    'task': its task is cancelled once `reached`, an (event, chunks) pair, says it has read that many chunks).
     Returns (text, PCM16 bytes, the request's id) or None when cancelled."""
     kw = dict(model=name, messages=msgs, max_tokens=200 if how else MAX, temperature=0, seed=SEED, stream=True,
               extra_body={"ignore_eos": True})
@@ -82,6 +83,8 @@ async def read_stream(client, name, kind, msgs, stop_after=None, how=None):
     text, pcm, n, rid = [], [], 0, None
     async for chunk in stream:
         n, rid = n + 1, chunk.id
+        if reached is not None and n >= reached[1]:
+            reached[0].set()
         if stop_after is not None and n >= stop_after:
             await stream.close()
             return None
@@ -127,7 +130,7 @@ def test_100_streams_10_cancelled_the_rest_as_alone_and_nothing_leaks(served, le
 
     async def run():
         client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=300)
-        tasks = {}
+        tasks, reached = {}, {}
         for i, (kind, v) in enumerate(plan):
             msgs = messages(kind, v, audio, image)
             how = hows.get(i)
@@ -135,13 +138,19 @@ def test_100_streams_10_cancelled_the_rest_as_alone_and_nothing_leaks(served, le
                 coro = drop_connection(port, kind, msgs, rng.randint(300, 3000))
             elif how == "close":
                 coro = read_stream(client, name, kind, msgs, stop_after=rng.randint(2, 8), how=how)
+            elif how == "task":
+                reached[i] = (asyncio.Event(), rng.randint(2, 8))
+                coro = read_stream(client, name, kind, msgs, how=how, reached=reached[i])
             else:
                 coro = read_stream(client, name, kind, msgs, how=how)
             tasks[i] = asyncio.create_task(coro)
-        for i in [i for i in cancel if hows[i] == "task"]:        # the reader's task cancelled mid-stream
-            await asyncio.sleep(rng.uniform(0.2, 2.0))
+        async def cancel_when(i):          # the reader's task cancelled mid-stream, not on a clock: a slow
+            await reached[i][0].wait()     # machine may not have started it by then, or have finished it
             tasks[i].cancel()
+        cancels = [asyncio.create_task(cancel_when(i)) for i in reached]
         done = await asyncio.gather(*tasks.values(), return_exceptions=True)
+        for c in cancels:                  # one whose stream ended before it was reached (the assert below says)
+            c.cancel()
         await client.close()
         return dict(zip(tasks, done))
     try:
@@ -152,7 +161,8 @@ def test_100_streams_10_cancelled_the_rest_as_alone_and_nothing_leaks(served, le
             time.sleep(0.01)
     finally:
         driver.observers.remove(watch)
-    assert ends.count("abort") == CANCELLED and ends.count("length") == N - CANCELLED, ends   # cut mid-stream
+    assert ends.count("abort") == CANCELLED and ends.count("length") == N - CANCELLED, \
+        (len(ends), sorted(set(ends)), ends.count("abort"))   # cut mid-stream; len < N: one never reached it
     for i, out in got.items():
         kind, v = plan[i]
         if i in hows:
