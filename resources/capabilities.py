@@ -3,7 +3,8 @@ compiler's backend pass and the runtime both read, so a plan and its boot cannot
 
 Order is preference: 'auto' takes the first entry. FlashInfer names its backends fa2 (sm_80+),
 fa3 (Hopper only), cutlass (Blackwell FMHA), trtllm-gen (sm_100 only) and cudnn; 'torch' is this
-project's SDPA path, which runs on the CPU (on a GPU it is a test reference, never planned).
+project's SDPA path, which runs on the CPU (on a GPU it is a test reference, never planned); 'triton' is
+this project's short-segment kernel (resources/ragged_triton.py), which takes only some resources (SHORT).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ TABLE: dict[str, dict[str, tuple[str, ...]]] = {
     "ragged_attention": {
         "sm_80": ("fa2",),
         "sm_89": ("fa2",),
-        "sm_90": ("fa3", "fa2", "cudnn"),
+        "sm_90": ("triton", "fa3", "fa2", "cudnn"),
         "sm_100": ("cutlass", "fa2", "cudnn"),
         "sm_103": ("cutlass", "fa2", "cudnn"),
         "cpu": ("torch",),
@@ -69,6 +70,8 @@ def flashinfer_modules(spec, phase: str, backend: str, run_head_dim: int | None 
     tensor-core decode (the mask is a run-time argument); fa2's paged runs load a second module;
     CUDA-core decode has its own; paged steps append through the page module."""
     head_dim = run_head_dim or spec.head_dim
+    if backend == "triton":
+        return ()
     if spec.kind == "ragged_attention":
         return (f"prefill:{backend}:{head_dim}{':swa' if spec.window is not None else ''}",)
     dtype = "" if spec.dtype == "bfloat16" else f":{spec.dtype}"
@@ -84,6 +87,32 @@ def run_head_dim(backend: str, head_dim: int) -> int | None:
     if dims is None:
         return head_dim
     return next((d for d in dims if d >= head_dim), None)
+
+# 'triton' holds a whole segment in one program (resources/ragged_triton.py): it takes a resource whose
+# segments all have one length (rows_per_segment) of at most SHORT_SEGMENT rows, a power-of-two GQA group and
+# a head dim of at most 256; 'auto' passes over it for any other. Measured on the H200 at the code predictor's
+# 16-row frames (docs/benchmarks.md), on sm_90 only.
+SHORT_SEGMENT = 32
+
+
+def unfit(spec, backend: str) -> str | None:
+    """Why a backend cannot run this resource at all (None: it can; head dims aside, see run_head_dim)."""
+    if backend != "triton":
+        return None
+    if spec is None:
+        return "it takes only some resources, and none was given"
+    why = []
+    if spec.rows_per_segment is None:
+        why.append("its segments have no fixed length (rows_per_segment)")
+    if spec.max_segment > SHORT_SEGMENT:
+        why.append(f"max_segment {spec.max_segment} > {SHORT_SEGMENT}")
+    group = spec.num_heads // spec.kv_heads
+    if group & (group - 1):
+        why.append(f"its GQA group of {group} heads is not a power of two")
+    if spec.head_dim > 256:
+        why.append(f"head_dim {spec.head_dim} > 256")
+    return "; ".join(why) or None
+
 
 # Backends whose kernels use a float workspace (split-KV partial results); the others need none.
 USES_FLOAT_WORKSPACE = {"fa2", "cutlass", "cudnn", "trtllm-gen"}
@@ -101,11 +130,12 @@ def available(kind: str, arch: str) -> tuple[str, ...]:
 
 
 def choose(kind: str, arch: str, requested: str, resource: str, target: str, head_dim: int | None = None,
-           field: str = "backend", pad: bool = True) -> tuple[str, int | None]:
+           field: str = "backend", pad: bool = True, spec=None) -> tuple[str, int | None]:
     """(backend, the head dim its kernels run at) for one resource (pad=False: a KV cache stores the
-    real head dim, so only backends that take it as it is qualify): the requested backend if the
-    arch has it, else a clear refusal; 'auto' takes the first in preference order that can run
-    head_dim (padded if it must: measured backends first, so unmeasured ones never win by default)."""
+    real head dim, so only backends that take it as it is qualify; spec: the resource, for backends that
+    take only some, see unfit): the requested backend if the arch has it and it fits, else a clear
+    refusal; 'auto' takes the first in preference order that can run it at head_dim (padded if it must:
+    measured backends first, so unmeasured ones never win by default)."""
     options = available(kind, arch)
     if not options:
         raise InvalidInput(f"resource '{resource}' ({kind}) has no backend on {target} ({arch})",
@@ -116,6 +146,11 @@ def choose(kind: str, arch: str, requested: str, resource: str, target: str, hea
         raise InvalidInput(f"resource '{resource}': backend '{requested}' is not planned", UNPLANNED[requested],
                            f"--set resources.{resource}.{field}=auto (on {target}: {', '.join(planned)})")
     options = tuple(b for b in options if b not in UNPLANNED)
+    if requested in options and unfit(spec, requested):
+        fits = [b for b in options if not unfit(spec, b)]
+        raise InvalidInput(f"resource '{resource}': backend '{requested}' cannot run it", unfit(spec, requested),
+                           f"--set resources.{resource}.{field}=auto (on {target}: {', '.join(fits)})")
+    options = tuple(b for b in options if not unfit(spec, b))
     if requested == "auto":
         if head_dim is None:
             return options[0], None

@@ -3,8 +3,8 @@
 Audio windows (104 tokens, bidirectional), one segment per image or frame group (vision), and
 Code2Wav's causal sliding window (72 keys including the query's own) over each chunk.
 Query and key segments may differ in length (keys of a short in-step cache); causal masks then
-align the queries with the last keys. Backends: FlashInfer's ragged prefill wrapper on GPU; torch
-SDPA per segment on the CPU.
+align the queries with the last keys. Backends: FlashInfer's ragged prefill wrapper on GPU, or for short
+segments of one length this project's Triton kernel (ragged_triton.py); torch SDPA per segment on the CPU.
 """
 from __future__ import annotations
 
@@ -83,7 +83,8 @@ class RaggedAttentionSpec(ResourceSpec):
         if backend == "torch":
             return []
         indptr = 4 * (shape.seqs + 1)
-        return [("int_workspace", self.int_workspace_bytes), ("qo_indptr", indptr), ("kv_indptr", indptr)]
+        ints = [] if backend == "triton" else [("int_workspace", self.int_workspace_bytes)]   # triton plans none
+        return ints + [("qo_indptr", indptr), ("kv_indptr", indptr)]
 
     def fake(self, shape: StepShape, run_head_dim: int | None = None) -> "FakeRagged":
         return FakeRagged(self, run_head_dim)

@@ -51,9 +51,12 @@ class Backends:
                 assert r.name in self.chosen, f"no backend for {r.name}"
 
 
-def _why(requested: str, kind: str, arch: str, got: str) -> str:
+def _why(requested: str, kind: str, arch: str, got: str, spec=None) -> str:
     head = f"requested '{requested}'" if requested != "auto" else "auto: first in preference order"
-    return f"{head}; {arch} {kind} has {', '.join(capabilities.available(kind, arch))}"
+    passed = [f"{b}: {capabilities.unfit(spec, b)}" for b in capabilities.available(kind, arch)
+              if capabilities.unfit(spec, b)]
+    return (f"{head}; {arch} {kind} has {', '.join(capabilities.available(kind, arch))}"
+            + (f" ({'; '.join(passed)})" if passed else ""))
 
 
 def select_backends(ir: IR) -> Backends:
@@ -64,8 +67,9 @@ def select_backends(ir: IR) -> Backends:
             continue
         head_dim = r.head_dim
         paged = isinstance(r, PagedKVSpec)
-        prefill, runs = capabilities.choose(r.kind, arch, r.backend, r.name, target, head_dim, pad=not paged)
-        why = _why(r.backend, r.kind, arch, prefill)
+        prefill, runs = capabilities.choose(r.kind, arch, r.backend, r.name, target, head_dim, pad=not paged,
+                                            spec=r)
+        why = _why(r.backend, r.kind, arch, prefill, r)
         decode = prefill
         if paged:
             decode, _ = capabilities.choose("paged_kv_decode", arch, r.decode_backend, r.name, target, head_dim,

@@ -287,5 +287,6 @@ def _detail(s: Sizing, comp: str, nbytes: int, count: int, kv_pages: dict[str, i
     if kind == "wrappers":
         c = s.backends.chosen.get(name)
         used = f"{c.prefill}/{c.decode}" if c and c.decode != c.prefill else (c.prefill if c else "")
-        return f"{count} fixed buffers of captured {used} wrappers (int workspace, indptrs, append indices)"
+        kinds = sorted({buf for bufs in s.resources.wrappers.values() for res, buf, _ in bufs if res == name})
+        return f"{count} fixed buffers of captured {used} wrappers ({', '.join(kinds)})"
     return ""

@@ -265,10 +265,11 @@ def test_details_of_the_exact_and_formula_lines(h100):
     # paged prefill wrapper: int workspace, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
     # append_indices, kv_lens; prefill fa3, decode fa2
     assert detail(led, "wrappers.kv") == \
-        "7 fixed buffers of captured fa3/fa2 wrappers (int workspace, indptrs, append indices)"
+        "7 fixed buffers of captured fa3/fa2 wrappers (append_indices, int_workspace, kv_indices, kv_indptr, " \
+        "kv_last_page_len, kv_lens, qo_indptr)"
     # ragged wrapper: int workspace, qo_indptr, kv_indptr; fa3 for both phases: named once
     assert detail(led, "wrappers.vis") == \
-        "3 fixed buffers of captured fa3 wrappers (int workspace, indptrs, append indices)"
+        "3 fixed buffers of captured fa3 wrappers (int_workspace, kv_indptr, qo_indptr)"
     assert [i.source for i in led.items if i.component.startswith(("workspace.", "wrappers."))] == ["formula"] * 4
     # a: a 4x4x3 weight and 4 biases = 52 bf16 params (104 B); b: 16x16x3 + 16 = 784 (1,568 B)
     assert detail(led, "weights.a") == "52 params = 104 B, buffers 0 B, in one arena of 2 tensors aligned to 256 B"
@@ -282,7 +283,8 @@ def test_details_of_the_oracle(oracle):
     count = 1 + sum(len(wrapper_buffers(fam, r)) for fam, r in GPU_GRAPHS)
     assert count == 34
     assert detail(led, "wrappers.cache") == \
-        f"{count} fixed buffers of captured fa3/fa2 wrappers (int workspace, indptrs, append indices)"
+        f"{count} fixed buffers of captured fa3/fa2 wrappers (append_indices, int_workspace, kv_indices, kv_indptr, " \
+        "kv_last_page_len, kv_lens, qo_indptr)"
     need = oracle.resources.workspaces["ws"].need
     # 16 MiB x 2 slots, and the largest need size_resources found, with its formula
     assert detail(led, "workspace.ws") == \

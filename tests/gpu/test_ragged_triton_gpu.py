@@ -1,0 +1,77 @@
+"""The short-segment ragged attention kernel (resources/ragged_triton.py, the 'triton' backend) on the GPU at
+the code predictor's shapes (16 query and 8 key heads of 128, causal 16-row frames) in bf16, built as the
+runtime builds it (make_backend, for a captured rung): against an fp32 reference (RaggedTorch over fp32
+copies) its error is at most FlashInfer fa3's on the same inputs (x1.25 + one bf16 ulp of the output's scale:
+both round p to their own precision and the output once), for the rung's real and padding rows alike; a
+CUDA graph of it replays the eager result after the layout is replanned in place. Skipped without CUDA."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from resources.base import StepShape
+from resources.ragged_attention import RaggedAttentionSpec, RaggedTorch
+
+pytestmark = pytest.mark.gpu
+
+CP = RaggedAttentionSpec(name="code_predictor_attn", num_heads=16, num_kv_heads=8, head_dim=128, max_segment=16,
+                         causal=True, rows_per_segment=16, segment_axis="seqs")
+
+
+def qkv(rows: int, seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(rows, h, 128, device="cuda", generator=gen).to(torch.bfloat16) * 2
+            for h in (16, 8, 8)]
+
+
+def backend(name: str, rung: StepShape):
+    from resources.flashinfer_backend import make_backend
+
+    workspace = torch.zeros(64 * 2**20, dtype=torch.uint8, device="cuda")
+    return make_backend(CP, name, workspace, True, rung)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("seqs,real", [(1, 1), (2, 1), (32, 32), (32, 3)])
+def test_error_is_at_most_fa3s(seqs, real):
+    pytest.importorskip("triton")
+    pytest.importorskip("flashinfer")
+    rung = StepShape(rows=16 * seqs, seqs=seqs, kv_len=16)
+    q, k, v = qkv(rung.rows, seqs * 100 + real)
+    cu = [16 * i for i in range(real + 1)]
+    padded = [16 * i for i in range(seqs + 1)]         # the padding rows as segments of their own
+    ref = RaggedTorch(CP, padded)(q.float(), k.float(), v.float())
+    got = {}
+    for name in ("triton", "fa3"):
+        b = backend(name, rung)
+        b.plan(cu)
+        got[name] = b(q, k, v)
+        torch.cuda.synchronize()
+    n = 16 * real                                       # fa3 leaves padding rows unwritten; triton writes them
+    et, ef = (got["triton"][:n].float() - ref[:n]).abs().max().item(), (got["fa3"][:n].float() - ref[:n]).abs().max().item()
+    ulp = ref.abs().max().item() * 2 ** -8
+    assert et <= 1.25 * ef + ulp, (et, ef)
+    assert got["triton"].dtype == torch.bfloat16 and torch.isfinite(got["triton"]).all()
+    assert (got["triton"][n:].float() - ref[n:]).abs().max().item() <= 1.25 * ef + ulp
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_captured_graph_replays_after_replanning():
+    pytest.importorskip("triton")
+    rung = StepShape(rows=16 * 8, seqs=8, kv_len=16)
+    q, k, v = qkv(rung.rows, 7)
+    b = backend("triton", rung)
+    b.plan([16 * i for i in range(9)])
+    b(q, k, v)                                          # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = b(q, k, v)
+    for real in (8, 5, 1):
+        b.plan([16 * i for i in range(real + 1)])
+        graph.replay()
+        torch.cuda.synchronize()
+        want = b(q, k, v)
+        assert torch.equal(out, want), real
+        ref = RaggedTorch(CP, [16 * i for i in range(9)])(q.float(), k.float(), v.float())
+        assert (out.float() - ref).abs().max().item() < 0.05, real

@@ -1,0 +1,90 @@
+"""The short-segment ragged attention kernel (resources/ragged_triton.py) under Triton's interpreter on CPU
+equals RaggedTorch (SDPA per segment, the CPU backend) on the layouts the runtime gives it: a captured rung
+of code-predictor frames with padding rows (laid out as spare segments, every row written), fewer queries
+than keys aligned to the last keys, a sliding window, no mask, GQA groups of 1 and 2 and a head dim that is
+not a power of two; a query that sees no key is zeros; too long a segment and too small a rung are refused.
+tests/gpu/test_ragged_triton_gpu.py runs it compiled at the code predictor's shapes."""
+import pytest
+
+pytest.importorskip("triton", reason="the kernels are Triton's; pip install -e '.[test]' brings it")
+
+from tests.unit.test_moe_triton import interpreted  # noqa: E402
+
+SCRIPT = r"""
+import torch
+from resources.base import StepShape
+from resources.ragged_attention import RaggedAttentionSpec, RaggedTorch
+from resources.ragged_triton import RaggedTriton
+
+torch.manual_seed(0)
+out = {}
+
+def spec(**kw):
+    base = dict(name="r", num_heads=4, num_kv_heads=2, head_dim=40, max_segment=16, rows_per_segment=16, causal=True)
+    return RaggedAttentionSpec(**{**base, **kw})
+
+def qkv(s, tq, tk):
+    return (torch.randn(tq, s.num_heads, s.head_dim), torch.randn(tk, s.kv_heads, s.head_dim),
+            torch.randn(tk, s.kv_heads, s.head_dim))
+
+def err(a, b):
+    return (a - b).abs().max().item()
+
+# a captured rung of 4 frames of 16 rows, 2 real: the padding rows take spare segments of their own
+s = spec()
+q, k, v = qkv(s, 64, 64)
+b = RaggedTriton(s, StepShape(rows=64, seqs=4, kv_len=16), "cpu",
+                 {"qo_indptr": torch.zeros(5, dtype=torch.int32), "kv_indptr": torch.zeros(5, dtype=torch.int32)})
+b.plan([0, 16, 32])
+got = b(q, k, v)
+out["rung"] = err(got, RaggedTorch(s, [0, 16, 32, 48, 64])(q, k, v))
+out["indptr"] = b.buffers["qo_indptr"].tolist()
+b.plan([0, 16, 32, 48])                         # replanned in place: one spare segment now
+out["replanned"] = err(b(q, k, v), RaggedTorch(s, [0, 16, 32, 48, 64])(q, k, v))
+b.plan([0, 16, 32, 48, 64])
+out["full"] = err(b(q, k, v), RaggedTorch(s, [0, 16, 32, 48, 64])(q, k, v))
+
+# eager: fewer queries than keys (aligned to the last keys), a window, an empty segment
+for name, kw in (("window", dict(window=3)), ("causal", {}), ("nomask", dict(causal=False)),
+                 ("group1", dict(num_heads=2, num_kv_heads=2, head_dim=64))):
+    s = spec(**kw)
+    cq, ck = [0, 1, 3, 3, 9], [0, 5, 9, 9, 16]
+    q, k, v = qkv(s, 9, 16)
+    b = RaggedTriton(s, None, "cpu")
+    b.plan(cq, ck)
+    out[name] = err(b(q, k, v), RaggedTorch(s, cq, ck)(q, k, v))
+
+# causal, more queries than keys: the first queries see nothing and are zeros
+s = spec()
+q, k, v = qkv(s, 3, 1)
+b = RaggedTriton(s, None, "cpu")
+b.plan([0, 3], [0, 1])
+got = b(q, k, v)
+out["unseen"] = got[:2].abs().max().item()
+out["seen"] = err(got[2:], RaggedTorch(s, [0, 1], [0, 1])(q[2:], k, v))
+
+errs = []
+for bad in (lambda: RaggedTriton(spec(), None, "cpu").plan([0, 20]),
+            lambda: RaggedTriton(spec(), StepShape(rows=32, seqs=2, kv_len=16), "cpu", {}).plan([0, 16, 32, 48]),
+            lambda: RaggedTriton(spec(rows_per_segment=None), None, "cpu")):
+    try:
+        bad()
+        errs.append(None)
+    except ValueError as e:
+        errs.append(str(e))
+out["errors"] = errs
+print(json.dumps(out))
+"""
+
+
+def test_short_segments_equal_sdpa_per_segment():
+    got = interpreted(SCRIPT)
+    errs = got.pop("errors")
+    assert got.pop("indptr") == [0, 16, 32, 48, 64]
+    assert got.pop("unseen") == 0.0
+    assert set(got) == {"rung", "replanned", "full", "window", "causal", "nomask", "group1", "seen"}
+    for case, e in got.items():
+        assert e < 1e-5, (case, e)
+    assert errs[0] and "a segment of 20 rows" in errs[0] and "at most 16" in errs[0], errs
+    assert errs[1] and "do not fit a rung of 2 segments" in errs[1], errs
+    assert errs[2] and "rows_per_segment" in errs[2], errs
