@@ -16,7 +16,7 @@ TABLE: dict[str, dict[str, tuple[str, ...]]] = {
     "ragged_attention": {
         "sm_80": ("fa2",),
         "sm_89": ("fa2",),
-        "sm_90": ("triton", "fa3", "fa2", "cudnn"),
+        "sm_90": ("fa3", "fa2", "cudnn", "triton"),     # triton last: see SHORT_SEGMENT
         "sm_100": ("cutlass", "fa2", "cudnn"),
         "sm_103": ("cutlass", "fa2", "cudnn"),
         "cpu": ("torch",),
@@ -90,8 +90,10 @@ def run_head_dim(backend: str, head_dim: int) -> int | None:
 
 # 'triton' holds a whole segment in one program (resources/ragged_triton.py): it takes a resource whose
 # segments all have one length (rows_per_segment) of at most SHORT_SEGMENT rows, a power-of-two GQA group and
-# a head dim of at most 256; 'auto' passes over it for any other. Measured on the H200 at the code predictor's
-# 16-row frames (docs/benchmarks.md), on sm_90 only.
+# a head dim of at most 256; it is refused for any other. Checked under Triton's interpreter on the CPU, not
+# yet compiled or timed on a GPU: it is last in sm_90's order, so 'auto' never takes it (fa3 runs whatever it
+# runs); --set resources.NAME.backend=triton asks for it. tests/gpu/test_ragged_triton_gpu.py and
+# examples/bench_talker_kernels.py are what would measure it.
 SHORT_SEGMENT = 32
 
 

@@ -53,8 +53,9 @@ class Backends:
 
 def _why(requested: str, kind: str, arch: str, got: str, spec=None) -> str:
     head = f"requested '{requested}'" if requested != "auto" else "auto: first in preference order"
-    passed = [f"{b}: {capabilities.unfit(spec, b)}" for b in capabilities.available(kind, arch)
-              if capabilities.unfit(spec, b)]
+    order = capabilities.available(kind, arch)
+    before = order[:order.index(got)] if got in order else order          # the backends auto passed over
+    passed = [f"{b}: {capabilities.unfit(spec, b)}" for b in before if capabilities.unfit(spec, b)]
     return (f"{head}; {arch} {kind} has {', '.join(capabilities.available(kind, arch))}"
             + (f" ({'; '.join(passed)})" if passed else ""))
 

@@ -16,14 +16,16 @@ order of the fp32 values (-inf < ... < -1 < +1 < ... < +inf) but for -0.0, which
 +0.0 (BaseDigitExtractor::ProcessFloatMinusZero), so the two zeros tie and go by index as in a stable
 comparison sort. That is the order of the unique int64 keys (u << log2 BLOCK) | index, u the order-preserving
 uint32 image of the value (-0.0 taken as +0.0). Both filters need only a threshold in that order, found by a
-bitwise binary search of full-row reductions (a masked count, a masked sum), which keeps the program small
-(tl.sort of 4096 int64 keys is 78 compare-exchange stages through shared memory, then a scatter back):
-  top-k  u_k = the largest u with count(u_i < u) <= kth is the sorted row's kth value: 32 masked counts;
+search of full-row reductions (a masked count, a masked sum), high bits first, DIGIT bits a round (DIGIT 1: a
+binary search, one reduction a bit; more: the 2^DIGIT candidates of a round in one 2-D reduction), which keeps
+the program small (tl.sort of 4096 int64 keys is 78 compare-exchange stages through shared memory, then a
+scatter back):
+  top-k  u_k = the largest u with count(u_i < u) <= kth is the sorted row's kth value: 32 bits of counts;
          the drop itself compares floats (x < value), as torch's does (-0.0 is not below +0.0);
   top-p  cum along the sort is nondecreasing (p >= 0), so the ids it drops are the keys below some t: t = the
-         largest key with sum(p_i : key_i < t) <= floor, 32 + log2 BLOCK masked sums. The sum is a fixed
-         reduction tree with the masked ids as zeros, so it is monotone in t and the search is exact for
-         this arithmetic. The top key (the sort's last position) is never dropped.
+         largest key with sum(p_i : key_i < t) <= floor, 32 + log2 BLOCK bits of sums. The sum is a fixed
+         reduction tree (one per DIGIT) with the masked ids as zeros, so it is monotone in t and the search is
+         exact for this arithmetic. The top key (the sort's last position) is never dropped.
 Ties are the sort's: by value, then by index, whatever the dtype (bf16 logits tie often, and top-p's drop is
 positional: it can keep one of two equal logits and drop the other).
 
@@ -68,7 +70,8 @@ def _first_argmax(x, offs, BLOCK: tl.constexpr):
 @triton.jit
 def _select(logits_ptr, sampled_ptr, temp_ptr, kth_ptr, floor_ptr, pen_ptr, noise_ptr, seen_ptr, sup_ptr, out_ptr,
             V, l_row, n_row, s_row, sa_st, t_st, k_st, f_st, p_st, HAS_SEEN: tl.constexpr, HAS_SUP: tl.constexpr,
-            PRECISE: tl.constexpr, KEY_BITS: tl.constexpr, BLOCK: tl.constexpr):
+            PRECISE: tl.constexpr, ROUNDS_K: tl.constexpr, ROUNDS_P: tl.constexpr, DIGIT: tl.constexpr,
+            BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = offs < V
@@ -87,13 +90,19 @@ def _select(logits_ptr, sampled_ptr, temp_ptr, kth_ptr, floor_ptr, pen_ptr, nois
         b = tl.where(x == 0, 0, x.to(tl.int32, bitcast=True)).to(tl.int64)
         u = tl.where(m, tl.where(b < 0, -1 - b, b + 2147483648), 4294967296)
         one = tl.full([], 1, tl.int64)
+        digits = tl.arange(0, 1 << DIGIT).to(tl.int64)
         drop = offs < 0                            # nothing dropped yet
         kth = tl.load(kth_ptr + row * k_st)
         if kth > 0:                                # top-k (kth 0: the smallest value, nothing is below it)
             t = tl.zeros([], tl.int64)             # the largest u with count(u_i < u) <= kth: the kth value
-            for i in range(32):                    # bits high to low
-                c = t | (one << (31 - i))
-                t = tl.where(tl.sum((u < c).to(tl.int32), axis=0) <= kth, c, t)
+            for r in range(ROUNDS_K):              # DIGIT bits a round, high to low
+                if DIGIT == 1:                     # one candidate: a 1-D reduction
+                    c = t | (one << (ROUNDS_K - 1 - r))
+                    t = tl.where(tl.sum((u < c).to(tl.int32), axis=0) <= kth, c, t)
+                else:                              # 2^DIGIT candidates at once (digit 0: t, which holds)
+                    c = t | (digits << (ROUNDS_K * DIGIT - DIGIT - r * DIGIT))
+                    n = tl.sum((u[None, :] < c[:, None]).to(tl.int32), axis=1)
+                    t = tl.max(tl.where(n <= kth, c, t), axis=0)   # n grows with c
             kth_val = tl.where(t >= 2147483648, t - 2147483648, -1 - t).to(tl.int32).to(tl.float32, bitcast=True)
             drop = x < kth_val
         xk = tl.where(drop, float("-inf"), x)
@@ -103,14 +112,26 @@ def _select(logits_ptr, sampled_ptr, temp_ptr, kth_ptr, floor_ptr, pen_ptr, nois
         if floor >= 0:                             # top-p (off: floor -1, no cumulative p is below it)
             key = u * BLOCK + offs                 # unique, in the sort's order: value, then index
             t = tl.zeros([], tl.int64)             # the largest key with sum(p_i : key_i < key) <= floor
-            for i in range(KEY_BITS):
-                c = t | (one << (KEY_BITS - 1 - i))
-                t = tl.where(tl.sum(tl.where(key < c, p, 0.0), axis=0) <= floor, c, t)
+            for r in range(ROUNDS_P):
+                if DIGIT == 1:
+                    c = t | (one << (ROUNDS_P - 1 - r))
+                    t = tl.where(tl.sum(tl.where(key < c, p, 0.0), axis=0) <= floor, c, t)
+                else:
+                    c = t | (digits << (ROUNDS_P * DIGIT - DIGIT - r * DIGIT))
+                    n = tl.sum(tl.where(key[None, :] < c[:, None], p[None, :], 0.0), axis=1)
+                    t = tl.max(tl.where(n <= floor, c, t), axis=0)
             # cum at key_i (the sum over keys <= key_i) is <= floor exactly where key_i < t; the top key stays
             drop = drop | ((key < t) & (key != tl.max(tl.where(m, key, -1), axis=0)))
         log_e = tl.load(noise_ptr + row * n_row + offs, mask=m, other=0.0)
         code = _first_argmax(tl.where(drop, float("-inf"), x - log_e), offs, BLOCK)
     tl.store(out_ptr + row, code.to(tl.int64))
+
+
+# Bits a round of the searches decides. 1 (one masked reduction a bit: 32 + 43 rounds at V = 2048) is what
+# the H200 ran and timed (24 us a call, docs/benchmarks.md); 2 and 4 reduce 2^DIGIT candidates at once in one
+# 2-D reduction (16 + 22 or 8 + 11 rounds), checked under the interpreter only and timed by
+# examples/bench_talker_kernels.py once a GPU runs it.
+DIGIT = 1
 
 
 def _interpreted() -> bool:
@@ -119,12 +140,13 @@ def _interpreted() -> bool:
 
 def select_codes(logits: torch.Tensor, sampled: torch.Tensor, temperature: torch.Tensor, kth: torch.Tensor,
                  floor: torch.Tensor, penalty: torch.Tensor | None, log_noise: torch.Tensor, seen: torch.Tensor | None,
-                 suppress: torch.Tensor | None, out: torch.Tensor) -> None:
+                 suppress: torch.Tensor | None, out: torch.Tensor, digit: int | None = None) -> None:
     """out [S] int64 = talker.select's codes. logits [S, V] (bf16 or fp32), log_noise [S, V] fp32, seen [S, V]
     bool or None (rows may be strided, columns contiguous), suppress [V] bool or None; per row (first dim,
     any stride): sampled bool, temperature fp32 (> 0), kth int64, floor fp32 (< 0: off), penalty fp32 (read
-    only with seen)."""
+    only with seen); digit: the bits each round of the threshold searches decides (None: DIGIT)."""
     s, v = logits.shape
+    digit = digit or DIGIT
     if not s:
         return
     block = triton.next_power_of_2(v)
@@ -134,5 +156,6 @@ def select_codes(logits: torch.Tensor, sampled: torch.Tensor, temperature: torch
                   seen.view(torch.uint8) if has_seen else logits, suppress.view(torch.uint8) if has_sup else logits,
                   out, v, logits.stride(0), log_noise.stride(0), seen.stride(0) if has_seen else 0, sampled.stride(0),
                   temperature.stride(0), kth.stride(0), floor.stride(0), pen.stride(0), HAS_SEEN=has_seen,
-                  HAS_SUP=has_sup, PRECISE=not _interpreted(), KEY_BITS=32 + block.bit_length() - 1, BLOCK=block,
+                  HAS_SUP=has_sup, PRECISE=not _interpreted(), ROUNDS_K=-(-32 // digit),
+                  ROUNDS_P=-(-(32 + block.bit_length() - 1) // digit), DIGIT=digit, BLOCK=block,
                   num_warps=8 if block >= 4096 else 4 if block >= 1024 else 1)

@@ -13,7 +13,7 @@ def backends(model, gpu):
 
 
 def test_auto_takes_the_arch_preference(tiny):
-    assert backends(tiny.model, "h100") == {"encoder_attn": "triton", "decoder_kv": "fa3"}   # 16-row windows
+    assert backends(tiny.model, "h100") == {"encoder_attn": "fa3", "decoder_kv": "fa3"}
     assert select_backends(verify_graph(tiny.model, get_target("h100"), 1)).backend("decoder_kv", "decode") == "fa2"
     assert backends(tiny.model, "a100-80gb") == {"encoder_attn": "fa2", "decoder_kv": "fa2"}
     assert backends(tiny.model, "b300")["encoder_attn"] == "cutlass"
@@ -40,7 +40,7 @@ def test_cudnn_is_refused_until_its_workspace_is_modelled(tiny):
     with pytest.raises(InvalidInput, match="backend 'cudnn' is not planned") as e:
         backends(m, "h100")
     assert "neither modelled nor measured" in str(e.value)
-    assert "--set resources.encoder_attn.backend=auto (on h100: triton, fa3, fa2)" in str(e.value)
+    assert "--set resources.encoder_attn.backend=auto (on h100: fa3, fa2, triton)" in str(e.value)
     with pytest.raises(InvalidInput, match="'cudnn' has no kernels for sm_80"):
         backends(m, "a100-80gb")
 
@@ -96,11 +96,11 @@ def choices(model, gpu):
 
 def test_why_says_whether_the_backend_was_requested(tiny):
     auto = choices(tiny.model, "h100")["encoder_attn"]
-    assert auto.why == "auto: first in preference order; sm_90 ragged_attention has triton, fa3, fa2, cudnn"
+    assert auto.why == "auto: first in preference order; sm_90 ragged_attention has fa3, fa2, cudnn, triton"
     m = apply_overrides(tiny.model, {"resources": {"encoder_attn": {"backend": "fa2"}}})
     asked = choices(m, "h100")["encoder_attn"]
     assert (asked.prefill, asked.decode) == ("fa2", "fa2")
-    assert asked.why == "requested 'fa2'; sm_90 ragged_attention has triton, fa3, fa2, cudnn"
+    assert asked.why == "requested 'fa2'; sm_90 ragged_attention has fa3, fa2, cudnn, triton"
 
 
 def test_resources_that_are_not_attention_are_skipped_wherever_they_are_declared():
@@ -132,36 +132,38 @@ def test_padded_head_dim_is_noted_only_when_padded(tiny):
     native = choices(tiny.model, "h100")["encoder_attn"]
     assert native.head_dim == 64 and "zero-padded" not in native.why
     m = apply_overrides(tiny.model, {"resources": {"encoder_attn": {"head_dim": 72}}})
-    assert (choices(m, "h100")["encoder_attn"].prefill, choices(m, "h100")["encoder_attn"].head_dim) == ("triton", 72)
-    m = apply_overrides(tiny.model, {"resources": {"encoder_attn": {"head_dim": 72, "backend": "fa3"}}})
     padded = choices(m, "h100")["encoder_attn"]
     assert (padded.prefill, padded.head_dim) == ("fa3", 128)
-    assert padded.why == ("requested 'fa3'; sm_90 ragged_attention has triton, fa3, fa2, cudnn; "
+    assert padded.why == ("auto: first in preference order; sm_90 ragged_attention has fa3, fa2, cudnn, triton; "
                           "fa3 takes no head_dim 72: runs zero-padded to 128")
 
 
-def test_triton_takes_only_short_segments_of_one_length(tiny):
-    """'triton' (resources/ragged_triton.py) holds a whole segment in one program: auto passes over it, saying
-    why, for a resource with longer or unfixed segments, an odd GQA group or a head dim past 256, and asking
-    for it there is refused with the reasons and the backends that fit."""
-    long = apply_overrides(tiny.model, {"resources": {"encoder_attn": {"max_segment": 33, "rows_per_segment": 33}}})
-    c = choices(long, "h100")["encoder_attn"]
-    assert c.prefill == "fa3" and c.why.endswith("has triton, fa3, fa2, cudnn (triton: max_segment 33 > 32)")
-    assert choices(apply_overrides(tiny.model, {"resources": {"encoder_attn": {"max_segment": 32,
-                   "rows_per_segment": 32}}}), "h100")["encoder_attn"].prefill == "triton"
-    unfixed = apply_overrides(tiny.model, {"resources": {"encoder_attn": {"rows_per_segment": None}}})
-    assert choices(unfixed, "h100")["encoder_attn"].prefill == "fa3"
-    bad = apply_overrides(tiny.model, {"resources": {"encoder_attn": {"backend": "triton", "rows_per_segment": None,
+def test_triton_is_taken_only_when_asked_and_only_for_short_segments_of_one_length(tiny):
+    """'triton' (resources/ragged_triton.py) holds a whole segment in one program and is not yet measured on a
+    GPU: auto passes over it even where it fits (tiny's 16-row encoder windows); asked for, it runs a resource
+    with segments of one length up to 32 rows, a power-of-two GQA group and a head dim up to 256, and is refused
+    for any other with every reason and the backends that fit."""
+    assert choices(tiny.model, "h100")["encoder_attn"].prefill == "fa3"
+    asked = {"backend": "triton"}
+    c = choices(apply_overrides(tiny.model, {"resources": {"encoder_attn": asked}}), "h100")["encoder_attn"]
+    assert (c.prefill, c.decode, c.head_dim) == ("triton", "triton", 64)
+    c = choices(apply_overrides(tiny.model, {"resources": {"encoder_attn": {**asked, "max_segment": 32,
+                                                                              "rows_per_segment": 32}}}), "h100")
+    assert c["encoder_attn"].prefill == "triton"
+    bad = apply_overrides(tiny.model, {"resources": {"encoder_attn": {**asked, "rows_per_segment": None,
                                                                        "max_segment": 40, "head_dim": 288}}})
     with pytest.raises(InvalidInput, match="backend 'triton' cannot run it") as e:
         choices(bad, "h100")
     assert ("its segments have no fixed length (rows_per_segment); max_segment 40 > 32; head_dim 288 > 256"
             in str(e.value))
     assert "--set resources.encoder_attn.backend=auto (on h100: fa3, fa2)" in str(e.value)
+    long = apply_overrides(tiny.model, {"resources": {"encoder_attn": {**asked, "max_segment": 33,
+                                                                        "rows_per_segment": 33}}})
+    with pytest.raises(InvalidInput, match="max_segment 33 > 32"):
+        choices(long, "h100")
     spec = RaggedAttentionSpec(name="x", num_heads=6, num_kv_heads=2, head_dim=64, max_segment=16, rows_per_segment=16)
     assert capabilities.unfit(spec, "triton") == "its GQA group of 3 heads is not a power of two"
     assert capabilities.unfit(spec, "fa3") is None
-    assert capabilities.choose("ragged_attention", "sm_90", "auto", "x", "h100", 64, spec=spec) == ("fa3", 64)
-    assert capabilities.choose("ragged_attention", "sm_90", "auto", "x", "h100", 64) == ("fa3", 64), "no spec given"
+    assert capabilities.unfit(None, "triton"), "no resource given: not taken"
     with pytest.raises(InvalidInput, match="'triton' has no kernels for sm_80"):
-        choices(apply_overrides(tiny.model, {"resources": {"encoder_attn": {"backend": "triton"}}}), "a100-80gb")
+        choices(apply_overrides(tiny.model, {"resources": {"encoder_attn": asked}}), "a100-80gb")

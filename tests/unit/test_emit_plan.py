@@ -1,7 +1,7 @@
 """emit_plan's `resources` and `versions`, each computed by hand from the declaration.
 
-The tiny model (models/tiny_omni.py) on an h100 (sm_90): its ragged encoder attention, asked for fa3 (auto
-takes triton for its 16-row windows, test_backends.py), runs on fa3 (head dim 64 native); its paged decoder_kv prefills on fa3 and decodes on fa2 (first
+The tiny model (models/tiny_omni.py) on an h100 (sm_90): its ragged encoder attention runs on fa3
+(first on sm_90, head dim 64 native); its paged decoder_kv prefills on fa3 and decodes on fa2 (first
 in sm_90's decode list). fa3 keeps no split-KV partials, so a resource whose every backend is fa3
 gets the 1 MiB floor that FlashInfer's wrappers take as their float workspace.
 """
@@ -29,8 +29,7 @@ def kv_page_bytes(layers: int, kv_heads: int, head_dim: int, page_size: int = 16
 @pytest.fixture(scope="module")
 def fa3_everywhere(tiny):
     """decode_backend fa3: no resource keeps a float workspace need, so every one is the 1 MiB floor."""
-    return compile_model(tiny, "h100", 1, {"resources": {"decoder_kv": {"decode_backend": "fa3"},
-                                                         "encoder_attn": {"backend": "fa3"}}}).plan
+    return compile_model(tiny, "h100", 1, {"resources": {"decoder_kv": {"decode_backend": "fa3"}}}).plan
 
 
 def test_ragged_resource(fa3_everywhere):
@@ -40,7 +39,7 @@ def test_ragged_resource(fa3_everywhere):
     assert r.decode_backend is None, "only a paged KV resource has a decode backend"
     assert r.run_head_dim is None, "head dim 64 runs as it is on fa3"
     assert (r.pages, r.page_bytes, r.workspace) == (None, None, None)
-    assert r.why.startswith("requested 'fa3'; sm_90 ragged_attention has triton, fa3, fa2, cudnn; ")
+    assert r.why.startswith("auto: first in preference order; sm_90 ragged_attention has fa3, fa2, cudnn, triton; ")
     assert "; float workspace need: " in r.why
 
 
@@ -112,7 +111,7 @@ def padded(tiny):
     m = tiny.model
     enc = next(n for n in m.nodes if n.name == "encoder")
     enc = enc.model_copy(update={"config": enc.config.model_copy(update={"hidden_size": 144, "ffn_dim": 576})})
-    attn = m.resource("encoder_attn").model_copy(update={"head_dim": 72, "backend": "fa3"})
+    attn = m.resource("encoder_attn").model_copy(update={"head_dim": 72})
     nodes = tuple(enc if n.name == "encoder" else n for n in m.nodes)
     resources = tuple(attn if r.name == "encoder_attn" else r for r in m.resources)
     model = gc.Model.model_validate({**m.__dict__, "nodes": nodes, "resources": resources})

@@ -1,0 +1,104 @@
+"""The talker's small per-code kernels alone on the GPU (issue 13): the fused sampler (graphc::select_codes)
+at each search digit (bits a round decides: 1 is one bit a reduction, 32 + 43 rounds at V = 2048) and the
+code predictor's frame attention on the 'triton' backend (resources/ragged_triton.py) against FlashInfer's
+fa3, at the talker's shapes and 1 and 32 sampled rows. Each is a captured graph of 16 calls (as many as a
+talker step makes), timed with CUDA events (median of replays); µs per call.
+
+    python examples/bench_talker_kernels.py --json OUT.json
+
+The sampler's rows sample with the talker's defaults (temperature 0.9, top-k 50, top-p 0.8 for residual codes;
+code 0 with repetition penalty 1.05 over a fifth of its ids and the codebook's suppression) on randn * 2.5
+logits.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+
+import torch  # noqa: E402
+
+from bench_moe import captured  # noqa: E402
+
+CALLS = 16
+
+
+def sampler_rows(seqs: int, vocab: int, code0: bool):
+    from models.components.talker import RowParams, sampling_row
+
+    row = sampling_row(0.9, 50, 0.8, 1.05, 0.9, 50, 0.8)
+    params = torch.tensor([row] * seqs, device="cuda")
+    return RowParams(params[:, :4] if code0 else params[:, 4:], vocab)
+
+
+def bench_sampler(seqs: int, code0: bool, digits: list[int], replays: int) -> dict:
+    from models.components import select_triton as k
+
+    vocab = 3072 if code0 else 2048
+    gen = torch.Generator(device="cuda").manual_seed(seqs)
+    logits = (torch.randn(seqs, vocab, device="cuda", generator=gen) * 2.5)
+    logits = logits if code0 else logits.bfloat16()
+    rows = sampler_rows(seqs, vocab, code0)
+    log_noise = torch.empty(seqs, vocab, device="cuda").exponential_(generator=gen).log()
+    seen = (torch.rand(seqs, vocab, device="cuda", generator=gen) < 0.2) if code0 else None
+    suppress = (torch.arange(vocab, device="cuda") >= 2048) if code0 else None
+    out = torch.empty(seqs, dtype=torch.int64, device="cuda")
+    codes, times = {}, {}
+    for d in digits:
+        def fn(d=d):
+            for _ in range(CALLS):
+                k.select_codes(logits, rows.sampled, rows.temperature.float(), rows.kth.long(), rows.floor.float(),
+                               rows.penalty.float() if code0 else None, log_noise, seen, suppress, out, digit=d)
+        times[d] = captured(fn, replays) / CALLS
+        codes[d] = out.tolist()
+    assert all(c == codes[digits[0]] for c in codes.values()), codes     # every digit picks the same codes
+    return {f"digit {d}": t for d, t in times.items()}
+
+
+def bench_frame_attention(seqs: int, replays: int) -> dict:
+    from resources.base import StepShape
+    from resources.flashinfer_backend import make_backend
+    from resources.ragged_attention import RaggedAttentionSpec
+
+    spec = RaggedAttentionSpec(name="cp", num_heads=16, num_kv_heads=8, head_dim=128, max_segment=16, causal=True,
+                               rows_per_segment=16, segment_axis="seqs")
+    rung = StepShape(rows=16 * seqs, seqs=seqs, kv_len=16)
+    q, k, v = (torch.randn(rung.rows, h, 128, device="cuda", dtype=torch.bfloat16) for h in (16, 8, 8))
+    workspace = torch.zeros(64 * 2**20, dtype=torch.uint8, device="cuda")
+    out = {}
+    for name in ("triton", "fa3"):
+        b = make_backend(spec, name, workspace, True, rung)
+        b.plan([16 * i for i in range(seqs + 1)])
+
+        def fn(b=b):
+            for _ in range(CALLS):
+                b(q, k, v)
+        out[name] = captured(fn, replays) / CALLS
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--digits", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--replays", type=int, default=200)
+    a = ap.parse_args()
+    rows = []
+    for seqs in (1, 32):
+        for code0 in (False, True):
+            r = bench_sampler(seqs, code0, a.digits, a.replays)
+            rows.append({"kernel": "select_codes", "code": "code 0" if code0 else "residual", "seqs": seqs, **r})
+        rows.append({"kernel": "frame attention", "seqs": seqs, **bench_frame_attention(seqs, a.replays)})
+    for r in rows:
+        print("  ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()), flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                            "calls_per_graph": CALLS, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
