@@ -67,6 +67,17 @@ class Sizing:
     acts: Activations
     resources: ResourceSizes
     headroom: int | None = None   # bytes; None: the default policy
+    # what a device's ledger takes from the above but not from its KV pages (fill_pages tallies one device
+    # at many page counts): (what, nodes) -> value, filled by per_device
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+
+def per_device(s: Sizing, what: str, nodes: list[str], compute):
+    """compute(), once per Sizing, what and nodes: for the parts of a ledger its KV pages do not change."""
+    key = (what, tuple(nodes))
+    if key not in s.memo:
+        s.memo[key] = compute()
+    return s.memo[key]
 
 
 def device_resources(s: Sizing, nodes: list[str]) -> list[str]:
@@ -224,7 +235,7 @@ def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, in
         items[comp][2] += 1
     ledger = [Item(c, b, src, _detail(s, c, b, n, kv_pages, nodes)) for c, (b, src, n) in items.items()]
     eager = sorted((k for k in s.acts.eager if k[0] in nodes), key=lambda k: -s.acts.eager[k].peak_bytes)
-    order = capture_order(s, nodes) if target.capture else []
+    order = per_device(s, "order", nodes, lambda: capture_order(s, nodes) if target.capture else [])
     if target.is_gpu:
         cal = calibration(target)
         wrappers = any(c.startswith("wrappers.") for c, *_ in allocs)
@@ -233,15 +244,16 @@ def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, in
         transient = FLASHINFER_TRANSIENT_INT_WORKSPACE if wrappers else 0
         persistent_reserved, general_reserved = general_pool_bytes([a[2] for a in allocs],
                                                                    [s.acts.eager[k] for k in eager], transient)
-        pool_reserved = capture_pool_bytes([s.acts.graphs[k][1] for k in order], cal.library_bytes)
+        pool_reserved = per_device(s, "pool", nodes, lambda: capture_pool_bytes([s.acts.graphs[k][1] for k in order],
+                                                                                cal.library_bytes))
         raw = sum(a[2] for a in allocs)
-        modules = kernel_modules(s, nodes)
-        graphs, launches = graph_launches(s, nodes)
+        modules = per_device(s, "modules", nodes, lambda: kernel_modules(s, nodes))
+        graphs, launches = per_device(s, "launches", nodes, lambda: graph_launches(s, nodes))
         ledger += [
             Item("capture_pool", pool_reserved, "simulated",
                  f"{len(order)} graphs captured largest first into one pool; allocator model of their traces"
                  + (f", plus the capture stream's cuBLAS workspace ({cal.library_bytes:,} B, calibrated)"
-                    if order else "") + _conv_note(s, nodes)),
+                    if order else "") + per_device(s, "convs", nodes, lambda: _conv_note(s, nodes))),
             Item("activations", general_reserved - persistent_reserved, "simulated",
                  f"{len(eager)} eager step(s) at their budgets: " + ", ".join(f"{n}@{w}" for n, w in eager)
                  if eager else "no eager steps"),
@@ -250,7 +262,7 @@ def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, in
                  + (", and FlashInfer's replaced 8 MiB int workspace, kept cached" if transient else "")),
             Item("context", cal.context_bytes, "calibrated", f"CUDA context and torch init; {cal.source}"),
             Item("library", cal.library_bytes, "calibrated", f"cuBLAS workspace; {cal.source}"),
-            Item("kernels", kernels_bytes(s, nodes), "calibrated",
+            Item("kernels", per_device(s, "kernels", nodes, lambda: kernels_bytes(s, nodes)), "calibrated",
                  f"kernel code and driver reserves {cal.kernels_base_bytes:,} B (with {len(modules)} FlashInfer "
                  f"modules: {', '.join(modules) or 'none'}) + {graphs} CUDA graphs holding {launches:,} simulated "
                  f"kernel launches x {cal.graph_launch_bytes:,} B; {cal.source}"),
