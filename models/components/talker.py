@@ -59,7 +59,7 @@ from torch import nn
 from graphc.step import NodeModule, StepContext
 from graphc.strict import Strict
 from models.components.layers import Linear, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
-from models.components.thinker import Attend, Attention, DecoderLayer, MoETextConfig, MRope, moe_layer
+from models.components.thinker import Attend, Attention, FoldedLayer, MoETextConfig, MRope, moe_layer
 
 
 class TalkerTextConfig(MoETextConfig):
@@ -248,7 +248,7 @@ class CodePredictorBody(nn.Module):
     def __init__(self, cfg: CodePredictorConfig, groups: int):
         super().__init__()
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg.hidden_size, Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+            FoldedLayer(cfg.hidden_size, Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
                                                     cfg.head_dim, cfg.rms_norm_eps),
                          SwiGLU(cfg.hidden_size, cfg.intermediate_size), cfg.rms_norm_eps)
             for _ in range(cfg.num_hidden_layers))
@@ -271,10 +271,12 @@ class CodePredictor(nn.Module):
 
     def run(self, x: torch.Tensor, slots: slice, cos: torch.Tensor, sin: torch.Tensor, cache: FrameCache
             ) -> torch.Tensor:
-        """x [S, n, H] at positions slots -> the last slot's final-normed hidden [S, H]."""
+        """x [S, n, H] at positions slots -> the last slot's final-normed hidden [S, H]. Each layer's last
+        residual add runs in the next one's input norm, the last layer's in the final norm (FoldedLayer)."""
+        delta = None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos[slots], sin[slots], FrameAttend(cache, i, slots))
-        return self.model.norm(x[:, -1])
+            x, delta = layer(x, delta, cos[slots], sin[slots], FrameAttend(cache, i, slots))
+        return self.model.norm.add(x[:, -1], delta[:, -1])[1]
 
     def forward(self, hidden: torch.Tensor, code0_embed: torch.Tensor, attn: Attend, params: torch.Tensor,
                 log_noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

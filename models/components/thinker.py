@@ -120,6 +120,20 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(h)
 
 
+class FoldedLayer(DecoderLayer):
+    """A DecoderLayer whose last residual add is left to the next norm: (x, delta) -> (x', delta'), its input
+    being x + delta (delta None: x alone) and its output x' + delta'. The add runs inside the next layer's
+    input norm, or the stack's final norm (RMSNorm.add: one launch where fused), not as a launch of its own;
+    the sums are the same bf16 roundings as DecoderLayer's, in the same order. For a stack of dense layers
+    (an MoE layer's add already rides in its experts' last launch)."""
+
+    def forward(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                attend: Attend) -> tuple[torch.Tensor, torch.Tensor]:
+        x, h = (x, self.input_layernorm(x)) if delta is None else self.input_layernorm.add(x, delta)
+        x, h = self.post_attention_layernorm.add(x, self.self_attn(h, cos, sin, attend))
+        return x, self.mlp(h)
+
+
 def moe_layer(cfg: MoETextConfig, shared_intermediate: int = 0) -> DecoderLayer:
     attn = Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                      cfg.rms_norm_eps)
