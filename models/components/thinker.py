@@ -113,8 +113,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.mlp = mlp
 
+    def attention(self, x: torch.Tensor, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual x, its input norm h -> (x + attention, the post-attention norm of that)."""
+        return self.post_attention_layernorm.add(x, self.self_attn(h, cos, sin, attend))
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-        x, h = self.post_attention_layernorm.add(x, self.self_attn(self.input_layernorm(x), cos, sin, attend))
+        x, h = self.attention(x, self.input_layernorm(x), cos, sin, attend)
         if isinstance(self.mlp, SparseMoE):
             return self.mlp(h, residual=x)          # the residual add in the experts' last launch where fused
         return x + self.mlp(h)
@@ -129,8 +134,8 @@ class FoldedLayer(DecoderLayer):
 
     def forward(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 attend: Attend) -> tuple[torch.Tensor, torch.Tensor]:
-        x, h = (x, self.input_layernorm(x)) if delta is None else self.input_layernorm.add(x, delta)
-        x, h = self.post_attention_layernorm.add(x, self.self_attn(h, cos, sin, attend))
+        norm = self.input_layernorm
+        x, h = self.attention(*((x, norm(x)) if delta is None else norm.add(x, delta)), cos, sin, attend)
         return x, self.mlp(h)
 
 
