@@ -143,7 +143,7 @@ class Plan(Strict):
 
 def dump_yaml(data, **kw) -> str:
     """yaml.safe_dump's text, by libyaml's emitter where PyYAML has it (five times faster than its Python one;
-    the same text for every shipped plan: tests/unit/test_plan_yaml.py)."""
+    the same text for every shipped plan: tests/unit/test_plan_file.py)."""
     fast = getattr(yaml, "CSafeDumper", None)
     return yaml.dump(data, Dumper=fast, **kw) if fast is not None else yaml.safe_dump(data, **kw)
 

@@ -4,7 +4,7 @@ compiler's backend pass and the runtime both read, so a plan and its boot cannot
 Order is preference: 'auto' takes the first entry. FlashInfer names its backends fa2 (sm_80+),
 fa3 (Hopper only), cutlass (Blackwell FMHA), trtllm-gen (sm_100 only) and cudnn; 'torch' is this
 project's SDPA path, which runs on the CPU (on a GPU it is a test reference, never planned); 'triton' is
-this project's short-segment kernel (resources/ragged_triton.py), which takes only some resources (SHORT).
+this project's short-segment kernel (resources/ragged_triton.py), which takes only some resources (SHORT_SEGMENT).
 """
 from __future__ import annotations
 
