@@ -2,7 +2,8 @@
 equals RaggedTorch (SDPA per segment, the CPU backend) on the layouts the runtime gives it: a captured rung
 of code-predictor frames with padding rows (laid out as spare segments, every row written), fewer queries
 than keys aligned to the last keys, a sliding window, no mask, GQA groups of 1 and 2 and a head dim that is
-not a power of two; a query that sees no key is zeros; too long a segment and too small a rung are refused.
+not a power of two; a query that sees no key is zeros. Too long a segment, too small a rung and a resource
+without a fixed segment length are refused.
 tests/gpu/test_ragged_triton_gpu.py runs it compiled at the code predictor's shapes."""
 import pytest
 
@@ -62,29 +63,30 @@ b.plan([0, 3], [0, 1])
 got = b(q, k, v)
 out["unseen"] = got[:2].abs().max().item()
 out["seen"] = err(got[2:], RaggedTorch(s, [0, 1], [0, 1])(q[2:], k, v))
-
-errs = []
-for bad in (lambda: RaggedTriton(spec(), None, "cpu").plan([0, 20]),
-            lambda: RaggedTriton(spec(), StepShape(rows=32, seqs=2, kv_len=16), "cpu", {}).plan([0, 16, 32, 48]),
-            lambda: RaggedTriton(spec(rows_per_segment=None), None, "cpu")):
-    try:
-        bad()
-        errs.append(None)
-    except ValueError as e:
-        errs.append(str(e))
-out["errors"] = errs
 print(json.dumps(out))
 """
 
 
 def test_short_segments_equal_sdpa_per_segment():
     got = interpreted(SCRIPT)
-    errs = got.pop("errors")
     assert got.pop("indptr") == [0, 16, 32, 48, 64]
     assert got.pop("unseen") == 0.0
     assert set(got) == {"rung", "replanned", "full", "window", "causal", "nomask", "group1", "seen"}
     for case, e in got.items():
         assert e < 1e-5, (case, e)
-    assert errs[0] and "a segment of 20 rows" in errs[0] and "at most 16" in errs[0], errs
-    assert errs[1] and "do not fit a rung of 2 segments" in errs[1], errs
-    assert errs[2] and "rows_per_segment" in errs[2], errs
+
+
+def test_too_long_a_segment_too_small_a_rung_and_unfixed_segments_are_refused():
+    from resources.base import StepShape
+    from resources.ragged_attention import RaggedAttentionSpec
+    from resources.ragged_triton import RaggedTriton
+
+    def spec(**kw):
+        return RaggedAttentionSpec(**{**dict(name="r", num_heads=4, num_kv_heads=2, head_dim=40, max_segment=16,
+                                             rows_per_segment=16, causal=True), **kw})
+    with pytest.raises(ValueError, match="a segment of 20 rows; the triton backend holds at most 16"):
+        RaggedTriton(spec(), None, "cpu").plan([0, 20])
+    with pytest.raises(ValueError, match="3 segments over 48 rows do not fit a rung of 2 segments of 16 rows"):
+        RaggedTriton(spec(), StepShape(rows=32, seqs=2, kv_len=16), "cpu", {}).plan([0, 16, 32, 48])
+    with pytest.raises(ValueError, match="takes segments of a fixed length"):
+        RaggedTriton(spec(rows_per_segment=None), None, "cpu")
