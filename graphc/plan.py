@@ -156,7 +156,9 @@ def fingerprint(body: dict) -> str:
 def has_fingerprint(body: dict, want: str) -> bool:
     """fingerprint(body) == want, or equal to the fingerprint of PyYAML's Python dump (a plan written where
     PyYAML had no libyaml, if ever the two emitters' texts differ)."""
-    return fingerprint(body) == want or hashlib.sha256(yaml.safe_dump(body, sort_keys=True).encode()).hexdigest() == want
+    if fingerprint(body) == want:
+        return True
+    return hashlib.sha256(yaml.safe_dump(body, sort_keys=True).encode()).hexdigest() == want
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -148,11 +148,11 @@ def choose(kind: str, arch: str, requested: str, resource: str, target: str, hea
         raise InvalidInput(f"resource '{resource}': backend '{requested}' is not planned", UNPLANNED[requested],
                            f"--set resources.{resource}.{field}=auto (on {target}: {', '.join(planned)})")
     options = tuple(b for b in options if b not in UNPLANNED)
-    if requested in options and unfit(spec, requested):
-        fits = [b for b in options if not unfit(spec, b)]
+    fits = tuple(b for b in options if not unfit(spec, b))
+    if requested in options and requested not in fits:
         raise InvalidInput(f"resource '{resource}': backend '{requested}' cannot run it", unfit(spec, requested),
                            f"--set resources.{resource}.{field}=auto (on {target}: {', '.join(fits)})")
-    options = tuple(b for b in options if not unfit(spec, b))
+    options = fits
     if requested == "auto":
         if head_dim is None:
             return options[0], None

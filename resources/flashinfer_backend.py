@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from resources.base import StepShape
 from resources.capabilities import TABLE, tensor_core_decode
 from resources.paged_kv import PagedKVSpec
-from resources.ragged_attention import RaggedAttentionSpec
+from resources.ragged_attention import RaggedAttentionSpec, check_cu
 
 
 def _flashinfer():
@@ -74,13 +74,6 @@ def graph_buffers(spec: RaggedAttentionSpec | PagedKVSpec, rung: StepShape,
 
 # ---------------------------------------------------------------- host-side plan arithmetic
 
-def _cumulative(cu: list[int], what: str) -> list[int]:
-    cu = [int(x) for x in cu]
-    if not cu or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
-        raise ValueError(f"{what} must start at 0 and never decrease: {cu}")
-    return cu
-
-
 def ragged_indptrs(cu_q: list[int], cu_k: list[int], rung: StepShape | None,
                    causal: bool) -> tuple[list[int], list[int]]:
     """FlashInfer's qo/kv indptrs for a ragged layout; for a captured rung, exactly rung.seqs
@@ -92,7 +85,7 @@ def ragged_indptrs(cu_q: list[int], cu_k: list[int], rung: StepShape | None,
     so no real row's output moves); otherwise, with self-attention, they take a spare segment of
     their own. Unused segments are empty.
     """
-    qo, kv = _cumulative(cu_q, "cu_seqlens_q"), _cumulative(cu_k, "cu_seqlens_k")
+    qo, kv = check_cu(cu_q, "cu_seqlens_q"), check_cu(cu_k, "cu_seqlens_k")
     if len(qo) != len(kv):
         raise ValueError(f"{len(qo) - 1} query segments but {len(kv) - 1} key segments")
     if rung is None:

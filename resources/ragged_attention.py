@@ -118,7 +118,8 @@ class FakeRagged:
         return q.new_empty(q.shape)[..., :d]
 
 
-def _check_cu(cu: list[int], what: str) -> list[int]:
+def check_cu(cu: list[int], what: str) -> list[int]:
+    """Cumulative segment bounds as ints: refused unless they start at 0 and never decrease."""
     cu = [int(x) for x in cu]
     if not cu or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
         raise ValueError(f"{what} must start at 0 and never decrease: {cu}")
@@ -134,8 +135,8 @@ class RaggedTorch:
 
     def __init__(self, spec: RaggedAttentionSpec, cu_seqlens: list[int], cu_seqlens_k: list[int] | None = None):
         self.spec = spec
-        self.cu = _check_cu(cu_seqlens, "cu_seqlens")
-        self.cu_k = _check_cu(cu_seqlens_k, "cu_seqlens_k") if cu_seqlens_k is not None else self.cu
+        self.cu = check_cu(cu_seqlens, "cu_seqlens")
+        self.cu_k = check_cu(cu_seqlens_k, "cu_seqlens_k") if cu_seqlens_k is not None else self.cu
         if len(self.cu_k) != len(self.cu):
             raise ValueError(f"{len(self.cu) - 1} query segments but {len(self.cu_k) - 1} key segments")
 

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from resources.base import StepShape
-from resources.ragged_attention import RaggedAttentionSpec
+from resources.ragged_attention import RaggedAttentionSpec, check_cu
 
 LOG2E = 1.4426950408889634
 
@@ -90,10 +90,7 @@ class RaggedTriton:
         self._segments: int | None = None
 
     def _layout(self, cu_q: list[int], cu_k: list[int]) -> tuple[list[int], list[int]]:
-        qo, kv = [int(x) for x in cu_q], [int(x) for x in cu_k]
-        for what, cu in (("cu_seqlens_q", qo), ("cu_seqlens_k", kv)):
-            if not cu or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
-                raise ValueError(f"{what} must start at 0 and never decrease: {cu}")
+        qo, kv = check_cu(cu_q, "cu_seqlens_q"), check_cu(cu_k, "cu_seqlens_k")
         if len(qo) != len(kv):
             raise ValueError(f"{len(qo) - 1} query segments but {len(kv) - 1} key segments")
         if self.rung is not None:

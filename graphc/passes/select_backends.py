@@ -55,9 +55,8 @@ def _why(requested: str, kind: str, arch: str, got: str, spec=None) -> str:
     head = f"requested '{requested}'" if requested != "auto" else "auto: first in preference order"
     order = capabilities.available(kind, arch)
     before = order[:order.index(got)] if got in order else order          # the backends auto passed over
-    passed = [f"{b}: {capabilities.unfit(spec, b)}" for b in before if capabilities.unfit(spec, b)]
-    return (f"{head}; {arch} {kind} has {', '.join(capabilities.available(kind, arch))}"
-            + (f" ({'; '.join(passed)})" if passed else ""))
+    passed = [f"{b}: {why}" for b in before if (why := capabilities.unfit(spec, b))]
+    return f"{head}; {arch} {kind} has {', '.join(order)}" + (f" ({'; '.join(passed)})" if passed else "")
 
 
 def select_backends(ir: IR) -> Backends:

@@ -87,8 +87,8 @@ class Graphs:
         backend = plan_res.decode_backend if step.phase == "decode" and plan_res.decode_backend else plan_res.backend
         shape = spec.step_shape(step.axis, step.sizes_at(rung), step.phase) if rung is not None else None
         ints = None
-        if captured and backend != "triton":  # one int workspace per resource, shared by its captured wrappers
-            # (the plan counts one); the triton backend plans none
+        # one int workspace per resource, shared by its captured wrappers, where the plan counts one
+        if captured and any(name == "int_workspace" for name, _ in spec.wrapper_allocs(backend, shape)):
             if res not in self.ints:
                 self.ints[res] = int_workspace(spec, self.boot.device)
             ints = self.ints[res]

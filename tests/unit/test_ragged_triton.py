@@ -1,8 +1,8 @@
 """The short-segment ragged attention kernel (resources/ragged_triton.py) under Triton's interpreter on CPU
 equals RaggedTorch (SDPA per segment, the CPU backend) on the layouts the runtime gives it: a captured rung
-of code-predictor frames with padding rows (laid out as spare segments, every row written), fewer queries
-than keys aligned to the last keys, a sliding window, no mask, GQA groups of 1 and 2 and a head dim that is
-not a power of two; a query that sees no key is zeros. Too long a segment, too small a rung and a resource
+of code-predictor frames with padding rows (laid out as spare segments, every row written) and replanned in
+place to other key segments, fewer queries than keys aligned to the last keys, a sliding window, no mask, GQA
+groups of 1 and 2 and a head dim that is not a power of two; a query that sees no key is zeros. Too long a segment, too small a rung and a resource
 without a fixed segment length are refused.
 tests/gpu/test_ragged_triton_gpu.py runs it compiled at the code predictor's shapes."""
 import pytest
@@ -40,10 +40,14 @@ b.plan([0, 16, 32])
 got = b(q, k, v)
 out["rung"] = err(got, RaggedTorch(s, [0, 16, 32, 48, 64])(q, k, v))
 out["indptr"] = b.buffers["qo_indptr"].tolist()
-b.plan([0, 16, 32, 48])                         # replanned in place: one spare segment now
-out["replanned"] = err(b(q, k, v), RaggedTorch(s, [0, 16, 32, 48, 64])(q, k, v))
-b.plan([0, 16, 32, 48, 64])
-out["full"] = err(b(q, k, v), RaggedTorch(s, [0, 16, 32, 48, 64])(q, k, v))
+# replanned in place to a layout whose key segments differ (the second has 10 keys: its first 6 queries see
+# none): the same buffers now give that layout's answer, not the first's
+cq, ck = [0, 16, 32, 48, 64], [0, 16, 26, 42, 58]
+b.plan(cq, ck)
+out["indptr_k"] = b.buffers["kv_indptr"].tolist()
+out["replanned"] = err(b(q, k, v)[[*range(16), *range(22, 64)]],
+                       RaggedTorch(s, cq, ck)(q, k, v)[[*range(16), *range(22, 64)]])
+out["replanned_unseen"] = b(q, k, v)[16:22].abs().max().item()
 
 # eager: fewer queries than keys (aligned to the last keys), a window, an empty segment
 for name, kw in (("window", dict(window=3)), ("causal", {}), ("nomask", dict(causal=False)),
@@ -69,9 +73,9 @@ print(json.dumps(out))
 
 def test_short_segments_equal_sdpa_per_segment():
     got = interpreted(SCRIPT)
-    assert got.pop("indptr") == [0, 16, 32, 48, 64]
-    assert got.pop("unseen") == 0.0
-    assert set(got) == {"rung", "replanned", "full", "window", "causal", "nomask", "group1", "seen"}
+    assert got.pop("indptr") == [0, 16, 32, 48, 64] and got.pop("indptr_k") == [0, 16, 26, 42, 58]
+    assert got.pop("unseen") == got.pop("replanned_unseen") == 0.0
+    assert set(got) == {"rung", "replanned", "window", "causal", "nomask", "group1", "seen"}
     for case, e in got.items():
         assert e < 1e-5, (case, e)
 
