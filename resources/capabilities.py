@@ -16,7 +16,7 @@ TABLE: dict[str, dict[str, tuple[str, ...]]] = {
     "ragged_attention": {
         "sm_80": ("fa2",),
         "sm_89": ("fa2",),
-        "sm_90": ("fa3", "fa2", "cudnn", "triton"),     # triton last: see SHORT_SEGMENT
+        "sm_90": ("triton", "fa3", "fa2", "cudnn"),     # triton only where it fits: see SHORT_SEGMENT
         "sm_100": ("cutlass", "fa2", "cudnn"),
         "sm_103": ("cutlass", "fa2", "cudnn"),
         "cpu": ("torch",),
@@ -90,10 +90,11 @@ def run_head_dim(backend: str, head_dim: int) -> int | None:
 
 # 'triton' holds a whole segment in one program (resources/ragged_triton.py): it takes a resource whose
 # segments all have one length (rows_per_segment) of at most SHORT_SEGMENT rows, a power-of-two GQA group and
-# a head dim of at most 256; it is refused for any other. Checked under Triton's interpreter on the CPU, not
-# yet compiled or timed on a GPU: it is last in sm_90's order, so 'auto' never takes it (fa3 runs whatever it
-# runs); --set resources.NAME.backend=triton asks for it. tests/gpu/test_ragged_triton_gpu.py and
-# examples/bench_talker_kernels.py are what would measure it.
+# a head dim of at most 256; 'auto' passes over it for any other, and asking for it there is refused. First in
+# sm_90's order: on the H200 the code predictor's 16-row frames took 3.4 us a call against fa3's 6.3 at one
+# frame and 4.6 against 16.4 at 32 (examples/bench_talker_kernels.py), and a talker decode step 4.07 ms
+# against 4.31 at one sequence, 6.89 against 7.75 at 32 (docs/benchmarks.md); tests/gpu/test_ragged_triton_gpu.py
+# holds its error at most fa3's.
 SHORT_SEGMENT = 32
 
 

@@ -53,7 +53,8 @@ def test_error_is_at_most_fa3s(seqs, real):
     ulp = ref.abs().max().item() * 2 ** -8
     assert et <= 1.25 * ef + ulp, (et, ef)
     assert got["triton"].dtype == torch.bfloat16 and torch.isfinite(got["triton"]).all()
-    assert (got["triton"][n:].float() - ref[n:]).abs().max().item() <= 1.25 * ef + ulp
+    if n < rung.rows:                                   # the padding rows' own segments
+        assert (got["triton"][n:].float() - ref[n:]).abs().max().item() <= 1.25 * ef + ulp
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

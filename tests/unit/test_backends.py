@@ -13,7 +13,7 @@ def backends(model, gpu):
 
 
 def test_auto_takes_the_arch_preference(tiny):
-    assert backends(tiny.model, "h100") == {"encoder_attn": "fa3", "decoder_kv": "fa3"}
+    assert backends(tiny.model, "h100") == {"encoder_attn": "triton", "decoder_kv": "fa3"}   # 16-row windows
     assert select_backends(verify_graph(tiny.model, get_target("h100"), 1)).backend("decoder_kv", "decode") == "fa2"
     assert backends(tiny.model, "a100-80gb") == {"encoder_attn": "fa2", "decoder_kv": "fa2"}
     assert backends(tiny.model, "b300")["encoder_attn"] == "cutlass"
@@ -40,7 +40,7 @@ def test_cudnn_is_refused_until_its_workspace_is_modelled(tiny):
     with pytest.raises(InvalidInput, match="backend 'cudnn' is not planned") as e:
         backends(m, "h100")
     assert "neither modelled nor measured" in str(e.value)
-    assert "--set resources.encoder_attn.backend=auto (on h100: fa3, fa2, triton)" in str(e.value)
+    assert "--set resources.encoder_attn.backend=auto (on h100: triton, fa3, fa2)" in str(e.value)
     with pytest.raises(InvalidInput, match="'cudnn' has no kernels for sm_80"):
         backends(m, "a100-80gb")
 
@@ -96,11 +96,11 @@ def choices(model, gpu):
 
 def test_why_says_whether_the_backend_was_requested(tiny):
     auto = choices(tiny.model, "h100")["encoder_attn"]
-    assert auto.why == "auto: first in preference order; sm_90 ragged_attention has fa3, fa2, cudnn, triton"
+    assert auto.why == "auto: first in preference order; sm_90 ragged_attention has triton, fa3, fa2, cudnn"
     m = apply_overrides(tiny.model, {"resources": {"encoder_attn": {"backend": "fa2"}}})
     asked = choices(m, "h100")["encoder_attn"]
     assert (asked.prefill, asked.decode) == ("fa2", "fa2")
-    assert asked.why == "requested 'fa2'; sm_90 ragged_attention has fa3, fa2, cudnn, triton"
+    assert asked.why == "requested 'fa2'; sm_90 ragged_attention has triton, fa3, fa2, cudnn"
 
 
 def test_resources_that_are_not_attention_are_skipped_wherever_they_are_declared():
@@ -129,25 +129,29 @@ def test_a_requested_decode_backend_is_never_padded(tiny):
 
 
 def test_padded_head_dim_is_noted_only_when_padded(tiny):
-    native = choices(tiny.model, "h100")["encoder_attn"]
-    assert native.head_dim == 64 and "zero-padded" not in native.why
-    m = apply_overrides(tiny.model, {"resources": {"encoder_attn": {"head_dim": 72}}})
+    """Windows of 40 rows (triton takes at most 32): fa3, which has kernels for head dims 64, 128 and 256."""
+    windows = {"max_segment": 40, "rows_per_segment": 40}
+    native = choices(apply_overrides(tiny.model, {"resources": {"encoder_attn": windows}}), "h100")["encoder_attn"]
+    assert (native.prefill, native.head_dim) == ("fa3", 64) and "zero-padded" not in native.why
+    m = apply_overrides(tiny.model, {"resources": {"encoder_attn": {**windows, "head_dim": 72}}})
     padded = choices(m, "h100")["encoder_attn"]
     assert (padded.prefill, padded.head_dim) == ("fa3", 128)
-    assert padded.why == ("auto: first in preference order; sm_90 ragged_attention has fa3, fa2, cudnn, triton; "
-                          "fa3 takes no head_dim 72: runs zero-padded to 128")
+    assert padded.why == ("auto: first in preference order; sm_90 ragged_attention has triton, fa3, fa2, cudnn "
+                          "(triton: max_segment 40 > 32); fa3 takes no head_dim 72: runs zero-padded to 128")
+    fits = choices(apply_overrides(tiny.model, {"resources": {"encoder_attn": {"head_dim": 72}}}), "h100")
+    assert (fits["encoder_attn"].prefill, fits["encoder_attn"].head_dim) == ("triton", 72), "triton runs 72 as is"
 
 
-def test_triton_is_taken_only_when_asked_and_only_for_short_segments_of_one_length(tiny):
-    """'triton' (resources/ragged_triton.py) holds a whole segment in one program and is not yet measured on a
-    GPU: auto passes over it even where it fits (tiny's 16-row encoder windows); asked for, it runs a resource
-    with segments of one length up to 32 rows, a power-of-two GQA group and a head dim up to 256, and is refused
-    for any other with every reason and the backends that fit."""
-    assert choices(tiny.model, "h100")["encoder_attn"].prefill == "fa3"
-    asked = {"backend": "triton"}
-    c = choices(apply_overrides(tiny.model, {"resources": {"encoder_attn": asked}}), "h100")["encoder_attn"]
+def test_triton_is_taken_only_for_short_segments_of_one_length(tiny):
+    """'triton' (resources/ragged_triton.py) holds a whole segment in one program: first in sm_90's order (the
+    H200 measured it faster than fa3 on 16-row frames), auto takes it where it fits (tiny's 16-row encoder
+    windows), a resource with segments of one length up to 32 rows, a power-of-two GQA group and a head dim up
+    to 256; auto passes over it for any other and says why, and asking for it there is refused with every
+    reason and the backends that fit."""
+    c = choices(tiny.model, "h100")["encoder_attn"]
     assert (c.prefill, c.decode, c.head_dim) == ("triton", "triton", 64)
-    c = choices(apply_overrides(tiny.model, {"resources": {"encoder_attn": {**asked, "max_segment": 32,
+    asked = {"backend": "triton"}
+    c = choices(apply_overrides(tiny.model, {"resources": {"encoder_attn": {"max_segment": 32,
                                                                               "rows_per_segment": 32}}}), "h100")
     assert c["encoder_attn"].prefill == "triton"
     bad = apply_overrides(tiny.model, {"resources": {"encoder_attn": {**asked, "rows_per_segment": None,
@@ -160,12 +164,16 @@ def test_triton_is_taken_only_when_asked_and_only_for_short_segments_of_one_leng
     long = {"max_segment": 33, "rows_per_segment": 33}
     with pytest.raises(InvalidInput, match="max_segment 33 > 32"):
         choices(apply_overrides(tiny.model, {"resources": {"encoder_attn": {**asked, **long}}}), "h100")
-    # auto never reached triton, so its why says nothing of it: only backends passed over are explained
     c = choices(apply_overrides(tiny.model, {"resources": {"encoder_attn": long}}), "h100")["encoder_attn"]
-    assert c.why == "auto: first in preference order; sm_90 ragged_attention has fa3, fa2, cudnn, triton"
+    assert c.prefill == "fa3"
+    assert c.why == ("auto: first in preference order; sm_90 ragged_attention has triton, fa3, fa2, cudnn "
+                     "(triton: max_segment 33 > 32)")
+    c = choices(apply_overrides(tiny.model, {"resources": {"encoder_attn": {"rows_per_segment": None}}}), "h100")
+    assert c["encoder_attn"].prefill == "fa3", "segments of any length up to 16: fa3"
     spec = RaggedAttentionSpec(name="x", num_heads=6, num_kv_heads=2, head_dim=64, max_segment=16, rows_per_segment=16)
     assert capabilities.unfit(spec, "triton") == "its GQA group of 3 heads is not a power of two"
     assert capabilities.unfit(spec, "fa3") is None
     assert capabilities.unfit(None, "triton"), "no resource given: not taken"
+    assert choices(tiny.model, "a100-80gb")["encoder_attn"].prefill == "fa2", "no triton on sm_80: not measured"
     with pytest.raises(InvalidInput, match="'triton' has no kernels for sm_80"):
         choices(apply_overrides(tiny.model, {"resources": {"encoder_attn": asked}}), "a100-80gb")

@@ -28,8 +28,10 @@ def kv_page_bytes(layers: int, kv_heads: int, head_dim: int, page_size: int = 16
 
 @pytest.fixture(scope="module")
 def fa3_everywhere(tiny):
-    """decode_backend fa3: no resource keeps a float workspace need, so every one is the 1 MiB floor."""
-    return compile_model(tiny, "h100", 1, {"resources": {"decoder_kv": {"decode_backend": "fa3"}}}).plan
+    """fa3 everywhere (the encoder's 16-row windows would take triton): no resource keeps a float workspace
+    need, so every one is the 1 MiB floor."""
+    fa3 = {"encoder_attn": {"backend": "fa3"}, "decoder_kv": {"decode_backend": "fa3"}}
+    return compile_model(tiny, "h100", 1, {"resources": fa3}).plan
 
 
 def test_ragged_resource(fa3_everywhere):
@@ -39,7 +41,7 @@ def test_ragged_resource(fa3_everywhere):
     assert r.decode_backend is None, "only a paged KV resource has a decode backend"
     assert r.run_head_dim is None, "head dim 64 runs as it is on fa3"
     assert (r.pages, r.page_bytes, r.workspace) == (None, None, None)
-    assert r.why.startswith("auto: first in preference order; sm_90 ragged_attention has fa3, fa2, cudnn, triton; ")
+    assert r.why.startswith("requested 'fa3'; sm_90 ragged_attention has triton, fa3, fa2, cudnn; ")
     assert "; float workspace need: " in r.why
 
 
@@ -107,11 +109,12 @@ def test_resources_that_share_a_declared_workspace_hold_none_of_their_own(two_de
 
 @pytest.fixture(scope="module")
 def padded(tiny):
-    """The tiny model with an encoder of 144 wide on 2 heads: head dim 72, which fa3 runs at 128."""
+    """The tiny model with an encoder of 144 wide on 2 heads: head dim 72, which fa3 (asked for: auto would take
+    triton, which runs any head dim up to 256) runs at 128."""
     m = tiny.model
     enc = next(n for n in m.nodes if n.name == "encoder")
     enc = enc.model_copy(update={"config": enc.config.model_copy(update={"hidden_size": 144, "ffn_dim": 576})})
-    attn = m.resource("encoder_attn").model_copy(update={"head_dim": 72})
+    attn = m.resource("encoder_attn").model_copy(update={"head_dim": 72, "backend": "fa3"})
     nodes = tuple(enc if n.name == "encoder" else n for n in m.nodes)
     resources = tuple(attn if r.name == "encoder_attn" else r for r in m.resources)
     model = gc.Model.model_validate({**m.__dict__, "nodes": nodes, "resources": resources})
