@@ -1,10 +1,11 @@
 """The talker's small per-code kernels alone on the GPU (issue 13): the fused sampler (graphc::select_codes)
-at each search digit (bits a round decides: 1 is one bit a reduction, 32 + 43 rounds at V = 2048) and the
-code predictor's frame attention on the 'triton' backend (resources/ragged_triton.py) against FlashInfer's
-fa3, at the talker's shapes and 1 and 32 sampled rows. Each is a captured graph of 16 calls (as many as a
-talker step makes), timed with CUDA events (median of replays); µs per call.
+at each of --warps, and beside it --baseline's (another version of models/components/select_triton.py, e.g.
+`git show REV:models/components/select_triton.py > old.py`), checked to pick the same codes; and the code
+predictor's frame attention on the 'triton' backend (resources/ragged_triton.py) against FlashInfer's fa3,
+at the talker's shapes and 1 and 32 sampled rows. Each is a captured graph of 16 calls (as many as a talker
+step makes), timed with CUDA events (median of replays); µs per call.
 
-    python examples/bench_talker_kernels.py --json OUT.json
+    python examples/bench_talker_kernels.py --json OUT.json [--warps 2 4 8] [--baseline old.py]
 
 The sampler's rows sample with the talker's defaults (temperature 0.9, top-k 50, top-p 0.8 for residual codes;
 code 0 with repetition penalty 1.05 over a fifth of its ids and the codebook's suppression) on randn * 2.5
@@ -34,7 +35,16 @@ def sampler_rows(seqs: int, vocab: int, code0: bool):
     return RowParams(params[:, :4] if code0 else params[:, 4:], vocab)
 
 
-def bench_sampler(seqs: int, code0: bool, digits: list[int], replays: int) -> dict:
+def load_baseline(path: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("select_baseline", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def bench_sampler(seqs: int, code0: bool, warps: list[int], baseline, replays: int) -> dict:
     from models.components import select_triton as k
 
     vocab = 3072 if code0 else 2048
@@ -46,16 +56,21 @@ def bench_sampler(seqs: int, code0: bool, digits: list[int], replays: int) -> di
     seen = (torch.rand(seqs, vocab, device="cuda", generator=gen) < 0.2) if code0 else None
     suppress = (torch.arange(vocab, device="cuda") >= 2048) if code0 else None
     out = torch.empty(seqs, dtype=torch.int64, device="cuda")
+    args = (logits, rows.sampled, rows.temperature.float(), rows.kth.long(), rows.floor.float(),
+            rows.penalty.float() if code0 else None, log_noise, seen, suppress, out)
+    variants = {f"warps {w}": (lambda w=w: k.select_codes(*args, num_warps=w)) for w in warps}
+    if baseline is not None:
+        variants["baseline"] = lambda: baseline.select_codes(*args)
     codes, times = {}, {}
-    for d in digits:
-        def fn(d=d):
+    for name, call in variants.items():
+        def fn(call=call):
             for _ in range(CALLS):
-                k.select_codes(logits, rows.sampled, rows.temperature.float(), rows.kth.long(), rows.floor.float(),
-                               rows.penalty.float() if code0 else None, log_noise, seen, suppress, out, digit=d)
-        times[d] = captured(fn, replays) / CALLS
-        codes[d] = out.tolist()
-    assert all(c == codes[digits[0]] for c in codes.values()), codes     # every digit picks the same codes
-    return {f"digit {d}": t for d, t in times.items()}
+                call()
+        times[name] = captured(fn, replays) / CALLS
+        codes[name] = out.tolist()
+    first = next(iter(codes.values()))
+    assert all(c == first for c in codes.values()), codes     # every variant picks the same codes
+    return times
 
 
 def bench_frame_attention(seqs: int, replays: int) -> dict:
@@ -83,13 +98,15 @@ def bench_frame_attention(seqs: int, replays: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
-    ap.add_argument("--digits", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--warps", type=int, nargs="+", default=[4], help="the sampler's num_warps to time")
+    ap.add_argument("--baseline", default=None, help="another select_triton.py to time beside it")
     ap.add_argument("--replays", type=int, default=200)
     a = ap.parse_args()
+    baseline = load_baseline(a.baseline) if a.baseline else None
     rows = []
     for seqs in (1, 32):
         for code0 in (False, True):
-            r = bench_sampler(seqs, code0, a.digits, a.replays)
+            r = bench_sampler(seqs, code0, a.warps, baseline, a.replays)
             rows.append({"kernel": "select_codes", "code": "code 0" if code0 else "residual", "seqs": seqs, **r})
         rows.append({"kernel": "frame attention", "seqs": seqs, **bench_frame_attention(seqs, a.replays)})
     for r in rows:

@@ -70,8 +70,7 @@ def _first_argmax(x, offs, BLOCK: tl.constexpr):
 @triton.jit
 def _select(logits_ptr, sampled_ptr, temp_ptr, kth_ptr, floor_ptr, pen_ptr, noise_ptr, seen_ptr, sup_ptr, out_ptr,
             V, l_row, n_row, s_row, sa_st, t_st, k_st, f_st, p_st, HAS_SEEN: tl.constexpr, HAS_SUP: tl.constexpr,
-            PRECISE: tl.constexpr, ROUNDS_K: tl.constexpr, ROUNDS_P: tl.constexpr, DIGIT: tl.constexpr,
-            BLOCK: tl.constexpr):
+            PRECISE: tl.constexpr, INDEX_BITS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = offs < V
@@ -85,53 +84,57 @@ def _select(logits_ptr, sampled_ptr, temp_ptr, kth_ptr, floor_ptr, pen_ptr, nois
     code = _first_argmax(x, offs, BLOCK)           # greedy
     if tl.load(sampled_ptr + row * sa_st) != 0:
         x = tl.math.div_rn(x, tl.broadcast_to(tl.load(temp_ptr + row * t_st), [BLOCK]))
-        # u: the order-preserving image of each value in [0, 2^32) (the radix sort's: negatives' bits reversed
-        # below positives', -0.0 taken as +0.0); padding above every value
-        b = tl.where(x == 0, 0, x.to(tl.int32, bitcast=True)).to(tl.int64)
-        u = tl.where(m, tl.where(b < 0, -1 - b, b + 2147483648), 4294967296)
-        one = tl.full([], 1, tl.int64)
-        digits = tl.arange(0, 1 << DIGIT).to(tl.int64)
+        # u: the order-preserving image of each value in [0, 2^32 - 1) as uint32 (the radix sort's: negatives'
+        # bits reversed below positives', -0.0 taken as +0.0; +inf is 0xff800000); padding 2^32 - 1, above all
+        b = tl.where(x == 0, 0, x.to(tl.int32, bitcast=True))
+        u = tl.where(m, tl.where(b < 0, ~b, b ^ -2147483648), -1).to(tl.uint32, bitcast=True)
+        one = tl.full([], 1, tl.uint32)
         drop = offs < 0                            # nothing dropped yet
         kth = tl.load(kth_ptr + row * k_st)
         if kth > 0:                                # top-k (kth 0: the smallest value, nothing is below it)
-            t = tl.zeros([], tl.int64)             # the largest u with count(u_i < u) <= kth: the kth value
-            for r in range(ROUNDS_K):              # DIGIT bits a round, high to low
-                if DIGIT == 1:                     # one candidate: a 1-D reduction
-                    c = t | (one << (ROUNDS_K - 1 - r))
-                    t = tl.where(tl.sum((u < c).to(tl.int32), axis=0) <= kth, c, t)
-                else:                              # 2^DIGIT candidates at once (digit 0: t, which holds)
-                    c = t | (digits << (ROUNDS_K * DIGIT - DIGIT - r * DIGIT))
-                    n = tl.sum((u[None, :] < c[:, None]).to(tl.int32), axis=1)
-                    t = tl.max(tl.where(n <= kth, c, t), axis=0)   # n grows with c
-            kth_val = tl.where(t >= 2147483648, t - 2147483648, -1 - t).to(tl.int32).to(tl.float32, bitcast=True)
+            t = tl.zeros([], tl.uint32)            # the largest u with count(u_i < u) <= kth: the kth value
+            for r in range(32):                    # a bit a round, high to low
+                c = t | (one << (31 - r))
+                t = tl.where(tl.sum((u < c).to(tl.int32), axis=0) <= kth, c, t)
+            tb = t.to(tl.int32, bitcast=True)      # u back to the value's bits
+            kth_val = tl.where(tb < 0, tb & 2147483647, ~tb).to(tl.float32, bitcast=True)
             drop = x < kth_val
         xk = tl.where(drop, float("-inf"), x)
         e = _exp(xk - tl.max(xk, axis=0), PRECISE)
         p = tl.math.div_rn(e, tl.broadcast_to(tl.sum(e, axis=0), [BLOCK]))
         floor = tl.load(floor_ptr + row * f_st)
         if floor >= 0:                             # top-p (off: floor -1, no cumulative p is below it)
-            key = u * BLOCK + offs                 # unique, in the sort's order: value, then index
-            t = tl.zeros([], tl.int64)             # the largest key with sum(p_i : key_i < key) <= floor
-            for r in range(ROUNDS_P):
-                if DIGIT == 1:
-                    c = t | (one << (ROUNDS_P - 1 - r))
-                    t = tl.where(tl.sum(tl.where(key < c, p, 0.0), axis=0) <= floor, c, t)
-                else:
-                    c = t | (digits << (ROUNDS_P * DIGIT - DIGIT - r * DIGIT))
-                    n = tl.sum(tl.where(key[None, :] < c[:, None], p[None, :], 0.0), axis=1)
-                    t = tl.max(tl.where(n <= floor, c, t), axis=0)
+            # The ids it drops are the keys (u, index) below some t = (tu, ti): the largest key with
+            # sum(p_i : key_i < t) <= floor, in two searches. tu = the largest u with sum(p_i : u_i < tu) <= floor
+            # (the sum over the same ids as at key (tu, 0), so the same float). Below the least u top-k kept (lo)
+            # the sum is of zeros, and any tu above the top u drops the same ids as top + 1, so the search takes
+            # only the bits below lo's and top + 1's common high bits (the answer, or one above top, has them).
+            top = tl.max(tl.where(m, u, 0), axis=0)
+            hi = top + 1
+            lo = tl.min(tl.where(drop, hi, u), axis=0)
+            d = ((lo ^ hi).to(tl.float64).to(tl.int64, bitcast=True) >> 52) - 1023     # highest differing bit
+            tu = lo & ~(tl.full([], 4294967295, tl.uint32) >> (31 - d).to(tl.uint32))      # bits above d
+            for i in range(0, d + 1):
+                c = tu | (one << (d - i).to(tl.uint32))
+                tu = tl.where(tl.sum(tl.where(u < c, p, 0.0), axis=0) <= floor, c, tu)
+            # ti orders the ids whose u is tu (ties: equal values); with fewer than two any ti drops the same ids
+            ti = tl.zeros([], tl.int32)
+            if tl.sum((u == tu).to(tl.int32), axis=0) > 1:
+                for r in range(INDEX_BITS):
+                    c = ti | (1 << (INDEX_BITS - 1 - r))
+                    below = (u < tu) | ((u == tu) & (offs < c))
+                    ti = tl.where(tl.sum(tl.where(below, p, 0.0), axis=0) <= floor, c, ti)
             # cum at key_i (the sum over keys <= key_i) is <= floor exactly where key_i < t; the top key stays
-            drop = drop | ((key < t) & (key != tl.max(tl.where(m, key, -1), axis=0)))
+            last = tl.max(tl.where(m & (u == top), offs, -1), axis=0)
+            drop = drop | (((u < tu) | ((u == tu) & (offs < ti))) & (offs != last))
         log_e = tl.load(noise_ptr + row * n_row + offs, mask=m, other=0.0)
         code = _first_argmax(tl.where(drop, float("-inf"), x - log_e), offs, BLOCK)
     tl.store(out_ptr + row, code.to(tl.int64))
 
 
-# Bits a round of the searches decides. 1 (one masked reduction a bit: 32 + 43 rounds at V = 2048) is what
-# the H200 ran and timed (24 us a call, docs/benchmarks.md); 2 and 4 reduce 2^DIGIT candidates at once in one
-# 2-D reduction (16 + 22 or 8 + 11 rounds), checked under the interpreter only and timed by
-# examples/bench_talker_kernels.py once a GPU runs it.
-DIGIT = 1
+def warps(block: int) -> int:
+    """The program's warps for a row of BLOCK ids."""
+    return 8 if block >= 2048 else 4 if block >= 1024 else 1      # H200: 8 at 2048 17.7 us, 4 18.2, 2 24.7
 
 
 def _interpreted() -> bool:
@@ -140,13 +143,12 @@ def _interpreted() -> bool:
 
 def select_codes(logits: torch.Tensor, sampled: torch.Tensor, temperature: torch.Tensor, kth: torch.Tensor,
                  floor: torch.Tensor, penalty: torch.Tensor | None, log_noise: torch.Tensor, seen: torch.Tensor | None,
-                 suppress: torch.Tensor | None, out: torch.Tensor, digit: int | None = None) -> None:
+                 suppress: torch.Tensor | None, out: torch.Tensor, num_warps: int | None = None) -> None:
     """out [S] int64 = talker.select's codes. logits [S, V] (bf16 or fp32), log_noise [S, V] fp32, seen [S, V]
     bool or None (rows may be strided, columns contiguous), suppress [V] bool or None; per row (first dim,
     any stride): sampled bool, temperature fp32 (> 0), kth int64, floor fp32 (< 0: off), penalty fp32 (read
-    only with seen); digit: the bits each round of the threshold searches decides (None: DIGIT)."""
+    only with seen); num_warps: the program's warps (None: warps(BLOCK))."""
     s, v = logits.shape
-    digit = digit or DIGIT
     if not s:
         return
     block = triton.next_power_of_2(v)
@@ -156,6 +158,5 @@ def select_codes(logits: torch.Tensor, sampled: torch.Tensor, temperature: torch
                   seen.view(torch.uint8) if has_seen else logits, suppress.view(torch.uint8) if has_sup else logits,
                   out, v, logits.stride(0), log_noise.stride(0), seen.stride(0) if has_seen else 0, sampled.stride(0),
                   temperature.stride(0), kth.stride(0), floor.stride(0), pen.stride(0), HAS_SEEN=has_seen,
-                  HAS_SUP=has_sup, PRECISE=not _interpreted(), ROUNDS_K=-(-32 // digit),
-                  ROUNDS_P=-(-(32 + block.bit_length() - 1) // digit), DIGIT=digit, BLOCK=block,
-                  num_warps=8 if block >= 4096 else 4 if block >= 1024 else 1)
+                  HAS_SUP=has_sup, PRECISE=not _interpreted(), INDEX_BITS=block.bit_length() - 1, BLOCK=block,
+                  num_warps=num_warps or warps(block))
