@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.components.layers import SwiGLU
+from models.components.layers import Linear, SwiGLU
 
 
 class Experts(nn.Module):
@@ -74,7 +74,7 @@ class SparseMoE(nn.Module):
         self.experts = Experts(num_experts, hidden, intermediate)
         if self.shared:
             self.shared_expert = SwiGLU(hidden, shared_intermediate)
-            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+            self.shared_expert_gate = Linear(hidden, 1, bias=False)        # one row: the one-row kernel
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> (experts [T, k] int64, weights [T, k] in x's dtype)."""
@@ -93,6 +93,8 @@ class SparseMoE(nn.Module):
         shared expert it shares the experts' last launch)."""
         if not self.shared:
             return self.experts(x, *self.route(x), residual=residual)
-        out = self.experts(x, *self.route(x))
-        out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        # the gated shared expert is added to the routed experts' rounded sum (HF's order; a bf16 add commutes)
+        # in the launch that sums the slots
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        out = self.experts(x, *self.route(x), residual=shared)
         return out if residual is None else residual + out

@@ -1,6 +1,6 @@
 """The one-row linear kernel (models/components/gemv_triton.py) on the GPU in bf16 at the real decode
-shapes (the code predictor's, the talker's and the thinker's projections and heads; a ResizeMLP's with
-bias): against an fp64 product its error is cuBLAS's (both accumulate in fp32 and round once: the largest
+shapes (the code predictor's, the talker's and the thinker's projections and heads, the talker's one-output
+shared-expert gate; a ResizeMLP's with bias): against an fp64 product its error is cuBLAS's (both accumulate in fp32 and round once: the largest
 error within 1.25x of cuBLAS's, the mean within 1.1x). Through layers.Linear with the plan's knob: one row
 runs graphc.gemv, a CUDA graph of it replays to the eager result, and two rows stay on cuBLAS. Skipped
 without CUDA."""
@@ -16,6 +16,7 @@ pytestmark = pytest.mark.gpu
 
 SHAPES = {"cp.qkv": (4096, 1024), "cp.o": (1024, 2048), "cp.gate_up": (6144, 1024), "cp.down": (1024, 3072),
           "cp.lm_head": (2048, 1024), "talker.qkv": (2560, 1024), "talker.codec_head": (3072, 1024),
+          "talker.shared_expert_gate": (1, 1024),
           "thinker.qkv": (5120, 2048), "thinker.o": (2048, 4096), "thinker.router": (128, 2048),
           "thinker.lm_head": (152064, 2048), "resize.fc1+bias": (2048, 2048)}
 
