@@ -21,6 +21,16 @@ logits of every row and the hidden states the talker takes, twice: with the real
 whose 8th and 9th experts lie closer than the runs' rounding picks another expert in one run: an O(1)
 difference that counts swaps) and routed to all 128 experts (weights.route_to_all_experts: the same ops
 minus that coin flip, as the CPU parity tests measure).
+
+    python examples/bf16_error.py --part talker_moe --json $OUT/bf16_error_talker_moe.json
+
+The talker's MoE block at its real shapes (hidden 1024, 128 experts of 384, top-6, a shared expert of 768
+gated by sigmoid), HF's Qwen3OmniMoeTalkerTextSparseMoeBlock against graphc's SparseMoE by
+tests/parity/weights.check_moe_block_bf16 (the parity tests' rule, router drawn narrow) on the GPU, on 256
+rows at once (the fused experts) and a row a call (decode: the one-row kernel for the router, the shared
+expert and its gate), with the H200 plan's kernel choices, --seed and two more. Rows where graphc's bf16
+router picks other experts than HF's bf16 one (as a set: CUDA's top-k orders ties as it likes) are counted
+and left out, as rows HF's bf16 routes elsewhere than its fp32 are.
 """
 from __future__ import annotations
 
@@ -63,14 +73,58 @@ def hf_config(c):
     return Qwen3OmniMoeThinkerConfig(text_config=text, audio_config=audio, vision_config=vision)
 
 
+def talker_moe(a) -> dict:
+    """The talker's MoE block at its real shapes: errors of graphc's bf16 and HF's bf16 against HF fp32."""
+    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeTalkerConfig
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeTalkerTextSparseMoeBlock
+
+    from models.components.moe import SparseMoE
+    from models.components.talker import TALKER_30B_A3B
+    from tests.parity.weights import check_moe_block_bf16
+
+    t = TALKER_30B_A3B.text_config
+    if a.tiny:                  # for checking the script on a CPU: no number of it means anything
+        t = t.model_copy(update=dict(hidden_size=64, moe_intermediate_size=32, num_experts=16,
+                                     shared_expert_intermediate_size=48))
+    hf_cfg = Qwen3OmniMoeTalkerConfig(text_config=dict(
+        hidden_size=t.hidden_size, moe_intermediate_size=t.moe_intermediate_size, num_experts=t.num_experts,
+        num_experts_per_tok=t.num_experts_per_tok, norm_topk_prob=t.norm_topk_prob,
+        shared_expert_intermediate_size=t.shared_expert_intermediate_size)).text_config
+    torch.manual_seed(a.seed)
+    hf = Qwen3OmniMoeTalkerTextSparseMoeBlock(hf_cfg).eval()
+    ours = SparseMoE(t.hidden_size, t.moe_intermediate_size, t.num_experts, t.num_experts_per_tok, t.norm_topk_prob,
+                     shared_intermediate=t.shared_expert_intermediate_size).eval()
+    kernels = {"fused_norms": 1, "fused_router": 1, "fused_max_tokens": 16384, "gemv": 1}
+    device = "cpu" if a.tiny else "cuda"
+    results = {}
+    for seed in (a.seed, a.seed + 1, a.seed + 2):
+        for mode, one_row in (("256 rows", False), ("a row a call", True)):
+            e = check_moe_block_bf16(hf, ours, rows=256, seed=seed, device=device, kernels=kernels, one_row=one_row,
+                                     exact_routing=False)
+            rows, elsewhere = e.pop("rows")
+            results[f"seed {seed}, {mode}"] = {"rows": rows, "rows_routed_elsewhere_than_hf_bf16": elsewhere,
+                                               **{k: {"graphc_bf16": g, "hf_bf16": h} for k, (g, h) in e.items()}}
+            print(f"seed {seed}, {mode}: {rows} rows ({elsewhere} routed elsewhere than HF bf16); "
+                  + "; ".join(f"{k} graphc {g:.4g} vs HF {h:.4g}" for k, (g, h) in e.items()), flush=True)
+    return {"part": "talker_moe", "kernels": kernels, "results": results}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("thinker", "talker_moe"), default="thinker")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     ap.add_argument("--tiny", action="store_true", help="small shapes on the CPU: checks the script only")
     a = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    if a.part == "talker_moe":
+        out = talker_moe(a)
+        out |= {"gpu": "cpu (--tiny)" if a.tiny else torch.cuda.get_device_name(), "torch": torch.__version__}
+        if a.json:
+            Path(a.json).write_text(json.dumps(out, indent=1))
+        return 0
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeThinkerForConditionalGeneration
 
     from graphc.modules import set_kernels
@@ -82,7 +136,6 @@ def main() -> int:
     from tests.conftest import rel
     from tests.parity.weights import randomize, route_to_all_experts
 
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     dev = torch.device("cpu" if a.tiny else "cuda")
     t0 = time.perf_counter()
     torch.manual_seed(a.seed)

@@ -156,35 +156,48 @@ def assert_bf16_close(ours_bf16: torch.Tensor, hf_bf16: torch.Tensor, hf_fp32: t
 ROUTER_GAIN = 0.05
 
 
-def check_moe_block_bf16(hf_block: nn.Module, ours_block: nn.Module, rows: int = 256, seed: int = 0
-                         ) -> dict[str, tuple[float, float]]:
+def check_moe_block_bf16(hf_block: nn.Module, ours_block: nn.Module, rows: int = 256, seed: int = 0,
+                         device: str = "cpu", kernels: dict[str, int] | None = None, one_row: bool = False,
+                         exact_routing: bool = True) -> dict[str, tuple[float, float]]:
     """HF's sparse MoE block against graphc's SparseMoE on one input, fp32 and bf16: weights re-drawn bf16-exact
     (router at ROUTER_GAIN) and copied to ours by name, input rows bf16-exact. Asserts fp32 parity; in bf16 the
     same experts as HF's router on every row; then the bf16 rule for the router weights and the block output
     on the rows where HF's bf16 router picks the experts HF's fp32 router picks (a row HF itself routes
     elsewhere in bf16 measures that swap, not rounding, and its O(1) error would hide a node's own swaps).
-    Returns {"router": (graphc error, HF error), "output": (...)}."""
+    device: where the blocks run; kernels: the plan's kernel choices for graphc's bf16 block
+    (graphc.modules.set_kernels); one_row: graphc's bf16 output taken a row a call, as decode steps run it;
+    exact_routing False: graphc's experts need only be HF's as a set (on CUDA torch.topk orders equal
+    probabilities as it likes, and the narrow router's bf16 logits tie often), rows whose set differs are left
+    out as HF's swaps are, and counted. Returns {"router": (graphc error, HF error), "output": (...),
+    "rows": (rows measured, rows where graphc's experts are not HF bf16's)}."""
     hf_block, ours_block = copy.deepcopy(hf_block).eval(), copy.deepcopy(ours_block).eval()
     randomize(hf_block, seed, gain=lambda name: ROUTER_GAIN if name == "gate.weight" else 1.0, bf16_exact=True)
     load_weights(ours_block, TensorShards(hf_block.state_dict()))       # HF's names, stacked as a checkpoint's
     num_experts, hidden = ours_block.gate.out_features, ours_block.gate.in_features
-    x = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(seed)).bfloat16()
+    x = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(seed)).bfloat16().to(device)
+    hf_block, ours_block = hf_block.to(device), ours_block.to(device)
     hf16, ours16 = bf16(hf_block), bf16(ours_block)
+    if kernels:
+        from graphc.modules import set_kernels
+        set_kernels(ours16, kernels)
 
     def dense(experts, weights):     # [N, k] choices -> [N, E] weights
-        return torch.zeros(len(experts), num_experts).scatter(1, experts, weights.float())
+        return torch.zeros(len(experts), num_experts, device=device).scatter(1, experts, weights.float())
 
     with torch.no_grad():
         assert rel(ours_block(x.float()), hf_block(x.float()[None])[0]) < 1e-5
         _, w32, e32 = hf_block.gate(x.float())
         _, w16, e16 = hf16.gate(x)
         our_e, our_w = ours16.route(x)
-        assert torch.equal(our_e, e16), f"graphc's bf16 router picks other experts than HF's on " \
-                                        f"{int((our_e != e16).any(-1).sum())} of {rows} rows"
-        agree = (e16.sort(-1).values == e32.sort(-1).values).all(-1)
+        same = (our_e.sort(-1).values == e16.sort(-1).values).all(-1)
+        if exact_routing:
+            assert torch.equal(our_e, e16), f"graphc's bf16 router picks other experts than HF's on " \
+                                            f"{int((our_e != e16).any(-1).sum())} of {rows} rows"
+        agree = (e16.sort(-1).values == e32.sort(-1).values).all(-1) & same
         assert agree.sum() >= 0.9 * rows
         router = assert_bf16_close(dense(our_e, our_w)[agree], dense(e16, w16)[agree], dense(e32, w32)[agree],
                                    "router weights")
         x = x[agree]
-        output = assert_bf16_close(ours16(x), hf16(x[None])[0], hf_block(x.float()[None])[0], "MoE block output")
-    return {"router": router, "output": output}
+        got = torch.cat([ours16(row[None]) for row in x]) if one_row else ours16(x)
+        output = assert_bf16_close(got, hf16(x[None])[0], hf_block(x.float()[None])[0], "MoE block output")
+    return {"router": router, "output": output, "rows": (int(agree.sum()), int((~same).sum()))}
