@@ -10,22 +10,19 @@ measurement counts as no workspace and is reported (the plan's capture_pool line
 """
 from __future__ import annotations
 
-import importlib.resources as ilr
 import re
 from dataclasses import replace
 from functools import lru_cache
 
-import yaml
-
 from graphc.simulate import Trace
+from graphc.targets import package_yaml
 
 FILE = "conv_workspaces.yaml"
 
 
 @lru_cache(maxsize=None)
 def _table() -> dict:
-    path = ilr.files("graphc").joinpath(FILE)
-    return (yaml.safe_load(path.read_text()) or {}).get("entries", {}) if path.is_file() else {}
+    return (package_yaml(FILE) or {}).get("entries", {})
 
 
 def workspaces(arch: str) -> dict[str, int]:

@@ -100,7 +100,8 @@ def _defining_files(key) -> tuple[str, ...]:
 
 
 class _TraceUnpickler(pickle.Unpickler):
-    ALLOWED = {("graphc.simulate", "Trace"), ("graphc.modules", "WeightSizes"), ("builtins", "frozenset"),
+    ALLOWED = {("graphc.simulate", "Trace"), ("graphc.simulate", "_trace_from_events"),
+               ("graphc.modules", "WeightSizes"), ("builtins", "frozenset"),
                ("builtins", "set"), ("builtins", "tuple")}
 
     def find_class(self, module, name):

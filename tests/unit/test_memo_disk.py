@@ -111,3 +111,24 @@ def test_off_writes_nothing(tmp_path, monkeypatch):
     t = memo.DiskMemo("test.table")
     t[("k",)] = 1
     assert memo.cache_dir() is None and t.writes == 0 and ("k",) in t
+
+
+def test_a_trace_reads_back_whole_from_the_disk_memo(tmp_path, monkeypatch):
+    """Trace's own pickling (its events in one int64 array, its digest kept): what the disk memo reads back
+    equals what was written, event for event, and its digest is the one its events give when computed afresh;
+    a value past int64 still round-trips (as tuples)."""
+    from graphc.simulate import Trace
+
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    events = tuple((i % 2, i // 2, 256 * (i + 1) + 2**40 * (i % 3)) for i in range(1001))
+    traces = [Trace(events, 7, 3, 1001, 12, ((4, "conv a"), (9, "conv b"))), Trace(((1, 0, 2**64),), 1, 0, 1)]
+    table = memo.DiskMemo("test.traces")
+    for i, t in enumerate(traces):
+        table[("trace", i)] = (t, frozenset({"x"}))
+    fresh = memo.DiskMemo("test.traces")
+    for i, t in enumerate(traces):
+        assert ("trace", i) in fresh and fresh.hits == i + 1
+        got, tags = fresh[("trace", i)]
+        assert got == t and type(got.events) is tuple and all(type(e) is tuple for e in got.events)
+        assert tags == frozenset({"x"})
+        assert got.digest == Trace(t.events, 0, 0, 0).digest                # the events' own digest
