@@ -129,6 +129,7 @@ def test_a_trace_reads_back_whole_from_the_disk_memo(tmp_path, monkeypatch):
     for i, t in enumerate(traces):
         assert ("trace", i) in fresh and fresh.hits == i + 1
         got, tags = fresh[("trace", i)]
+        assert "digest" in vars(got), "the digest is read back, not computed again"
         assert got == t and type(got.events) is tuple and all(type(e) is tuple for e in got.events)
         assert tags == frozenset({"x"})
         assert got.digest == Trace(t.events, 0, 0, 0).digest                # the events' own digest
