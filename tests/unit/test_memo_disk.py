@@ -133,3 +133,23 @@ def test_a_trace_reads_back_whole_from_the_disk_memo(tmp_path, monkeypatch):
         assert got == t and type(got.events) is tuple and all(type(e) is tuple for e in got.events)
         assert tags == frozenset({"x"})
         assert got.digest == Trace(t.events, 0, 0, 0).digest                # the events' own digest
+
+
+def test_reports_compile_their_templates_once_into_the_cache(tmp_path):
+    """`graphc explain` in a process with the cache at tmp_path writes its template's compiled form there; a
+    second process reads it and prints the same text as a process with the cache off, which writes nothing."""
+    cmd = [sys.executable, "-m", "graphc.cli", "explain", "plans/tiny_h100.plan"]
+
+    def explain(cache) -> str:
+        done = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, GRAPHC_CACHE_DIR=str(cache)), capture_output=True,
+                              text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    off = explain("off")
+    first = explain(tmp_path)
+    compiled = sorted((tmp_path / "templates").iterdir())
+    assert len(compiled) == 1 and compiled[0].stat().st_size > 0
+    stamp = compiled[0].stat().st_mtime_ns
+    assert explain(tmp_path) == first == off
+    assert compiled[0].stat().st_mtime_ns == stamp, "read, not written again"
