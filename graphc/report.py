@@ -9,10 +9,20 @@ from graphc.memo import cache_dir
 from graphc.units import fmt_bytes
 
 
-def _bytecode_cache() -> jinja2.BytecodeCache | None:
+class _TemplateCache(jinja2.FileSystemBytecodeCache):
     """The templates compiled once into the disk memo's directory (jinja2 checks each against its source's
-    checksum): compiling explain's template took 0.1 s of each `graphc explain`. None where the cache is off
-    or cannot be made."""
+    checksum and writes each whole, by rename): compiling explain's template took up to 0.1 s of each
+    `graphc explain`. A disk that takes no file leaves the report uncached, as the memo does."""
+
+    def dump_bytecode(self, bucket) -> None:
+        try:
+            super().dump_bytecode(bucket)
+        except OSError:
+            pass
+
+
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """None where the cache is off or its directory cannot be made."""
     where = cache_dir()
     if where is None:
         return None
@@ -20,7 +30,7 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
         (where / "templates").mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
-    return jinja2.FileSystemBytecodeCache(str(where / "templates"))
+    return _TemplateCache(str(where / "templates"))
 
 
 @lru_cache(maxsize=1)

@@ -153,3 +153,30 @@ def test_reports_compile_their_templates_once_into_the_cache(tmp_path):
     stamp = compiled[0].stat().st_mtime_ns
     assert explain(tmp_path) == first == off
     assert compiled[0].stat().st_mtime_ns == stamp, "read, not written again"
+
+
+def test_a_report_renders_where_the_cache_takes_no_file(tmp_path, monkeypatch):
+    """A cache directory that cannot be made (a file in its place) or that takes no file: the report renders,
+    uncached."""
+    import jinja2.bccache
+
+    from graphc import report
+    from graphc.plan import load_plan
+
+    plan = load_plan(ROOT / "plans/tiny_h100.plan")
+    (tmp_path / "blocked").mkdir()
+    (tmp_path / "blocked" / "templates").write_text("a file where the directory would be")
+    want = None
+    for case in ("blocked", "no file"):
+        monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / case))
+        if case == "no file":
+            def refuse(*args, **kwargs):
+                raise OSError(28, "No space left on device")
+            monkeypatch.setattr(jinja2.bccache.tempfile, "NamedTemporaryFile", refuse)
+        report._env.cache_clear()
+        try:
+            text = report.explain(plan)
+        finally:
+            report._env.cache_clear()
+        assert text == (want := want or text) and "device" in text
+    assert not any((tmp_path / "no file" / "templates").iterdir())
