@@ -4,11 +4,10 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib import resources as ilr
 
-import yaml
 from pydantic import Field
 
 from graphc.errors import InvalidInput
-from graphc.strict import Strict, closest
+from graphc.strict import Strict, closest, read_yaml
 from graphc.units import GiB
 
 
@@ -84,12 +83,12 @@ class Calibration(Strict):
 
 
 def package_yaml(name: str) -> dict | None:
-    """One of graphc's own data files (None where it is absent), parsed by libyaml where PyYAML has it: the
-    conv-workspace table took 0.3 s a plan through PyYAML's Python parser."""
+    """One of graphc's own data files (None where it is absent), read as plans are (strict.read_yaml: libyaml
+    where PyYAML has it; the conv-workspace table took 0.3 s a plan through PyYAML's Python parser)."""
     path = ilr.files("graphc").joinpath(name)
     if not path.is_file():
         return None
-    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return read_yaml(path.read_text(), f"graphc's {name}", "reinstall graphc: the file ships with it")
 
 
 @lru_cache(maxsize=None)
