@@ -73,20 +73,29 @@ def bench_sampler(seqs: int, code0: bool, warps: list[int], baseline, replays: i
     return times
 
 
+def code_predictor_attn():
+    """The code predictor's frame attention as Qwen3-Omni declares it (16 query and 8 key heads of 128, causal
+    16-row frames)."""
+    from graphc.source import load_model
+
+    return load_model(str(Path(__file__).resolve().parents[1] / "models/qwen3_omni.py"),
+                      "30b-a3b").model.resource("code_predictor_attn")
+
+
 def bench_frame_attention(seqs: int, replays: int) -> dict:
     from resources.base import StepShape
     from resources.flashinfer_backend import make_backend
-    from resources.ragged_attention import RaggedAttentionSpec
 
-    spec = RaggedAttentionSpec(name="cp", num_heads=16, num_kv_heads=8, head_dim=128, max_segment=16, causal=True,
-                               rows_per_segment=16, segment_axis="seqs")
-    rung = StepShape(rows=16 * seqs, seqs=seqs, kv_len=16)
-    q, k, v = (torch.randn(rung.rows, h, 128, device="cuda", dtype=torch.bfloat16) for h in (16, 8, 8))
+    spec = code_predictor_attn()
+    n = spec.rows_per_segment
+    rung = StepShape(rows=n * seqs, seqs=seqs, kv_len=n)
+    q, k, v = (torch.randn(rung.rows, h, spec.head_dim, device="cuda", dtype=torch.bfloat16)
+               for h in (spec.num_heads, spec.kv_heads, spec.kv_heads))
     workspace = torch.zeros(64 * 2**20, dtype=torch.uint8, device="cuda")
     out = {}
     for name in ("triton", "fa3"):
         b = make_backend(spec, name, workspace, True, rung)
-        b.plan([16 * i for i in range(seqs + 1)])
+        b.plan([n * i for i in range(seqs + 1)])
 
         def fn(b=b):
             for _ in range(CALLS):
