@@ -8,7 +8,8 @@ is a few microseconds of launch and almost no work: about forty of the thinker's
 
     rms_norm       y = w * (x * rsqrt(mean(x^2) + eps)), a program per row
     add_rms_norm   s = x + r (the residual sum, written), y = rms_norm(s): one read of each, two writes
-    qk_norm_rope   y = rope(rms_norm(x)) over each [head_dim] row of q or k, cos and sin given per row
+    qk_norm_rope   y = rope(rms_norm(x)) over each [head_dim] row of q or k, cos and sin given per row, a
+                   program per (row, ROPE_HEADS heads)
     q_k_norm_rope  the same over q's and k's heads of a row in one launch, each with its own norm weight
     silu_mul       y = silu(gate) * up over a SwiGLU's [gate | up] projection rows (torch: two launches)
 
@@ -55,52 +56,66 @@ def _rms_norm(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, D, x_stride, r_stride, s_stride
 
 
 @triton.jit
-def _norm_rope_head(x_base, w_ptr, c_base, s_base, y_base, eps, D: tl.constexpr):
-    """One [D] head row: y = rope(rms_norm(x) * w), rounded where the torch path rounds."""
+def _norm_rope_heads(x_base, x_head, w_ptr, c_base, s_base, y_base, y_head, first, heads, eps, D: tl.constexpr,
+                     G: tl.constexpr):
+    """Heads [first, first + G) (those < heads) of one row, each a [D] row at x_base + h * x_head:
+    y = rope(rms_norm(x) * w), rounded where the torch path rounds. G heads a program, so that a long prefill
+    runs G times fewer programs than one a head (73,728 single-warp programs at the thinker's 2,048 tokens)."""
     HALF: tl.constexpr = D // 2
+    hs = first + tl.arange(0, G)
+    hm = (hs < heads)[:, None]
     offs = tl.arange(0, D)
     other = (offs + HALF) % D                              # the rotate-half partner of each element
-    x32 = tl.load(x_base + offs).to(tl.float32)
-    xo32 = tl.load(x_base + other).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / D + eps)
+    x32 = tl.load(x_base + hs[:, None] * x_head + offs[None, :], mask=hm, other=0.0).to(tl.float32)
+    xo32 = tl.load(x_base + hs[:, None] * x_head + other[None, :], mask=hm, other=0.0).to(tl.float32)
+    rstd = (1.0 / tl.sqrt(tl.sum(x32 * x32, axis=1) / D + eps))[:, None]
     dt = y_base.dtype.element_ty
     BF16: tl.constexpr = dt == tl.bfloat16
-    w = tl.load(w_ptr + offs).to(tl.float32)
-    wo = tl.load(w_ptr + other).to(tl.float32)
+    w = tl.load(w_ptr + offs).to(tl.float32)[None, :]
+    wo = tl.load(w_ptr + other).to(tl.float32)[None, :]
     n = _round(w * _round(x32 * rstd, BF16), BF16)                              # the normed row, rounded
     no = _round(wo * _round(xo32 * rstd, BF16), BF16)                           # its partner's
-    rot = tl.where(offs < HALF, -no, no)                                        # cat(-x[half:], x[:half])
-    c = tl.load(c_base + offs).to(tl.float32)
-    s = tl.load(s_base + offs).to(tl.float32)
+    rot = tl.where((offs < HALF)[None, :], -no, no)                             # cat(-x[half:], x[:half])
+    c = tl.load(c_base + offs).to(tl.float32)[None, :]
+    s = tl.load(s_base + offs).to(tl.float32)[None, :]
     a = _round(n * c, BF16)
     b = _round(rot * s, BF16)
-    tl.store(y_base + offs, _round(a + b, BF16).to(dt))
+    tl.store(y_base + hs[:, None] * y_head + offs[None, :], _round(a + b, BF16).to(dt), mask=hm)
 
 
 @triton.jit
 def _qk_norm_rope(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, HEADS, x_row, x_head, y_row, y_head, c_row, eps,
-                  D: tl.constexpr):
+                  D: tl.constexpr, G: tl.constexpr):
+    """A program per (row, block of G heads)."""
+    blocks = tl.cdiv(HEADS, G)
     pid = tl.program_id(0)
-    row = pid // HEADS
-    head = pid % HEADS
-    _norm_rope_head(x_ptr + row * x_row + head * x_head, w_ptr, cos_ptr + row * c_row, sin_ptr + row * c_row,
-                    y_ptr + row * y_row + head * y_head, eps, D)
+    row = pid // blocks
+    first = (pid % blocks) * G
+    _norm_rope_heads(x_ptr + row * x_row, x_head, w_ptr, cos_ptr + row * c_row, sin_ptr + row * c_row,
+                     y_ptr + row * y_row, y_head, first, HEADS, eps, D, G)
 
 
 @triton.jit
 def _q_k_norm_rope(q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, yq_ptr, yk_ptr, HQ, HK, q_row, q_head, k_row,
-                   k_head, yq_row, yq_head, yk_row, yk_head, c_row, eps, D: tl.constexpr):
-    """q's and k's heads of a row in one grid: a program per (row, head of q then of k)."""
+                   k_head, yq_row, yq_head, yk_row, yk_head, c_row, eps, D: tl.constexpr, G: tl.constexpr):
+    """q's and k's heads of a row in one grid: a program per (row, block of G heads of q, then of k)."""
+    bq = tl.cdiv(HQ, G)
+    blocks = bq + tl.cdiv(HK, G)
     pid = tl.program_id(0)
-    row = pid // (HQ + HK)
-    head = pid % (HQ + HK)
+    row = pid // blocks
+    b = pid % blocks
     c_base, s_base = cos_ptr + row * c_row, sin_ptr + row * c_row
-    if head < HQ:
-        _norm_rope_head(q_ptr + row * q_row + head * q_head, wq_ptr, c_base, s_base,
-                        yq_ptr + row * yq_row + head * yq_head, eps, D)
+    if b < bq:
+        _norm_rope_heads(q_ptr + row * q_row, q_head, wq_ptr, c_base, s_base, yq_ptr + row * yq_row, yq_head,
+                         b * G, HQ, eps, D, G)
     else:
-        _norm_rope_head(k_ptr + row * k_row + (head - HQ) * k_head, wk_ptr, c_base, s_base,
-                        yk_ptr + row * yk_row + (head - HQ) * yk_head, eps, D)
+        _norm_rope_heads(k_ptr + row * k_row, k_head, wk_ptr, c_base, s_base, yk_ptr + row * yk_row, yk_head,
+                         (b - bq) * G, HK, eps, D, G)
+
+
+# heads a program and its warps for qk_norm_rope and q_k_norm_rope (the same in both, so that a head's row is
+# reduced in the same order by either: tests hold the two launches bit-equal)
+ROPE_HEADS = (4, 4)
 
 
 def _block(d: int) -> int:
@@ -130,8 +145,10 @@ def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: 
     rows: y = rope(rms_norm(x) * weight) in the rotate-half layout."""
     n, heads, d = x.shape
     if n:
-        _qk_norm_rope[(n * heads,)](x, weight, cos, sin, y, heads, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
-                                    cos.stride(0), eps, D=d, num_warps=1)
+        g, warps = ROPE_HEADS
+        _qk_norm_rope[(n * triton.cdiv(heads, g),)](x, weight, cos, sin, y, heads, x.stride(0), x.stride(1),
+                                                    y.stride(0), y.stride(1), cos.stride(0), eps, D=d, G=g,
+                                                    num_warps=warps)
 
 
 def q_k_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
@@ -141,9 +158,10 @@ def q_k_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.
     n, hq, d = q.shape
     hk = k.shape[1]
     if n:
-        _q_k_norm_rope[(n * (hq + hk),)](q, k, wq, wk, cos, sin, yq, yk, hq, hk, q.stride(0), q.stride(1), k.stride(0),
-                                         k.stride(1), yq.stride(0), yq.stride(1), yk.stride(0), yk.stride(1),
-                                         cos.stride(0), eps, D=d, num_warps=1)
+        g, warps = ROPE_HEADS
+        _q_k_norm_rope[(n * (triton.cdiv(hq, g) + triton.cdiv(hk, g)),)](
+            q, k, wq, wk, cos, sin, yq, yk, hq, hk, q.stride(0), q.stride(1), k.stride(0), k.stride(1), yq.stride(0),
+            yq.stride(1), yk.stride(0), yk.stride(1), cos.stride(0), eps, D=d, G=g, num_warps=warps)
 
 
 @triton.jit

@@ -20,7 +20,7 @@ from models.components import norm_ops
 torch.manual_seed(0)
 out = {}
 for dtype in (torch.float32, torch.bfloat16):
-    T, D, H, KV, HD = 5, 96, 4, 2, 16
+    T, D, H, KV, HD = 5, 96, 6, 2, 16     # 6 q heads: a full and a part block of ROPE_HEADS (4)
     norm = RMSNorm(D, 1e-6)
     torch.nn.init.normal_(norm.weight, 1.0, 0.3)
     qn = RMSNorm(HD, 1e-6)
@@ -75,8 +75,8 @@ print(json.dumps(out))
 def test_fused_norms_equal_the_torch_path_in_the_interpreter():
     r = interpreted(SCRIPT)
     f32, bf16 = r["torch.float32"], r["torch.bfloat16"]
-    assert f32["shapes"] == [[5, 96], [5, 96], [5, 4, 16]]
-    assert f32["shapes_b"] == [[5, 2, 4, 16], [5, 1, 4, 16]]
+    assert f32["shapes"] == [[5, 96], [5, 96], [5, 6, 16]]
+    assert f32["shapes_b"] == [[5, 2, 6, 16], [5, 1, 6, 16]]
     assert f32["q_k_same"] and bf16["q_k_same"] and f32["q_k_err"] <= 2e-6 * f32["scale"], (f32, bf16)
     for k in ("rms_norm", "add_total", "add_norm", "qk_norm_rope", "broadcast_2", "broadcast_1"):
         assert f32[k] <= 2e-6 * f32["scale"], (k, f32)
