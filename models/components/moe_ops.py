@@ -5,7 +5,9 @@ launch). Each operator writes into buffers its caller allocated with torch.empty
 records those allocations) and returns nothing; on meta tensors it does nothing. Triton is imported
 only when an operator runs on a device, so planning needs no GPU stack.
 
-    graphc::moe_group(experts, rows!, ends!)                     pairs grouped by expert
+    graphc::moe_group(experts, rows!, ends!)                     pairs grouped by expert (few pairs)
+    graphc::moe_count(experts, counts!)                          many pairs: each block's pairs per expert
+    graphc::moe_place(experts, counts, rows!, ends!)             ... then each pair to its place by expert
     graphc::moe_gate_up(x, gate_up_proj, h!, rows, ends, top_k)  silu(gate) * up, by expert
     graphc::moe_down(h, down_proj, pairs!, rows, ends, weights)  down, scaled, to each pair's place
     graphc::moe_route(logits, experts!, weights!, norm)          the router: softmax, top-k, renormalised
@@ -25,6 +27,30 @@ def moe_group(experts: torch.Tensor, rows: torch.Tensor, ends: torch.Tensor) -> 
 
 @moe_group.register_fake
 def _(experts, rows, ends) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::moe_count", mutates_args=("counts",))
+def moe_count(experts: torch.Tensor, counts: torch.Tensor) -> None:
+    from models.components import moe_triton as k
+
+    k.count(experts, counts)
+
+
+@moe_count.register_fake
+def _(experts, counts) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::moe_place", mutates_args=("rows", "ends"))
+def moe_place(experts: torch.Tensor, counts: torch.Tensor, rows: torch.Tensor, ends: torch.Tensor) -> None:
+    from models.components import moe_triton as k
+
+    k.place(experts, counts, rows, ends)
+
+
+@moe_place.register_fake
+def _(experts, counts, rows, ends) -> None:
     return None
 
 
@@ -90,9 +116,22 @@ def fused_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Ten
     return experts, weights
 
 
-# more token-expert pairs than this are grouped by torch's sort (moe_group's work grows as the pairs squared:
-# examples/bench_moe.py --sweep)
+# more token-expert pairs than this are grouped by the counting sort (moe_count, moe_place: two launches whose
+# work grows as the pairs; moe_group's one grows as the pairs squared: examples/bench_moe.py --sweep)
 GROUP_SORT_FROM = 512
+
+
+# the counting sort's blocks: at least COUNT_BLOCK pairs a program (a power of two), and at most COUNT_BLOCKS
+# programs, so that each program's read of every block's counts stays one [COUNT_BLOCKS, E] tile
+COUNT_BLOCK, COUNT_BLOCKS = 128, 128
+
+
+def count_blocks(pairs: int) -> tuple[int, int]:
+    """(pairs a block, blocks) of the counting sort for this many pairs."""
+    block = COUNT_BLOCK
+    while block * COUNT_BLOCKS < pairs:
+        block *= 2
+    return block, -(-pairs // block)
 
 
 def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor,
@@ -106,19 +145,15 @@ def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.
     if x.shape != (t, hidden) or down_proj.shape != (num_experts, hidden, inter):
         raise ValueError(f"fused_experts: x {tuple(x.shape)}, gate_up {tuple(gate_up_proj.shape)}, down "
                          f"{tuple(down_proj.shape)} do not agree")
-    if t * k > GROUP_SORT_FROM:      # the group kernel ranks every pair against every other: sort many instead
-        # the ids as one byte where they fit: a radix sort of one 8-bit pass in place of int64's eight (2.4 of a
-        # 2,048-token thinker prefill's 44 ms on the H200); stable either way, so the same order
-        keys = experts.reshape(-1)
-        keys = keys.to(torch.uint8) if num_experts < 256 else keys
-        order, idx = torch.sort(keys, stable=True)
-        rows = idx.to(torch.int32)
-        bounds = torch.arange(1, num_experts + 1, device=x.device, dtype=keys.dtype)
-        ends = torch.searchsorted(order, bounds, out_int32=True)
+    flat = experts.reshape(-1).contiguous()
+    rows = torch.empty(t * k, device=x.device, dtype=torch.int32)      # pairs grouped by expert
+    ends = torch.empty(num_experts, device=x.device, dtype=torch.int32)
+    if t * k > GROUP_SORT_FROM:
+        counts = torch.empty(count_blocks(t * k)[1], num_experts, device=x.device, dtype=torch.int32)
+        moe_count(flat, counts)
+        moe_place(flat, counts, rows, ends)
     else:
-        rows = torch.empty(t * k, device=x.device, dtype=torch.int32)      # pairs grouped by expert
-        ends = torch.empty(num_experts, device=x.device, dtype=torch.int32)
-        moe_group(experts.reshape(-1).contiguous(), rows, ends)
+        moe_group(flat, rows, ends)
     h = torch.empty(t * k, inter, device=x.device, dtype=x.dtype)      # in grouped order
     moe_gate_up(x.contiguous(), gate_up_proj, h, rows, ends, k)
     pairs = torch.empty(t * k, hidden, device=x.device, dtype=x.dtype)  # in (token, slot) order

@@ -6,7 +6,9 @@ grouped_mm (gate and up), silu, mul, grouped_mm (down), index_select of the weig
 and a sum. Here four launches:
 
     group     one small kernel: the token-expert pairs grouped by expert (each pair's rank by expert,
-              then by index) and the end of each expert's group
+              then by index) and the end of each expert's group; its work grows as the pairs squared, so
+              steps of many pairs take count + place instead, a counting sort in two launches (each
+              block's pairs per expert, then each pair's rank from those counts and its block)
 
     gate_up   grid (experts, I / BLOCK_N): the program of expert e reads its gate and up rows of one
               N-block once, for every pair routed to e (BLOCK_M at a time, the rows gathered by token
@@ -58,6 +60,50 @@ def _group(ex_ptr, rows_ptr, ends_ptr, P, E: tl.constexpr, BLOCK: tl.constexpr, 
             count += tl.sum((ej[None, :] <= offs_e[:, None]).to(tl.int32), axis=1)
             j0 += BLOCK
         tl.store(ends_ptr + offs_e, count, mask=offs_e < E)
+
+
+@triton.jit
+def _count(ex_ptr, counts_ptr, P, E: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr, EBLOCK: tl.constexpr):
+    """Many pairs grouped by a counting sort, launch 1 of 2: counts[b, e] = the pairs of block b
+    ([b*BLOCK, (b+1)*BLOCK)) whose expert is e, SUB pairs at a time."""
+    b = tl.program_id(0)
+    offs_e = tl.arange(0, EBLOCK)
+    count = tl.zeros([EBLOCK], dtype=tl.int32)
+    for i0 in range(0, BLOCK, SUB):
+        offs = b * BLOCK + i0 + tl.arange(0, SUB)
+        ex = tl.load(ex_ptr + offs, mask=offs < P, other=-1)            # past the end: no expert
+        count += tl.sum((ex[:, None] == offs_e[None, :]).to(tl.int32), axis=0)
+    tl.store(counts_ptr + b * E + offs_e, count, mask=offs_e < E)
+
+
+@triton.jit
+def _place(ex_ptr, counts_ptr, rows_ptr, ends_ptr, P, NB, E: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr,
+           EBLOCK: tl.constexpr, NBLOCK: tl.constexpr):
+    """Launch 2 of 2: each pair of block b to its rank by (expert, pair index), as _group orders them:
+    rows[rank] = the pair. Its rank = the pairs of lower experts (all blocks) + the pairs of its expert in
+    blocks before b + those before it in b (counted SUB x SUB at a time). Program 0 also writes
+    ends[e] = the pairs whose expert is <= e."""
+    b = tl.program_id(0)
+    offs_e = tl.arange(0, EBLOCK)
+    offs_b = tl.arange(0, NBLOCK)
+    counts = tl.load(counts_ptr + offs_b[:, None] * E + offs_e[None, :],
+                     mask=(offs_b[:, None] < NB) & (offs_e[None, :] < E), other=0)
+    total = tl.sum(counts, axis=0)                                      # [EBLOCK] pairs per expert
+    upto = tl.cumsum(total, axis=0)
+    base = upto - total + tl.sum(tl.where(offs_b[:, None] < b, counts, 0), axis=0)
+    for i0 in range(0, BLOCK, SUB):
+        offs = b * BLOCK + i0 + tl.arange(0, SUB)
+        m = offs < P
+        ex = tl.load(ex_ptr + offs, mask=m, other=-1)
+        rank = tl.sum(tl.where(ex[:, None] == offs_e[None, :], base[None, :], 0), axis=1)
+        for j0 in range(0, i0 + SUB, SUB):
+            offs_j = b * BLOCK + j0 + tl.arange(0, SUB)
+            ej = tl.load(ex_ptr + offs_j, mask=offs_j < P, other=-1)
+            before = (ej[None, :] == ex[:, None]) & (offs_j[None, :] < offs[:, None])
+            rank += tl.sum(before.to(tl.int32), axis=1)
+        tl.store(rows_ptr + rank, offs, mask=m)
+    if b == 0:
+        tl.store(ends_ptr + offs_e, upto, mask=offs_e < E)
 
 
 @triton.jit
@@ -188,6 +234,32 @@ BLOCKS = {"gate_up": (16, 32, 128, 4, 4), "down": (16, 32, 128, 2, 4)}
 TILED_FROM = 512
 TILED = {"gate_up": (64, 64, 64, 4, 3), "down": (64, 128, 64, 4, 3)}
 GROUP_BLOCK = 64
+COUNT_SUB = 128       # pairs the counting sort's programs compare at a time (a block is a multiple)
+
+
+def count(experts: torch.Tensor, counts: torch.Tensor) -> None:
+    """experts [P] -> counts [moe_ops.count_blocks(P), E] int32: each block's pairs per expert."""
+    from models.components.moe_ops import count_blocks
+    p, (nb, num_experts) = experts.numel(), counts.shape
+    block, n = count_blocks(p)
+    if nb != n:
+        raise ValueError(f"moe count: {nb} blocks for {p} pairs, where count_blocks says {n}")
+    if p:
+        _count[(nb,)](experts, counts, p, E=num_experts, BLOCK=block, SUB=min(COUNT_SUB, block),
+                      EBLOCK=triton.next_power_of_2(num_experts), num_warps=4)
+
+
+def place(experts: torch.Tensor, counts: torch.Tensor, rows: torch.Tensor, ends: torch.Tensor) -> None:
+    """experts [P], counts (count's) -> rows [P] int32 (pairs by expert, then by index), ends [E] int32: what
+    group gives, in two launches whose work grows as P x the block (group's grows as P squared)."""
+    from models.components.moe_ops import count_blocks
+    p, (nb, num_experts) = experts.numel(), counts.shape
+    block, n = count_blocks(p)
+    if nb != n:
+        raise ValueError(f"moe place: {nb} blocks for {p} pairs, where count_blocks says {n}")
+    if p:
+        _place[(nb,)](experts, counts, rows, ends, p, nb, E=num_experts, BLOCK=block, SUB=min(COUNT_SUB, block),
+                      EBLOCK=triton.next_power_of_2(num_experts), NBLOCK=triton.next_power_of_2(nb), num_warps=4)
 
 
 def group(experts: torch.Tensor, rows: torch.Tensor, ends: torch.Tensor) -> None:

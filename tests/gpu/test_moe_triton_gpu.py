@@ -150,3 +150,35 @@ def test_slots_sum_and_residual_add_round_as_torch(shape, tokens):
     assert apart.float().mean() <= 0.01, apart.float().mean().item()
     assert (y.double() - (residual.double() + pairs.double().sum(1))).abs().mean() <= \
         (want.double() - (residual.double() + pairs.double().sum(1))).abs().mean() * 1.001
+
+
+@pytest.mark.parametrize("tokens,k,experts", [(65, 8, 128), (2048, 8, 128), (1024, 6, 128), (16384, 8, 128)])
+def test_the_counting_sort_groups_pairs_as_torch_stable_sort(tokens, k, experts):
+    """moe_count + moe_place (steps of more than GROUP_SORT_FROM pairs) give torch's stable sort of the pairs'
+    experts and their running counts, at the plans' prefill sizes (16,384 tokens: blocks of 1,024 pairs),
+    routing skewed to 8 experts as seeded weights route; and replay in a CUDA graph to the same."""
+    pytest.importorskip("triton")
+    from models.components import moe_ops
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    logits = torch.randn(tokens, experts, device="cuda", generator=gen)
+    logits[:, :8] += 3.0
+    ex = torch.topk(logits, k, dim=-1).indices.reshape(-1).contiguous()
+    p = ex.numel()
+    _, nb = moe_ops.count_blocks(p)
+    counts = torch.empty(nb, experts, device="cuda", dtype=torch.int32)
+    rows = torch.empty(p, device="cuda", dtype=torch.int32)
+    ends = torch.empty(experts, device="cuda", dtype=torch.int32)
+    want_rows = torch.sort(ex, stable=True).indices.to(torch.int32)
+    want_ends = torch.bincount(ex, minlength=experts).cumsum(0).to(torch.int32)
+    moe_ops.moe_count(ex, counts)
+    moe_ops.moe_place(ex, counts, rows, ends)
+    assert torch.equal(rows, want_rows) and torch.equal(ends, want_ends)
+    rows.zero_()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        moe_ops.moe_count(ex, counts)
+        moe_ops.moe_place(ex, counts, rows, ends)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(rows, want_rows) and torch.equal(ends, want_ends)

@@ -104,6 +104,30 @@ def test_the_simulation_sees_the_fused_path_as_its_buffers_and_operators():
     assert not any(s.startswith("graphc.") for s in seen) and any("grouped_mm" in s for s in seen)
 
 
+def test_many_pairs_are_grouped_by_the_counting_sort_in_two_operators():
+    """600 pairs (300 tokens, k 2: past GROUP_SORT_FROM's 512) are grouped by moe_count and moe_place, with a
+    counts buffer of ceil(600 / 128) = 5 blocks x E int32, by hand from COUNT_BLOCK = 128; no torch sort."""
+    from models.components import moe_ops
+
+    T, k, E, H, I = 300, 2, 8, 32, 16
+    assert moe_ops.GROUP_SORT_FROM == 512 and (moe_ops.COUNT_BLOCK, moe_ops.COUNT_BLOCKS) == (128, 128)
+    with torch.device("meta"):
+        ex = Experts(E, H, I).to(torch.bfloat16)
+        x = torch.empty(T, H, dtype=torch.bfloat16)
+        experts = torch.empty(T, k, dtype=torch.int64)
+        weights = torch.empty(T, k, dtype=torch.bfloat16)
+    set_kernels(ex, {"fused_max_tokens": T})
+    rec = _Recorder(list(ex.parameters()) + [x, experts, weights])
+    names = OpNames()
+    with rec, names, torch.no_grad():
+        ex(x, experts, weights)
+    allocs = [n for kind, _, n in rec.events if kind == 1]
+    assert allocs == [T * k * 4, E * 4, 5 * E * 4, T * k * I * 2, T * k * H * 2, T * H * 2], allocs
+    assert [s for s in names.seen if s.startswith("graphc.")] == ["graphc.moe_count", "graphc.moe_place",
+                                                                 "graphc.moe_gate_up", "graphc.moe_down"]
+    assert not any("sort" in s for s in names.seen)
+
+
 def test_a_boot_sets_the_plan_choice_on_the_modules():
     from graphc.runtime.boot import boot_plan
 

@@ -106,3 +106,38 @@ def test_the_fused_router_equals_the_torch_path_in_the_interpreter():
     assert r["ties"]["experts"] == [[1, 3, 5, 4]]
     z = 3 * math.e ** 3 + math.e ** 2
     assert r["ties"]["weights"][0] == pytest.approx([math.e ** 3 / z] * 3 + [math.e ** 2 / z], rel=1e-6)
+
+
+# the counting sort of many pairs (moe_count, moe_place) against torch's stable sort, an independent order:
+# blocks of 16 pairs compared 8 at a time, at most 4 blocks (so 200 pairs take blocks of 64), experts not a
+# power of two, some chosen by no pair, one by most
+GROUPING = r"""
+import torch
+from models.components import moe_ops, moe_triton
+
+moe_ops.COUNT_BLOCK, moe_ops.COUNT_BLOCKS, moe_triton.COUNT_SUB = 16, 4, 8
+E = 12
+g = torch.Generator().manual_seed(3)
+out = []
+for p in (1, 16, 37, 64, 200):
+    ex = torch.randint(0, 9, (p,), generator=g)            # experts 9..11: none
+    ex[torch.rand(p, generator=g) < 0.4] = 4               # expert 4: about 40% of the pairs
+    block, nb = moe_ops.count_blocks(p)
+    counts = torch.full((nb, E), -7, dtype=torch.int32)
+    rows = torch.full((p,), -7, dtype=torch.int32)
+    ends = torch.full((E,), -7, dtype=torch.int32)
+    moe_ops.moe_count(ex, counts)
+    moe_ops.moe_place(ex, counts, rows, ends)
+    want_rows = torch.sort(ex, stable=True).indices.to(torch.int32)
+    want_ends = torch.bincount(ex, minlength=E).cumsum(0).to(torch.int32)
+    out.append({"p": p, "block": block, "blocks": nb, "rows": torch.equal(rows, want_rows),
+                "ends": torch.equal(ends, want_ends)})
+print(json.dumps(out))
+"""
+
+
+def test_the_counting_sort_groups_pairs_as_a_stable_sort_in_the_interpreter():
+    r = interpreted(GROUPING)
+    assert [(c["p"], c["block"], c["blocks"]) for c in r] == [(1, 16, 1), (16, 16, 1), (37, 16, 3), (64, 16, 4),
+                                                               (200, 64, 4)]
+    assert all(c["rows"] and c["ends"] for c in r), r
