@@ -70,7 +70,7 @@ class SparseMoE(nn.Module):
                  shared_intermediate: int = 0):
         super().__init__()
         self.top_k, self.norm_topk_prob, self.shared = top_k, norm_topk_prob, shared_intermediate > 0
-        self.gate = nn.Linear(hidden, num_experts, bias=False)
+        self.gate = Linear(hidden, num_experts, bias=False)      # the router: the one-row kernel at one row
         self.experts = Experts(num_experts, hidden, intermediate)
         if self.shared:
             self.shared_expert = SwiGLU(hidden, shared_intermediate)
