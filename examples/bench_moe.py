@@ -31,7 +31,11 @@ SHAPES = {"thinker": (128, 2048, 768, 8), "talker": (128, 1024, 384, 6)}   # exp
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) tried for the tiled kernels by --sweep
 SWEEP = [(64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3), (64, 64, 128, 4, 3),
-         (32, 64, 128, 4, 4), (128, 64, 64, 4, 3), (64, 256, 64, 8, 3), (128, 128, 32, 8, 4), (64, 128, 32, 4, 4)]
+         (32, 64, 128, 4, 4), (128, 64, 64, 4, 3), (64, 256, 64, 8, 3), (128, 128, 32, 8, 4), (64, 128, 32, 4, 4),
+         # deeper pipelines and 8 warps over 128-row tiles (vLLM's tuned H200 choice at 2,048 tokens of this shape
+         # is 128 x 256 x 64, 8 warps, 4 stages, over gate and up as one N)
+         (128, 128, 64, 8, 4), (128, 64, 64, 8, 4), (64, 128, 64, 4, 4), (64, 64, 64, 4, 4), (64, 64, 64, 4, 5),
+         (128, 256, 64, 8, 4), (64, 256, 64, 8, 4), (128, 64, 128, 8, 3), (64, 128, 128, 4, 3)]
 
 
 def routing(t: int, e: int, k: int, hidden: int, gen: torch.Generator, skew: float = 0.0):
@@ -85,13 +89,14 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="time the tiled kernels at each block choice of SWEEP")
     ap.add_argument("--skew", type=float, nargs="+", default=[0.0], help="router logit added to 8 experts")
+    ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     args = ap.parse_args()
     from models.components import moe_triton as mt
     gen = torch.Generator(device="cuda").manual_seed(0)
     empty = captured(lambda: None, args.replays)      # what the timing itself costs: an empty graph's replay
     print(f"an empty graph replays in {empty:.1f} us (in every time below)")
     rows = []
-    for name, (e, h, i, k) in SHAPES.items():
+    for name, (e, h, i, k) in ((n, SHAPES[n]) for n in args.shapes):
         ex_mod = Experts(e, h, i).to("cuda", torch.bfloat16)
         with torch.no_grad():
             ex_mod.gate_up_proj.normal_(0, 0.02, generator=gen)

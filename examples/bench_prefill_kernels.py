@@ -1,0 +1,135 @@
+"""Time, on the GPU, the small kernels of a long thinker prefill that the 2,048-token profile showed above their
+memory floor (issue 13), each captured as a CUDA graph of 16 calls and replayed (median us per call):
+
+  - q and k's norm + rotary (norm_ops.q_k_norm_rope) at each ROPE_HEADS choice (heads a program, warps), at
+    the thinker's shapes (32 q and 4 k heads of 128) and the code predictor's (16 and 8), rows 1 to 2,048;
+    every choice's output is compared with the first's;
+  - the grouping of token-expert pairs by expert past moe_ops.GROUP_SORT_FROM: torch's stable sort of the
+    ids as bytes and a searchsorted (the path before the counting sort) against moe_count + moe_place, at
+    the prefill sizes of the thinker (top-8) and the talker (top-6); both must give the same rows and ends.
+
+    python examples/bench_prefill_kernels.py --json OUT.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from bench_moe import captured  # noqa: E402
+
+CALLS = 16
+ROPE_CHOICES = [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4), (8, 8)]
+ROPE_SHAPES = {"thinker": (32, 4, 128), "code_predictor": (16, 8, 128)}
+GROUP_SIZES = [("thinker", 65, 8), ("thinker", 512, 8), ("thinker", 2048, 8), ("talker", 1024, 6),
+               ("thinker", 16384, 8)]
+
+
+def per_call(fn, replays: int) -> float:
+    """us per call of fn, from a graph of CALLS calls."""
+    def many():
+        for _ in range(CALLS):
+            fn()
+    return captured(many, replays) / CALLS
+
+
+def rope_rows(args) -> list[dict]:
+    from models.components import norm_ops, norm_triton
+
+    keep = norm_triton.ROPE_HEADS
+    rows = []
+    for name, (hq, hk, d) in ROPE_SHAPES.items():
+        for n in args.rows:
+            gen = torch.Generator(device="cuda").manual_seed(n)
+            bf = torch.bfloat16
+            qkv = torch.randn(n, (hq + 2 * hk) * d, device="cuda", generator=gen).to(bf)
+            q = qkv[:, :hq * d].view(n, hq, d)
+            k = qkv[:, hq * d:(hq + hk) * d].view(n, hk, d)
+            wq = torch.randn(d, device="cuda", generator=gen).mul(0.2).add(1).to(bf)
+            wk = torch.randn(d, device="cuda", generator=gen).mul(0.2).add(1).to(bf)
+            ang = torch.rand(n, 1, d // 2, device="cuda", generator=gen) * 100
+            cos, sin = torch.cat([ang.cos()] * 2, -1).to(bf), torch.cat([ang.sin()] * 2, -1).to(bf)
+            first = None
+            for choice in ROPE_CHOICES:
+                norm_triton.ROPE_HEADS = choice
+                yq, yk = norm_ops.q_k_norm_rope(q, k, wq, wk, cos, sin, 1e-6)
+                if first is None:
+                    first = (yq.clone(), yk.clone())
+                ulp_rows = int(((yq != first[0]).any(-1)).sum() + ((yk != first[1]).any(-1)).sum())
+                us = per_call(lambda: norm_ops.q_k_norm_rope(q, k, wq, wk, cos, sin, 1e-6), args.replays)
+                floor = 2 * (hq + hk) * n * d * 2 / args.bandwidth * 1e6       # q and k read once and written
+                rows.append({"kernel": "q_k_norm_rope", "shape": name, "rows": n, "heads_warps": list(choice),
+                             "us": us, "floor_us": floor, "head_rows_unlike_first": ulp_rows})
+                print(f"q_k_norm_rope {name:14s} rows {n:5d} heads/warps {choice}: {us:8.2f} us  (floor {floor:6.2f})"
+                      f"  head rows unlike {ROPE_CHOICES[0]}: {ulp_rows}", flush=True)
+    norm_triton.ROPE_HEADS = keep
+    return rows
+
+
+def torch_group(flat: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The path before the counting sort: a stable sort of the ids as bytes, a searchsorted for the ends."""
+    order, idx = torch.sort(flat.to(torch.uint8), stable=True)
+    bounds = torch.arange(1, experts + 1, device=flat.device, dtype=torch.uint8)
+    return idx.to(torch.int32), torch.searchsorted(order, bounds, out_int32=True)
+
+
+def group_rows(args) -> list[dict]:
+    from models.components import moe_ops
+
+    rows = []
+    for name, tokens, k in GROUP_SIZES:
+        e = 128
+        gen = torch.Generator(device="cuda").manual_seed(tokens)
+        logits = torch.randn(tokens, e, device="cuda", generator=gen)
+        logits[:, :8] += args.skew
+        flat = torch.topk(logits, k, dim=-1).indices.reshape(-1).contiguous()
+        p = flat.numel()
+        _, nb = moe_ops.count_blocks(p)
+        counts = torch.empty(nb, e, device="cuda", dtype=torch.int32)
+        r = torch.empty(p, device="cuda", dtype=torch.int32)
+        ends = torch.empty(e, device="cuda", dtype=torch.int32)
+
+        def counting():
+            moe_ops.moe_count(flat, counts)
+            moe_ops.moe_place(flat, counts, r, ends)
+        counting()
+        want_rows, want_ends = torch_group(flat, e)
+        same = bool(torch.equal(r, want_rows) and torch.equal(ends, want_ends))
+        t_sort = per_call(lambda: torch_group(flat, e), args.replays)
+        t_count = per_call(counting, args.replays)
+        rows.append({"kernel": "group", "shape": name, "tokens": tokens, "pairs": p, "torch_sort_us": t_sort,
+                     "counting_us": t_count, "same": same})
+        print(f"group {name:8s} {tokens:6d} tokens ({p:6d} pairs): torch sort {t_sort:7.2f} us  counting sort "
+              f"{t_count:7.2f} us  same: {same}", flush=True)
+        if not same:
+            raise SystemExit("the counting sort's rows or ends differ from torch's stable sort")
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 64, 512, 2048])
+    ap.add_argument("--replays", type=int, default=50)
+    ap.add_argument("--skew", type=float, default=3.0, help="router logit added to 8 experts (seeded weights' skew)")
+    ap.add_argument("--bandwidth", type=float, default=4.26e12)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_prefill_kernels times GPU kernels: no CUDA device here")
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "calls_a_graph": CALLS,
+           "rows": rope_rows(args) + group_rows(args)}
+    if args.json:
+        import triton
+        out["triton"] = triton.__version__
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
