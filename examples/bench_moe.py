@@ -118,7 +118,8 @@ def main() -> int:
                        "torch_err": err(a), "fused_err": err(b), "skew": skew,
                        "most_pairs_one_expert": int(torch.bincount(ex.reshape(-1)).max())}
                 if args.sweep and t * k > mt.TILED_FROM:
-                    keep = dict(mt.TILED)
+                    keep, keep_large = dict(mt.TILED), mt.TILED_LARGE
+                    mt.TILED_LARGE = []                       # each choice at every size
                     best = {}
                     for kind in ("gate_up", "down"):
                         for cfg in SWEEP:
@@ -135,7 +136,7 @@ def main() -> int:
                         mt.TILED = {**mt.TILED, kind: best[kind][0]}      # the next kind swept with this one's best
                     row["best_blocks"] = {kd: v[0] for kd, v in best.items()}
                     row["fused_us"] = best["down"][1]
-                    mt.TILED = keep
+                    mt.TILED, mt.TILED_LARGE = keep, keep_large
             row["speedup"] = row["torch_us"] / row["fused_us"]
             rows.append(row)
             print(f"{name:8s} T={t:4d} skew {skew:g} (most {row['most_pairs_one_expert']}) "

@@ -57,7 +57,7 @@ def rope_rows(args) -> list[dict]:
             cos, sin = torch.cat([ang.cos()] * 2, -1).to(bf), torch.cat([ang.sin()] * 2, -1).to(bf)
             first = None
             for choice in ROPE_CHOICES:
-                norm_triton.ROPE_HEADS = choice
+                norm_triton.ROPE_HEADS = {"few": choice, "many": choice}
                 yq, yk = norm_ops.q_k_norm_rope(q, k, wq, wk, cos, sin, 1e-6)
                 if first is None:
                     first = (yq.clone(), yk.clone())

@@ -233,6 +233,20 @@ BLOCKS = {"gate_up": (16, 32, 128, 4, 4), "down": (16, 32, 128, 2, 4)}
 # program per tile of an expert's pairs) with these blocks (examples/bench_moe.py --sweep on the H200)
 TILED_FROM = 512
 TILED = {"gate_up": (64, 64, 64, 4, 3), "down": (64, 128, 64, 4, 3)}
+# past these many pairs, larger tiles where the sweep found them faster (--sweep --skew 3 on the H200, one thinker
+# layer's experts, us: at 4,096 pairs TILED was within 0.4% of the best; at 16,384 (2,048 tokens) down at 128 x 256,
+# 8 warps, 4 stages: 552.8 against 563.6; at 65,536 (8,192 tokens) gate_up at 64 x 256, 8 warps: 1,625.7 against
+# 1,807.1, then down as at 16,384: 1,568.9 against 1,691.4)
+TILED_LARGE = [(8192, {"down": (128, 256, 64, 8, 4)}),
+               (32768, {"gate_up": (64, 256, 64, 8, 3), "down": (128, 256, 64, 8, 4)})]
+
+
+def _tiled(kind: str, pairs: int) -> tuple[int, int, int, int, int]:
+    cfg = TILED[kind]
+    for start, larger in TILED_LARGE:
+        if pairs > start and kind in larger:
+            cfg = larger[kind]
+    return cfg
 GROUP_BLOCK = 64
 COUNT_SUB = 128       # pairs the counting sort's programs compare at a time (a block is a multiple)
 
@@ -274,7 +288,7 @@ def gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, h: torch.Tensor, rows: 
     """h [P, I] (grouped order) = silu(x W_gate) * (x W_up) of each pair's token and expert."""
     num_experts, two_i, hidden = gate_up_proj.shape
     if h.shape[0] > TILED_FROM:
-        bm, bn, bk, warps, stages = TILED["gate_up"]
+        bm, bn, bk, warps, stages = _tiled("gate_up", h.shape[0])
         grid = (triton.cdiv(h.shape[0], bm) + num_experts, triton.cdiv(two_i // 2, bn))
         _gate_up_tiled[grid](x, gate_up_proj, h, rows, ends, hidden, two_i // 2, top_k, num_experts,
                              triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
@@ -291,7 +305,7 @@ def down(h: torch.Tensor, down_proj: torch.Tensor, pairs: torch.Tensor, rows: to
     """pairs [P, H] ((token, slot) order) = weight x (h W_down) of each pair."""
     num_experts, hidden, inter = down_proj.shape
     if pairs.shape[0] > TILED_FROM:
-        bm, bn, bk, warps, stages = TILED["down"]
+        bm, bn, bk, warps, stages = _tiled("down", pairs.shape[0])
         grid = (triton.cdiv(pairs.shape[0], bm) + num_experts, triton.cdiv(hidden, bn))
         _down_tiled[grid](h, down_proj, pairs, rows, ends, weights, hidden, inter, num_experts,
                           triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,

@@ -9,7 +9,7 @@ is a few microseconds of launch and almost no work: about forty of the thinker's
     rms_norm       y = w * (x * rsqrt(mean(x^2) + eps)), a program per row
     add_rms_norm   s = x + r (the residual sum, written), y = rms_norm(s): one read of each, two writes
     qk_norm_rope   y = rope(rms_norm(x)) over each [head_dim] row of q or k, cos and sin given per row, a
-                   program per (row, ROPE_HEADS heads)
+                   program per (row, block of ROPE_HEADS heads)
     q_k_norm_rope  the same over q's and k's heads of a row in one launch, each with its own norm weight
     silu_mul       y = silu(gate) * up over a SwiGLU's [gate | up] projection rows (torch: two launches)
 
@@ -113,9 +113,16 @@ def _q_k_norm_rope(q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, yq_ptr, yk_pt
                          (b - bq) * G, HK, eps, D, G)
 
 
-# heads a program and its warps for qk_norm_rope and q_k_norm_rope (the same in both, so that a head's row is
-# reduced in the same order by either: tests hold the two launches bit-equal)
-ROPE_HEADS = (4, 4)
+# (heads a program, warps) for qk_norm_rope and q_k_norm_rope, for steps of up to ROPE_MANY_ROWS rows and for
+# more (the same in both kernels, so that a head's row is reduced in the same order by either: tests hold the
+# two launches bit-equal). H200, us a call (examples/bench_prefill_kernels.py; thinker's 32 + 4 heads):
+# 1 row (1, 1) 1.75, (4, 2) 2.02; 64 rows 2.97, 2.78; 2,048 rows 46.2, 27.3 (the best of seven choices)
+ROPE_HEADS = {"few": (1, 1), "many": (4, 2)}
+ROPE_MANY_ROWS = 16
+
+
+def _rope_heads(rows: int) -> tuple[int, int]:
+    return ROPE_HEADS["many" if rows > ROPE_MANY_ROWS else "few"]
 
 
 def _block(d: int) -> int:
@@ -145,7 +152,7 @@ def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: 
     rows: y = rope(rms_norm(x) * weight) in the rotate-half layout."""
     n, heads, d = x.shape
     if n:
-        g, warps = ROPE_HEADS
+        g, warps = _rope_heads(n)
         _qk_norm_rope[(n * triton.cdiv(heads, g),)](x, weight, cos, sin, y, heads, x.stride(0), x.stride(1),
                                                     y.stride(0), y.stride(1), cos.stride(0), eps, D=d, G=g,
                                                     num_warps=warps)
@@ -158,7 +165,7 @@ def q_k_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.
     n, hq, d = q.shape
     hk = k.shape[1]
     if n:
-        g, warps = ROPE_HEADS
+        g, warps = _rope_heads(n)
         _q_k_norm_rope[(n * (triton.cdiv(hq, g) + triton.cdiv(hk, g)),)](
             q, k, wq, wk, cos, sin, yq, yk, hq, hk, q.stride(0), q.stride(1), k.stride(0), k.stride(1), yq.stride(0),
             yq.stride(1), yk.stride(0), yk.stride(1), cos.stride(0), eps, D=d, G=g, num_warps=warps)

@@ -20,7 +20,7 @@ from models.components import norm_ops
 torch.manual_seed(0)
 out = {}
 for dtype in (torch.float32, torch.bfloat16):
-    T, D, H, KV, HD = 5, 96, 6, 2, 16     # 6 q heads: a full and a part block of ROPE_HEADS (4)
+    T, D, H, KV, HD = 5, 96, 6, 2, 16     # 6 q heads: a full and a part block of 4
     norm = RMSNorm(D, 1e-6)
     torch.nn.init.normal_(norm.weight, 1.0, 0.3)
     qn = RMSNorm(HD, 1e-6)
@@ -72,8 +72,14 @@ print(json.dumps(out))
 """
 
 
-def test_fused_norms_equal_the_torch_path_in_the_interpreter():
-    r = interpreted(SCRIPT)
+# the qk-norm + rotary kernels at one head a program and at 4 heads over 2 warps (6 q heads: a full and a part
+# block), whichever ROPE_HEADS would take for these 5 rows
+HEADS = "from models.components import norm_triton\nnorm_triton.ROPE_HEADS = {{'few': {0}, 'many': {0}}}\n"
+
+
+@pytest.mark.parametrize("heads", [(1, 1), (4, 2)])
+def test_fused_norms_equal_the_torch_path_in_the_interpreter(heads):
+    r = interpreted(HEADS.format(heads) + SCRIPT)
     f32, bf16 = r["torch.float32"], r["torch.bfloat16"]
     assert f32["shapes"] == [[5, 96], [5, 96], [5, 6, 16]]
     assert f32["shapes_b"] == [[5, 2, 6, 16], [5, 1, 6, 16]]
