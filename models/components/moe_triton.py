@@ -110,33 +110,20 @@ def _place(ex_ptr, counts_ptr, rows_ptr, ends_ptr, P, NB, E: tl.constexpr, BLOCK
 def _gate_up_tile(x_ptr, w_e, h_ptr, rows_ptr, offs_m, m_mask, offs_n, n_mask, H: tl.constexpr, I: tl.constexpr,
                   TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One tile: grouped rows offs_m (pairs of one expert, whose weights start at w_e) x N-block offs_n of
-    silu(x W_gate) * (x W_up), accumulated in fp32 and rounded once into h. A row past the expert's pairs
-    reads token 0's row and is not stored; where the blocks divide H and I (every shipped shape) no load is
-    masked."""
-    EVEN: tl.constexpr = (H % BLOCK_K == 0) and (I % BLOCK_N == 0)
+    silu(x W_gate) * (x W_up), accumulated in fp32 and rounded once into h."""
     tok = tl.load(rows_ptr + offs_m, mask=m_mask, other=0) // TOP_K
-    offs_k = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + tok[:, None].to(tl.int64) * H + offs_k[None, :]
-    g_ptrs = w_e + offs_n[None, :] * H + offs_k[:, None]
-    u_ptrs = g_ptrs + I * H
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
-        if EVEN:
-            xa = tl.load(x_ptrs)
-            wg = tl.load(g_ptrs)
-            wu = tl.load(u_ptrs)
-        else:
-            k_mask = (k0 + offs_k) < H
-            xa = tl.load(x_ptrs, mask=k_mask[None, :], other=0.0)
-            wk = k_mask[:, None] & n_mask[None, :]
-            wg = tl.load(g_ptrs, mask=wk, other=0.0)
-            wu = tl.load(u_ptrs, mask=wk, other=0.0)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < H
+        xa = tl.load(x_ptr + tok[:, None].to(tl.int64) * H + offs_k[None, :],
+                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        wk = k_mask[:, None] & n_mask[None, :]
+        wg = tl.load(w_e + offs_n[None, :] * H + offs_k[:, None], mask=wk, other=0.0)
+        wu = tl.load(w_e + (offs_n[None, :] + I) * H + offs_k[:, None], mask=wk, other=0.0)
         acc_g += tl.dot(xa, wg)
         acc_u += tl.dot(xa, wu)
-        x_ptrs += BLOCK_K
-        g_ptrs += BLOCK_K
-        u_ptrs += BLOCK_K
     h = acc_g * tl.sigmoid(acc_g) * acc_u
     tl.store(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
              mask=m_mask[:, None] & n_mask[None, :])
@@ -145,25 +132,17 @@ def _gate_up_tile(x_ptr, w_e, h_ptr, rows_ptr, offs_m, m_mask, offs_n, n_mask, H
 @triton.jit
 def _down_tile(h_ptr, w_e, out_ptr, rows_ptr, scale_ptr, offs_m, m_mask, offs_n, n_mask, H: tl.constexpr,
                I: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One tile of down_proj: each pair's row times its routing weight, written to its (token, slot) place. A
-    row past the expert's pairs reads h's row 0 and is not stored; unmasked loads as in _gate_up_tile."""
-    EVEN: tl.constexpr = (I % BLOCK_K == 0) and (H % BLOCK_N == 0)
+    """One tile of down_proj: each pair's row times its routing weight, written to its (token, slot) place."""
     pair = tl.load(rows_ptr + offs_m, mask=m_mask, other=0)
-    offs_k = tl.arange(0, BLOCK_K)
-    h_ptrs = h_ptr + tl.where(m_mask, offs_m, 0)[:, None].to(tl.int64) * I + offs_k[None, :]
-    d_ptrs = w_e + offs_n[None, :] * I + offs_k[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
-        if EVEN:
-            ha = tl.load(h_ptrs)
-            wd = tl.load(d_ptrs)
-        else:
-            k_mask = (k0 + offs_k) < I
-            ha = tl.load(h_ptrs, mask=k_mask[None, :], other=0.0)
-            wd = tl.load(d_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < I
+        ha = tl.load(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_k[None, :],
+                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        wd = tl.load(w_e + offs_n[None, :] * I + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :],
+                     other=0.0)
         acc += tl.dot(ha, wd)
-        h_ptrs += BLOCK_K
-        d_ptrs += BLOCK_K
     scale = tl.load(scale_ptr + pair, mask=m_mask, other=0.0).to(tl.float32)
     y = acc * scale[:, None]
     tl.store(out_ptr + pair[:, None].to(tl.int64) * H + offs_n[None, :], y.to(out_ptr.dtype.element_ty),
