@@ -90,8 +90,10 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true", help="time the tiled kernels at each block choice of SWEEP")
     ap.add_argument("--skew", type=float, nargs="+", default=[0.0], help="router logit added to 8 experts")
     ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    ap.add_argument("--tma", action="store_true", help="the tiled kernels read the weights through TMA descriptors")
     args = ap.parse_args()
     from models.components import moe_triton as mt
+    mt.TMA = args.tma
     gen = torch.Generator(device="cuda").manual_seed(0)
     empty = captured(lambda: None, args.replays)      # what the timing itself costs: an empty graph's replay
     print(f"an empty graph replays in {empty:.1f} us (in every time below)")
@@ -146,6 +148,7 @@ def main() -> int:
     if args.json:
         import triton
         Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                               "tma": args.tma,
                                                "triton": triton.__version__, "empty_graph_us": empty,
                                                "rows": rows}, indent=1))
     return 0

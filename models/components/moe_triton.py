@@ -226,12 +226,76 @@ def _down_tiled(h_ptr, w_ptr, out_ptr, rows_ptr, ends_ptr, scale_ptr, H: tl.cons
                    offs_n, offs_n < H, H, I, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
+@triton.jit
+def _gate_up_tiled_tma(x_ptr, w_desc, h_ptr, rows_ptr, ends_ptr, H: tl.constexpr, I: tl.constexpr,
+                       TOP_K: tl.constexpr, E: tl.constexpr, EBLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """_gate_up_tiled with the weights' blocks read through a TMA descriptor over gate_up_proj as [E * 2I, H]
+    (the tensor memory accelerator copies each [BLOCK_N, BLOCK_K] block; zeros past H). A block's rows past the
+    expert's I gate rows read the up rows or the next expert's, whose columns are not stored."""
+    e, m0, end = _tile(ends_ptr, tl.program_id(0), E, EBLOCK, BLOCK_M)
+    if e < E:
+        n0 = tl.program_id(1) * BLOCK_N
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        m_mask = offs_m < end
+        tok = tl.load(rows_ptr + offs_m, mask=m_mask, other=0) // TOP_K
+        row = e * (2 * I) + n0
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            xa = tl.load(x_ptr + tok[:, None].to(tl.int64) * H + offs_k[None, :],
+                         mask=m_mask[:, None] & (offs_k < H)[None, :], other=0.0)
+            wg = w_desc.load([row, k0])
+            wu = w_desc.load([row + I, k0])
+            acc_g += tl.dot(xa, wg.T)
+            acc_u += tl.dot(xa, wu.T)
+        h = acc_g * tl.sigmoid(acc_g) * acc_u
+        tl.store(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
+                 mask=m_mask[:, None] & (offs_n < I)[None, :])
+
+
+@triton.jit
+def _down_tiled_tma(h_ptr, d_desc, out_ptr, rows_ptr, ends_ptr, scale_ptr, H: tl.constexpr, I: tl.constexpr,
+                    E: tl.constexpr, EBLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+    """_down_tiled with down_proj's blocks read through a TMA descriptor over it as [E * H, I]."""
+    e, m0, end = _tile(ends_ptr, tl.program_id(0), E, EBLOCK, BLOCK_M)
+    if e < E:
+        n0 = tl.program_id(1) * BLOCK_N
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        m_mask = offs_m < end
+        pair = tl.load(rows_ptr + offs_m, mask=m_mask, other=0)
+        row = e * H + n0
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            ha = tl.load(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_k[None, :],
+                         mask=m_mask[:, None] & (offs_k < I)[None, :], other=0.0)
+            wd = d_desc.load([row, k0])
+            acc += tl.dot(ha, wd.T)
+        scale = tl.load(scale_ptr + pair, mask=m_mask, other=0.0).to(tl.float32)
+        y = acc * scale[:, None]
+        tl.store(out_ptr + pair[:, None].to(tl.int64) * H + offs_n[None, :], y.to(out_ptr.dtype.element_ty),
+                 mask=m_mask[:, None] & (offs_n < H)[None, :])
+
+
+def _desc(w: torch.Tensor, block: list[int]):
+    """A host TMA descriptor over w's [experts * rows, K] view."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return TensorDescriptor.from_tensor(w.view(-1, w.shape[-1]), block)
+
+
 # BLOCK_M rows of one expert's pairs at a time (tl.dot's least), N and K blocks of its weights, warps, stages
 # (measured on the H200 at the thinker's and the talker's shapes, 1 to 64 tokens: examples/bench_moe.py)
 BLOCKS = {"gate_up": (16, 32, 128, 4, 4), "down": (16, 32, 128, 2, 4)}
 # steps of more than TILED_FROM token-expert pairs (64 of the thinker's tokens) run the tiled kernels (a
 # program per tile of an expert's pairs) with these blocks (examples/bench_moe.py --sweep on the H200)
 TILED_FROM = 512
+# the tiled kernels read the weights through TMA descriptors (_gate_up_tiled_tma, _down_tiled_tma)
+TMA = False
 TILED = {"gate_up": (64, 64, 64, 4, 3), "down": (64, 128, 64, 4, 3)}
 # past these many pairs, larger tiles where the sweep found them faster (--sweep --skew 3 on the H200, one thinker
 # layer's experts, us: at 4,096 pairs TILED was within 0.4% of the best; at 16,384 (2,048 tokens) down at 128 x 256,
@@ -290,6 +354,11 @@ def gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, h: torch.Tensor, rows: 
     if h.shape[0] > TILED_FROM:
         bm, bn, bk, warps, stages = _tiled("gate_up", h.shape[0])
         grid = (triton.cdiv(h.shape[0], bm) + num_experts, triton.cdiv(two_i // 2, bn))
+        if TMA:
+            _gate_up_tiled_tma[grid](x, _desc(gate_up_proj, [bn, bk]), h, rows, ends, hidden, two_i // 2, top_k,
+                                     num_experts, triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn,
+                                     BLOCK_K=bk, num_warps=warps, num_stages=stages)
+            return
         _gate_up_tiled[grid](x, gate_up_proj, h, rows, ends, hidden, two_i // 2, top_k, num_experts,
                              triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                              num_warps=warps, num_stages=stages)
@@ -307,6 +376,11 @@ def down(h: torch.Tensor, down_proj: torch.Tensor, pairs: torch.Tensor, rows: to
     if pairs.shape[0] > TILED_FROM:
         bm, bn, bk, warps, stages = _tiled("down", pairs.shape[0])
         grid = (triton.cdiv(pairs.shape[0], bm) + num_experts, triton.cdiv(hidden, bn))
+        if TMA:
+            _down_tiled_tma[grid](h, _desc(down_proj, [bn, bk]), pairs, rows, ends, weights, hidden, inter,
+                                  num_experts, triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn,
+                                  BLOCK_K=bk, num_warps=warps, num_stages=stages)
+            return
         _down_tiled[grid](h, down_proj, pairs, rows, ends, weights, hidden, inter, num_experts,
                           triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                           num_warps=warps, num_stages=stages)

@@ -63,9 +63,10 @@ moe_triton.BLOCKS = {"gate_up": (16, 32, 32, 4, 3), "down": (16, 32, 32, 4, 3)}
 """
 
 
-@pytest.mark.parametrize("path", ["small", "tiled"])
+@pytest.mark.parametrize("path", ["small", "tiled", "tiled_tma"])
 def test_fused_experts_equal_the_reference_path_in_the_interpreter(path):
-    r = interpreted((TILED if path == "tiled" else "") + SCRIPT)
+    pre = {"small": "", "tiled": TILED, "tiled_tma": TILED + "moe_triton.TMA = True\n"}[path]
+    r = interpreted(pre + SCRIPT)
     assert r["shape"] == [21, 80]
     assert r["counts"][2] == 21 > r["block_m"] and r["counts"][7] == 0 and r["counts"][1] == 0   # the cases meant
     assert r["err"] <= 1e-5 * r["scale"] and r["res_err"] <= 1e-5 * (r["scale"] + 5), r
