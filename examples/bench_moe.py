@@ -90,7 +90,8 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true", help="time the tiled kernels at each block choice of SWEEP")
     ap.add_argument("--skew", type=float, nargs="+", default=[0.0], help="router logit added to 8 experts")
     ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
-    ap.add_argument("--tma", action="store_true", help="the tiled kernels read the weights through TMA descriptors")
+    ap.add_argument("--no-tma", dest="tma", action="store_false",
+                    help="the tiled kernels read the weights by pointers, not TMA descriptors")
     args = ap.parse_args()
     from models.components import moe_triton as mt
     mt.TMA = args.tma

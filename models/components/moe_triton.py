@@ -204,7 +204,8 @@ def _gate_up_tiled(x_ptr, w_ptr, h_ptr, rows_ptr, ends_ptr, H: tl.constexpr, I: 
                    E: tl.constexpr, EBLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr):
     """_gate_up for many tokens: a program per (tile of one expert's pairs, N-block), so an expert chosen by
-    many pairs is spread over as many programs as its tiles (no expert's rows run in one program)."""
+    many pairs is spread over as many programs as its tiles (no expert's rows run in one program). Where the
+    weights cannot take a TMA descriptor (_tma)."""
     e, m0, end = _tile(ends_ptr, tl.program_id(0), E, EBLOCK, BLOCK_M)
     if e < E:
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -294,8 +295,17 @@ BLOCKS = {"gate_up": (16, 32, 128, 4, 4), "down": (16, 32, 128, 2, 4)}
 # steps of more than TILED_FROM token-expert pairs (64 of the thinker's tokens) run the tiled kernels (a
 # program per tile of an expert's pairs) with these blocks (examples/bench_moe.py --sweep on the H200)
 TILED_FROM = 512
-# the tiled kernels read the weights through TMA descriptors (_gate_up_tiled_tma, _down_tiled_tma)
-TMA = False
+# the tiled kernels read the weights through TMA descriptors (_gate_up_tiled_tma, _down_tiled_tma) where the
+# GPU has TMA (sm_90 on) and the weights' rows are contiguous and 16-byte aligned. H200, one layer's experts
+# with skewed routing (examples/bench_moe.py --tokens 512 2048 8192 --skew 3 [--no-tma]), us: thinker 367.8 ->
+# 362.3, 557.3 -> 528.7, 1,482.8 -> 1,474.3; talker 114.6 -> 110.2, 174.9 -> 170.0, 470.0 -> 450.9; the same error
+TMA = True
+
+
+def _tma(w: torch.Tensor) -> bool:
+    if not (TMA and w.is_contiguous() and w.shape[-1] * w.element_size() % 16 == 0 and w.data_ptr() % 16 == 0):
+        return False
+    return w.device.type != "cuda" or torch.cuda.get_device_capability(w.device)[0] >= 9
 TILED = {"gate_up": (64, 64, 64, 4, 3), "down": (64, 128, 64, 4, 3)}
 # past these many pairs, larger tiles where the sweep found them faster (--sweep --skew 3 on the H200, one thinker
 # layer's experts, us: at 4,096 pairs TILED was within 0.4% of the best; at 16,384 (2,048 tokens) down at 128 x 256,
@@ -354,7 +364,7 @@ def gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, h: torch.Tensor, rows: 
     if h.shape[0] > TILED_FROM:
         bm, bn, bk, warps, stages = _tiled("gate_up", h.shape[0])
         grid = (triton.cdiv(h.shape[0], bm) + num_experts, triton.cdiv(two_i // 2, bn))
-        if TMA:
+        if _tma(gate_up_proj):
             _gate_up_tiled_tma[grid](x, _desc(gate_up_proj, [bn, bk]), h, rows, ends, hidden, two_i // 2, top_k,
                                      num_experts, triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn,
                                      BLOCK_K=bk, num_warps=warps, num_stages=stages)
@@ -376,7 +386,7 @@ def down(h: torch.Tensor, down_proj: torch.Tensor, pairs: torch.Tensor, rows: to
     if pairs.shape[0] > TILED_FROM:
         bm, bn, bk, warps, stages = _tiled("down", pairs.shape[0])
         grid = (triton.cdiv(pairs.shape[0], bm) + num_experts, triton.cdiv(hidden, bn))
-        if TMA:
+        if _tma(down_proj):
             _down_tiled_tma[grid](h, _desc(down_proj, [bn, bk]), pairs, rows, ends, weights, hidden, inter,
                                   num_experts, triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn,
                                   BLOCK_K=bk, num_warps=warps, num_stages=stages)

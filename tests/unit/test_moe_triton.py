@@ -63,9 +63,9 @@ moe_triton.BLOCKS = {"gate_up": (16, 32, 32, 4, 3), "down": (16, 32, 32, 4, 3)}
 """
 
 
-@pytest.mark.parametrize("path", ["small", "tiled", "tiled_tma"])
+@pytest.mark.parametrize("path", ["small", "tiled", "tiled_tma"])      # tiled: without TMA (moe_triton._tma)
 def test_fused_experts_equal_the_reference_path_in_the_interpreter(path):
-    pre = {"small": "", "tiled": TILED, "tiled_tma": TILED + "moe_triton.TMA = True\n"}[path]
+    pre = {"small": "", "tiled": TILED + "moe_triton.TMA = False\n", "tiled_tma": TILED}[path]
     r = interpreted(pre + SCRIPT)
     assert r["shape"] == [21, 80]
     assert r["counts"][2] == 21 > r["block_m"] and r["counts"][7] == 0 and r["counts"][1] == 0   # the cases meant
@@ -142,3 +142,17 @@ def test_the_counting_sort_groups_pairs_as_a_stable_sort_in_the_interpreter():
     assert [(c["p"], c["block"], c["blocks"]) for c in r] == [(1, 16, 1), (16, 16, 1), (37, 16, 3), (64, 16, 4),
                                                                (200, 64, 4)]
     assert all(c["rows"] and c["ends"] for c in r), r
+
+
+def test_tma_descriptors_only_where_the_weights_take_them(monkeypatch):
+    """The tiled kernels read weights through TMA descriptors where rows are contiguous and 16-byte aligned
+    (a CPU tensor stands for a GPU that has TMA: the interpreter runs the descriptors); else by pointers."""
+    import torch
+    from models.components import moe_triton
+
+    w = torch.empty(4, 8, 16, dtype=torch.bfloat16)                 # rows of 32 bytes
+    assert moe_triton._tma(w)
+    assert not moe_triton._tma(w[:, ::2])                            # rows of 32 bytes, not contiguous
+    assert not moe_triton._tma(torch.empty(4, 8, 4, dtype=torch.bfloat16))   # rows of 8 bytes
+    monkeypatch.setattr(moe_triton, "TMA", False)
+    assert not moe_triton._tma(w)
