@@ -108,12 +108,9 @@ def _place(ex_ptr, counts_ptr, rows_ptr, ends_ptr, P, NB, E: tl.constexpr, BLOCK
 
 @triton.jit
 def _gate_up_tile(x_ptr, w_e, h_ptr, rows_ptr, offs_m, m_mask, offs_n, n_mask, H: tl.constexpr, I: tl.constexpr,
-                  TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  DESC: tl.constexpr = False, w_row=0):
+                  TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One tile: grouped rows offs_m (pairs of one expert, whose weights start at w_e) x N-block offs_n of
-    silu(x W_gate) * (x W_up), accumulated in fp32 and rounded once into h. DESC: w_e is a TMA descriptor over
-    gate_up_proj as [E * 2I, H] and the tile's gate rows start at w_row (a block's rows past the expert's I gate
-    rows read up rows or the next expert's, whose columns are not stored; zeros past H)."""
+    silu(x W_gate) * (x W_up), accumulated in fp32 and rounded once into h."""
     tok = tl.load(rows_ptr + offs_m, mask=m_mask, other=0) // TOP_K
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -122,13 +119,9 @@ def _gate_up_tile(x_ptr, w_e, h_ptr, rows_ptr, offs_m, m_mask, offs_n, n_mask, H
         k_mask = offs_k < H
         xa = tl.load(x_ptr + tok[:, None].to(tl.int64) * H + offs_k[None, :],
                      mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        if DESC:
-            wg = w_e.load([w_row, k0]).T
-            wu = w_e.load([w_row + I, k0]).T
-        else:
-            wk = k_mask[:, None] & n_mask[None, :]
-            wg = tl.load(w_e + offs_n[None, :] * H + offs_k[:, None], mask=wk, other=0.0)
-            wu = tl.load(w_e + (offs_n[None, :] + I) * H + offs_k[:, None], mask=wk, other=0.0)
+        wk = k_mask[:, None] & n_mask[None, :]
+        wg = tl.load(w_e + offs_n[None, :] * H + offs_k[:, None], mask=wk, other=0.0)
+        wu = tl.load(w_e + (offs_n[None, :] + I) * H + offs_k[:, None], mask=wk, other=0.0)
         acc_g += tl.dot(xa, wg)
         acc_u += tl.dot(xa, wu)
     h = acc_g * tl.sigmoid(acc_g) * acc_u
@@ -138,10 +131,8 @@ def _gate_up_tile(x_ptr, w_e, h_ptr, rows_ptr, offs_m, m_mask, offs_n, n_mask, H
 
 @triton.jit
 def _down_tile(h_ptr, w_e, out_ptr, rows_ptr, scale_ptr, offs_m, m_mask, offs_n, n_mask, H: tl.constexpr,
-               I: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               DESC: tl.constexpr = False, w_row=0):
-    """One tile of down_proj: each pair's row times its routing weight, written to its (token, slot) place.
-    DESC: w_e is a TMA descriptor over down_proj as [E * H, I] and the tile's rows start at w_row."""
+               I: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One tile of down_proj: each pair's row times its routing weight, written to its (token, slot) place."""
     pair = tl.load(rows_ptr + offs_m, mask=m_mask, other=0)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
@@ -149,11 +140,8 @@ def _down_tile(h_ptr, w_e, out_ptr, rows_ptr, scale_ptr, offs_m, m_mask, offs_n,
         k_mask = offs_k < I
         ha = tl.load(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_k[None, :],
                      mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        if DESC:
-            wd = w_e.load([w_row, k0]).T
-        else:
-            wd = tl.load(w_e + offs_n[None, :] * I + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :],
-                         other=0.0)
+        wd = tl.load(w_e + offs_n[None, :] * I + offs_k[:, None], mask=k_mask[:, None] & n_mask[None, :],
+                     other=0.0)
         acc += tl.dot(ha, wd)
     scale = tl.load(scale_ptr + pair, mask=m_mask, other=0.0).to(tl.float32)
     y = acc * scale[:, None]
@@ -214,39 +202,85 @@ def _tile(ends_ptr, b, E: tl.constexpr, EBLOCK: tl.constexpr, BLOCK_M: tl.conste
 @triton.jit
 def _gate_up_tiled(x_ptr, w_ptr, h_ptr, rows_ptr, ends_ptr, H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr,
                    E: tl.constexpr, EBLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, DESC: tl.constexpr):
+                   BLOCK_K: tl.constexpr):
     """_gate_up for many tokens: a program per (tile of one expert's pairs, N-block), so an expert chosen by
-    many pairs is spread over as many programs as its tiles (no expert's rows run in one program). DESC: w_ptr
-    is a TMA descriptor over gate_up_proj (_tma says where)."""
+    many pairs is spread over as many programs as its tiles (no expert's rows run in one program). Where the
+    weights cannot take a TMA descriptor (_tma)."""
     e, m0, end = _tile(ends_ptr, tl.program_id(0), E, EBLOCK, BLOCK_M)
     if e < E:
-        n0 = tl.program_id(1) * BLOCK_N
-        offs_n = n0 + tl.arange(0, BLOCK_N)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = m0 + tl.arange(0, BLOCK_M)
-        if DESC:
-            _gate_up_tile(x_ptr, w_ptr, h_ptr, rows_ptr, offs_m, offs_m < end, offs_n, offs_n < I, H, I, TOP_K,
-                          BLOCK_M, BLOCK_N, BLOCK_K, True, e * (2 * I) + n0)
-        else:
-            _gate_up_tile(x_ptr, w_ptr + e.to(tl.int64) * (2 * I * H), h_ptr, rows_ptr, offs_m, offs_m < end,
-                          offs_n, offs_n < I, H, I, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K)
+        _gate_up_tile(x_ptr, w_ptr + e.to(tl.int64) * (2 * I * H), h_ptr, rows_ptr, offs_m, offs_m < end, offs_n,
+                      offs_n < I, H, I, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
 def _down_tiled(h_ptr, w_ptr, out_ptr, rows_ptr, ends_ptr, scale_ptr, H: tl.constexpr, I: tl.constexpr,
                 E: tl.constexpr, EBLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, DESC: tl.constexpr):
+                BLOCK_K: tl.constexpr):
     """_down for many tokens, tiled as _gate_up_tiled."""
+    e, m0, end = _tile(ends_ptr, tl.program_id(0), E, EBLOCK, BLOCK_M)
+    if e < E:
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        _down_tile(h_ptr, w_ptr + e.to(tl.int64) * (H * I), out_ptr, rows_ptr, scale_ptr, offs_m, offs_m < end,
+                   offs_n, offs_n < H, H, I, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _gate_up_tiled_tma(x_ptr, w_desc, h_ptr, rows_ptr, ends_ptr, H: tl.constexpr, I: tl.constexpr,
+                       TOP_K: tl.constexpr, E: tl.constexpr, EBLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """_gate_up_tiled with the weights' blocks read through a TMA descriptor over gate_up_proj as [E * 2I, H]
+    (the tensor memory accelerator copies each [BLOCK_N, BLOCK_K] block; zeros past H). A block's rows past the
+    expert's I gate rows read the up rows or the next expert's, whose columns are not stored."""
     e, m0, end = _tile(ends_ptr, tl.program_id(0), E, EBLOCK, BLOCK_M)
     if e < E:
         n0 = tl.program_id(1) * BLOCK_N
         offs_n = n0 + tl.arange(0, BLOCK_N)
         offs_m = m0 + tl.arange(0, BLOCK_M)
-        if DESC:
-            _down_tile(h_ptr, w_ptr, out_ptr, rows_ptr, scale_ptr, offs_m, offs_m < end, offs_n, offs_n < H, H, I,
-                       BLOCK_M, BLOCK_N, BLOCK_K, True, e * H + n0)
-        else:
-            _down_tile(h_ptr, w_ptr + e.to(tl.int64) * (H * I), out_ptr, rows_ptr, scale_ptr, offs_m,
-                       offs_m < end, offs_n, offs_n < H, H, I, BLOCK_M, BLOCK_N, BLOCK_K)
+        m_mask = offs_m < end
+        tok = tl.load(rows_ptr + offs_m, mask=m_mask, other=0) // TOP_K
+        row = e * (2 * I) + n0
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            xa = tl.load(x_ptr + tok[:, None].to(tl.int64) * H + offs_k[None, :],
+                         mask=m_mask[:, None] & (offs_k < H)[None, :], other=0.0)
+            wg = w_desc.load([row, k0])
+            wu = w_desc.load([row + I, k0])
+            acc_g += tl.dot(xa, wg.T)
+            acc_u += tl.dot(xa, wu.T)
+        h = acc_g * tl.sigmoid(acc_g) * acc_u
+        tl.store(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
+                 mask=m_mask[:, None] & (offs_n < I)[None, :])
+
+
+@triton.jit
+def _down_tiled_tma(h_ptr, d_desc, out_ptr, rows_ptr, ends_ptr, scale_ptr, H: tl.constexpr, I: tl.constexpr,
+                    E: tl.constexpr, EBLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+    """_down_tiled with down_proj's blocks read through a TMA descriptor over it as [E * H, I]."""
+    e, m0, end = _tile(ends_ptr, tl.program_id(0), E, EBLOCK, BLOCK_M)
+    if e < E:
+        n0 = tl.program_id(1) * BLOCK_N
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        m_mask = offs_m < end
+        pair = tl.load(rows_ptr + offs_m, mask=m_mask, other=0)
+        row = e * H + n0
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            ha = tl.load(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_k[None, :],
+                         mask=m_mask[:, None] & (offs_k < I)[None, :], other=0.0)
+            wd = d_desc.load([row, k0])
+            acc += tl.dot(ha, wd.T)
+        scale = tl.load(scale_ptr + pair, mask=m_mask, other=0.0).to(tl.float32)
+        y = acc * scale[:, None]
+        tl.store(out_ptr + pair[:, None].to(tl.int64) * H + offs_n[None, :], y.to(out_ptr.dtype.element_ty),
+                 mask=m_mask[:, None] & (offs_n < H)[None, :])
 
 
 def _desc(w: torch.Tensor, block: list[int]):
@@ -261,7 +295,7 @@ BLOCKS = {"gate_up": (16, 32, 128, 4, 4), "down": (16, 32, 128, 2, 4)}
 # steps of more than TILED_FROM token-expert pairs (64 of the thinker's tokens) run the tiled kernels (a
 # program per tile of an expert's pairs) with these blocks (examples/bench_moe.py --sweep on the H200)
 TILED_FROM = 512
-# the tiled kernels read the weights through TMA descriptors (their DESC form) where the
+# the tiled kernels read the weights through TMA descriptors (_gate_up_tiled_tma, _down_tiled_tma) where the
 # GPU has TMA (sm_90 on) and the weights' rows are contiguous and 16-byte aligned. H200, one layer's experts
 # with skewed routing (examples/bench_moe.py --tokens 512 2048 8192 --skew 3 [--no-tma]), us: thinker 367.8 ->
 # 362.3, 557.3 -> 528.7, 1,482.8 -> 1,474.3; talker 114.6 -> 110.2, 174.9 -> 170.0, 470.0 -> 450.9; the same error
@@ -330,10 +364,14 @@ def gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, h: torch.Tensor, rows: 
     if h.shape[0] > TILED_FROM:
         bm, bn, bk, warps, stages = _tiled("gate_up", h.shape[0])
         grid = (triton.cdiv(h.shape[0], bm) + num_experts, triton.cdiv(two_i // 2, bn))
-        desc = _tma(gate_up_proj)
-        _gate_up_tiled[grid](x, _desc(gate_up_proj, [bn, bk]) if desc else gate_up_proj, h, rows, ends, hidden,
-                             two_i // 2, top_k, num_experts, triton.next_power_of_2(num_experts), BLOCK_M=bm,
-                             BLOCK_N=bn, BLOCK_K=bk, DESC=desc, num_warps=warps, num_stages=stages)
+        if _tma(gate_up_proj):
+            _gate_up_tiled_tma[grid](x, _desc(gate_up_proj, [bn, bk]), h, rows, ends, hidden, two_i // 2, top_k,
+                                     num_experts, triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn,
+                                     BLOCK_K=bk, num_warps=warps, num_stages=stages)
+            return
+        _gate_up_tiled[grid](x, gate_up_proj, h, rows, ends, hidden, two_i // 2, top_k, num_experts,
+                             triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                             num_warps=warps, num_stages=stages)
         return
     bm, bn, bk, warps, stages = BLOCKS["gate_up"]
     _gate_up[(num_experts, triton.cdiv(two_i // 2, bn))](x, gate_up_proj, h, rows, ends, hidden, two_i // 2, top_k,
@@ -348,10 +386,14 @@ def down(h: torch.Tensor, down_proj: torch.Tensor, pairs: torch.Tensor, rows: to
     if pairs.shape[0] > TILED_FROM:
         bm, bn, bk, warps, stages = _tiled("down", pairs.shape[0])
         grid = (triton.cdiv(pairs.shape[0], bm) + num_experts, triton.cdiv(hidden, bn))
-        desc = _tma(down_proj)
-        _down_tiled[grid](h, _desc(down_proj, [bn, bk]) if desc else down_proj, pairs, rows, ends, weights, hidden,
-                          inter, num_experts, triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                          DESC=desc, num_warps=warps, num_stages=stages)
+        if _tma(down_proj):
+            _down_tiled_tma[grid](h, _desc(down_proj, [bn, bk]), pairs, rows, ends, weights, hidden, inter,
+                                  num_experts, triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn,
+                                  BLOCK_K=bk, num_warps=warps, num_stages=stages)
+            return
+        _down_tiled[grid](h, down_proj, pairs, rows, ends, weights, hidden, inter, num_experts,
+                          triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                          num_warps=warps, num_stages=stages)
         return
     bm, bn, bk, warps, stages = BLOCKS["down"]
     _down[(num_experts, triton.cdiv(hidden, bn))](h, down_proj, pairs, rows, ends, weights, hidden, inter,
