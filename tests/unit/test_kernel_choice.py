@@ -75,32 +75,39 @@ def test_set_kernels_sets_resets_and_refuses():
         set_kernels(moe, {"fused_max_token": 5})
 
 
-def test_the_simulation_sees_the_fused_path_as_its_buffers_and_operators():
-    """T tokens routed to k of E experts (hidden H, intermediate I), bf16, on meta: four buffers
-    (rows T*k int32, ends E int32, h [T*k, I] and pairs [T*k, H] bf16), three graphc operators, the sum
-    [T, H]; no sort, no grouped_mm."""
-    T, k, E, H, I = 3, 2, 8, 32, 16
+def _on_meta(T: int, k: int, E: int, H: int, I: int):
+    """Experts (bf16, on meta) with its inputs for T tokens routed to k of E, the fused kernels chosen for T."""
     with torch.device("meta"):
         ex = Experts(E, H, I).to(torch.bfloat16)
         x = torch.empty(T, H, dtype=torch.bfloat16)
         experts = torch.empty(T, k, dtype=torch.int64)
         weights = torch.empty(T, k, dtype=torch.bfloat16)
     set_kernels(ex, {"fused_max_tokens": T})
-    rec = _Recorder(list(ex.parameters()) + [x, experts, weights])
-    names = OpNames()
-    seen = names.seen
+    return ex, x, experts, weights
 
+
+def _simulated(ex, *inputs):
+    """(output, the allocations' bytes in order, the operators seen) of ex(*inputs), as the simulation sees them."""
+    rec = _Recorder(list(ex.parameters()) + list(inputs))
+    names = OpNames()
     with rec, names, torch.no_grad():
-        out = ex(x, experts, weights)
-    allocs = [n for kind, _, n in rec.events if kind == 1]
+        out = ex(*inputs)
+    return out, [n for kind, _, n in rec.events if kind == 1], names.seen
+
+
+def test_the_simulation_sees_the_fused_path_as_its_buffers_and_operators():
+    """T tokens routed to k of E experts (hidden H, intermediate I), bf16, on meta: four buffers
+    (rows T*k int32, ends E int32, h [T*k, I] and pairs [T*k, H] bf16), three graphc operators, the sum
+    [T, H]; no sort, no grouped_mm."""
+    T, k, E, H, I = 3, 2, 8, 32, 16
+    ex, *inputs = _on_meta(T, k, E, H, I)
+    out, allocs, seen = _simulated(ex, *inputs)
     assert allocs == [T * k * 4, E * 4, T * k * I * 2, T * k * H * 2, T * H * 2], allocs
     assert [s for s in seen if s.startswith("graphc.")] == ["graphc.moe_group", "graphc.moe_gate_up", "graphc.moe_down"]
     assert not any("sort" in s or "grouped_mm" in s for s in seen)
     assert out.shape == (T, H) and out.dtype == torch.bfloat16
     set_kernels(ex, {"fused_max_tokens": T - 1})                # one token more than the choice: grouped_mm
-    seen.clear()
-    with names, torch.no_grad():
-        ex(x, experts, weights)
+    _, _, seen = _simulated(ex, *inputs)
     assert not any(s.startswith("graphc.") for s in seen) and any("grouped_mm" in s for s in seen)
 
 
@@ -111,21 +118,11 @@ def test_many_pairs_are_grouped_by_the_counting_sort_in_two_operators():
 
     T, k, E, H, I = 300, 2, 8, 32, 16
     assert moe_ops.GROUP_SORT_FROM == 512 and (moe_ops.COUNT_BLOCK, moe_ops.COUNT_BLOCKS) == (128, 128)
-    with torch.device("meta"):
-        ex = Experts(E, H, I).to(torch.bfloat16)
-        x = torch.empty(T, H, dtype=torch.bfloat16)
-        experts = torch.empty(T, k, dtype=torch.int64)
-        weights = torch.empty(T, k, dtype=torch.bfloat16)
-    set_kernels(ex, {"fused_max_tokens": T})
-    rec = _Recorder(list(ex.parameters()) + [x, experts, weights])
-    names = OpNames()
-    with rec, names, torch.no_grad():
-        ex(x, experts, weights)
-    allocs = [n for kind, _, n in rec.events if kind == 1]
+    _, allocs, seen = _simulated(*_on_meta(T, k, E, H, I))
     assert allocs == [T * k * 4, E * 4, 5 * E * 4, T * k * I * 2, T * k * H * 2, T * H * 2], allocs
-    assert [s for s in names.seen if s.startswith("graphc.")] == ["graphc.moe_count", "graphc.moe_place",
-                                                                 "graphc.moe_gate_up", "graphc.moe_down"]
-    assert not any("sort" in s for s in names.seen)
+    assert [s for s in seen if s.startswith("graphc.")] == ["graphc.moe_count", "graphc.moe_place",
+                                                            "graphc.moe_gate_up", "graphc.moe_down"]
+    assert not any("sort" in s for s in seen)
 
 
 def test_a_boot_sets_the_plan_choice_on_the_modules():
