@@ -6,7 +6,9 @@ memory floor (issue 13), each captured as a CUDA graph of 16 calls and replayed 
     every choice's output is compared with the first's;
   - the grouping of token-expert pairs by expert past moe_ops.GROUP_SORT_FROM: torch's stable sort of the
     ids as bytes and a searchsorted (the path before the counting sort) against moe_count + moe_place, at
-    the prefill sizes of the thinker (top-8) and the talker (top-6); both must give the same rows and ends.
+    the prefill sizes of the thinker (top-8) and the talker (top-6); both must give the same rows and ends;
+  - the vision encoder's fp32 rotary of q and k (16 heads of 72) by the torch path and by q_k_rope_f32 (the
+    fused_rope knob), at --patches rows; both must give the same bits.
 
     python examples/bench_prefill_kernels.py --json OUT.json
 """
@@ -72,6 +74,35 @@ def rope_rows(args) -> list[dict]:
     return rows
 
 
+def vision_rope_rows(args) -> list[dict]:
+    """The vision encoder's q and k rotary in fp32 (16 heads of 72): the torch path (VisionAttention without
+    fused_rope) against norm_ops.q_k_rope_f32; both must give the same bits."""
+    from models.components import norm_ops
+    from models.components.layers import apply_rope
+
+    rows = []
+    for n in args.patches:
+        gen = torch.Generator(device="cuda").manual_seed(n)
+        qkv = (3 * torch.randn(n, 3, 16, 72, device="cuda", generator=gen)).to(torch.bfloat16)
+        q, k = qkv[:, 0], qkv[:, 1]
+        ang = torch.rand(n, 1, 36, device="cuda", generator=gen) * 64
+        cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+
+        def torch_path():
+            return apply_rope(q.float(), cos, sin).to(q.dtype), apply_rope(k.float(), cos, sin).to(k.dtype)
+        same = all(torch.equal(a, b) for a, b in zip(torch_path(), norm_ops.q_k_rope_f32(q, k, cos, sin)))
+        t_torch = per_call(torch_path, args.replays)
+        t_fused = per_call(lambda: norm_ops.q_k_rope_f32(q, k, cos, sin), args.replays)
+        floor = 2 * 2 * n * 16 * 72 * 2 / args.bandwidth * 1e6          # q and k read and written once, bf16
+        rows.append({"kernel": "vision_rope", "patches": n, "torch_us": t_torch, "fused_us": t_fused,
+                     "floor_us": floor, "same": same})
+        print(f"vision rope {n:5d} patches: torch path {t_torch:8.2f} us  q_k_rope_f32 {t_fused:7.2f} us  "
+              f"(floor {floor:5.2f})  same: {same}", flush=True)
+        if not same:
+            raise SystemExit("q_k_rope_f32 differs from the torch path")
+    return rows
+
+
 def torch_group(flat: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The path before the counting sort: a stable sort of the ids as bytes, a searchsorted for the ends."""
     order, idx = torch.sort(flat.to(torch.uint8), stable=True)
@@ -115,6 +146,7 @@ def group_rows(args) -> list[dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 64, 512, 2048])
+    ap.add_argument("--patches", type=int, nargs="+", default=[1024, 8192], help="vision rotary rows")
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--skew", type=float, default=3.0, help="router logit added to 8 experts (seeded weights' skew)")
     ap.add_argument("--bandwidth", type=float, default=4.26e12)
@@ -123,7 +155,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         raise SystemExit("bench_prefill_kernels times GPU kernels: no CUDA device here")
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "calls_a_graph": CALLS,
-           "rows": rope_rows(args) + group_rows(args)}
+           "rows": rope_rows(args) + group_rows(args) + vision_rope_rows(args)}
     if args.json:
         import triton
         out["triton"] = triton.__version__

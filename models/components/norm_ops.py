@@ -6,6 +6,7 @@ caller with torch.empty, which the simulation records). Triton is imported only 
     graphc::add_rms_norm(x, residual, weight, total!, y!, eps)
     graphc::qk_norm_rope(x, weight, cos, sin, y!, eps)
     graphc::q_k_norm_rope(q, k, wq, wk, cos, sin, yq!, yk!, eps)
+    graphc::q_k_rope_f32(q, k, cos, sin, yq!, yk!)
     graphc::snake_beta(x, alpha, beta, y!)
     graphc::silu_mul(gate_up, y!)
 
@@ -70,6 +71,19 @@ def _(q, k, wq, wk, cos, sin, yq, yk, eps) -> None:
     return None
 
 
+@torch.library.custom_op("graphc::q_k_rope_f32", mutates_args=("yq", "yk"))
+def q_k_rope_f32_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, yq: torch.Tensor,
+                    yk: torch.Tensor) -> None:
+    from models.components import norm_triton as kern
+
+    kern.q_k_rope_f32(q, k, cos, sin, yq, yk)
+
+
+@q_k_rope_f32_op.register_fake
+def _(q, k, cos, sin, yq, yk) -> None:
+    return None
+
+
 @torch.library.custom_op("graphc::snake_beta", mutates_args=("y",))
 def snake_beta_op(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, y: torch.Tensor) -> None:
     from models.components import norm_triton as k
@@ -121,18 +135,21 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     return total.view(x.shape), y.view(x.shape)
 
 
-def _tables(op: str, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _tables(op: str, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin for x [..., heads, D] as [N, D] rows, one per row of x: they must be [..., 1, D] or broadcast
-    to it (a table row serving many rows of x is read in place where one stride can say so, else copied)."""
+    to it (a table row serving many rows of x is read in place where one stride can say so, else copied), in
+    dtype (default: x's)."""
     *rows, _, d = x.shape
     shape = (*rows, 1, d)
+    dtype = dtype or x.dtype
     try:
         fits = tuple(torch.broadcast_shapes(cos.shape, shape)) == shape
     except RuntimeError:
         fits = False
-    if not fits or cos.shape != sin.shape or cos.dtype != x.dtype or sin.dtype != x.dtype:
+    if not fits or cos.shape != sin.shape or cos.dtype != dtype or sin.dtype != dtype:
         raise ValueError(f"{op}: x {tuple(x.shape)} {x.dtype} takes cos and sin of shape {shape} (or broadcasting "
-                         f"to it) in its dtype, not {tuple(cos.shape)} {cos.dtype}, {tuple(sin.shape)} {sin.dtype}")
+                         f"to it) in {dtype}, not {tuple(cos.shape)} {cos.dtype}, {tuple(sin.shape)} {sin.dtype}")
     return _rows(cos.expand(shape)), _rows(sin.expand(shape))
 
 
@@ -192,6 +209,21 @@ def q_k_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.
     out[0].copy_(yq.view(q.shape))
     out[1].copy_(yk.view(k.shape))
     return out
+
+
+def q_k_rope_f32(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(apply_rope(q.float(), cos, sin).to(q.dtype), the same of k) in one launch: q [..., HQ, D] and k [..., HK, D]
+    of the same rows and dtype, cos and sin fp32 [..., 1, D] or broadcasting to it (the vision encoder's)."""
+    if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1] or k.dtype != q.dtype:
+        raise ValueError(f"q_k_rope_f32: q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} must share "
+                         "their rows, head dim and dtype")
+    c2, s2 = _tables("q_k_rope_f32", q, cos, sin, torch.float32)
+    q3, k3 = _heads(q), _heads(k)
+    yq = torch.empty(q3.shape, device=q.device, dtype=q.dtype)
+    yk = torch.empty(k3.shape, device=k.device, dtype=k.dtype)
+    q_k_rope_f32_op(q3, k3, c2, s2, yq, yk)
+    return yq.view(q.shape), yk.view(k.shape)
 
 
 def snake_beta(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ is a few microseconds of launch and almost no work: about forty of the thinker's
     qk_norm_rope   y = rope(rms_norm(x)) over each [head_dim] row of q or k, cos and sin given per row, a
                    program per (row, block of ROPE_HEADS heads)
     q_k_norm_rope  the same over q's and k's heads of a row in one launch, each with its own norm weight
+    q_k_rope_f32   q's and k's rotary alone, in fp32 and rounded once (the vision encoder's, heads 72 wide)
     silu_mul       y = silu(gate) * up over a SwiGLU's [gate | up] projection rows (torch: two launches)
 
 Each rounds where the torch path (HF's order) rounds: the sum in the input dtype, the normalised row cast
@@ -111,6 +112,46 @@ def _q_k_norm_rope(q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, yq_ptr, yk_pt
     else:
         _norm_rope_heads(k_ptr + row * k_row, k_head, wk_ptr, c_base, s_base, yk_ptr + row * yk_row, yk_head,
                          (b - bq) * G, HK, eps, D, G)
+
+
+@triton.jit
+def _rope_f32_heads(x_base, x_head, c_base, s_base, y_base, y_head, first, heads, D: tl.constexpr,
+                    BLOCK_D: tl.constexpr, G: tl.constexpr):
+    """Heads [first, first + G) (those < heads) of one row: y = x * cos + rotate_half(x) * sin in fp32 (cos and
+    sin fp32), rounded once to y's dtype: apply_rope(x.float(), cos, sin).to(dtype), the vision encoder's order.
+    D need not be a power of two (the vision tower's heads are 72 wide)."""
+    HALF: tl.constexpr = D // 2
+    hs = first + tl.arange(0, G)
+    offs = tl.arange(0, BLOCK_D)
+    dm = offs < D
+    m = (hs < heads)[:, None] & dm[None, :]
+    other = tl.where(offs < HALF, offs + HALF, offs - HALF)             # the rotate-half partner
+    x = tl.load(x_base + hs[:, None] * x_head + offs[None, :], mask=m, other=0.0).to(tl.float32)
+    xo = tl.load(x_base + hs[:, None] * x_head + other[None, :], mask=m, other=0.0).to(tl.float32)
+    rot = tl.where((offs < HALF)[None, :], -xo, xo)                     # cat(-x[half:], x[:half])
+    c = tl.load(c_base + offs, mask=dm, other=0.0)[None, :]
+    s = tl.load(s_base + offs, mask=dm, other=0.0)[None, :]
+    dt = y_base.dtype.element_ty
+    y = _round(x * c + rot * s, dt == tl.bfloat16)                      # to nearest, as torch's cast (and exact)
+    tl.store(y_base + hs[:, None] * y_head + offs[None, :], y.to(dt), mask=m)
+
+
+@triton.jit
+def _q_k_rope_f32(q_ptr, k_ptr, cos_ptr, sin_ptr, yq_ptr, yk_ptr, HQ, HK, q_row, q_head, k_row, k_head, yq_row,
+                  yq_head, yk_row, yk_head, c_row, D: tl.constexpr, BLOCK_D: tl.constexpr, G: tl.constexpr):
+    """q's and k's fp32 rotary in one grid: a program per (row, block of G heads of q, then of k)."""
+    bq = tl.cdiv(HQ, G)
+    blocks = bq + tl.cdiv(HK, G)
+    pid = tl.program_id(0)
+    row = pid // blocks
+    b = pid % blocks
+    c_base, s_base = cos_ptr + row * c_row, sin_ptr + row * c_row
+    if b < bq:
+        _rope_f32_heads(q_ptr + row * q_row, q_head, c_base, s_base, yq_ptr + row * yq_row, yq_head, b * G, HQ, D,
+                        BLOCK_D, G)
+    else:
+        _rope_f32_heads(k_ptr + row * k_row, k_head, c_base, s_base, yk_ptr + row * yk_row, yk_head, (b - bq) * G, HK,
+                        D, BLOCK_D, G)
 
 
 # (heads a program, warps) for qk_norm_rope and q_k_norm_rope, for steps of up to ROPE_MANY_ROWS rows and for
@@ -220,3 +261,19 @@ def snake_beta(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, y: torc
     if b * c and t:
         _snake_beta[(b * c, triton.cdiv(t, SNAKE_BLOCK))](x, alpha, beta, y, c, t, x.stride(0), x.stride(1),
                                                          BLOCK=SNAKE_BLOCK, num_warps=4)
+
+
+def q_k_rope_f32(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, yq: torch.Tensor,
+                 yk: torch.Tensor) -> None:
+    """q [N, HQ, D] and k [N, HK, D] (rows and heads may be strided, elements contiguous), cos and sin [N, D]
+    fp32 with contiguous rows: yq, yk = apply_rope(x.float(), cos, sin) rounded to their dtype. The products
+    and their sum are not contracted into fused multiply-adds, so each rounds in fp32 as torch's three kernels
+    round (equal to the torch path bit for bit)."""
+    n, hq, d = q.shape
+    hk = k.shape[1]
+    if n:
+        g, warps = _rope_heads(n)
+        _q_k_rope_f32[(n * (triton.cdiv(hq, g) + triton.cdiv(hk, g)),)](
+            q, k, cos, sin, yq, yk, hq, hk, q.stride(0), q.stride(1), k.stride(0), k.stride(1), yq.stride(0),
+            yq.stride(1), yk.stride(0), yk.stride(1), cos.stride(0), D=d, BLOCK_D=triton.next_power_of_2(d), G=g,
+            num_warps=warps, enable_fp_fusion=False)

@@ -102,6 +102,11 @@ class PatchEmbed(nn.Module):
 
 
 class VisionAttention(nn.Module):
+    # a kernel choice (graphc.modules.KERNEL_KNOBS, set at boot and in the simulation): 1 rotates q and k in one
+    # fp32 launch (norm_ops.q_k_rope_f32) on a GPU and on meta tensors, where the torch path runs about a dozen
+    # kernels over fp32 copies; no plan chooses it yet (select_backends) until the H200 has timed it
+    fused_rope: int = 0
+
     def __init__(self, cfg: VisionConfig):
         super().__init__()
         self.h, self.d = cfg.num_heads, cfg.head_dim
@@ -112,8 +117,12 @@ class VisionAttention(nn.Module):
         t = x.shape[0]
         q, k, v = self.qkv(x).view(t, 3, self.h, self.d).unbind(1)   # each [P, H, D]
         # HF rotates in fp32 and casts back: bf16 rotary would drift from the reference.
-        q = apply_rope(q.float(), cos, sin).to(x.dtype)
-        k = apply_rope(k.float(), cos, sin).to(x.dtype)
+        if self.fused_rope and x.device.type in ("cuda", "meta") and cos.dtype == sin.dtype == torch.float32:
+            from models.components.norm_ops import q_k_rope_f32
+            q, k = q_k_rope_f32(q, k, cos, sin)
+        else:
+            q = apply_rope(q.float(), cos, sin).to(x.dtype)
+            k = apply_rope(k.float(), cos, sin).to(x.dtype)
         return self.proj(attn(q, k, v).reshape(t, self.h * self.d))
 
 

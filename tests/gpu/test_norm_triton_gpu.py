@@ -257,3 +257,27 @@ def test_q_and_k_in_one_launch_equal_two(shape, rows):
     yq, yk = norm_ops.q_k_norm_rope(q, k, wq, wk, cos, sin, 1e-6)
     assert torch.equal(yq, norm_ops.qk_norm_rope(q, wq, cos, sin, 1e-6))
     assert torch.equal(yk, norm_ops.qk_norm_rope(k, wk, cos, sin, 1e-6))
+
+
+@pytest.mark.parametrize("patches", [64, 1024, 8192])
+def test_vision_fp32_rotary_equals_the_torch_path(patches):
+    """q_k_rope_f32 (the vision encoder's q and k rotated in fp32 and rounded once; heads 72 wide, not a power of
+    two) equals apply_rope(x.float(), cos, sin).to(bf16) bit for bit at the vision tower's real shape (16 heads,
+    q and k strided views of one [P, 3, 16, 72] projection), eagerly and replayed in a CUDA graph."""
+    pytest.importorskip("triton")
+    from models.components import norm_ops
+
+    gen = torch.Generator(device="cuda").manual_seed(patches)
+    qkv = (3 * torch.randn(patches, 3, 16, 72, device="cuda", generator=gen)).to(torch.bfloat16)
+    q, k = qkv[:, 0], qkv[:, 1]
+    ang = torch.rand(patches, 1, 36, device="cuda", generator=gen) * 64
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    want = (apply_rope(q.float(), cos, sin).to(torch.bfloat16), apply_rope(k.float(), cos, sin).to(torch.bfloat16))
+    got = norm_ops.q_k_rope_f32(q, k, cos, sin)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        replayed = norm_ops.q_k_rope_f32(q, k, cos, sin)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed[0], want[0]) and torch.equal(replayed[1], want[1])

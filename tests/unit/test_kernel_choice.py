@@ -353,3 +353,25 @@ def test_the_code_predictors_residual_adds_run_inside_its_norms():
         y = DecoderLayer.forward(layer, y, cos[:2], sin[:2], FrameAttend(cache, i, slice(0, 2)))
     want = cp.model.norm(y[:, -1])
     assert torch.equal(got, want)
+
+
+def test_the_vision_rotary_knob_runs_one_operator_and_no_plan_chooses_it_yet():
+    """VisionAttention's fused_rope: on meta with the knob, q and k rotate in graphc.q_k_rope_f32 (no fp32 copies,
+    cat or neg); without it, the torch path. select_backends does not choose it (not yet timed on the H200), so
+    the shipped plans record no such knob."""
+    from models.components.vision import VisionAttention, VisionConfig
+
+    cfg = VisionConfig(depth=1, hidden_size=32, num_heads=4, intermediate_size=64, out_hidden_size=64,
+                       num_position_embeddings=64, deepstack_visual_indexes=(0,))
+    with torch.device("meta"):
+        att = VisionAttention(cfg).to(torch.bfloat16)
+        x = torch.empty(6, 32, dtype=torch.bfloat16)
+        cos = sin = torch.empty(6, 1, 8)
+    assert set_kernels(att, {"fused_rope": 1}) == {"fused_rope"}
+    out, ops = OpNames.of(lambda: att(x, cos, sin, lambda q, k, v: q))
+    assert out.shape == (6, 32) and "graphc.q_k_rope_f32" in ops and "aten.cat" not in ops and "aten.neg" not in ops
+    set_kernels(att, {})
+    _, ops = OpNames.of(lambda: att(x, cos, sin, lambda q, k, v: q))
+    assert "graphc.q_k_rope_f32" not in ops and "aten.cat" in ops
+    for name in ("qwen3_omni_h200", "qwen3_omni_2xh100", "tiny_h100"):
+        assert all("fused_rope" not in n.kernels for n in load_plan(f"plans/{name}.plan").nodes.values())

@@ -171,3 +171,36 @@ def test_fused_silu_mul_equals_the_torch_path_in_the_interpreter():
     assert bf16["err"] <= 2 ** -7 * bf16["scale"] and bf16["differ"] <= 0.02, bf16
     assert r["meta"]["shape"] == [5, 8]
     assert [o for o in r["meta"]["ops"] if o in ("mm", "addmm", "silu", "mul", "silu_mul")] == ["mm", "silu_mul", "mm"], r
+
+
+# the vision encoder's rotary: q and k (strided views of one [T, 3, H, 72] projection; 72 is not a power of two)
+# in fp32 with fp32 tables, rounded once to their dtype: equal to the torch path bit for bit
+ROPE_F32 = r"""
+import torch
+from models.components.layers import apply_rope
+from models.components import norm_ops
+
+torch.manual_seed(0)
+out = {}
+for dtype in (torch.float32, torch.bfloat16):
+    T, H, D = 5, 6, 72
+    qkv = (3 * torch.randn(T, 3, H, D)).to(dtype)
+    q, k = qkv[:, 0], qkv[:, 1, :4]                  # k: fewer heads than q, a part block
+    ang = torch.rand(T, 1, D // 2) * 50.0
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)     # fp32, as VisionEncoder.rotary
+    with torch.no_grad():
+        gq, gk = norm_ops.q_k_rope_f32(q, k, cos, sin)
+        wq, wk = apply_rope(q.float(), cos, sin).to(dtype), apply_rope(k.float(), cos, sin).to(dtype)
+    out[str(dtype)] = {"equal": bool(torch.equal(gq, wq) and torch.equal(gk, wk)),
+                       "differ": ((gq != wq).float().mean().item(), (gk != wk).float().mean().item()),
+                       "shapes": [list(gq.shape), list(gk.shape)], "dtypes": [str(gq.dtype), str(gk.dtype)]}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("heads", [(1, 1), (4, 2)])
+def test_fp32_rotary_equals_the_torch_path_in_the_interpreter(heads):
+    r = interpreted(HEADS.format(heads) + ROPE_F32)
+    for dt in ("torch.float32", "torch.bfloat16"):
+        assert r[dt]["shapes"] == [[5, 6, 72], [5, 4, 72]] and r[dt]["dtypes"] == [dt, dt], r
+        assert r[dt]["equal"], (dt, r[dt])
