@@ -121,7 +121,8 @@ class Strict(BaseModel):
                 raise ValueError(f"{where} is about 2**{n.bit_length() - 1}, more than a 64-bit int holds (2**63 - 1)")
             many = _too_many(data)
             if many is not None:
-                raise ValueError(f"{many[0]} is {int(many[1]):,}; a count of layers, heads or experts is at most "
+                shown = f"{many[1]:,}" if isinstance(many[1], int) else f"{many[1]:g}"     # a float may be inf
+                raise ValueError(f"{many[0]} is {shown}; a count of layers, heads or experts is at most "
                                  f"{MAX_COUNT:,} (building that many modules would not end)")
         return data
 

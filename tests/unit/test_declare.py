@@ -54,3 +54,19 @@ def test_model_refuses_duplicate_names():
 def test_resource_specs_check_heads():
     with pytest.raises(ValidationError, match="multiple of num_kv_heads"):
         RaggedAttentionSpec(name="a", num_heads=3, num_kv_heads=2, head_dim=4, max_segment=4)
+
+
+@pytest.mark.parametrize("value,shown", [(10**6, "1,000,000"), (float("inf"), "inf"), (1e300, "1e+300"),
+                                         (70000.5, "70000.5")])
+def test_a_count_past_its_bound_is_refused_with_its_value(value, shown):
+    """A layer, head or expert count past MAX_COUNT (65,536) is refused by name and value, a float infinity too
+    (a `--set ...num_hidden_layers=inf` once raised OverflowError formatting it)."""
+    import re
+
+    from graphc.strict import Strict
+
+    class Counts(Strict):
+        num_hidden_layers: float
+
+    with pytest.raises(ValidationError, match=f"num_hidden_layers is {re.escape(shown)}; a count of layers"):
+        Counts.model_validate({"num_hidden_layers": value})
