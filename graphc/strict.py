@@ -1,6 +1,8 @@
 """Strict pydantic base: unknown keys are refused with the closest valid key named."""
 from __future__ import annotations
 
+import math
+
 import difflib
 from typing import Any
 
@@ -121,7 +123,8 @@ class Strict(BaseModel):
                 raise ValueError(f"{where} is about 2**{n.bit_length() - 1}, more than a 64-bit int holds (2**63 - 1)")
             many = _too_many(data)
             if many is not None:
-                shown = f"{many[1]:,}" if isinstance(many[1], int) else f"{many[1]:g}"     # a float may be inf
+                v = many[1]                       # an int, or a float that may be inf or have a fraction
+                shown = f"{int(v):,}" if isinstance(v, int) or (math.isfinite(v) and v.is_integer()) else f"{v:,}"
                 raise ValueError(f"{many[0]} is {shown}; a count of layers, heads or experts is at most "
                                  f"{MAX_COUNT:,} (building that many modules would not end)")
         return data
