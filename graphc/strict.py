@@ -1,9 +1,8 @@
 """Strict pydantic base: unknown keys are refused with the closest valid key named."""
 from __future__ import annotations
 
-import math
-
 import difflib
+import math
 from typing import Any
 
 import yaml

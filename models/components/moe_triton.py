@@ -295,17 +295,6 @@ BLOCKS = {"gate_up": (16, 32, 128, 4, 4), "down": (16, 32, 128, 2, 4)}
 # steps of more than TILED_FROM token-expert pairs (64 of the thinker's tokens) run the tiled kernels (a
 # program per tile of an expert's pairs) with these blocks (examples/bench_moe.py --sweep on the H200)
 TILED_FROM = 512
-# the tiled kernels read the weights through TMA descriptors (_gate_up_tiled_tma, _down_tiled_tma) where the
-# GPU has TMA (sm_90 on) and the weights' rows are contiguous and 16-byte aligned. H200, one layer's experts
-# with skewed routing (examples/bench_moe.py --tokens 512 2048 8192 --skew 3 [--no-tma]), us: thinker 367.8 ->
-# 362.3, 557.3 -> 528.7, 1,482.8 -> 1,474.3; talker 114.6 -> 110.2, 174.9 -> 170.0, 470.0 -> 450.9; the same error
-TMA = True
-
-
-def _tma(w: torch.Tensor) -> bool:
-    if not (TMA and w.is_contiguous() and w.shape[-1] * w.element_size() % 16 == 0 and w.data_ptr() % 16 == 0):
-        return False
-    return w.device.type != "cuda" or torch.cuda.get_device_capability(w.device)[0] >= 9
 TILED = {"gate_up": (64, 64, 64, 4, 3), "down": (64, 128, 64, 4, 3)}
 # past these many pairs, larger tiles where the sweep found them faster (--sweep --skew 3 on the H200, one thinker
 # layer's experts, us: at 4,096 pairs TILED was within 0.4% of the best; at 16,384 (2,048 tokens) down at 128 x 256,
@@ -313,25 +302,46 @@ TILED = {"gate_up": (64, 64, 64, 4, 3), "down": (64, 128, 64, 4, 3)}
 # 1,807.1, then down as at 16,384: 1,568.9 against 1,691.4)
 TILED_LARGE = [(8192, {"down": (128, 256, 64, 8, 4)}),
                (32768, {"gate_up": (64, 256, 64, 8, 3), "down": (128, 256, 64, 8, 4)})]
+# the tiled kernels read the weights through TMA descriptors (_gate_up_tiled_tma, _down_tiled_tma) where the
+# GPU has TMA (sm_90 on) and the weights' rows are contiguous and 16-byte aligned. H200, one layer's experts
+# with skewed routing (examples/bench_moe.py --tokens 512 2048 8192 --skew 3 [--no-tma]), us: thinker 367.8 ->
+# 362.3, 557.3 -> 528.7, 1,482.8 -> 1,474.3; talker 114.6 -> 110.2, 174.9 -> 170.0, 470.0 -> 450.9; the same error
+TMA = True
+GROUP_BLOCK = 64
+COUNT_SUB = 128       # pairs the counting sort's programs compare at a time (a block is a multiple)
 
 
 def _tiled(kind: str, pairs: int) -> tuple[int, int, int, int, int]:
+    """The tiled kernel's blocks for a step of this many pairs: TILED, or TILED_LARGE's past its starts."""
     cfg = TILED[kind]
     for start, larger in TILED_LARGE:
         if pairs > start and kind in larger:
             cfg = larger[kind]
     return cfg
-GROUP_BLOCK = 64
-COUNT_SUB = 128       # pairs the counting sort's programs compare at a time (a block is a multiple)
 
 
-def count(experts: torch.Tensor, counts: torch.Tensor) -> None:
-    """experts [P] -> counts [moe_ops.count_blocks(P), E] int32: each block's pairs per expert."""
+def _tma(w: torch.Tensor) -> bool:
+    """Whether a weight's blocks go through a TMA descriptor: TMA on, rows contiguous and 16-byte aligned, and a
+    GPU of sm_90 on (a CPU tensor: the interpreter, which runs descriptors)."""
+    if not (TMA and w.is_contiguous() and w.shape[-1] * w.element_size() % 16 == 0 and w.data_ptr() % 16 == 0):
+        return False
+    return w.device.type != "cuda" or torch.cuda.get_device_capability(w.device)[0] >= 9
+
+
+def _count_blocks(experts: torch.Tensor, counts: torch.Tensor) -> tuple[int, int, int, int]:
+    """(pairs, blocks, pairs a block, experts) of a counting sort, its counts buffer checked against
+    moe_ops.count_blocks."""
     from models.components.moe_ops import count_blocks
     p, (nb, num_experts) = experts.numel(), counts.shape
     block, n = count_blocks(p)
     if nb != n:
-        raise ValueError(f"moe count: {nb} blocks for {p} pairs, where count_blocks says {n}")
+        raise ValueError(f"moe counting sort: {nb} blocks of counts for {p} pairs, where count_blocks says {n}")
+    return p, nb, block, num_experts
+
+
+def count(experts: torch.Tensor, counts: torch.Tensor) -> None:
+    """experts [P] -> counts [moe_ops.count_blocks(P), E] int32: each block's pairs per expert."""
+    p, nb, block, num_experts = _count_blocks(experts, counts)
     if p:
         _count[(nb,)](experts, counts, p, E=num_experts, BLOCK=block, SUB=min(COUNT_SUB, block),
                       EBLOCK=triton.next_power_of_2(num_experts), num_warps=4)
@@ -340,11 +350,7 @@ def count(experts: torch.Tensor, counts: torch.Tensor) -> None:
 def place(experts: torch.Tensor, counts: torch.Tensor, rows: torch.Tensor, ends: torch.Tensor) -> None:
     """experts [P], counts (count's) -> rows [P] int32 (pairs by expert, then by index), ends [E] int32: what
     group gives, in two launches whose work grows as P x the block (group's grows as P squared)."""
-    from models.components.moe_ops import count_blocks
-    p, (nb, num_experts) = experts.numel(), counts.shape
-    block, n = count_blocks(p)
-    if nb != n:
-        raise ValueError(f"moe place: {nb} blocks for {p} pairs, where count_blocks says {n}")
+    p, nb, block, num_experts = _count_blocks(experts, counts)
     if p:
         _place[(nb,)](experts, counts, rows, ends, p, nb, E=num_experts, BLOCK=block, SUB=min(COUNT_SUB, block),
                       EBLOCK=triton.next_power_of_2(num_experts), NBLOCK=triton.next_power_of_2(nb), num_warps=4)
