@@ -81,6 +81,14 @@ def captured(fn, replays: int) -> float:
     return times[len(times) // 2]
 
 
+def captured_per_call(fn, replays: int, calls: int = 16) -> float:
+    """Median µs per call of fn, from a CUDA graph of `calls` calls (a small kernel's launch gaps as in a step)."""
+    def many():
+        for _ in range(calls):
+            fn()
+    return captured(many, replays) / calls
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from bench_moe import captured  # noqa: E402
+from bench_moe import captured_per_call  # noqa: E402
 
 CALLS = 16
 ROPE_CHOICES = [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4), (8, 8)]
@@ -34,11 +34,17 @@ GROUP_SIZES = [("thinker", 65, 8), ("thinker", 512, 8), ("thinker", 2048, 8), ("
 
 
 def per_call(fn, replays: int) -> float:
-    """us per call of fn, from a graph of CALLS calls."""
-    def many():
-        for _ in range(CALLS):
-            fn()
-    return captured(many, replays) / CALLS
+    return captured_per_call(fn, replays, CALLS)
+
+
+def q_k_tables(n: int, hq: int, hk: int, d: int, table_dtype: torch.dtype, seed: int):
+    """q [n, hq, d] and k [n, hk, d] as strided views of one bf16 projection [n, hq + 2 hk, d] (as the layers pass
+    them), and rotate-half cos and sin [n, 1, d] of random angles in table_dtype."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    qkv = torch.randn(n, hq + 2 * hk, d, device="cuda", generator=gen).to(torch.bfloat16)
+    ang = torch.rand(n, 1, d // 2, device="cuda", generator=gen) * 100
+    cos, sin = (torch.cat([f(ang)] * 2, -1).to(table_dtype) for f in (torch.cos, torch.sin))
+    return qkv[:, :hq], qkv[:, hq:hq + hk], cos, sin
 
 
 def rope_rows(args) -> list[dict]:
@@ -48,15 +54,9 @@ def rope_rows(args) -> list[dict]:
     rows = []
     for name, (hq, hk, d) in ROPE_SHAPES.items():
         for n in args.rows:
-            gen = torch.Generator(device="cuda").manual_seed(n)
-            bf = torch.bfloat16
-            qkv = torch.randn(n, (hq + 2 * hk) * d, device="cuda", generator=gen).to(bf)
-            q = qkv[:, :hq * d].view(n, hq, d)
-            k = qkv[:, hq * d:(hq + hk) * d].view(n, hk, d)
-            wq = torch.randn(d, device="cuda", generator=gen).mul(0.2).add(1).to(bf)
-            wk = torch.randn(d, device="cuda", generator=gen).mul(0.2).add(1).to(bf)
-            ang = torch.rand(n, 1, d // 2, device="cuda", generator=gen) * 100
-            cos, sin = torch.cat([ang.cos()] * 2, -1).to(bf), torch.cat([ang.sin()] * 2, -1).to(bf)
+            q, k, cos, sin = q_k_tables(n, hq, hk, d, torch.bfloat16, n)
+            gen = torch.Generator(device="cuda").manual_seed(n + 1)
+            wq, wk = (torch.randn(d, device="cuda", generator=gen).mul(0.2).add(1).to(torch.bfloat16) for _ in "qk")
             first = None
             for choice in ROPE_CHOICES:
                 norm_triton.ROPE_HEADS = {"few": choice, "many": choice}
@@ -82,11 +82,7 @@ def vision_rope_rows(args) -> list[dict]:
 
     rows = []
     for n in args.patches:
-        gen = torch.Generator(device="cuda").manual_seed(n)
-        qkv = (3 * torch.randn(n, 3, 16, 72, device="cuda", generator=gen)).to(torch.bfloat16)
-        q, k = qkv[:, 0], qkv[:, 1]
-        ang = torch.rand(n, 1, 36, device="cuda", generator=gen) * 64
-        cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+        q, k, cos, sin = q_k_tables(n, 16, 16, 72, torch.float32, n)          # the vision tower: 16 heads of 72
 
         def torch_path():
             return apply_rope(q.float(), cos, sin).to(q.dtype), apply_rope(k.float(), cos, sin).to(k.dtype)

@@ -22,7 +22,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 import torch  # noqa: E402
 
-from bench_moe import captured  # noqa: E402
+from bench_moe import captured_per_call  # noqa: E402
 
 CALLS = 16
 
@@ -63,10 +63,7 @@ def bench_sampler(seqs: int, code0: bool, warps: list[int], baseline, replays: i
         variants["baseline"] = lambda: baseline.select_codes(*args)
     codes, times = {}, {}
     for name, call in variants.items():
-        def fn(call=call):
-            for _ in range(CALLS):
-                call()
-        times[name] = captured(fn, replays) / CALLS
+        times[name] = captured_per_call(call, replays, CALLS)
         codes[name] = out.tolist()
     first = next(iter(codes.values()))
     assert all(c == first for c in codes.values()), codes     # every variant picks the same codes
@@ -97,10 +94,7 @@ def bench_frame_attention(seqs: int, replays: int) -> dict:
         b = make_backend(spec, name, workspace, True, rung)
         b.plan([n * i for i in range(seqs + 1)])
 
-        def fn(b=b):
-            for _ in range(CALLS):
-                b(q, k, v)
-        out[name] = captured(fn, replays) / CALLS
+        out[name] = captured_per_call(lambda b=b: b(q, k, v), replays, CALLS)
     return out
 
 
