@@ -97,28 +97,21 @@ def _qk_norm_rope(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, HEADS, x_row, x_head, y
 
 
 @triton.jit
-def _q_k_block(HQ, HK, G: tl.constexpr):
-    """This program's (row, whether its heads are q's, first head) in a grid of (row, block of G heads of q,
-    then of k)."""
-    bq = tl.cdiv(HQ, G)
-    blocks = bq + tl.cdiv(HK, G)
-    pid = tl.program_id(0)
-    b = pid % blocks
-    return pid // blocks, b < bq, tl.where(b < bq, b, b - bq) * G
-
-
-@triton.jit
 def _q_k_norm_rope(q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, yq_ptr, yk_ptr, HQ, HK, q_row, q_head, k_row,
                    k_head, yq_row, yq_head, yk_row, yk_head, c_row, eps, D: tl.constexpr, G: tl.constexpr):
     """q's and k's heads of a row in one grid: a program per (row, block of G heads of q, then of k)."""
-    row, of_q, first = _q_k_block(HQ, HK, G)
+    bq = tl.cdiv(HQ, G)
+    blocks = bq + tl.cdiv(HK, G)
+    pid = tl.program_id(0)
+    row = pid // blocks
+    b = pid % blocks
     c_base, s_base = cos_ptr + row * c_row, sin_ptr + row * c_row
-    if of_q:
+    if b < bq:
         _norm_rope_heads(q_ptr + row * q_row, q_head, wq_ptr, c_base, s_base, yq_ptr + row * yq_row, yq_head,
-                         first, HQ, eps, D, G)
+                         b * G, HQ, eps, D, G)
     else:
         _norm_rope_heads(k_ptr + row * k_row, k_head, wk_ptr, c_base, s_base, yk_ptr + row * yk_row, yk_head,
-                         first, HK, eps, D, G)
+                         (b - bq) * G, HK, eps, D, G)
 
 
 @triton.jit
@@ -147,14 +140,18 @@ def _rope_f32_heads(x_base, x_head, c_base, s_base, y_base, y_head, first, heads
 def _q_k_rope_f32(q_ptr, k_ptr, cos_ptr, sin_ptr, yq_ptr, yk_ptr, HQ, HK, q_row, q_head, k_row, k_head, yq_row,
                   yq_head, yk_row, yk_head, c_row, D: tl.constexpr, BLOCK_D: tl.constexpr, G: tl.constexpr):
     """q's and k's fp32 rotary in one grid: a program per (row, block of G heads of q, then of k)."""
-    row, of_q, first = _q_k_block(HQ, HK, G)
+    bq = tl.cdiv(HQ, G)
+    blocks = bq + tl.cdiv(HK, G)
+    pid = tl.program_id(0)
+    row = pid // blocks
+    b = pid % blocks
     c_base, s_base = cos_ptr + row * c_row, sin_ptr + row * c_row
-    if of_q:
-        _rope_f32_heads(q_ptr + row * q_row, q_head, c_base, s_base, yq_ptr + row * yq_row, yq_head, first, HQ, D,
+    if b < bq:
+        _rope_f32_heads(q_ptr + row * q_row, q_head, c_base, s_base, yq_ptr + row * yq_row, yq_head, b * G, HQ, D,
                         BLOCK_D, G)
     else:
-        _rope_f32_heads(k_ptr + row * k_row, k_head, c_base, s_base, yk_ptr + row * yk_row, yk_head, first, HK, D,
-                        BLOCK_D, G)
+        _rope_f32_heads(k_ptr + row * k_row, k_head, c_base, s_base, yk_ptr + row * yk_row, yk_head, (b - bq) * G, HK,
+                        D, BLOCK_D, G)
 
 
 # (heads a program, warps) for qk_norm_rope and q_k_norm_rope, for steps of up to ROPE_MANY_ROWS rows and for
