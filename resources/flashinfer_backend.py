@@ -147,7 +147,10 @@ class RaggedFlashInfer:
 
     rung None: eager (FlashInfer copies each plan's indptrs to fresh device tensors); a rung:
     use_cuda_graph with fixed indptrs for that rung, so __call__ may be captured and replayed
-    after any later plan of the same rung.
+    after any later plan of the same rung. A head dim the kernels lack runs zero-padded to run_head_dim:
+    q, k and v come at the spec's head dim (padded copies are made here) or already padded to run_head_dim
+    (models/components/vision.py writes them so); the output is the spec's head dim (a view of the padded
+    one).
     """
 
     def __init__(self, spec: RaggedAttentionSpec, backend: str, workspace: torch.Tensor,
@@ -156,10 +159,10 @@ class RaggedFlashInfer:
         _check_backend(spec.kind, backend)
         fi = _flashinfer()
         # a head dim the kernels lack runs zero-padded to one they take (the plan's run_head_dim)
-        self.head_dim = run_head_dim or spec.head_dim
-        if backend == "fa3" and not fi.utils.is_fa3_prefill_head_dim_supported(self.head_dim, self.head_dim):
+        self.run_head_dim = run_head_dim or spec.head_dim
+        if backend == "fa3" and not fi.utils.is_fa3_prefill_head_dim_supported(self.run_head_dim, self.run_head_dim):
             # refused here rather than after a minute of compiling kernels FlashInfer does not instantiate
-            raise ValueError(f"fa3 has no prefill kernels for head_dim {self.head_dim} (FlashInfer's Hopper"
+            raise ValueError(f"fa3 has no prefill kernels for head_dim {self.run_head_dim} (FlashInfer's Hopper"
                              " kernels take 64, 128 or 256)")
         if backend == "cudnn" and importlib.util.find_spec("cudnn") is None:
             raise ImportError("the cudnn backend needs the cuDNN frontend package 'nvidia-cudnn-frontend'"
@@ -184,7 +187,7 @@ class RaggedFlashInfer:
         cu_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
         qo, kv = ragged_indptrs(cu_seqlens_q, cu_k, self.rung, self.spec.causal)
         s = self.spec
-        self._wrapper.plan(_i32(qo), _i32(kv), s.num_heads, s.kv_heads, self.head_dim, causal=s.causal,
+        self._wrapper.plan(_i32(qo), _i32(kv), s.num_heads, s.kv_heads, self.run_head_dim, causal=s.causal,
                            window_left=s.window - 1 if s.window else -1, sm_scale=1 / math.sqrt(s.head_dim),
                            q_data_type=self.dtype, kv_data_type=self.dtype, **self._cudnn_bounds())
         self._rows, self._keys = qo[-1], kv[-1] if self.rung is None else None
@@ -193,13 +196,13 @@ class RaggedFlashInfer:
         # q [Tq, Hq, D], k/v [Tk, Hkv, D] -> [Tq, Hq, Dv]; rows past the plan's (padding) stay unwritten
         if self._rows is None:
             raise RuntimeError("plan() the step's layout before calling the backend")
-        d = v.shape[-1]
-        if self.head_dim != d:   # the scale stays 1/sqrt(d); zero columns add nothing to scores or outputs
-            q, k, v = (F.pad(t, (0, self.head_dim - d)) for t in (q, k, v))
+        d = self.spec.head_dim
+        if q.shape[-1] != self.run_head_dim:   # the scale stays 1/sqrt(d); zero columns add nothing
+            q, k, v = (F.pad(t, (0, self.run_head_dim - d)) for t in (q, k, v))
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
         n, nk = self._rows, self._keys
         self._wrapper.run(q[:n], k[:nk], v[:nk], out=out[:n])
-        return out if self.head_dim == d else out[..., :d]
+        return out if self.run_head_dim == d else out[..., :d]
 
 
 class PagedFlashInfer:

@@ -98,23 +98,27 @@ def pad_head_dim(x: torch.Tensor, to: int) -> torch.Tensor:
 class FakeRagged:
     """The simulation's stand-in: allocates exactly what the backend allocates, computes nothing.
 
-    A backend that runs a padded head dim makes padded copies of q, k, v and a padded output whose
-    first columns it returns (a view)."""
+    A backend that runs a padded head dim makes padded copies of q, k, v (unless they come padded: see
+    RaggedFlashInfer) and a padded output whose first columns it returns (a view)."""
 
     def __init__(self, spec: RaggedAttentionSpec, run_head_dim: int | None = None):
-        self.spec, self.run = spec, run_head_dim
+        self.spec = spec
+        self.run_head_dim = run_head_dim or spec.head_dim
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        s = self.spec
-        if tuple(q.shape[-2:]) != (s.num_heads, s.head_dim) or tuple(k.shape[-2:]) != (s.kv_heads, s.head_dim):
+        s, d = self.spec, self.spec.head_dim
+        widths = {q.shape[-1], k.shape[-1], v.shape[-1]}
+        if (q.shape[-2], k.shape[-2]) != (s.num_heads, s.kv_heads) or len(widths) != 1 \
+                or q.shape[-1] not in (d, self.run_head_dim):
             raise InvalidInput(f"resource '{s.name}' is declared as {s.num_heads} query and {s.kv_heads} key heads of "
-                               f"{s.head_dim}, but its node calls it with q {list(q.shape)} and k {list(k.shape)}",
+                               f"{s.head_dim}, but its node calls it with q {list(q.shape)}, k {list(k.shape)} and "
+                               f"v {list(v.shape)}",
                                "the resource's heads are what its kernels and workspaces are sized by",
                                f"set resources.{s.name}'s num_heads, num_kv_heads and head_dim to the module's")
-        d = v.shape[-1]
-        if self.run is None or self.run == d:
+        if self.run_head_dim == d:
             return q.new_empty(q.shape[:-1] + (d,))             # [T, Hq, Dv]
-        q, k, v = (pad_head_dim(t, self.run) for t in (q, k, v))
+        if q.shape[-1] == d:
+            q, k, v = (pad_head_dim(t, self.run_head_dim) for t in (q, k, v))
         return q.new_empty(q.shape)[..., :d]
 
 
@@ -139,6 +143,7 @@ class RaggedTorch:
         self.cu_k = check_cu(cu_seqlens_k, "cu_seqlens_k") if cu_seqlens_k is not None else self.cu
         if len(self.cu_k) != len(self.cu):
             raise ValueError(f"{len(self.cu) - 1} query segments but {len(self.cu_k) - 1} key segments")
+        self.run_head_dim = spec.head_dim      # runs any head dim as it is
 
     def _mask(self, qn: int, kn: int, device) -> torch.Tensor | None:
         if not self.spec.causal:

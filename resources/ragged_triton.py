@@ -85,6 +85,7 @@ class RaggedTriton:
             raise ValueError(f"resource '{spec.name}': the triton backend takes segments of a fixed length "
                              "(rows_per_segment)")
         self.spec, self.rung, self.device = spec, rung, torch.device(device)
+        self.run_head_dim = spec.head_dim      # runs any head dim as it is (a power-of-two block, masked)
         self.seg = block_rows(spec.max_segment)
         self.buffers = buffers or {}
         self._segments: int | None = None

@@ -6,7 +6,7 @@ caller with torch.empty, which the simulation records). Triton is imported only 
     graphc::add_rms_norm(x, residual, weight, total!, y!, eps)
     graphc::qk_norm_rope(x, weight, cos, sin, y!, eps)
     graphc::q_k_norm_rope(q, k, wq, wk, cos, sin, yq!, yk!, eps)
-    graphc::q_k_rope_f32(q, k, cos, sin, yq!, yk!)
+    graphc::q_k_rope_f32(q, k, cos, sin, yq!, yk!, v?, yv!?)
     graphc::snake_beta(x, alpha, beta, y!)
     graphc::silu_mul(gate_up, y!)
 
@@ -71,16 +71,16 @@ def _(q, k, wq, wk, cos, sin, yq, yk, eps) -> None:
     return None
 
 
-@torch.library.custom_op("graphc::q_k_rope_f32", mutates_args=("yq", "yk"))
+@torch.library.custom_op("graphc::q_k_rope_f32", mutates_args=("yq", "yk", "yv"))
 def q_k_rope_f32_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, yq: torch.Tensor,
-                    yk: torch.Tensor) -> None:
+                    yk: torch.Tensor, v: torch.Tensor | None, yv: torch.Tensor | None) -> None:
     from models.components import norm_triton as kern
 
-    kern.q_k_rope_f32(q, k, cos, sin, yq, yk)
+    kern.q_k_rope_f32(q, k, cos, sin, yq, yk, v, yv)
 
 
 @q_k_rope_f32_op.register_fake
-def _(q, k, cos, sin, yq, yk) -> None:
+def _(q, k, cos, sin, yq, yk, v, yv) -> None:
     return None
 
 
@@ -211,19 +211,27 @@ def q_k_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.
     return out
 
 
-def q_k_rope_f32(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def q_k_rope_f32(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, v: torch.Tensor | None = None,
+                 width: int | None = None) -> tuple[torch.Tensor, ...]:
     """(apply_rope(q.float(), cos, sin).to(q.dtype), the same of k) in one launch: q [..., HQ, D] and k [..., HK, D]
-    of the same rows and dtype, cos and sin fp32 [..., 1, D] or broadcasting to it (the vision encoder's)."""
-    if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1] or k.dtype != q.dtype:
-        raise ValueError(f"q_k_rope_f32: q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} must share "
-                         "their rows, head dim and dtype")
+    of the same rows and dtype, cos and sin fp32 [..., 1, D] or broadcasting to it (the vision encoder's). With v
+    [..., HV, D], a copy of it comes third, from the same launch. With width (>= D), each comes [..., H, width],
+    zeros after D: the copies an attention kernel that runs the head dim padded needs, without its pads."""
+    d = q.shape[-1]
+    width = d if width is None else width
+    if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != d or k.dtype != q.dtype or (v is not None and (
+            v.shape[:-2] != q.shape[:-2] or v.shape[-1] != d or v.dtype != q.dtype)):
+        raise ValueError(f"q_k_rope_f32: q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)} {k.dtype}"
+                         f"{'' if v is None else f' and v {tuple(v.shape)} {v.dtype}'} must share their rows, head dim "
+                         "and dtype")
+    if width < d:
+        raise ValueError(f"q_k_rope_f32: width {width} is narrower than the head dim {d}; it pads, never cuts")
     c2, s2 = _tables("q_k_rope_f32", q, cos, sin, torch.float32)
-    q3, k3 = _heads(q), _heads(k)
-    yq = torch.empty(q3.shape, device=q.device, dtype=q.dtype)
-    yk = torch.empty(k3.shape, device=k.device, dtype=k.dtype)
-    q_k_rope_f32_op(q3, k3, c2, s2, yq, yk)
-    return yq.view(q.shape), yk.view(k.shape)
+    xs = [_heads(x) for x in (q, k) + (() if v is None else (v,))]
+    ys = [torch.empty((*x.shape[:-1], width), device=x.device, dtype=x.dtype) for x in xs]
+    v3, yv = (xs[2], ys[2]) if v is not None else (None, None)
+    q_k_rope_f32_op(xs[0], xs[1], c2, s2, ys[0], ys[1], v3, yv)
+    return tuple(y.view(*x.shape[:-1], width) for x, y in zip((q, k, v), ys))
 
 
 def snake_beta(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:

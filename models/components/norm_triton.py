@@ -115,43 +115,55 @@ def _q_k_norm_rope(q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, yq_ptr, yk_pt
 
 
 @triton.jit
-def _rope_f32_heads(x_base, x_head, c_base, s_base, y_base, y_head, first, heads, D: tl.constexpr,
-                    BLOCK_D: tl.constexpr, G: tl.constexpr):
+def _rope_f32_heads(x_base, x_head, c_base, s_base, y_base, y_head, first, heads, D: tl.constexpr, W: tl.constexpr,
+                    BLOCK_D: tl.constexpr, G: tl.constexpr, ROTATE: tl.constexpr):
     """Heads [first, first + G) (those < heads) of one row: y = x * cos + rotate_half(x) * sin in fp32 (cos and
-    sin fp32), rounded once to y's dtype: apply_rope(x.float(), cos, sin).to(dtype), the vision encoder's order.
-    D need not be a power of two (the vision tower's heads are 72 wide)."""
+    sin fp32), rounded once to y's dtype: apply_rope(x.float(), cos, sin).to(dtype), the vision encoder's order;
+    without ROTATE, y = x. y's rows are W >= D wide, zeros after D (the head dim an attention kernel runs padded
+    to). D need not be a power of two (the vision tower's heads are 72 wide)."""
     HALF: tl.constexpr = D // 2
     hs = first + tl.arange(0, G)
     offs = tl.arange(0, BLOCK_D)
-    dm = offs < D
-    m = (hs < heads)[:, None] & dm[None, :]
-    other = tl.where(offs < HALF, offs + HALF, offs - HALF)             # the rotate-half partner
-    x = tl.load(x_base + hs[:, None] * x_head + offs[None, :], mask=m, other=0.0).to(tl.float32)
-    xo = tl.load(x_base + hs[:, None] * x_head + other[None, :], mask=m, other=0.0).to(tl.float32)
-    rot = tl.where((offs < HALF)[None, :], -xo, xo)                     # cat(-x[half:], x[:half])
-    c = tl.load(c_base + offs, mask=dm, other=0.0)[None, :]
-    s = tl.load(s_base + offs, mask=dm, other=0.0)[None, :]
+    hm = (hs < heads)[:, None]
+    m = hm & (offs < D)[None, :]
+    out = y_base + hs[:, None] * y_head + offs[None, :]
     dt = y_base.dtype.element_ty
-    y = _round(x * c + rot * s, dt == tl.bfloat16)                      # to nearest, as torch's cast (and exact)
-    tl.store(y_base + hs[:, None] * y_head + offs[None, :], y.to(dt), mask=m)
+    if ROTATE:
+        other = tl.where(offs < HALF, offs + HALF, offs - HALF)         # the rotate-half partner
+        x = tl.load(x_base + hs[:, None] * x_head + offs[None, :], mask=m, other=0.0).to(tl.float32)
+        xo = tl.load(x_base + hs[:, None] * x_head + other[None, :], mask=m, other=0.0).to(tl.float32)
+        rot = tl.where((offs < HALF)[None, :], -xo, xo)                 # cat(-x[half:], x[:half])
+        c = tl.load(c_base + offs, mask=offs < D, other=0.0)[None, :]
+        s = tl.load(s_base + offs, mask=offs < D, other=0.0)[None, :]
+        y = _round(x * c + rot * s, dt == tl.bfloat16)                  # to nearest, as torch's cast (and exact)
+        tl.store(out, y.to(dt), mask=hm & (offs < W)[None, :])          # past D: 0 * 0 + 0 * 0, a +0
+    else:
+        x = tl.load(x_base + hs[:, None] * x_head + offs[None, :], mask=m, other=0.0)
+        tl.store(out, x.to(dt), mask=hm & (offs < W)[None, :])
 
 
 @triton.jit
-def _q_k_rope_f32(q_ptr, k_ptr, cos_ptr, sin_ptr, yq_ptr, yk_ptr, HQ, HK, q_row, q_head, k_row, k_head, yq_row,
-                  yq_head, yk_row, yk_head, c_row, D: tl.constexpr, BLOCK_D: tl.constexpr, G: tl.constexpr):
-    """q's and k's fp32 rotary in one grid: a program per (row, block of G heads of q, then of k)."""
+def _q_k_rope_f32(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, yq_ptr, yk_ptr, yv_ptr, HQ, HK, HV, q_row, q_head, k_row,
+                  k_head, v_row, v_head, yq_row, yq_head, yk_row, yk_head, yv_row, yv_head, c_row, D: tl.constexpr,
+                  W: tl.constexpr, BLOCK_D: tl.constexpr, G: tl.constexpr):
+    """q's and k's fp32 rotary in one grid, with v's copy where HV > 0, each W wide: a program per (row, block of
+    G heads of q, then of k, then of v)."""
     bq = tl.cdiv(HQ, G)
-    blocks = bq + tl.cdiv(HK, G)
+    bk = bq + tl.cdiv(HK, G)
+    blocks = bk + tl.cdiv(HV, G)
     pid = tl.program_id(0)
     row = pid // blocks
     b = pid % blocks
     c_base, s_base = cos_ptr + row * c_row, sin_ptr + row * c_row
     if b < bq:
-        _rope_f32_heads(q_ptr + row * q_row, q_head, c_base, s_base, yq_ptr + row * yq_row, yq_head, b * G, HQ, D,
-                        BLOCK_D, G)
-    else:
+        _rope_f32_heads(q_ptr + row * q_row, q_head, c_base, s_base, yq_ptr + row * yq_row, yq_head, b * G, HQ, D, W,
+                        BLOCK_D, G, True)
+    elif b < bk:
         _rope_f32_heads(k_ptr + row * k_row, k_head, c_base, s_base, yk_ptr + row * yk_row, yk_head, (b - bq) * G, HK,
-                        D, BLOCK_D, G)
+                        D, W, BLOCK_D, G, True)
+    else:
+        _rope_f32_heads(v_ptr + row * v_row, v_head, c_base, s_base, yv_ptr + row * yv_row, yv_head, (b - bk) * G, HV,
+                        D, W, BLOCK_D, G, False)
 
 
 # (heads a program, warps) for qk_norm_rope and q_k_norm_rope, for steps of up to ROPE_MANY_ROWS rows and for
@@ -264,16 +276,18 @@ def snake_beta(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, y: torc
 
 
 def q_k_rope_f32(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, yq: torch.Tensor,
-                 yk: torch.Tensor) -> None:
+                 yk: torch.Tensor, v: torch.Tensor | None = None, yv: torch.Tensor | None = None) -> None:
     """q [N, HQ, D] and k [N, HK, D] (rows and heads may be strided, elements contiguous), cos and sin [N, D]
-    fp32 with contiguous rows: yq, yk = apply_rope(x.float(), cos, sin) rounded to their dtype. The products
-    and their sum are not contracted into fused multiply-adds, so each rounds in fp32 as torch's three kernels
-    round (equal to the torch path bit for bit)."""
+    fp32 with contiguous rows: yq, yk = apply_rope(x.float(), cos, sin) rounded to their dtype; with v [N, HV, D],
+    yv = v. The outputs are W >= D wide, zeros after D. The products and their sum are not contracted into fused
+    multiply-adds, so each rounds in fp32 as torch's three kernels round (equal to the torch path bit for bit)."""
     n, hq, d = q.shape
-    hk = k.shape[1]
+    hk, w = k.shape[1], yq.shape[-1]
+    hv = 0 if v is None else v.shape[1]
+    v, yv = (q, yq) if v is None else (v, yv)
     if n:
         g, warps = _rope_heads(n)
-        _q_k_rope_f32[(n * (triton.cdiv(hq, g) + triton.cdiv(hk, g)),)](
-            q, k, cos, sin, yq, yk, hq, hk, q.stride(0), q.stride(1), k.stride(0), k.stride(1), yq.stride(0),
-            yq.stride(1), yk.stride(0), yk.stride(1), cos.stride(0), D=d, BLOCK_D=triton.next_power_of_2(d), G=g,
-            num_warps=warps, enable_fp_fusion=False)
+        _q_k_rope_f32[(n * (triton.cdiv(hq, g) + triton.cdiv(hk, g) + triton.cdiv(hv, g)),)](
+            q, k, v, cos, sin, yq, yk, yv, hq, hk, hv, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+            v.stride(1), yq.stride(0), yq.stride(1), yk.stride(0), yk.stride(1), yv.stride(0), yv.stride(1),
+            cos.stride(0), D=d, W=w, BLOCK_D=triton.next_power_of_2(w), G=g, num_warps=warps, enable_fp_fusion=False)

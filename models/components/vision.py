@@ -104,7 +104,8 @@ class PatchEmbed(nn.Module):
 class VisionAttention(nn.Module):
     # a kernel choice (graphc.modules.KERNEL_KNOBS, set at boot and in the simulation): 1 rotates q and k in one
     # fp32 launch (norm_ops.q_k_rope_f32) on a GPU and on meta tensors, where the torch path runs about a dozen
-    # kernels over fp32 copies; no plan chooses it yet (select_backends) until the H200 has timed it
+    # kernels over fp32 copies; where the attention backend runs the head dim zero-padded (its run_head_dim), the
+    # same launch writes q, k and v padded, so that the backend makes no padded copies of its own
     fused_rope: int = 0
 
     def __init__(self, cfg: VisionConfig):
@@ -119,7 +120,11 @@ class VisionAttention(nn.Module):
         # HF rotates in fp32 and casts back: bf16 rotary would drift from the reference.
         if self.fused_rope and x.device.type in ("cuda", "meta") and cos.dtype == sin.dtype == torch.float32:
             from models.components.norm_ops import q_k_rope_f32
-            q, k = q_k_rope_f32(q, k, cos, sin)
+            width = getattr(attn, "run_head_dim", self.d)      # the ragged backends say the width they run
+            if width == self.d:
+                q, k = q_k_rope_f32(q, k, cos, sin)
+            else:
+                q, k, v = q_k_rope_f32(q, k, cos, sin, v=v, width=width)
         else:
             q = apply_rope(q.float(), cos, sin).to(x.dtype)
             k = apply_rope(k.float(), cos, sin).to(x.dtype)

@@ -59,3 +59,21 @@ def test_fa2_matches_sdpa_eager_and_captured(case, workspace):
         assert run.get("append_exact", True), (mode, run)
     ws = rec["workspace"]
     assert ws["status"] == "ok" and ws["float_used"] <= workspace.numel(), ws
+
+
+def test_a_padded_head_dim_takes_inputs_already_padded(workspace):
+    """The vision tower's heads (16 of 72) on fa3, which runs them zero-padded to 128: q, k and v handed over
+    already padded (what VisionAttention's fused rotary writes) give the same output, bit for bit, as the
+    72-wide ones the backend pads itself, 72 wide either way, at two segments of 1,024 and 3,072 patches."""
+    from resources.flashinfer_backend import make_backend
+
+    spec = RaggedAttentionSpec(name="t_vision", num_heads=16, head_dim=72, max_segment=4096)
+    b = make_backend(spec, "fa3", workspace, False, None, run_head_dim=128)
+    assert b.run_head_dim == 128
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(4096, 16, 72, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(3))
+    b.plan([0, 1024, 4096])
+    want = b(q, k, v)
+    got = b(*(torch.nn.functional.pad(t, (0, 56)) for t in (q, k, v)))
+    assert want.shape == got.shape == (4096, 16, 72)
+    assert torch.equal(got, want)

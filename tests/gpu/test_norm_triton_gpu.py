@@ -263,7 +263,9 @@ def test_q_and_k_in_one_launch_equal_two(shape, rows):
 def test_vision_fp32_rotary_equals_the_torch_path(patches):
     """q_k_rope_f32 (the vision encoder's q and k rotated in fp32 and rounded once; heads 72 wide, not a power of
     two) equals apply_rope(x.float(), cos, sin).to(bf16) bit for bit at the vision tower's real shape (16 heads,
-    q and k strided views of one [P, 3, 16, 72] projection), eagerly and replayed in a CUDA graph."""
+    q and k strided views of one [P, 3, 16, 72] projection), eagerly and replayed in a CUDA graph; with v and a
+    width of 128 (what the fa3 backend runs), the three are F.pad's copies of the same, zeros after 72 (the
+    caching allocator hands back blocks that held other values, so unwritten pads would show)."""
     pytest.importorskip("triton")
     from models.components import norm_ops
 
@@ -275,9 +277,16 @@ def test_vision_fp32_rotary_equals_the_torch_path(patches):
     want = (apply_rope(q.float(), cos, sin).to(torch.bfloat16), apply_rope(k.float(), cos, sin).to(torch.bfloat16))
     got = norm_ops.q_k_rope_f32(q, k, cos, sin)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    pads = [torch.nn.functional.pad(x, (0, 56)) for x in (*want, qkv[:, 2])]
+    junk = torch.full((3 * patches * 16 * 128,), float("nan"), device="cuda", dtype=torch.bfloat16)
+    del junk
+    padded = norm_ops.q_k_rope_f32(q, k, cos, sin, v=qkv[:, 2], width=128)
+    assert all(torch.equal(a, b) for a, b in zip(padded, pads))
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         replayed = norm_ops.q_k_rope_f32(q, k, cos, sin)
+        replayed_padded = norm_ops.q_k_rope_f32(q, k, cos, sin, v=qkv[:, 2], width=128)
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(replayed[0], want[0]) and torch.equal(replayed[1], want[1])
+    assert all(torch.equal(a, b) for a, b in zip(replayed_padded, pads))

@@ -372,3 +372,32 @@ def test_the_vision_rotary_knob_runs_one_operator():
     set_kernels(att, {})
     _, ops = OpNames.of(lambda: att(x, cos, sin, lambda q, k, v: q))
     assert "graphc.q_k_rope_f32" not in ops and "aten.cat" in ops
+
+
+def test_the_vision_rotary_writes_the_padded_copies_an_attention_backend_runs():
+    """Where the ragged backend runs the head dim zero-padded (FakeRagged, the simulation's stand-in for a
+    FlashInfer backend at 72 -> 128), fused_rope's launch writes q, k and v at that width, so the backend pads
+    nothing (no constant_pad_nd) and its output is the head dim's; the torch path still pads three times."""
+    from models.components.vision import VisionAttention, VisionConfig
+    from resources.ragged_attention import FakeRagged, RaggedAttentionSpec
+
+    cfg = VisionConfig(depth=1, hidden_size=32, num_heads=4, intermediate_size=64, out_hidden_size=64,
+                       num_position_embeddings=64, deepstack_visual_indexes=(0,))
+    class Seen(FakeRagged):
+        def __call__(self, q, k, v):
+            widths.append((q.shape[-1], k.shape[-1], v.shape[-1]))
+            return super().__call__(q, k, v)
+
+    widths = []
+    seen = Seen(RaggedAttentionSpec(name="v", num_heads=4, head_dim=8, max_segment=8), run_head_dim=16)
+    with torch.device("meta"):
+        att = VisionAttention(cfg).to(torch.bfloat16)
+        x = torch.empty(6, 32, dtype=torch.bfloat16)
+        cos = sin = torch.empty(6, 1, 8)
+    set_kernels(att, {"fused_rope": 1})
+    out, ops = OpNames.of(lambda: att(x, cos, sin, seen))
+    assert out.shape == (6, 32) and widths == [(16, 16, 16)], widths
+    assert ops.count("graphc.q_k_rope_f32") == 1 and "aten.constant_pad_nd" not in ops, ops
+    set_kernels(att, {})
+    out, ops = OpNames.of(lambda: att(x, cos, sin, seen))
+    assert out.shape == (6, 32) and widths[1] == (8, 8, 8) and ops.count("aten.constant_pad_nd") == 3, ops

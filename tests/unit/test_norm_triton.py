@@ -191,9 +191,16 @@ for dtype in (torch.float32, torch.bfloat16):
     with torch.no_grad():
         gq, gk = norm_ops.q_k_rope_f32(q, k, cos, sin)
         wq, wk = apply_rope(q.float(), cos, sin).to(dtype), apply_rope(k.float(), cos, sin).to(dtype)
+        v = qkv[:, 2, 1:6]                           # v's copy in the same launch, all three padded to 128
+        junk = [torch.full((T, h, 128), float("nan"), dtype=dtype) for h in (6, 4, 5)]
+        del junk                                     # (freed blocks the outputs may reuse: pads must be written)
+        pq, pk, pv = norm_ops.q_k_rope_f32(q, k, cos, sin, v=v, width=128)
+    pads = [torch.nn.functional.pad(x, (0, 128 - D)) for x in (wq, wk, v)]
     out[str(dtype)] = {"equal": bool(torch.equal(gq, wq) and torch.equal(gk, wk)),
                        "differ": ((gq != wq).float().mean().item(), (gk != wk).float().mean().item()),
-                       "shapes": [list(gq.shape), list(gk.shape)], "dtypes": [str(gq.dtype), str(gk.dtype)]}
+                       "shapes": [list(gq.shape), list(gk.shape)], "dtypes": [str(gq.dtype), str(gk.dtype)],
+                       "padded_equal": [bool(torch.equal(a, b)) for a, b in zip((pq, pk, pv), pads)],
+                       "padded_shapes": [list(x.shape) for x in (pq, pk, pv)]}
 print(json.dumps(out))
 """
 
@@ -204,3 +211,5 @@ def test_fp32_rotary_equals_the_torch_path_in_the_interpreter(heads):
     for dt in ("torch.float32", "torch.bfloat16"):
         assert r[dt]["shapes"] == [[5, 6, 72], [5, 4, 72]] and r[dt]["dtypes"] == [dt, dt], r
         assert r[dt]["equal"], (dt, r[dt])
+        assert r[dt]["padded_shapes"] == [[5, 6, 128], [5, 4, 128], [5, 5, 128]], r[dt]
+        assert r[dt]["padded_equal"] == [True, True, True], (dt, r[dt])
