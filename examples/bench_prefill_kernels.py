@@ -8,7 +8,9 @@ memory floor (issue 13), each captured as a CUDA graph of 16 calls and replayed 
     ids as bytes and a searchsorted (the path before the counting sort) against moe_count + moe_place, at
     the prefill sizes of the thinker (top-8) and the talker (top-6); both must give the same rows and ends;
   - the vision encoder's fp32 rotary of q and k (16 heads of 72) by the torch path and by q_k_rope_f32 (the
-    fused_rope knob), at --patches rows; both must give the same bits.
+    fused_rope knob), at --patches rows; both must give the same bits. Then what runs before fa3 (which runs 72
+    zero-padded to 128): the torch path and the backend's three pads, against one q_k_rope_f32 writing q, k
+    and v padded.
 
     python examples/bench_prefill_kernels.py --json OUT.json
 """
@@ -76,24 +78,38 @@ def rope_rows(args) -> list[dict]:
 
 def vision_rope_rows(args) -> list[dict]:
     """The vision encoder's q and k rotary in fp32 (16 heads of 72): the torch path (VisionAttention without
-    fused_rope) against norm_ops.q_k_rope_f32; both must give the same bits."""
+    fused_rope) against norm_ops.q_k_rope_f32; both must give the same bits. With the pads to 128 that fa3 runs:
+    the torch path and F.pad of q, k and v against q_k_rope_f32 writing the three padded."""
     from models.components import norm_ops
     from models.components.layers import apply_rope
 
+    pad = torch.nn.functional.pad
     rows = []
     for n in args.patches:
         q, k, cos, sin = q_k_tables(n, 16, 16, 72, torch.float32, n)          # the vision tower: 16 heads of 72
+        v = torch.randn_like(k)
 
         def torch_path():
             return apply_rope(q.float(), cos, sin).to(q.dtype), apply_rope(k.float(), cos, sin).to(k.dtype)
+
+        def torch_padded():
+            return tuple(pad(x, (0, 56)) for x in (*torch_path(), v))
+
+        def fused_padded():
+            return norm_ops.q_k_rope_f32(q, k, cos, sin, v=v, width=128)
         same = all(torch.equal(a, b) for a, b in zip(torch_path(), norm_ops.q_k_rope_f32(q, k, cos, sin)))
+        same = same and all(torch.equal(a, b) for a, b in zip(torch_padded(), fused_padded()))
         t_torch = per_call(torch_path, args.replays)
         t_fused = per_call(lambda: norm_ops.q_k_rope_f32(q, k, cos, sin), args.replays)
+        t_torch_pad, t_fused_pad = per_call(torch_padded, args.replays), per_call(fused_padded, args.replays)
         floor = 2 * 2 * n * 16 * 72 * 2 / args.bandwidth * 1e6          # q and k read and written once, bf16
+        floor_pad = 3 * n * 16 * (72 + 128) * 2 / args.bandwidth * 1e6  # q, k, v read at 72, written at 128
         rows.append({"kernel": "vision_rope", "patches": n, "torch_us": t_torch, "fused_us": t_fused,
-                     "floor_us": floor, "same": same})
+                     "floor_us": floor, "torch_padded_us": t_torch_pad, "fused_padded_us": t_fused_pad,
+                     "floor_padded_us": floor_pad, "same": same})
         print(f"vision rope {n:5d} patches: torch path {t_torch:8.2f} us  q_k_rope_f32 {t_fused:7.2f} us  "
-              f"(floor {floor:5.2f})  same: {same}", flush=True)
+              f"(floor {floor:5.2f}); padded to 128 with v: torch + 3 pads {t_torch_pad:8.2f} us  one launch "
+              f"{t_fused_pad:7.2f} us (floor {floor_pad:5.2f})  same: {same}", flush=True)
         if not same:
             raise SystemExit("q_k_rope_f32 differs from the torch path")
     return rows
@@ -139,6 +155,9 @@ def group_rows(args) -> list[dict]:
     return rows
 
 
+BENCHES = {"rope": rope_rows, "group": group_rows, "vision_rope": vision_rope_rows}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 64, 512, 2048])
@@ -146,12 +165,13 @@ def main() -> int:
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--skew", type=float, default=3.0, help="router logit added to 8 experts (seeded weights' skew)")
     ap.add_argument("--bandwidth", type=float, default=4.26e12)
+    ap.add_argument("--only", nargs="+", choices=list(BENCHES), default=list(BENCHES), help="which benches to run")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_prefill_kernels times GPU kernels: no CUDA device here")
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "calls_a_graph": CALLS,
-           "rows": rope_rows(args) + group_rows(args) + vision_rope_rows(args)}
+           "rows": [row for name in args.only for row in BENCHES[name](args)]}
     if args.json:
         import triton
         out["triton"] = triton.__version__

@@ -105,7 +105,8 @@ class VisionAttention(nn.Module):
     # a kernel choice (graphc.modules.KERNEL_KNOBS, set at boot and in the simulation): 1 rotates q and k in one
     # fp32 launch (norm_ops.q_k_rope_f32) on a GPU and on meta tensors, where the torch path runs about a dozen
     # kernels over fp32 copies; where the attention backend runs the head dim zero-padded (its run_head_dim), the
-    # same launch writes q, k and v padded, so that the backend makes no padded copies of its own
+    # same launch writes q, k and v padded, so that the backend makes no padded copies of its own (select_backends
+    # chooses it for bf16 nodes on sm_90)
     fused_rope: int = 0
 
     def __init__(self, cfg: VisionConfig):

@@ -41,10 +41,11 @@ def test_shipped_plans_record_the_choice_where_it_acts():
         assert plan.target.arch == "sm_90"
         got = {n: p.kernels for n, p in plan.nodes.items()}
         # the thinker and the talker hold sparse MoE experts, RMSNorms and layers.Linear, the talker its sampler
-        # too; Code2Wav RMSNorms and a SwiGLU's Linears only; the encoders none of them (LayerNorms, nn.Linear)
+        # too; Code2Wav RMSNorms and a SwiGLU's Linears only; the audio encoder none of them (LayerNorms,
+        # nn.Linear), the vision encoder its fp32 rotary
         both = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1, "gemv": 1}
         assert got == {"thinker": both, "talker": {**both, "fused_sampler": 1}, "audio_encoder": {},
-                       "vision_encoder": {}, "code2wav": {"fused_norms": 1, "gemv": 1}}, got
+                       "vision_encoder": {"fused_rope": 1}, "code2wav": {"fused_norms": 1, "gemv": 1}}, got
     assert all(not p.kernels for p in load_plan("plans/qwen3_omni_tiny_cpu.plan").nodes.values())     # cpu
     asr = {n: p.kernels for n, p in load_plan("plans/qwen3_asr_1.7b_h100.plan").nodes.items()}
     assert asr == {"audio_encoder": {}, "thinker": {"fused_norms": 1, "gemv": 1}}, asr     # a dense LM: no MoE
@@ -61,7 +62,8 @@ def test_select_backends_by_arch_and_dtype():
         ir = verify_graph(model, get_target(gpu), 1)
         chosen = select_backends(ir).kernels
         bf16 = {n.name for n in model.nodes if n.dtype == "bfloat16"}
-        knobs = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1, "fused_sampler": 1, "gemv": 1}
+        knobs = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_rope": 1, "fused_router": 1, "fused_sampler": 1,
+                 "gemv": 1}
         assert chosen == ({n: knobs for n in bf16}
                           if want else {}), gpu
 
