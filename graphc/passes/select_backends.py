@@ -14,7 +14,9 @@ renormalisation as one (moe_ops.fused_route, the fused_router knob), at every to
 layers' one-row products in a weight-streaming Triton kernel (gemv_triton.py, the gemv knob; cuBLAS for more
 rows); and the talker's in-step sampler in one launch per code (select_ops.py, the fused_sampler knob); and
 the vision tower's fp32 rotary of q and k in one launch that also writes the zero-padded q, k and v its
-attention kernel runs (norm_ops.q_k_rope_f32, the fused_rope knob). Measured on the H200 (docs/benchmarks.md), not on other archs.
+attention kernel runs (norm_ops.q_k_rope_f32, the fused_rope knob), its LayerNorms with the residual add
+before them (layers.LayerNorm under fused_norms) and its MLP's bias and GELU in cuBLASLt's GEMM epilogue (the
+fused_gelu knob). Measured on the H200 (docs/benchmarks.md), not on other archs.
 """
 from __future__ import annotations
 
@@ -79,8 +81,8 @@ def select_backends(ir: IR) -> Backends:
         if runs is not None and runs != head_dim:
             why += f"; {prefill} takes no head_dim {head_dim}: runs zero-padded to {runs}"
         chosen[r.name] = Choice(prefill, decode, runs, why)
-    knobs = {"fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_rope": 1, "fused_router": 1,
-             "fused_sampler": 1, "gemv": 1}
+    knobs = {"fused_gelu": 1, "fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_rope": 1,
+             "fused_router": 1, "fused_sampler": 1, "gemv": 1}
     kernels = {n.name: dict(knobs) for n in ir.model.nodes if arch in FUSED_ARCHS and n.dtype == "bfloat16"}
     out = Backends(chosen, kernels)
     out.check(ir)

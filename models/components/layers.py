@@ -1,4 +1,4 @@
-"""Small building blocks: RMSNorm, rotary embedding, SwiGLU."""
+"""Small building blocks: RMSNorm, LayerNorm, rotary embedding, SwiGLU."""
 from __future__ import annotations
 
 import torch
@@ -38,6 +38,33 @@ class RMSNorm(nn.Module):
         if self.fused(x) and delta.shape == x.shape and delta.dtype == x.dtype:
             from models.components.norm_ops import add_rms_norm
             return add_rms_norm(x, delta, self.weight, self.eps)
+        total = x + delta
+        return total, self(total)
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm (the same parameters and checkpoint names) that runs bf16 rows on a GPU (and on meta
+    tensors) in one Triton launch where the plan's fused_norms knob says so (norm_ops.layer_norm), and a
+    residual add with it in one (add)."""
+
+    fused_norms: int = 0      # the plan's knob, as RMSNorm's
+
+    def fused(self, x: torch.Tensor) -> bool:
+        return (bool(self.fused_norms) and x.dtype == torch.bfloat16 and self.weight is not None
+                and self.bias is not None and self.weight.dtype == x.dtype and x.device.type in ("cuda", "meta")
+                and self.normalized_shape == (x.shape[-1],))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused(x):
+            from models.components.norm_ops import layer_norm
+            return layer_norm(x, self.weight, self.bias, self.eps)
+        return super().forward(x)
+
+    def add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, this norm of it): a residual add and the next pre-norm, one launch where fused."""
+        if self.fused(x) and delta.shape == x.shape and delta.dtype == x.dtype:
+            from models.components.norm_ops import add_layer_norm
+            return add_layer_norm(x, delta, self.weight, self.bias, self.eps)
         total = x + delta
         return total, self(total)
 

@@ -4,15 +4,17 @@ caller with torch.empty, which the simulation records). Triton is imported only 
 
     graphc::rms_norm(x, weight, y!, eps)
     graphc::add_rms_norm(x, residual, weight, total!, y!, eps)
+    graphc::layer_norm(x, weight, bias, y!, eps)
+    graphc::add_layer_norm(x, residual, weight, bias, total!, y!, eps)
     graphc::qk_norm_rope(x, weight, cos, sin, y!, eps)
     graphc::q_k_norm_rope(q, k, wq, wk, cos, sin, yq!, yk!, eps)
     graphc::q_k_rope_f32(q, k, cos, sin, yq!, yk!, v?, yv!?)
     graphc::snake_beta(x, alpha, beta, y!)
     graphc::silu_mul(gate_up, y!)
 
-layers.RMSNorm takes the first two, the attention layers' q and k norm + rotary q_k_norm_rope (qk_norm_rope
-where only one of them is fused), code2wav.SnakeBeta snake_beta and layers.SwiGLU silu_mul, where the plan
-says so (the fused_norms knob: the normalisation-like elementwise chains of a node as one launch each) and
+layers.RMSNorm takes the first two, layers.LayerNorm the next two, the attention layers' q and k norm +
+rotary q_k_norm_rope (qk_norm_rope where only one of them is fused), code2wav.SnakeBeta snake_beta and
+layers.SwiGLU silu_mul, where the plan says so (the fused_norms knob: the normalisation-like elementwise chains of a node as one launch each) and
 the inputs allow; the wrappers here check shapes and return the outputs.
 """
 from __future__ import annotations
@@ -42,6 +44,31 @@ def add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
 
 @add_rms_norm_op.register_fake
 def _(x, residual, weight, total, y, eps) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::layer_norm", mutates_args=("y",))
+def layer_norm_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y: torch.Tensor, eps: float) -> None:
+    from models.components import norm_triton as k
+
+    k.layer_norm(x, weight, bias, y, eps)
+
+
+@layer_norm_op.register_fake
+def _(x, weight, bias, y, eps) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::add_layer_norm", mutates_args=("total", "y"))
+def add_layer_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                      total: torch.Tensor, y: torch.Tensor, eps: float) -> None:
+    from models.components import norm_triton as k
+
+    k.add_layer_norm(x, residual, weight, bias, total, y, eps)
+
+
+@add_layer_norm_op.register_fake
+def _(x, residual, weight, bias, total, y, eps) -> None:
     return None
 
 
@@ -157,6 +184,27 @@ def _heads(x: torch.Tensor) -> torch.Tensor:
     """x [..., heads, D] as [N, heads, D], elements contiguous (rows and heads may be strided)."""
     x3 = x.reshape(-1, *x.shape[-2:])
     return x3 if x3.stride(-1) == 1 else x3.contiguous()
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """layers.LayerNorm's forward: x [..., D] -> [..., D] in x's dtype."""
+    x2 = _rows(x)
+    y = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
+    layer_norm_op(x2, weight, bias, y, eps)
+    return y.view(x.shape)
+
+
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + residual, layer_norm(x + residual)), both [..., D] in x's dtype."""
+    if x.shape != residual.shape or x.dtype != residual.dtype:
+        raise ValueError(f"add_layer_norm: x {tuple(x.shape)} {x.dtype} and residual {tuple(residual.shape)} "
+                         f"{residual.dtype} differ")
+    x2, r2 = _rows(x), _rows(residual)
+    total = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
+    y = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
+    add_layer_norm_op(x2, r2, weight, bias, total, y, eps)
+    return total.view(x.shape), y.view(x.shape)
 
 
 def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float

@@ -8,6 +8,9 @@ is a few microseconds of launch and almost no work: about forty of the thinker's
 
     rms_norm       y = w * (x * rsqrt(mean(x^2) + eps)), a program per row
     add_rms_norm   s = x + r (the residual sum, written), y = rms_norm(s): one read of each, two writes
+    layer_norm     nn.LayerNorm's y = (x - mean) * rstd * w + b, in fp32 and rounded once (torch: one kernel
+                   at 2.8 times its memory floor at the vision tower's 1,152 wide rows), and add_layer_norm
+                   with the residual sum as add_rms_norm
     qk_norm_rope   y = rope(rms_norm(x)) over each [head_dim] row of q or k, cos and sin given per row, a
                    program per (row, block of ROPE_HEADS heads)
     q_k_norm_rope  the same over q's and k's heads of a row in one launch, each with its own norm weight
@@ -54,6 +57,28 @@ def _rms_norm(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, D, x_stride, r_stride, s_stride
     n = _round(x32 * rstd, BF16)
     w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * y_stride + offs, _round(w * n, BF16).to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _layer_norm(x_ptr, r_ptr, s_ptr, w_ptr, b_ptr, y_ptr, D, x_stride, r_stride, s_stride, y_stride, eps,
+                HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    """nn.LayerNorm's row in fp32 (mean, then the centred row's mean square: two passes over registers), the
+    weight's product and the bias's sum in fp32, rounded once, as torch's kernel rounds; with HAS_RES, of the
+    residual sum x + r rounded to the input dtype (written to s), as torch's add then its norm."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < D
+    BF16: tl.constexpr = x_ptr.dtype.element_ty == tl.bfloat16
+    x32 = tl.load(x_ptr + row * x_stride + offs, mask=m, other=0.0).to(tl.float32)
+    if HAS_RES:
+        x32 = _round(x32 + tl.load(r_ptr + row * r_stride + offs, mask=m, other=0.0).to(tl.float32), BF16)
+        tl.store(s_ptr + row * s_stride + offs, x32.to(s_ptr.dtype.element_ty), mask=m)
+    mean = tl.sum(x32, axis=0) / D
+    xc = tl.where(m, x32 - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / D + eps)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * y_stride + offs, _round(xc * rstd * w + b, BF16).to(y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -197,6 +222,23 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     if n:
         _rms_norm[(n,)](x, residual, total, weight, y, d, x.stride(0), residual.stride(0), total.stride(0),
                         y.stride(0), eps, HAS_RES=True, BLOCK=_block(d), num_warps=4 if d >= 1024 else 1)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y: torch.Tensor, eps: float) -> None:
+    """x, y [N, D] (rows may be strided, elements contiguous), weight and bias [D]: y = layer_norm(x)."""
+    n, d = x.shape
+    if n:
+        _layer_norm[(n,)](x, x, x, weight, bias, y, d, x.stride(0), 0, 0, y.stride(0), eps, HAS_RES=False,
+                          BLOCK=_block(d), num_warps=4 if d >= 1024 else 1)
+
+
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                   total: torch.Tensor, y: torch.Tensor, eps: float) -> None:
+    """total = x + residual (rounded to their dtype); y = layer_norm(total). All [N, D]."""
+    n, d = x.shape
+    if n:
+        _layer_norm[(n,)](x, residual, total, weight, bias, y, d, x.stride(0), residual.stride(0), total.stride(0),
+                          y.stride(0), eps, HAS_RES=True, BLOCK=_block(d), num_warps=4 if d >= 1024 else 1)
 
 
 def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, y: torch.Tensor,

@@ -22,7 +22,7 @@ from torch import nn
 import graphc as gc
 from graphc.step import NodeModule, StepContext
 from graphc.strict import Strict
-from models.components.layers import apply_rope, rope_inv_freq
+from models.components.layers import LayerNorm, apply_rope, rope_inv_freq
 
 TAPS = 4   # bilinear interpolation reads 2x2 rows of the learned position grid per patch
 
@@ -105,8 +105,7 @@ class VisionAttention(nn.Module):
     # a kernel choice (graphc.modules.KERNEL_KNOBS, set at boot and in the simulation): 1 rotates q and k in one
     # fp32 launch (norm_ops.q_k_rope_f32) on a GPU and on meta tensors, where the torch path runs about a dozen
     # kernels over fp32 copies; where the attention backend runs the head dim zero-padded (its run_head_dim), the
-    # same launch writes q, k and v padded, so that the backend makes no padded copies of its own (select_backends
-    # chooses it for bf16 nodes on sm_90)
+    # same launch writes q, k and v padded, so that the backend makes no padded copies of its own
     fused_rope: int = 0
 
     def __init__(self, cfg: VisionConfig):
@@ -133,26 +132,45 @@ class VisionAttention(nn.Module):
 
 
 class VisionMLP(nn.Module):
+    # a kernel choice (graphc.modules.KERNEL_KNOBS): 1 runs linear_fc1's bias and tanh GELU in cuBLASLt's GEMM
+    # epilogue on a GPU (torch._addmm_activation; on meta tensors too, where the compiler traces it): one launch
+    # and one rounding in place of the GEMM's bf16 output, then a GELU kernel reading and writing it again
+    fused_gelu: int = 0
+
     def __init__(self, cfg: VisionConfig):
         super().__init__()
         self.linear_fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=True)
         self.linear_fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_fc2(F.gelu(self.linear_fc1(x), approximate="tanh"))   # gelu_pytorch_tanh
+        if self.fused_gelu and x.device.type in ("cuda", "meta") and x.dim() == 2:
+            # (only CUDA's _addmm_activation is the tanh GELU; the CPU's is the exact one)
+            h = torch._addmm_activation(self.linear_fc1.bias, x, self.linear_fc1.weight.t(), use_gelu=True)
+        else:
+            h = F.gelu(self.linear_fc1(x), approximate="tanh")                # gelu_pytorch_tanh
+        return self.linear_fc2(h)
 
 
 class VisionBlock(nn.Module):
+    """HF's block: x + attn(norm1(x)), then + mlp(norm2(.)). Here as a residual stream: it takes x and the
+    previous block's output delta not yet added (None for the first block), and returns its own x and delta,
+    so that each residual add runs with the norm after it (LayerNorm.add: one launch where fused)."""
+
     def __init__(self, cfg: VisionConfig):
         super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.norm1 = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.attn = VisionAttention(cfg)
-        self.norm2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.norm2 = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.mlp = VisionMLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, attn)
-        return x + self.mlp(self.norm2(x))
+    def forward(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                attn) -> tuple[torch.Tensor, torch.Tensor]:
+        if delta is None:
+            h = self.norm1(x)
+        else:
+            x, h = self.norm1.add(x, delta)
+        x, h = self.norm2.add(x, self.attn(h, cos, sin, attn))
+        return x, self.mlp(h)
 
 
 class PatchMerger(nn.Module):
@@ -228,11 +246,15 @@ class VisionEncoder(NodeModule):
         levels = self.cfg.deepstack_visual_indexes
         rows = -(-x.shape[0] // self.cfg.merge_unit)
         deepstack = x.new_empty(len(levels), rows, self.cfg.out_hidden_size)   # filled level by level
+        delta = None
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, attn)
-            if i in levels:
+            x, delta = block(x, delta, cos, sin, attn)
+            if i in levels:                                   # the block's whole output: its delta added
+                x, delta = x + delta, None
                 k = levels.index(i)
                 deepstack[k] = self.merger_list[k](self.grouped(x))
+        if delta is not None:
+            x = x + delta
         return {"embeds": self.merger(self.grouped(x)), "deepstack": deepstack}
 
 

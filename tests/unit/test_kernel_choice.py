@@ -42,10 +42,10 @@ def test_shipped_plans_record_the_choice_where_it_acts():
         got = {n: p.kernels for n, p in plan.nodes.items()}
         # the thinker and the talker hold sparse MoE experts, RMSNorms and layers.Linear, the talker its sampler
         # too; Code2Wav RMSNorms and a SwiGLU's Linears only; the audio encoder none of them (LayerNorms,
-        # nn.Linear), the vision encoder its fp32 rotary
+        # nn.Linear), the vision encoder its fp32 rotary, LayerNorms and MLP's GELU
         both = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1, "gemv": 1}
         assert got == {"thinker": both, "talker": {**both, "fused_sampler": 1}, "audio_encoder": {},
-                       "vision_encoder": {"fused_rope": 1}, "code2wav": {"fused_norms": 1, "gemv": 1}}, got
+                       "vision_encoder": {"fused_gelu": 1, "fused_norms": 1, "fused_rope": 1}, "code2wav": {"fused_norms": 1, "gemv": 1}}, got
     assert all(not p.kernels for p in load_plan("plans/qwen3_omni_tiny_cpu.plan").nodes.values())     # cpu
     asr = {n: p.kernels for n, p in load_plan("plans/qwen3_asr_1.7b_h100.plan").nodes.items()}
     assert asr == {"audio_encoder": {}, "thinker": {"fused_norms": 1, "gemv": 1}}, asr     # a dense LM: no MoE
@@ -62,8 +62,8 @@ def test_select_backends_by_arch_and_dtype():
         ir = verify_graph(model, get_target(gpu), 1)
         chosen = select_backends(ir).kernels
         bf16 = {n.name for n in model.nodes if n.dtype == "bfloat16"}
-        knobs = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_rope": 1, "fused_router": 1, "fused_sampler": 1,
-                 "gemv": 1}
+        knobs = {"fused_gelu": 1, "fused_max_tokens": 16384, "fused_norms": 1, "fused_rope": 1, "fused_router": 1,
+                 "fused_sampler": 1, "gemv": 1}
         assert chosen == ({n: knobs for n in bf16}
                           if want else {}), gpu
 
@@ -403,3 +403,39 @@ def test_the_vision_rotary_writes_the_padded_copies_an_attention_backend_runs():
     set_kernels(att, {})
     out, ops = OpNames.of(lambda: att(x, cos, sin, seen))
     assert out.shape == (6, 32) and widths[1] == (8, 8, 8) and ops.count("aten.constant_pad_nd") == 3, ops
+
+
+def test_the_vision_blocks_run_add_and_norm_as_one_and_gelu_in_the_gemm():
+    """With fused_norms, every residual add of a vision block runs with the LayerNorm after it
+    (graphc.add_layer_norm; the first block's norm1 alone as graphc.layer_norm), and with fused_gelu
+    linear_fc1's bias and GELU run in the GEMM's epilogue (_addmm_activation, no gelu kernel); off, torch's
+    LayerNorm, add and GELU, as HF runs them."""
+    from models.components.vision import VisionConfig, VisionEncoder
+    from resources.ragged_attention import FakeRagged, RaggedAttentionSpec
+
+    cfg = VisionConfig(depth=3, hidden_size=32, num_heads=4, intermediate_size=64, out_hidden_size=64,
+                       num_position_embeddings=64, deepstack_visual_indexes=(1,))
+    attn = FakeRagged(RaggedAttentionSpec(name="v", num_heads=4, head_dim=8, max_segment=8))
+    with torch.device("meta"):
+        enc = VisionEncoder(cfg).to(torch.bfloat16)
+        x = torch.empty(8, 32, dtype=torch.bfloat16)
+        cos = sin = torch.empty(8, 1, 8)
+
+    def blocks():
+        delta = None
+        for i, block in enumerate(enc.blocks):
+            x_i, delta = block(x if i == 0 else x_i, delta, cos, sin, attn)
+        return x_i + delta
+
+    assert set_kernels(enc, {"fused_norms": 1, "fused_gelu": 1, "fused_rope": 1}) == {"fused_norms", "fused_gelu",
+                                                                                   "fused_rope"}
+    out, ops = OpNames.of(blocks)
+    assert out.shape == (8, 32)
+    # block 0: norm1 alone, then norm2 with the attention's add; blocks 1, 2: both norms with an add
+    assert ops.count("graphc.layer_norm") == 1 and ops.count("graphc.add_layer_norm") == 5, ops
+    assert ops.count("aten._addmm_activation") == 3 and "aten.gelu" not in ops, ops
+    assert "aten.native_layer_norm" not in ops and ops.count("aten.add") == 1, ops     # the last delta's add
+    set_kernels(enc, {})
+    _, ops = OpNames.of(blocks)
+    assert ops.count("aten.native_layer_norm") == 6 and ops.count("aten.gelu") == 3, ops
+    assert not graphc_ops(ops) and "aten._addmm_activation" not in ops, ops

@@ -213,3 +213,51 @@ def test_fp32_rotary_equals_the_torch_path_in_the_interpreter(heads):
         assert r[dt]["equal"], (dt, r[dt])
         assert r[dt]["padded_shapes"] == [[5, 6, 128], [5, 4, 128], [5, 5, 128]], r[dt]
         assert r[dt]["padded_equal"] == [True, True, True], (dt, r[dt])
+
+
+# nn.LayerNorm (the vision tower's, 1,152 wide: here 200, not a power of two) and the residual add before it
+LAYER_NORM = r"""
+import torch
+from models.components.layers import LayerNorm
+from models.components import norm_ops
+
+torch.manual_seed(0)
+out = {}
+for dtype in (torch.float32, torch.bfloat16):
+    T, D = 7, 200
+    norm = LayerNorm(D, eps=1e-6)
+    torch.nn.init.normal_(norm.weight, 1.0, 0.3)
+    torch.nn.init.normal_(norm.bias, 0.0, 0.5)
+    norm = norm.to(dtype)
+    big = (3 * torch.randn(T, 2 * D) + 1.5).to(dtype)
+    x = big[:, :D]                                  # rows strided, as a slice of a wider tensor
+    r = torch.randn(T, D).to(dtype)
+    with torch.no_grad():
+        want, got = norm(x), norm_ops.layer_norm(x, norm.weight, norm.bias, norm.eps)
+        tw = x + r
+        wn = norm(tw)
+        tg, gn = norm_ops.add_layer_norm(x, r, norm.weight, norm.bias, norm.eps)
+    # an ulp of each element where bf16 rounds (two fp32 rows a few fp32 ulps apart round an ulp apart at
+    # most), plus fp32's own rounding of the row (its scale times 1e-5)
+    scale = want.float().abs().max().item()
+    ulp = want.float().abs() * (2 ** -7 if dtype == torch.bfloat16 else 0.0) + 1e-5 * scale
+    out[str(dtype)] = {"norm_ulps": ((got.float() - want.float()).abs() / ulp).max().item(),
+                       "add_norm_ulps": ((gn.float() - wn.float()).abs() / ulp).max().item(),
+                       "total_equal": bool(torch.equal(tg, tw)),
+                       "differ": ((got != want).float().mean().item(), (gn != wn).float().mean().item()),
+                       "shapes": [list(got.shape), list(tg.shape), list(gn.shape)], "dtype": str(got.dtype)}
+print(json.dumps(out))
+"""
+
+
+def test_layer_norm_and_its_residual_add_equal_the_torch_path_in_the_interpreter():
+    """layer_norm and add_layer_norm against nn.LayerNorm (and x + r): the residual sum bit for bit; the norm
+    within fp32's rounding, in bf16 within an ulp of each element (only the mean's and variance's summation
+    order differ: torch's against two passes in fp32), most elements equal."""
+    r = interpreted(LAYER_NORM)
+    for dt in ("torch.float32", "torch.bfloat16"):
+        got = r[dt]
+        assert got["shapes"] == [[7, 200]] * 3 and got["dtype"] == dt, got
+        assert got["total_equal"], got
+        assert got["norm_ulps"] <= 1.0 and got["add_norm_ulps"] <= 1.0, got
+    assert max(r["torch.bfloat16"]["differ"]) <= 0.02, r      # bf16: all but a few elements equal
