@@ -10,7 +10,7 @@ memory floor (issue 13), each captured as a CUDA graph of 16 calls and replayed 
   - the vision encoder's fp32 rotary of q and k (16 heads of 72) by the torch path and by q_k_rope_f32 (the
     fused_rope knob), at --patches rows; both must give the same bits. Then what runs before fa3 (which runs 72
     zero-padded to 128): the torch path and the backend's three pads, against one q_k_rope_f32 writing q, k
-    and v padded.
+    and v padded; the launch at each VISION_ROPE_CHOICES (heads a program, warps).
 
     python examples/bench_prefill_kernels.py --json OUT.json
 """
@@ -30,6 +30,7 @@ from bench_moe import captured_per_call  # noqa: E402
 
 CALLS = 16
 ROPE_CHOICES = [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4), (8, 8)]
+VISION_ROPE_CHOICES = [(1, 1), (2, 1), (4, 2), (4, 4), (8, 4), (16, 4), (16, 8)]
 ROPE_SHAPES = {"thinker": (32, 4, 128), "code_predictor": (16, 8, 128)}
 GROUP_SIZES = [("thinker", 65, 8), ("thinker", 512, 8), ("thinker", 2048, 8), ("talker", 1024, 6),
                ("thinker", 16384, 8)]
@@ -79,11 +80,13 @@ def rope_rows(args) -> list[dict]:
 def vision_rope_rows(args) -> list[dict]:
     """The vision encoder's q and k rotary in fp32 (16 heads of 72): the torch path (VisionAttention without
     fused_rope) against norm_ops.q_k_rope_f32; both must give the same bits. With the pads to 128 that fa3 runs:
-    the torch path and F.pad of q, k and v against q_k_rope_f32 writing the three padded."""
-    from models.components import norm_ops
+    the torch path and F.pad of q, k and v against q_k_rope_f32 writing the three padded, at each
+    VISION_ROPE_CHOICES (heads a program, warps) for norm_triton.ROPE_F32_HEADS["many"]."""
+    from models.components import norm_ops, norm_triton
     from models.components.layers import apply_rope
 
     pad = torch.nn.functional.pad
+    keep = norm_triton.ROPE_F32_HEADS
     rows = []
     for n in args.patches:
         q, k, cos, sin = q_k_tables(n, 16, 16, 72, torch.float32, n)          # the vision tower: 16 heads of 72
@@ -97,21 +100,24 @@ def vision_rope_rows(args) -> list[dict]:
 
         def fused_padded():
             return norm_ops.q_k_rope_f32(q, k, cos, sin, v=v, width=128)
-        same = all(torch.equal(a, b) for a, b in zip(torch_path(), norm_ops.q_k_rope_f32(q, k, cos, sin)))
-        same = same and all(torch.equal(a, b) for a, b in zip(torch_padded(), fused_padded()))
-        t_torch = per_call(torch_path, args.replays)
-        t_fused = per_call(lambda: norm_ops.q_k_rope_f32(q, k, cos, sin), args.replays)
-        t_torch_pad, t_fused_pad = per_call(torch_padded, args.replays), per_call(fused_padded, args.replays)
+        t_torch, t_torch_pad = per_call(torch_path, args.replays), per_call(torch_padded, args.replays)
         floor = 2 * 2 * n * 16 * 72 * 2 / args.bandwidth * 1e6          # q and k read and written once, bf16
         floor_pad = 3 * n * 16 * (72 + 128) * 2 / args.bandwidth * 1e6  # q, k, v read at 72, written at 128
-        rows.append({"kernel": "vision_rope", "patches": n, "torch_us": t_torch, "fused_us": t_fused,
-                     "floor_us": floor, "torch_padded_us": t_torch_pad, "fused_padded_us": t_fused_pad,
-                     "floor_padded_us": floor_pad, "same": same})
-        print(f"vision rope {n:5d} patches: torch path {t_torch:8.2f} us  q_k_rope_f32 {t_fused:7.2f} us  "
-              f"(floor {floor:5.2f}); padded to 128 with v: torch + 3 pads {t_torch_pad:8.2f} us  one launch "
-              f"{t_fused_pad:7.2f} us (floor {floor_pad:5.2f})  same: {same}", flush=True)
-        if not same:
-            raise SystemExit("q_k_rope_f32 differs from the torch path")
+        for choice in VISION_ROPE_CHOICES:
+            norm_triton.ROPE_F32_HEADS = {**keep, "many": choice}
+            same = all(torch.equal(a, b) for a, b in zip(torch_path(), norm_ops.q_k_rope_f32(q, k, cos, sin)))
+            same = same and all(torch.equal(a, b) for a, b in zip(torch_padded(), fused_padded()))
+            t_fused = per_call(lambda: norm_ops.q_k_rope_f32(q, k, cos, sin), args.replays)
+            t_fused_pad = per_call(fused_padded, args.replays)
+            rows.append({"kernel": "vision_rope", "patches": n, "heads_warps": list(choice), "torch_us": t_torch,
+                         "fused_us": t_fused, "floor_us": floor, "torch_padded_us": t_torch_pad,
+                         "fused_padded_us": t_fused_pad, "floor_padded_us": floor_pad, "same": same})
+            print(f"vision rope {n:5d} patches, heads/warps {choice}: torch path {t_torch:8.2f} us  q_k_rope_f32 "
+                  f"{t_fused:7.2f} us  (floor {floor:5.2f}); padded to 128 with v: torch + 3 pads {t_torch_pad:8.2f}"
+                  f" us  one launch {t_fused_pad:7.2f} us (floor {floor_pad:5.2f})  same: {same}", flush=True)
+            if not same:
+                raise SystemExit("q_k_rope_f32 differs from the torch path")
+    norm_triton.ROPE_F32_HEADS = keep
     return rows
 
 

@@ -197,10 +197,12 @@ def _q_k_rope_f32(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, yq_ptr, yk_ptr, yv_ptr,
 # 1 row (1, 1) 1.75, (4, 2) 2.02; 64 rows 2.97, 2.78; 2,048 rows 46.2, 27.3 (the best of seven choices)
 ROPE_HEADS = {"few": (1, 1), "many": (4, 2)}
 ROPE_MANY_ROWS = 16
+# q_k_rope_f32's own (it reduces nothing, so need not match them): the vision tower's 16 + 16 (+ 16) heads of 72
+ROPE_F32_HEADS = {"few": (1, 1), "many": (4, 2)}
 
 
-def _rope_heads(rows: int) -> tuple[int, int]:
-    return ROPE_HEADS["many" if rows > ROPE_MANY_ROWS else "few"]
+def _rope_heads(rows: int, table: dict | None = None) -> tuple[int, int]:
+    return (table or ROPE_HEADS)["many" if rows > ROPE_MANY_ROWS else "few"]
 
 
 def _block(d: int) -> int:
@@ -328,7 +330,7 @@ def q_k_rope_f32(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     hv = 0 if v is None else v.shape[1]
     v, yv = (q, yq) if v is None else (v, yv)
     if n:
-        g, warps = _rope_heads(n)
+        g, warps = _rope_heads(n, ROPE_F32_HEADS)
         _q_k_rope_f32[(n * (triton.cdiv(hq, g) + triton.cdiv(hk, g) + triton.cdiv(hv, g)),)](
             q, k, v, cos, sin, yq, yk, yv, hq, hk, hv, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
             v.stride(1), yq.stride(0), yq.stride(1), yk.stride(0), yk.stride(1), yv.stride(0), yv.stride(1),

@@ -56,7 +56,10 @@ def test_layer_norm_against_torch_and_fp64(rows):
                  "add_layer_norm": (fused_add, norm(x + r), exact(x + r))}
     for name, (got, torch_path, ref) in cases.items():
         assert got.shape == (rows, HIDDEN) and got.dtype == bf, name
-        off = ulps(got, torch_path)
+        # ulps of the terms' scale: where the weighted row and the bias nearly cancel, an fp32 ulp of either
+        # term (torch contracts them into a fused multiply-add, this kernel need not) is many of the sum's
+        bias = norm.bias.double()
+        off = ulps(got, torch_path, (ref - bias).abs() + bias.abs())
         assert off.max() <= 1.0 and (off > 0).float().mean() <= 0.02, (name, off.max().item(),
                                                                          (off > 0).float().mean().item())
         err, err_torch = (got.double() - ref).abs().mean().item(), (torch_path.double() - ref).abs().mean().item()
@@ -77,7 +80,9 @@ def test_gelu_epilogue_is_the_tanh_gelu_rounded_once():
     assert fused.shape == (P, MLP) and fused.dtype == bf
     err, err_torch = rel(fused, tanh), rel(torch_path, tanh)
     assert err <= err_torch, (err, err_torch)
-    assert rel(fused, erf) > 3 * err, "the epilogue is not the tanh GELU"     # the two differ by about 1e-3
+    # which GELU: in fp32, where rounding (about 1e-7) is far under the two GELUs' difference (about 1e-4)
+    f32 = torch._addmm_activation(b.float(), x.float(), w.float().t(), use_gelu=True)
+    assert rel(f32, tanh) * 10 < rel(f32, erf), (rel(f32, tanh), rel(f32, erf))
 
 
 def test_a_vision_block_with_the_knobs_against_fp64_eager_and_replayed():

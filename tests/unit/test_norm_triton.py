@@ -72,9 +72,10 @@ print(json.dumps(out))
 """
 
 
-# the qk-norm + rotary kernels at one head a program and at 4 heads over 2 warps (6 q heads: a full and a part
-# block), whichever ROPE_HEADS would take for these 5 rows
-HEADS = "from models.components import norm_triton\nnorm_triton.ROPE_HEADS = {{'few': {0}, 'many': {0}}}\n"
+# the rotary kernels at one head a program and at 4 heads over 2 warps (6 q heads: a full and a part block),
+# whichever ROPE_HEADS (and ROPE_F32_HEADS) would take for these 5 rows
+HEADS = ("from models.components import norm_triton\nnorm_triton.ROPE_HEADS = {{'few': {0}, 'many': {0}}}\n"
+         "norm_triton.ROPE_F32_HEADS = norm_triton.ROPE_HEADS\n")
 
 
 @pytest.mark.parametrize("heads", [(1, 1), (4, 2)])
@@ -205,7 +206,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("heads", [(1, 1), (4, 2)])
+@pytest.mark.parametrize("heads", [(1, 1), (4, 2), (16, 4)])
 def test_fp32_rotary_equals_the_torch_path_in_the_interpreter(heads):
     r = interpreted(HEADS.format(heads) + ROPE_F32)
     for dt in ("torch.float32", "torch.bfloat16"):
