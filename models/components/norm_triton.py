@@ -197,8 +197,10 @@ def _q_k_rope_f32(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, yq_ptr, yk_ptr, yv_ptr,
 # 1 row (1, 1) 1.75, (4, 2) 2.02; 64 rows 2.97, 2.78; 2,048 rows 46.2, 27.3 (the best of seven choices)
 ROPE_HEADS = {"few": (1, 1), "many": (4, 2)}
 ROPE_MANY_ROWS = 16
-# q_k_rope_f32's own (it reduces nothing, so need not match them): the vision tower's 16 + 16 (+ 16) heads of 72
-ROPE_F32_HEADS = {"few": (1, 1), "many": (4, 2)}
+# q_k_rope_f32's own (it reduces nothing, so need not match them), for the vision tower's 16 + 16 + 16 heads of
+# 72 written padded to 128 (H200, us a call, examples/bench_prefill_kernels.py --only vision_rope): 8,192 rows
+# (4, 2) 63.0, (8, 4) 58.2, (16, 4) 55.8 (the best of seven; floor 36.9); 1,024 rows 9.24, 8.82, 8.07
+ROPE_F32_HEADS = {"few": (1, 1), "many": (16, 4)}
 
 
 def _rope_heads(rows: int, table: dict | None = None) -> tuple[int, int]:
