@@ -100,13 +100,9 @@ def main() -> int:
     ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     ap.add_argument("--no-tma", dest="tma", action="store_false",
                     help="the tiled kernels read the weights by pointers, not TMA descriptors")
-    ap.add_argument("--no-tma-h", dest="tma_h", action="store_false",
-                    help="down's tiled kernel reads h by pointers (moe_triton.TMA_H off)")
-    ap.add_argument("--gather-x", action="store_true",
-                    help="gate_up's tokens gathered into grouped order first, read through TMA (moe_triton.GATHER_X)")
     args = ap.parse_args()
     from models.components import moe_triton as mt
-    mt.TMA, mt.TMA_H, mt.GATHER_X = args.tma, args.tma_h, args.gather_x
+    mt.TMA = args.tma
     gen = torch.Generator(device="cuda").manual_seed(0)
     empty = captured(lambda: None, args.replays)      # what the timing itself costs: an empty graph's replay
     print(f"an empty graph replays in {empty:.1f} us (in every time below)")
@@ -161,7 +157,7 @@ def main() -> int:
     if args.json:
         import triton
         Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                               "tma": args.tma, "tma_h": args.tma_h, "gather_x": args.gather_x,
+                                               "tma": args.tma,
                                                "triton": triton.__version__, "empty_graph_us": empty,
                                                "rows": rows}, indent=1))
     return 0

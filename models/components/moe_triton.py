@@ -228,14 +228,12 @@ def _down_tiled(h_ptr, w_ptr, out_ptr, rows_ptr, ends_ptr, scale_ptr, H: tl.cons
 
 
 @triton.jit
-def _gate_up_tiled_tma(x_ptr, xs_desc, w_desc, h_ptr, rows_ptr, ends_ptr, H: tl.constexpr, I: tl.constexpr,
+def _gate_up_tiled_tma(x_ptr, w_desc, h_ptr, rows_ptr, ends_ptr, H: tl.constexpr, I: tl.constexpr,
                        TOP_K: tl.constexpr, E: tl.constexpr, EBLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, X_TMA: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """_gate_up_tiled with the weights' blocks read through a TMA descriptor over gate_up_proj as [E * 2I, H]
     (the tensor memory accelerator copies each [BLOCK_N, BLOCK_K] block; zeros past H). A block's rows past the
-    expert's I gate rows read the up rows or the next expert's, whose columns are not stored. With X_TMA the
-    tokens' rows come gathered in grouped order (xs_desc over xs [P, H], xs[i] = x[rows[i] // TOP_K]), read
-    through TMA as down reads h."""
+    expert's I gate rows read the up rows or the next expert's, whose columns are not stored."""
     e, m0, end = _tile(ends_ptr, tl.program_id(0), E, EBLOCK, BLOCK_M)
     if e < E:
         n0 = tl.program_id(1) * BLOCK_N
@@ -247,12 +245,9 @@ def _gate_up_tiled_tma(x_ptr, xs_desc, w_desc, h_ptr, rows_ptr, ends_ptr, H: tl.
         acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
-            if X_TMA:
-                xa = xs_desc.load([m0, k0])
-            else:
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                xa = tl.load(x_ptr + tok[:, None].to(tl.int64) * H + offs_k[None, :],
-                             mask=m_mask[:, None] & (offs_k < H)[None, :], other=0.0)
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            xa = tl.load(x_ptr + tok[:, None].to(tl.int64) * H + offs_k[None, :],
+                         mask=m_mask[:, None] & (offs_k < H)[None, :], other=0.0)
             wg = w_desc.load([row, k0])
             wu = w_desc.load([row + I, k0])
             acc_g += tl.dot(xa, wg.T)
@@ -263,12 +258,10 @@ def _gate_up_tiled_tma(x_ptr, xs_desc, w_desc, h_ptr, rows_ptr, ends_ptr, H: tl.
 
 
 @triton.jit
-def _down_tiled_tma(h_ptr, h_desc, d_desc, out_ptr, rows_ptr, ends_ptr, scale_ptr, H: tl.constexpr,
-                    I: tl.constexpr, E: tl.constexpr, EBLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, H_TMA: tl.constexpr):
-    """_down_tiled with down_proj's blocks read through a TMA descriptor over it as [E * H, I], and with H_TMA
-    h's too (h_desc over h [P, I]: a tile's rows are consecutive, the expert's pairs in grouped order; rows
-    past the expert's end belong to the next one or past P, which reads zeros, and are not stored)."""
+def _down_tiled_tma(h_ptr, d_desc, out_ptr, rows_ptr, ends_ptr, scale_ptr, H: tl.constexpr, I: tl.constexpr,
+                    E: tl.constexpr, EBLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+    """_down_tiled with down_proj's blocks read through a TMA descriptor over it as [E * H, I]."""
     e, m0, end = _tile(ends_ptr, tl.program_id(0), E, EBLOCK, BLOCK_M)
     if e < E:
         n0 = tl.program_id(1) * BLOCK_N
@@ -279,12 +272,9 @@ def _down_tiled_tma(h_ptr, h_desc, d_desc, out_ptr, rows_ptr, ends_ptr, scale_pt
         row = e * H + n0
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, I, BLOCK_K):
-            if H_TMA:
-                ha = h_desc.load([m0, k0])
-            else:
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                ha = tl.load(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_k[None, :],
-                             mask=m_mask[:, None] & (offs_k < I)[None, :], other=0.0)
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            ha = tl.load(h_ptr + offs_m[:, None].to(tl.int64) * I + offs_k[None, :],
+                         mask=m_mask[:, None] & (offs_k < I)[None, :], other=0.0)
             wd = d_desc.load([row, k0])
             acc += tl.dot(ha, wd.T)
         scale = tl.load(scale_ptr + pair, mask=m_mask, other=0.0).to(tl.float32)
@@ -317,10 +307,6 @@ TILED_LARGE = [(8192, {"down": (128, 256, 64, 8, 4)}),
 # with skewed routing (examples/bench_moe.py --tokens 512 2048 8192 --skew 3 [--no-tma]), us: thinker 367.8 ->
 # 362.3, 557.3 -> 528.7, 1,482.8 -> 1,474.3; talker 114.6 -> 110.2, 174.9 -> 170.0, 470.0 -> 450.9; the same error
 TMA = True
-# down's tiled kernel reads h (its rows in grouped order, a tile's consecutive) through a TMA descriptor too
-TMA_H = True
-# gate_up's tokens gathered into grouped order first and read through TMA (measuring only: off in plans)
-GATHER_X = False
 GROUP_BLOCK = 64
 COUNT_SUB = 128       # pairs the counting sort's programs compare at a time (a block is a multiple)
 
@@ -385,13 +371,9 @@ def gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, h: torch.Tensor, rows: 
         bm, bn, bk, warps, stages = _tiled("gate_up", h.shape[0])
         grid = (triton.cdiv(h.shape[0], bm) + num_experts, triton.cdiv(two_i // 2, bn))
         if _tma(gate_up_proj):
-            xs = None
-            if GATHER_X and _tma(x):       # an experiment (bench_moe --gather-x): xs is not in the plan's memory
-                xs = torch.index_select(x, 0, (rows // top_k).long())
-            _gate_up_tiled_tma[grid](x, None if xs is None else _desc(xs, [bm, bk]), _desc(gate_up_proj, [bn, bk]), h,
-                                     rows, ends, hidden, two_i // 2, top_k, num_experts,
-                                     triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                                     X_TMA=xs is not None, num_warps=warps, num_stages=stages)
+            _gate_up_tiled_tma[grid](x, _desc(gate_up_proj, [bn, bk]), h, rows, ends, hidden, two_i // 2, top_k,
+                                     num_experts, triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn,
+                                     BLOCK_K=bk, num_warps=warps, num_stages=stages)
             return
         _gate_up_tiled[grid](x, gate_up_proj, h, rows, ends, hidden, two_i // 2, top_k, num_experts,
                              triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
@@ -411,11 +393,9 @@ def down(h: torch.Tensor, down_proj: torch.Tensor, pairs: torch.Tensor, rows: to
         bm, bn, bk, warps, stages = _tiled("down", pairs.shape[0])
         grid = (triton.cdiv(pairs.shape[0], bm) + num_experts, triton.cdiv(hidden, bn))
         if _tma(down_proj):
-            h_tma = TMA_H and _tma(h)
-            _down_tiled_tma[grid](h, _desc(h, [bm, bk]) if h_tma else None, _desc(down_proj, [bn, bk]), pairs, rows,
-                                  ends, weights, hidden, inter, num_experts, triton.next_power_of_2(num_experts),
-                                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, H_TMA=h_tma, num_warps=warps,
-                                  num_stages=stages)
+            _down_tiled_tma[grid](h, _desc(down_proj, [bn, bk]), pairs, rows, ends, weights, hidden, inter,
+                                  num_experts, triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn,
+                                  BLOCK_K=bk, num_warps=warps, num_stages=stages)
             return
         _down_tiled[grid](h, down_proj, pairs, rows, ends, weights, hidden, inter, num_experts,
                           triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
