@@ -31,6 +31,13 @@ rows at once (the fused experts) and a row a call (decode: the one-row kernel fo
 expert and its gate), with the H200 plan's kernel choices, --seed and two more. Rows where graphc's bf16
 router picks other experts than HF's bf16 one (as a set: CUDA's top-k orders ties as it likes) are counted
 and left out, as rows HF's bf16 routes elsewhere than its fp32 are.
+
+    python examples/bf16_error.py --part vision --json $OUT/bf16_error_vision.json
+
+The vision tower at its real config on one random image of 64 x 128 patches: HF's Qwen3OmniMoeVisionEncoder in
+fp32 (the reference) and bf16 (sdpa), graphc's VisionEncoder (the same weights through the checkpoint loader)
+in fp32 (sanity) and in bf16 with the H200 plan's choices (fused_rope, fused_norms, fused_gelu) on fa3 at 72 ->
+128; the merged embeddings' and each deepstack level's errors against HF fp32.
 """
 from __future__ import annotations
 
@@ -109,9 +116,88 @@ def talker_moe(a) -> dict:
     return {"part": "talker_moe", "kernels": kernels, "results": results}
 
 
+def vision(a) -> dict:
+    """The vision tower at its real config (27 blocks of 16 heads of 72, MLP 4,304, deepstack after 8, 16, 24) on
+    one random image of 64 x 128 patches (8,192; --tiny: a small tower and image on the CPU): HF fp32 (the
+    reference, sdpa), HF bf16, graphc fp32 (sanity) and graphc bf16 with the H200 plan's kernel choices
+    (fused_rope, fused_norms, fused_gelu) on FlashInfer's fa3 at 72 -> 128, as the plan runs it. Errors of the
+    merged embeddings and each deepstack level against HF fp32."""
+    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeVisionEncoderConfig
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeVisionEncoder
+
+    from graphc.modules import set_kernels
+    from graphc.runtime.checkpoint import TensorShards, load_weights
+    from graphc.step import StepContext
+    from models.components.vision import VisionConfig, VisionEncoder
+    from models.components.vision_inputs import VisionProcessing, build_step, process_image
+    from resources import RaggedAttentionSpec
+    from resources.ragged_attention import RaggedTorch
+    from tests.conftest import rel
+    from tests.parity.weights import randomize
+
+    real = dict(depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304, patch_size=16, temporal_patch_size=2,
+                spatial_merge_size=2, out_hidden_size=2048, num_position_embeddings=2304,
+                deepstack_visual_indexes=[8, 16, 24])
+    if a.tiny:                  # for checking the script on a CPU: no number of it means anything
+        real |= dict(depth=3, hidden_size=32, num_heads=4, intermediate_size=64, out_hidden_size=48,
+                     num_position_embeddings=64, deepstack_visual_indexes=[1, 2])
+    height, width = (64, 96) if a.tiny else (1024, 2048)         # 64 x 128 patches of 16
+    dev = torch.device("cpu" if a.tiny else "cuda")
+    hf_cfg = Qwen3OmniMoeVisionEncoderConfig(**real)
+    hf_cfg._attn_implementation = "sdpa"
+    torch.manual_seed(a.seed)
+    hf = Qwen3OmniMoeVisionEncoder(hf_cfg).eval()
+    randomize(hf, seed=a.seed, bf16_exact=True)
+    ours = VisionEncoder(VisionConfig.from_hf(hf.config.to_dict())).eval()
+    report = load_weights(ours, TensorShards(hf.state_dict()))
+    assert report.loaded == len(ours.state_dict()), report
+    gen = torch.Generator().manual_seed(a.seed + 1)
+    image = torch.randint(0, 256, (3, height, width), dtype=torch.uint8, generator=gen)
+    step = build_step([process_image(image, VisionProcessing(max_pixels=height * width))], ours.cfg)
+    inputs = {k: v.to(dev) for k, v in step.inputs().items()}
+    c = ours.cfg
+    spec = RaggedAttentionSpec(name="vision_attn", num_heads=c.num_heads, head_dim=c.head_dim,
+                               max_segment=step.cu_seqlens[-1])
+    kernels = {"fused_gelu": 1, "fused_norms": 1, "fused_rope": 1}
+
+    def attention(dtype):
+        if a.tiny or dtype == torch.float32:
+            return RaggedTorch(spec, step.cu_seqlens)
+        from resources.flashinfer_backend import make_backend
+        b = make_backend(spec, "fa3", torch.zeros(256 << 20, dtype=torch.uint8, device=dev), False, None,
+                         run_head_dim=128)
+        b.plan(step.cu_seqlens)
+        return b
+
+    def run_ours(model, dtype):
+        with torch.no_grad():
+            out = model(StepContext({"attn": attention(dtype)}), **inputs)
+        return [out["embeds"].float()] + [d.float() for d in out["deepstack"]]
+
+    def run_hf(model, dtype):
+        with torch.no_grad():
+            o = model(hidden_states=inputs["pixel_patches"].to(dtype), grid_thw=torch.tensor(step.grids, device=dev))
+        return [o.pooler_output.float()] + [d.float() for d in o.deepstack_features]
+
+    hf32, ours32 = hf.to(dev), ours.to(dev)
+    ref = run_hf(hf32, torch.float32)
+    sanity = run_ours(ours32, torch.float32)
+    h16, o16 = copy.deepcopy(hf32).to(torch.bfloat16), copy.deepcopy(ours32).to(torch.bfloat16)
+    set_kernels(o16, {} if a.tiny else kernels)
+    hf_bf16, ours_bf16 = run_hf(h16, torch.bfloat16), run_ours(o16, torch.bfloat16)
+    names = ["embeds"] + [f"deepstack {i}" for i in real["deepstack_visual_indexes"]]
+    results = {n: {"fp32_sanity": rel(s, r), "hf_bf16": rel(h, r), "graphc_bf16": rel(g, r)}
+               for n, s, h, g, r in zip(names, sanity, hf_bf16, ours_bf16, ref)}
+    for n, row in results.items():
+        print(f"{n}: graphc bf16 {row['graphc_bf16']:.4g} vs HF bf16 {row['hf_bf16']:.4g} "
+              f"(x{row['graphc_bf16'] / row['hf_bf16']:.2f}); fp32 sanity {row['fp32_sanity']:.2g}", flush=True)
+    return {"part": "vision", "patches": step.cu_seqlens[-1], "kernels": {} if a.tiny else kernels,
+            "attention": "torch" if a.tiny else "fa3 at 128", "seed": a.seed, "results": results}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("thinker", "talker_moe"), default="thinker")
+    ap.add_argument("--part", choices=("thinker", "talker_moe", "vision"), default="thinker")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
@@ -119,8 +205,8 @@ def main() -> int:
     ap.add_argument("--tiny", action="store_true", help="small shapes on the CPU: checks the script only")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    if a.part == "talker_moe":
-        out = talker_moe(a)
+    if a.part in ("talker_moe", "vision"):
+        out = {"talker_moe": talker_moe, "vision": vision}[a.part](a)
         out |= {"gpu": "cpu (--tiny)" if a.tiny else torch.cuda.get_device_name(), "torch": torch.__version__}
         if a.json:
             Path(a.json).write_text(json.dumps(out, indent=1))
