@@ -149,17 +149,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return y.view(x.shape)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + residual, rms_norm(x + residual)), both [..., D] in x's dtype."""
+def _add_norm(name: str, op, x: torch.Tensor, residual: torch.Tensor, params: tuple, eps: float
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + residual, a norm of it) through op(x, residual, *params, total!, y!, eps), both [..., D] in x's dtype."""
     if x.shape != residual.shape or x.dtype != residual.dtype:
-        raise ValueError(f"add_rms_norm: x {tuple(x.shape)} {x.dtype} and residual {tuple(residual.shape)} "
+        raise ValueError(f"{name}: x {tuple(x.shape)} {x.dtype} and residual {tuple(residual.shape)} "
                          f"{residual.dtype} differ")
     x2, r2 = _rows(x), _rows(residual)
     total = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
     y = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
-    add_rms_norm_op(x2, r2, weight, total, y, eps)
+    op(x2, r2, *params, total, y, eps)
     return total.view(x.shape), y.view(x.shape)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + residual, rms_norm(x + residual)), both [..., D] in x's dtype."""
+    return _add_norm("add_rms_norm", add_rms_norm_op, x, residual, (weight,), eps)
 
 
 def _tables(op: str, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype | None = None
@@ -197,14 +203,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + residual, layer_norm(x + residual)), both [..., D] in x's dtype."""
-    if x.shape != residual.shape or x.dtype != residual.dtype:
-        raise ValueError(f"add_layer_norm: x {tuple(x.shape)} {x.dtype} and residual {tuple(residual.shape)} "
-                         f"{residual.dtype} differ")
-    x2, r2 = _rows(x), _rows(residual)
-    total = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
-    y = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
-    add_layer_norm_op(x2, r2, weight, bias, total, y, eps)
-    return total.view(x.shape), y.view(x.shape)
+    return _add_norm("add_layer_norm", add_layer_norm_op, x, residual, (weight, bias), eps)
 
 
 def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float

@@ -43,9 +43,10 @@ def _round(x, BF16: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, D, x_stride, r_stride, s_stride, y_stride, eps,
-              HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+def _residual_row(x_ptr, r_ptr, s_ptr, row, D, x_stride, r_stride, s_stride, HAS_RES: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """A norm's input row in fp32 (offsets and mask with it); with HAS_RES the residual sum x + r, rounded to the
+    input dtype as torch's add rounds, and written to s."""
     offs = tl.arange(0, BLOCK)
     m = offs < D
     BF16: tl.constexpr = x_ptr.dtype.element_ty == tl.bfloat16
@@ -53,6 +54,15 @@ def _rms_norm(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, D, x_stride, r_stride, s_stride
     if HAS_RES:
         x32 = _round(x32 + tl.load(r_ptr + row * r_stride + offs, mask=m, other=0.0).to(tl.float32), BF16)
         tl.store(s_ptr + row * s_stride + offs, x32.to(s_ptr.dtype.element_ty), mask=m)
+    return offs, m, x32
+
+
+@triton.jit
+def _rms_norm(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, D, x_stride, r_stride, s_stride, y_stride, eps,
+              HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    BF16: tl.constexpr = x_ptr.dtype.element_ty == tl.bfloat16
+    offs, m, x32 = _residual_row(x_ptr, r_ptr, s_ptr, row, D, x_stride, r_stride, s_stride, HAS_RES, BLOCK)
     rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / D + eps)
     n = _round(x32 * rstd, BF16)
     w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
@@ -66,13 +76,8 @@ def _layer_norm(x_ptr, r_ptr, s_ptr, w_ptr, b_ptr, y_ptr, D, x_stride, r_stride,
     weight's product and the bias's sum in fp32, rounded once, as torch's kernel rounds; with HAS_RES, of the
     residual sum x + r rounded to the input dtype (written to s), as torch's add then its norm."""
     row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
-    m = offs < D
     BF16: tl.constexpr = x_ptr.dtype.element_ty == tl.bfloat16
-    x32 = tl.load(x_ptr + row * x_stride + offs, mask=m, other=0.0).to(tl.float32)
-    if HAS_RES:
-        x32 = _round(x32 + tl.load(r_ptr + row * r_stride + offs, mask=m, other=0.0).to(tl.float32), BF16)
-        tl.store(s_ptr + row * s_stride + offs, x32.to(s_ptr.dtype.element_ty), mask=m)
+    offs, m, x32 = _residual_row(x_ptr, r_ptr, s_ptr, row, D, x_stride, r_stride, s_stride, HAS_RES, BLOCK)
     mean = tl.sum(x32, axis=0) / D
     xc = tl.where(m, x32 - mean, 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / D + eps)
