@@ -14,8 +14,9 @@ caller with torch.empty, which the simulation records). Triton is imported only 
 
 layers.RMSNorm takes the first two, layers.LayerNorm the next two, the attention layers' q and k norm +
 rotary q_k_norm_rope (qk_norm_rope where only one of them is fused), code2wav.SnakeBeta snake_beta and
-layers.SwiGLU silu_mul, where the plan says so (the fused_norms knob: the normalisation-like elementwise chains of a node as one launch each) and
-the inputs allow; the wrappers here check shapes and return the outputs.
+layers.SwiGLU silu_mul, where the plan says so (the fused_norms knob: the normalisation-like elementwise
+chains of a node as one launch each) and the inputs allow; the vision tower's attention q_k_rope_f32 (the
+fused_rope knob). The wrappers here check shapes and return the outputs.
 """
 from __future__ import annotations
 

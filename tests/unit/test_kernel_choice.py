@@ -45,7 +45,8 @@ def test_shipped_plans_record_the_choice_where_it_acts():
         # nn.Linear), the vision encoder its fp32 rotary, LayerNorms and MLP's GELU
         both = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1, "gemv": 1}
         assert got == {"thinker": both, "talker": {**both, "fused_sampler": 1}, "audio_encoder": {},
-                       "vision_encoder": {"fused_gelu": 1, "fused_norms": 1, "fused_rope": 1}, "code2wav": {"fused_norms": 1, "gemv": 1}}, got
+                       "vision_encoder": {"fused_gelu": 1, "fused_norms": 1, "fused_rope": 1},
+                       "code2wav": {"fused_norms": 1, "gemv": 1}}, got
     assert all(not p.kernels for p in load_plan("plans/qwen3_omni_tiny_cpu.plan").nodes.values())     # cpu
     asr = {n: p.kernels for n, p in load_plan("plans/qwen3_asr_1.7b_h100.plan").nodes.items()}
     assert asr == {"audio_encoder": {}, "thinker": {"fused_norms": 1, "gemv": 1}}, asr     # a dense LM: no MoE
