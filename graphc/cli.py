@@ -4,6 +4,7 @@ worker process died (graphc run)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from graphc.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_INVALID, DoesNotFit, GraphcError, InvalidInput
@@ -393,17 +394,27 @@ def cmd_diff(args) -> int:
     return 1 if changes else 0
 
 
+EXIT_BROKEN_PIPE = 141      # 128 + SIGPIPE, as a shell reports a writer whose reader closed
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:          # --help, or a malformed command line (exit 2)
         return int(e.code or 0)
     try:
-        return {"plan": cmd_plan, "explain": cmd_explain, "diff": cmd_diff, "check": cmd_check,
+        code = {"plan": cmd_plan, "explain": cmd_explain, "diff": cmd_diff, "check": cmd_check,
                 "run": cmd_run}[args.cmd](args)
+        sys.stdout.flush()                   # a closed reader shows here, not at the interpreter's exit
+        return code
     except GraphcError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:
+        # the reader went away (`graphc diff A B | head -2`): stop quietly with the shell's code for a
+        # process that SIGPIPE ended, and point stdout at /dev/null so that its flush at exit cannot raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

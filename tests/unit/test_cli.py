@@ -1,4 +1,5 @@
-"""The CLI's exit codes and files, run in-process."""
+"""The CLI's exit codes and files, run in-process (and, for a reader that goes away, in a process of its own)."""
+import pytest
 import yaml
 
 from graphc.cli import main
@@ -70,3 +71,20 @@ def test_explain_lists_each_nodes_kernel_choices_apart(capsys):
     for name, node in plan["nodes"].items():
         if node.get("kernels"):
             assert f"{name} " + " ".join(f"{k}={v}" for k, v in node["kernels"].items()) in line, line
+
+
+@pytest.mark.parametrize("cmd", [["diff", "plans/qwen3_omni_h200.plan", "plans/qwen3_omni_2xh100.plan"],
+                                 ["explain", "plans/tiny_cpu.plan"]])
+def test_a_reader_that_goes_away_ends_it_quietly(cmd):
+    """`graphc diff A B | head -2`: a reader that closes before the output is written ends the command with
+    the shell's code for SIGPIPE (141) and nothing on stderr, not a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.Popen([sys.executable, "-m", "graphc.cli", *cmd], cwd=root, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()                      # gone before the command (half a second of imports) writes a byte
+    err = p.stderr.read().decode()
+    assert p.wait() == 141 and err == "", err
