@@ -61,6 +61,26 @@ async def drop_after(port: int, path: str, body: dict, after_bytes: int) -> None
     writer.close()
 
 
+def answer_to_header(port: int, path: str, length: int, timeout: float = 10) -> tuple[int, dict]:
+    """A POST's request line and headers, its Content-Length `length`, and no byte of its body: (status, the JSON
+    answer) where the server answers from the header alone. (A client that sends such a body while the server
+    answers 413 and closes may see a broken pipe, or a reset that drops the answer, instead of the answer.)"""
+    import json
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {length}\r\n\r\n".encode())
+        answer = b""
+        while b"}}" not in answer:
+            part = sock.recv(4096)
+            if not part:
+                break
+            answer += part
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
 def post_json(port: int, path: str, body, *, headers: dict | None = None, timeout: float = 120):
     """POST a JSON body (or raw bytes) to the loopback server: (status, the JSON answer, headers with
     lower-case names), errors included."""

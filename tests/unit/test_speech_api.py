@@ -200,20 +200,11 @@ def test_speech_refusals(served, body, status, param, words):
 def test_oversized_body_is_refused_before_it_is_read(served):
     """A body past 200 kB of media x 4/3 + 1 MiB: 413 from its header, before a byte of it is sent (a client
     still uploading would see the server close the connection instead of the answer)."""
-    import socket
+    from tests.unit.loopback import answer_to_header
 
     before = dict(served["engine"].scheduler.stats.steps)
-    with socket.create_connection(("127.0.0.1", served["port"]), timeout=10) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 1600000\r\n\r\n")
-        answer = b""
-        while b"}}" not in answer:
-            part = sock.recv(4096)
-            if not part:
-                break
-            answer += part
-    assert answer.startswith(b"HTTP/1.1 413")
-    body = json.loads(answer[answer.index(b"\r\n\r\n") + 4:])
+    status, body = answer_to_header(served["port"], "/v1/chat/completions", 1600000)
+    assert status == 413
     assert "at most" in body["error"]["message"] and body["error"]["code"] == "request_too_large"
     assert dict(served["engine"].scheduler.stats.steps) == before
 
