@@ -127,14 +127,21 @@ def _qk_norm_rope(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, HEADS, x_row, x_head, y
 
 
 @triton.jit
+def _head_block(HQ, HK, HV, G: tl.constexpr):
+    """The grid of the q/k(/v) kernels: a program per (row, block of G heads of q, then of k, then of v). Returns
+    the program's row, its block b of the row, and where k's (bq) and v's (bk) blocks start."""
+    bq = tl.cdiv(HQ, G)
+    bk = bq + tl.cdiv(HK, G)
+    blocks = bk + tl.cdiv(HV, G)
+    pid = tl.program_id(0)
+    return pid // blocks, pid % blocks, bq, bk
+
+
+@triton.jit
 def _q_k_norm_rope(q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, yq_ptr, yk_ptr, HQ, HK, q_row, q_head, k_row,
                    k_head, yq_row, yq_head, yk_row, yk_head, c_row, eps, D: tl.constexpr, G: tl.constexpr):
     """q's and k's heads of a row in one grid: a program per (row, block of G heads of q, then of k)."""
-    bq = tl.cdiv(HQ, G)
-    blocks = bq + tl.cdiv(HK, G)
-    pid = tl.program_id(0)
-    row = pid // blocks
-    b = pid % blocks
+    row, b, bq, bk = _head_block(HQ, HK, 0, G)
     c_base, s_base = cos_ptr + row * c_row, sin_ptr + row * c_row
     if b < bq:
         _norm_rope_heads(q_ptr + row * q_row, q_head, wq_ptr, c_base, s_base, yq_ptr + row * yq_row, yq_head,
@@ -178,12 +185,7 @@ def _q_k_rope_f32(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, yq_ptr, yk_ptr, yv_ptr,
                   W: tl.constexpr, BLOCK_D: tl.constexpr, G: tl.constexpr):
     """q's and k's fp32 rotary in one grid, with v's copy where HV > 0, each W wide: a program per (row, block of
     G heads of q, then of k, then of v)."""
-    bq = tl.cdiv(HQ, G)
-    bk = bq + tl.cdiv(HK, G)
-    blocks = bk + tl.cdiv(HV, G)
-    pid = tl.program_id(0)
-    row = pid // blocks
-    b = pid % blocks
+    row, b, bq, bk = _head_block(HQ, HK, HV, G)
     c_base, s_base = cos_ptr + row * c_row, sin_ptr + row * c_row
     if b < bq:
         _rope_f32_heads(q_ptr + row * q_row, q_head, c_base, s_base, yq_ptr + row * yq_row, yq_head, b * G, HQ, D, W,
