@@ -169,6 +169,20 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     return _add_norm("add_rms_norm", add_rms_norm_op, x, residual, (weight,), eps)
 
 
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """layers.LayerNorm's forward: x [..., D] -> [..., D] in x's dtype."""
+    x2 = _rows(x)
+    y = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
+    layer_norm_op(x2, weight, bias, y, eps)
+    return y.view(x.shape)
+
+
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + residual, layer_norm(x + residual)), both [..., D] in x's dtype."""
+    return _add_norm("add_layer_norm", add_layer_norm_op, x, residual, (weight, bias), eps)
+
+
 def _tables(op: str, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype | None = None
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin for x [..., heads, D] as [N, D] rows, one per row of x: they must be [..., 1, D] or broadcast
@@ -191,20 +205,6 @@ def _heads(x: torch.Tensor) -> torch.Tensor:
     """x [..., heads, D] as [N, heads, D], elements contiguous (rows and heads may be strided)."""
     x3 = x.reshape(-1, *x.shape[-2:])
     return x3 if x3.stride(-1) == 1 else x3.contiguous()
-
-
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    """layers.LayerNorm's forward: x [..., D] -> [..., D] in x's dtype."""
-    x2 = _rows(x)
-    y = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
-    layer_norm_op(x2, weight, bias, y, eps)
-    return y.view(x.shape)
-
-
-def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + residual, layer_norm(x + residual)), both [..., D] in x's dtype."""
-    return _add_norm("add_layer_norm", add_layer_norm_op, x, residual, (weight, bias), eps)
 
 
 def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float

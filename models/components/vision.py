@@ -120,7 +120,7 @@ class VisionAttention(nn.Module):
         # HF rotates in fp32 and casts back: bf16 rotary would drift from the reference.
         if self.fused_rope and x.device.type in ("cuda", "meta") and cos.dtype == sin.dtype == torch.float32:
             from models.components.norm_ops import q_k_rope_f32
-            width = getattr(attn, "run_head_dim", self.d)      # the ragged backends say the width they run
+            width = attn.run_head_dim                 # every ragged backend says the width it runs
             if width == self.d:
                 q, k = q_k_rope_f32(q, k, cos, sin)
             else:

@@ -362,18 +362,20 @@ def test_the_vision_rotary_knob_runs_one_operator():
     """VisionAttention's fused_rope: on meta with the knob, q and k rotate in graphc.q_k_rope_f32 (no fp32 copies,
     cat or neg); without it, the torch path."""
     from models.components.vision import VisionAttention, VisionConfig
+    from resources.ragged_attention import FakeRagged, RaggedAttentionSpec
 
     cfg = VisionConfig(depth=1, hidden_size=32, num_heads=4, intermediate_size=64, out_hidden_size=64,
                        num_position_embeddings=64, deepstack_visual_indexes=(0,))
+    attn = FakeRagged(RaggedAttentionSpec(name="v", num_heads=4, head_dim=8, max_segment=8))    # runs 8 as it is
     with torch.device("meta"):
         att = VisionAttention(cfg).to(torch.bfloat16)
         x = torch.empty(6, 32, dtype=torch.bfloat16)
         cos = sin = torch.empty(6, 1, 8)
     assert set_kernels(att, {"fused_rope": 1}) == {"fused_rope"}
-    out, ops = OpNames.of(lambda: att(x, cos, sin, lambda q, k, v: q))
+    out, ops = OpNames.of(lambda: att(x, cos, sin, attn))
     assert out.shape == (6, 32) and "graphc.q_k_rope_f32" in ops and "aten.cat" not in ops and "aten.neg" not in ops
     set_kernels(att, {})
-    _, ops = OpNames.of(lambda: att(x, cos, sin, lambda q, k, v: q))
+    _, ops = OpNames.of(lambda: att(x, cos, sin, attn))
     assert "graphc.q_k_rope_f32" not in ops and "aten.cat" in ops
 
 
