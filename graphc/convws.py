@@ -14,7 +14,7 @@ import re
 from dataclasses import replace
 from functools import lru_cache
 
-from graphc.simulate import Trace
+from graphc.trace import Trace
 from graphc.targets import package_yaml
 
 FILE = "conv_workspaces.yaml"

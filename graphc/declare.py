@@ -1,10 +1,12 @@
 """The declaration types a model file builds: Model, Node, Port, Edge, Walk, Budget, RequestKind."""
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import re
+import sys
 from typing import Any, ClassVar, Literal
 
-import torch
 from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
 from graphc.strict import Strict
@@ -17,8 +19,6 @@ FloatDType = Literal["float32", "bfloat16", "float16"]
 WalkKind = Literal["decode", "prefill", "mixed", "encode", "chunk"]
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "uint8": 1}
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-                "int64": torch.int64, "int32": torch.int32, "bool": torch.bool, "uint8": torch.uint8}
 
 _NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _DIM = re.compile(r"^(?P<axis>[a-z]+)((?P<op>[*/])(?P<k>[1-9][0-9]*))?$")
@@ -88,8 +88,59 @@ class Budget(Strict):
         return {a: getattr(self, a) for a in AXES if getattr(self, a) is not None}
 
 
+_REF = re.compile(r"^(?P<module>[A-Za-z_]\w*(\.[A-Za-z_]\w*)*):(?P<qualname>[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)$")
+
+
+class ModuleRef(str):
+    """A node's module named by import path, 'package.module:Class', imported when the node is first built:
+    a plan whose traces are all in the disk cache (graphc/memo.py) imports neither it nor torch."""
+
+    @classmethod
+    def parse(cls, text: str) -> "ModuleRef":
+        m = _REF.match(text)
+        if not m:
+            raise ValueError(f"module '{text}' is neither a torch.nn.Module subclass nor 'package.module:Class'")
+        try:
+            found = importlib.util.find_spec(m["module"])
+        except (ImportError, ValueError) as e:
+            found, why = None, f": {type(e).__name__}: {e}"
+        else:
+            why = ""
+        if found is None or found.origin is None:
+            raise ValueError(f"module '{text}': no module '{m['module']}' to import{why} (is its package on sys.path, "
+                             f"or installed?)")
+        return cls(text)
+
+    @property
+    def module_name(self) -> str:
+        return self.partition(":")[0]
+
+    @property
+    def dotted(self) -> str:
+        """'package.module.Class', as a plan names a node's module."""
+        return self.replace(":", ".")
+
+    def resolve(self) -> type:
+        """The class, imported now; refused unless it is a torch.nn.Module subclass."""
+        from graphc.errors import InvalidInput
+
+        obj: Any = importlib.import_module(self.module_name)
+        for part in self.partition(":")[2].split("."):
+            if not hasattr(obj, part):
+                raise InvalidInput(f"module '{self}': {obj.__name__} has no attribute '{part}'",
+                                   "a node names its module as 'package.module:Class'",
+                                   "name a class the module defines")
+            obj = getattr(obj, part)
+        torch = sys.modules.get("torch")        # imported by any module that defines an nn.Module
+        if not (isinstance(obj, type) and torch is not None and issubclass(obj, torch.nn.Module)):
+            raise InvalidInput(f"module '{self}' is {obj!r}, not a torch.nn.Module subclass",
+                               "a node's module is built into the step's forward", "name an nn.Module subclass")
+        return obj
+
+
 class Node(Strict):
-    """One module on one device with typed ports and the resources it calls by role."""
+    """One module on one device with typed ports and the resources it calls by role. `module` is the
+    nn.Module subclass or its import path, 'package.module:Class' (ModuleRef: imported when first built)."""
 
     name: str = Field(pattern=_NAME)
     module: Any
@@ -104,13 +155,28 @@ class Node(Strict):
     @field_validator("module")
     @classmethod
     def _is_module(cls, module: Any) -> Any:
-        if not (isinstance(module, type) and issubclass(module, torch.nn.Module)):
-            raise ValueError(f"module must be a torch.nn.Module subclass, got {module!r}")
+        if isinstance(module, str):
+            return ModuleRef.parse(module)
+        torch = sys.modules.get("torch")        # a class that is an nn.Module imported it
+        if not (isinstance(module, type) and torch is not None and issubclass(module, torch.nn.Module)):
+            raise ValueError(f"module must be a torch.nn.Module subclass or 'package.module:Class', got {module!r}")
         return module
 
-    def build(self) -> torch.nn.Module:
-        """The node's module, built on the current default device."""
-        return self.module(self.config) if self.config is not None else self.module()
+    @property
+    def module_class(self) -> type:
+        """The module's class (a ModuleRef is imported now)."""
+        return self.module.resolve() if isinstance(self.module, ModuleRef) else self.module
+
+    @property
+    def module_name(self) -> str:
+        """'package.module.Class' (the plan's name for it), without importing a ModuleRef."""
+        m = self.module
+        return m.dotted if isinstance(m, ModuleRef) else f"{m.__module__}.{m.__qualname__}"
+
+    def build(self) -> Any:
+        """The node's module (a torch.nn.Module), built on the current default device."""
+        cls = self.module_class
+        return cls(self.config) if self.config is not None else cls()
 
 
 class Edge(Strict):

@@ -7,7 +7,8 @@ module, the allocator replays of the ledger and the kernel knobs each node's mod
 kept on disk (issue 14), so that a second
 `graphc plan` (another --set, another GPU, another card count) computes only what changed. A file's name is the sha256 of the table, the key, and the code fingerprint: the bytes
 of every source and data file of graphc, models and resources as installed, of the file defining
-each module class the key names, and torch's version (its meta kernels give the shapes). Any edit
+each module class the key names (every file of its package for a module named by import path), and torch's
+installed version (its meta kernels give the shapes). Any edit
 to any of them misses every entry, never reads a stale one.
 
     where     $GRAPHC_CACHE_DIR, else $XDG_CACHE_HOME/graphc, else ~/.cache/graphc; GRAPHC_CACHE_DIR=off
@@ -21,6 +22,8 @@ to any of them misses every entry, never reads a stale one.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
+import importlib.util
 import io
 import os
 import pickle
@@ -28,9 +31,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from graphc.declare import ModuleRef
+
 _TABLES: dict[str, dict] = {}
 PERSISTENT = {"simulate_steps.traces", "size_weights", "tally_ledger.pools", "tally_ledger.general",
-              "emit_plan.knobs"}
+              "emit_plan.knobs", "verify.roles"}
 _FINGERPRINTS: dict[tuple[str, ...], str] = {}
 
 
@@ -69,9 +74,7 @@ def _sources() -> list[Path]:
 def fingerprint(extra_files: tuple[str, ...] = ()) -> str:
     """The code a cached value may depend on (module docstring), as one digest."""
     if extra_files not in _FINGERPRINTS:
-        import torch
-
-        h = hashlib.sha256(f"torch {torch.__version__} python {sys.version_info[:2]}".encode())
+        h = hashlib.sha256(f"torch {torch_version()} python {sys.version_info[:2]}".encode())
         for p in _sources() + sorted({Path(f) for f in extra_files}):
             h.update(str(p.name).encode())
             try:
@@ -82,14 +85,33 @@ def fingerprint(extra_files: tuple[str, ...] = ()) -> str:
     return _FINGERPRINTS[extra_files]
 
 
+def _package_files(module: str) -> list[str]:
+    """Every Python file of the top-level package a module belongs to (or the module's own file), found
+    without importing it."""
+    spec = importlib.util.find_spec(module.split(".")[0])
+    if spec is None:
+        return []
+    if not spec.submodule_search_locations:
+        return [spec.origin] if spec.origin else []
+    return [str(p) for loc in spec.submodule_search_locations for p in Path(loc).rglob("*.py")]
+
+
+def torch_version() -> str:
+    """Installed torch's version, read without importing it."""
+    return importlib.metadata.version("torch")
+
+
 def _defining_files(key) -> tuple[str, ...]:
     """The source files of the module classes a key holds and of their bases (a model file's own
-    classes among them: a model file is not in sys.modules, so by their functions' code objects)."""
+    classes among them: a model file is not in sys.modules, so by their functions' code objects); for a
+    module named by import path (ModuleRef), every file of its top-level package, read without importing it."""
     files, stack = set(), [key]
     while stack:
         x = stack.pop()
         if isinstance(x, (tuple, list, frozenset, set)):
             stack.extend(x)
+        elif isinstance(x, ModuleRef):
+            files.update(_package_files(x.module_name))
         elif isinstance(x, type):
             for cls in x.__mro__:
                 for v in vars(cls).values():
@@ -100,7 +122,7 @@ def _defining_files(key) -> tuple[str, ...]:
 
 
 class _TraceUnpickler(pickle.Unpickler):
-    ALLOWED = {("graphc.simulate", "Trace"), ("graphc.simulate", "_trace_from_events"),
+    ALLOWED = {("graphc.trace", "Trace"), ("graphc.trace", "_trace_from_events"),
                ("graphc.modules", "WeightSizes"), ("builtins", "frozenset"),
                ("builtins", "set"), ("builtins", "tuple")}
 

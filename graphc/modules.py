@@ -6,12 +6,14 @@ fp32). Weights live in one arena per node: every tensor 256-byte aligned, one al
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from graphc.declare import TORCH_DTYPES, Node
+from graphc.declare import Node
 from graphc.errors import GraphcError, InvalidInput
 from graphc.units import round_up
+
+if TYPE_CHECKING:
+    import torch
 
 ARENA_ALIGN = 256
 
@@ -40,6 +42,10 @@ def set_kernels(module: torch.nn.Module, kernels: dict[str, int]) -> set[str]:
 
 
 def build_module(node: Node, device: str | torch.device = "meta") -> torch.nn.Module:
+    import torch                        # here: a plan made from the disk cache builds no module
+
+    from graphc.step import TORCH_DTYPES
+
     with torch.device(device):
         try:
             module = node.build()
@@ -47,10 +53,10 @@ def build_module(node: Node, device: str | torch.device = "meta") -> torch.nn.Mo
             if str(device) != "meta" or isinstance(e, GraphcError):
                 raise
             # the compiler's build (meta): a module that cannot be built from its config is the declaration's fault
-            raise InvalidInput(f"node '{node.name}': {node.module.__name__} fails to build from its config: "
+            raise InvalidInput(f"node '{node.name}': {node.module_name} fails to build from its config: "
                                f"{type(e).__name__}: {e}",
                                "the compiler builds each node's module on the meta device to size its weights",
-                               f"give {node.name} a config {node.module.__name__} accepts") from e
+                               f"give {node.name} a config {node.module_name} accepts") from e
     dtype = TORCH_DTYPES[node.dtype]
     for p in module.parameters():
         if p.is_floating_point():

@@ -5,6 +5,10 @@ from typing import Any, ClassVar
 
 import torch
 
+# a port's or node's declared dtype (graphc.declare.DType) as torch's
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                "int64": torch.int64, "int32": torch.int32, "bool": torch.bool, "uint8": torch.uint8}
+
 
 class StepContext:
     """Role name -> the resource bound for this step (a backend with its step metadata, or a fake)."""

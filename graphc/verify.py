@@ -4,7 +4,8 @@ Core, not a compiler pass: the pipeline starts with it, and the runtime rebuilds
 with it (graphc/runtime never imports graphc/passes)."""
 from __future__ import annotations
 
-from graphc.declare import Model
+from graphc import memo
+from graphc.declare import Model, ModuleRef, Node
 from graphc.errors import InvalidInput
 from graphc.ir import IR, build_ir, capture_axis, fed_inputs, walk_sizes
 from graphc.targets import Target
@@ -24,18 +25,33 @@ def verify_graph(model: Model, target: Target, num_devices: int) -> IR:
     return ir
 
 
+_ROLES: dict[tuple, tuple[tuple[str, str], ...]] = memo.table("verify.roles")
+
+
+def module_roles(node: Node) -> dict[str, str]:
+    """The roles the node's module calls (its class's ROLES). Those of a module named by import path are kept
+    in the disk cache, so that a cached plan does not import it (a class given is asked: two classes made by
+    one factory share their name and file)."""
+    if not isinstance(node.module, ModuleRef):
+        return dict(getattr(node.module, "ROLES", {}))
+    key = (node.module,)
+    if key not in _ROLES:
+        _ROLES[key] = tuple(sorted(getattr(node.module_class, "ROLES", {}).items()))
+    return dict(_ROLES[key])
+
+
 def _check_nodes(model: Model, num_devices: int) -> None:
     names = {r.name: r for r in model.resources}
     for n in model.nodes:
-        roles = getattr(n.module, "ROLES", {})
+        roles = module_roles(n)
         missing, extra = set(roles) - set(n.resources), set(n.resources) - set(roles)
         if missing:
             raise InvalidInput(f"node '{n.name}' does not bind role(s) {sorted(missing)}",
-                               f"{n.module.__name__}.ROLES asks for {roles}",
+                               f"{n.module_name}.ROLES asks for {roles}",
                                f"add resources={{{', '.join(repr(r) + ': <resource>' for r in sorted(missing))}}}")
         if extra:
             raise InvalidInput(f"node '{n.name}' binds role(s) {sorted(extra)} its module does not call",
-                               f"{n.module.__name__}.ROLES is {roles}", "remove them from the node's resources")
+                               f"{n.module_name}.ROLES is {roles}", "remove them from the node's resources")
         for role, res in n.resources.items():
             if res not in names:
                 raise InvalidInput(f"node '{n.name}' binds role '{role}' to unknown resource '{res}'",

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import graphc as gc
 from models.components import hf_config as hf
-from models.components.aut import QWEN3_ASR_0_6B_AUT, QWEN3_ASR_1_7B_AUT, AuTConfig, AuTEncoder, AuTEncoderHF, \
-    attention_spec, node_ports
-from models.components.qwen3_dense import Qwen3Config, Qwen3LM, Qwen3LMNested, lm_ports
+from models.components.aut_config import QWEN3_ASR_0_6B_AUT, QWEN3_ASR_1_7B_AUT, AuTConfig, attention_spec, node_ports
+from models.components.qwen3_dense_config import Qwen3Config, lm_ports
 from resources import PagedKVSpec
+
+# the nodes' modules, by import path (imported when first built)
+AUT, AUT_HF = "models.components.aut:AuTEncoder", "models.components.aut:AuTEncoderHF"
+LM, LM_NESTED = "models.components.qwen3_dense:Qwen3LM", "models.components.qwen3_dense:Qwen3LMNested"
 
 TINY_AUT = AuTConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128, output_dim=64,
                      downsample_hidden_size=16)
@@ -38,13 +41,13 @@ def from_config(config: dict) -> dict:
     if config.get("model_type") == "qwen3_asr":
         audio, text = hf.sub(config, "audio_config"), hf.sub(config, "text_config")
         tie = config.get("tie_word_embeddings", text.get("tie_word_embeddings"))
-        return dict(aut=hf.aut(audio), lm=hf.qwen3(text, tie), enc=(AuTEncoderHF, "model."), llm=(Qwen3LMNested, ""),
+        return dict(aut=hf.aut(audio), lm=hf.qwen3(text, tie), enc=(AUT_HF, "model."), llm=(LM_NESTED, ""),
                     dtype=hf.dtype(config, text))
     th = hf.sub(config, "thinker_config")
     audio, text = hf.sub(th, "audio_config"), hf.sub(th, "text_config")
     tie = th.get("tie_word_embeddings", text.get("tie_word_embeddings"))
-    return dict(aut=hf.aut(audio), lm=hf.qwen3(text, tie), enc=(AuTEncoder, "thinker.audio_tower."),
-                llm=(Qwen3LM, "thinker."), dtype=hf.dtype(config, th, text))
+    return dict(aut=hf.aut(audio), lm=hf.qwen3(text, tie), enc=(AUT, "thinker.audio_tower."),
+                llm=(LM, "thinker."), dtype=hf.dtype(config, th, text))
 
 
 def declare(preset: str = "1.7b", config: dict | None = None) -> gc.Model:
@@ -52,8 +55,8 @@ def declare(preset: str = "1.7b", config: dict | None = None) -> gc.Model:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset '{preset}'; presets: {', '.join(PRESETS)}")
     p = PRESETS[preset]
-    c = from_config(config) if config is not None else dict(aut=p["aut"], lm=p["lm"], enc=(AuTEncoder, "thinker.audio_tower."),
-                                                            llm=(Qwen3LM, "thinker."), dtype="bfloat16")
+    c = from_config(config) if config is not None else dict(aut=p["aut"], lm=p["lm"], enc=(AUT, "thinker.audio_tower."),
+                                                            llm=(LM, "thinker."), dtype="bfloat16")
     aut, lm, dt = c["aut"], c["lm"], c["dtype"]
     enc_in, enc_out = node_ports(aut, dt)
     lm_in, lm_out = lm_ports(lm, f"windows*{aut.window_tokens}", dt)

@@ -21,12 +21,12 @@ Walks (one engine step each) and their budgets (the most one step carries):
 from __future__ import annotations
 
 import graphc as gc
-from models.components import code2wav as c2w
-from models.components.aut import QWEN3_OMNI_AUT, AuTConfig, AuTEncoder, attention_spec, node_ports
-from models.components.talker import TALKER_30B_A3B, CodePredictorConfig, Talker, TalkerConfig, TalkerTextConfig, \
+from models.components import code2wav_config as c2w
+from models.components.aut_config import QWEN3_OMNI_AUT, AuTConfig, attention_spec, node_ports
+from models.components.talker_config import TALKER_30B_A3B, CodePredictorConfig, TalkerConfig, TalkerTextConfig, \
     talker_ports
-from models.components.thinker import THINKER_30B_A3B, Thinker, ThinkerConfig, thinker_ports
-from models.components.vision import VisionConfig, vision_node
+from models.components.thinker_config import THINKER_30B_A3B, ThinkerConfig, thinker_ports
+from models.components.vision_config import VisionConfig, vision_node
 from resources import PagedKVSpec, RaggedAttentionSpec, WorkspaceSpec
 
 VISION_30B_A3B = VisionConfig(depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304, out_hidden_size=2048,
@@ -80,16 +80,16 @@ def thinker_node(p: dict) -> gc.Node:
     dt = p.get("dtype", "bfloat16")
     inputs, outputs = thinker_ports(p["thinker"], f"windows*{p['aut'].window_tokens}",
                                     f"patches/{p['vision'].merge_unit}", len(p["vision"].deepstack_visual_indexes), dt)
-    return gc.Node(name="thinker", module=Thinker, config=p["thinker"], weight_prefix="thinker.",
-                   resources={"kv": "thinker_kv"}, inputs=inputs, outputs=outputs, dtype=dt)
+    return gc.Node(name="thinker", module="models.components.thinker:Thinker", config=p["thinker"],
+                   weight_prefix="thinker.", resources={"kv": "thinker_kv"}, inputs=inputs, outputs=outputs, dtype=dt)
 
 
 def talker_node(p: dict) -> gc.Node:
     dt = p.get("dtype", "bfloat16")
     inputs, outputs = talker_ports(p["talker"], dt)
-    return gc.Node(name="talker", module=Talker, config=p["talker"], weight_prefix="talker.",
-                   resources={"kv": "talker_kv", "cp_attn": "code_predictor_attn"}, inputs=inputs, outputs=outputs,
-                   dtype=dt)
+    return gc.Node(name="talker", module="models.components.talker:Talker", config=p["talker"],
+                   weight_prefix="talker.", resources={"kv": "talker_kv", "cp_attn": "code_predictor_attn"},
+                   inputs=inputs, outputs=outputs, dtype=dt)
 
 
 def resources(p: dict) -> list:
@@ -186,15 +186,15 @@ def declare(preset: str = "30b-a3b", config: dict | None = None) -> gc.Model:
     enc_in, enc_out = node_ports(p["aut"], dt)
     c_in, c_out = c2w.ports(p["code2wav"])
     nodes = [
-        gc.Node(name="audio_encoder", module=AuTEncoder, config=p["aut"], weight_prefix="thinker.audio_tower.",
-                inputs=enc_in, outputs=enc_out, resources={"attn": "audio_attn"}, dtype=dt),
+        gc.Node(name="audio_encoder", module="models.components.aut:AuTEncoder", config=p["aut"],
+                weight_prefix="thinker.audio_tower.", inputs=enc_in, outputs=enc_out, resources={"attn": "audio_attn"}, dtype=dt),
         vision_node(p["vision"], name="vision_encoder", attn="vision_attn", dtype=dt),
         thinker_node(p),
     ]
     if speech:
         nodes += [talker_node(p),
-                  gc.Node(name="code2wav", module=c2w.Code2Wav, config=p["code2wav"], weight_prefix="code2wav.",
-                          inputs=c_in, outputs=c_out, resources={"attn": "code2wav_attn"}, dtype=dt)]
+                  gc.Node(name="code2wav", module="models.components.code2wav:Code2Wav", config=p["code2wav"],
+                          weight_prefix="code2wav.", inputs=c_in, outputs=c_out, resources={"attn": "code2wav_attn"}, dtype=dt)]
     speech_parts = ("talker_kv", "code_predictor_attn", "code2wav_attn")
     requests = [
         gc.RequestKind(name="t2t", stages=("thinker_prefill", "thinker_decode")),

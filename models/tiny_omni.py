@@ -7,8 +7,8 @@ prefill chunk). Presets: 'tiny' (default) and 'small' (wider, for multi-target t
 from __future__ import annotations
 
 import graphc as gc
-from models.components.encoder import EncoderConfig, WindowEncoder
-from models.components.qwen3_dense import Qwen3Config, Qwen3LM, lm_ports
+from models.components.encoder_config import EncoderConfig
+from models.components.qwen3_dense_config import Qwen3Config, lm_ports
 from resources import PagedKVSpec, RaggedAttentionSpec
 
 WINDOW = 16       # encoder rows per window (Qwen3-Omni: 104)
@@ -36,11 +36,12 @@ def declare(preset: str = "tiny") -> gc.Model:
     return gc.Model(
         name=f"tiny_omni-{preset}",
         nodes=[
-            gc.Node(name="encoder", module=WindowEncoder, config=enc, weight_prefix="encoder.",
+            gc.Node(name="encoder", module="models.components.encoder:WindowEncoder", config=enc,
+                    weight_prefix="encoder.",
                     inputs={"features": gc.Port(shape=(f"windows*{WINDOW}", FEATURES), dtype="bfloat16")},
                     outputs={"embeds": gc.Port(shape=(f"windows*{WINDOW}", d), dtype="bfloat16")},
                     resources={"attn": "encoder_attn"}),
-            gc.Node(name="decoder", module=Qwen3LM, config=lm, weight_prefix="decoder.",
+            gc.Node(name="decoder", module="models.components.qwen3_dense:Qwen3LM", config=lm, weight_prefix="decoder.",
                     inputs=lm_in, outputs=lm_out,
                     resources={"kv": "decoder_kv"}),
         ],

@@ -2,13 +2,12 @@
 
 One pool per resource: [num_layers, num_pages, 2 (K, V), page_size, num_kv_heads, head_dim], a
 single allocation. Backends: FlashInfer's paged prefill/decode wrappers on GPU; torch on the CPU.
+torch is imported where a backend runs: a plan made from the disk cache reads the spec without it.
 """
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import torch
-import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from graphc.units import ceil_div
@@ -17,6 +16,9 @@ from resources.base import ResourceSpec, Sized, StepShape
 from resources.capabilities import USES_FLOAT_WORKSPACE, tensor_core_decode
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
+
+if TYPE_CHECKING:
+    import torch
 
 
 class PagedKVSpec(ResourceSpec):
@@ -136,6 +138,8 @@ class PageAllocator:
 
 
 def new_cache(spec: PagedKVSpec, num_pages: int, device: str | torch.device = "cpu") -> torch.Tensor:
+    import torch
+
     dtype = getattr(torch, spec.dtype)
     return torch.zeros(spec.num_layers, num_pages, 2, spec.page_size, spec.num_kv_heads, spec.head_dim,
                        dtype=dtype, device=device)
@@ -150,6 +154,8 @@ class PagedTorch:
 
     def __init__(self, spec: PagedKVSpec, cache: torch.Tensor, qo_lens: list[int], kv_lens: list[int],
                  page_tables: list[list[int]]):
+        import torch
+
         for q, kv, table in zip(qo_lens, kv_lens, page_tables, strict=True):
             if not 0 <= q <= kv or spec.pages_for(kv) > len(table):
                 raise ValueError(f"sequence with {q} new rows of {kv} needs {spec.pages_for(kv)} pages, has {len(table)}")
@@ -162,12 +168,17 @@ class PagedTorch:
         self.slots = torch.tensor(slots, dtype=torch.long, device=cache.device)
 
     def _positions(self, kv: int, table: list[int]) -> torch.Tensor:
+        import torch
+
         ps = self.spec.page_size
         return torch.tensor([table[p // ps] * ps + p % ps for p in range(kv)], dtype=torch.long,
                             device=self.cache.device)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q [T, Hq, D], k/v [T, Hkv, D]; cache[layer] [pages, 2, page, Hkv, D], written in place
+        import torch
+        import torch.nn.functional as F
+
         cache, ps = self.cache[layer], self.spec.page_size
         cache[self.slots // ps, 0, self.slots % ps] = k.to(cache.dtype)
         cache[self.slots // ps, 1, self.slots % ps] = v.to(cache.dtype)

@@ -5,19 +5,21 @@ Code2Wav's causal sliding window (72 keys including the query's own) over each c
 Query and key segments may differ in length (keys of a short in-step cache); causal masks then
 align the queries with the last keys. Backends: FlashInfer's ragged prefill wrapper on GPU, or for short
 segments of one length this project's Triton kernel (ragged_triton.py); torch SDPA per segment on the CPU.
+torch is imported where a backend runs: a plan made from the disk cache reads the spec without it.
 """
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-import torch
-import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from graphc.errors import InvalidInput
 from resources import flashinfer_sizes as fis
 from resources.base import ResourceSpec, Sized, StepShape
 from resources.capabilities import USES_FLOAT_WORKSPACE
+
+if TYPE_CHECKING:
+    import torch
 
 
 class RaggedAttentionSpec(ResourceSpec):
@@ -92,6 +94,8 @@ class RaggedAttentionSpec(ResourceSpec):
 
 def pad_head_dim(x: torch.Tensor, to: int) -> torch.Tensor:
     """[..., D] -> [..., to], zeros after D: scores and outputs are unchanged for the first D."""
+    import torch.nn.functional as F
+
     return F.pad(x, (0, to - x.shape[-1]))
 
 
@@ -148,6 +152,8 @@ class RaggedTorch:
     def _mask(self, qn: int, kn: int, device) -> torch.Tensor | None:
         if not self.spec.causal:
             return None
+        import torch
+
         rows = torch.arange(kn - qn, kn, device=device)[:, None]     # each query's position among the keys
         cols = torch.arange(kn, device=device)[None, :]
         mask = cols <= rows
@@ -157,6 +163,8 @@ class RaggedTorch:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q [Tq, Hq, D], k/v [Tk, Hkv, D]
+        import torch.nn.functional as F
+
         group = q.shape[1] // k.shape[1]
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
         for (qs, qe), (ks, ke) in zip(zip(self.cu, self.cu[1:]), zip(self.cu_k, self.cu_k[1:])):

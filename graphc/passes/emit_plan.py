@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import sys
 
-import torch
-
 from graphc import memo
 from graphc.modules import set_kernels
 from graphc.plan import FORMAT, Plan, PlanDevice, PlanModel, PlanNode, PlanResource, PlanTarget, PlanTrim, \
@@ -56,7 +54,7 @@ def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, tr
                                                eager_above=max([r for r in rungs if r in cap], default=0)
                                                if (n.name, st.walk) in s.buckets.eager else None,
                                                why=s.buckets.why[(n.name, st.walk)])
-        nodes[n.name] = PlanNode(device=a[n.name], module=f"{n.module.__module__}.{n.module.__qualname__}",
+        nodes[n.name] = PlanNode(device=a[n.name], module=n.module_name,
                                  dtype=n.dtype, weights_bytes=w.params, num_params=w.num_params, arena_bytes=w.arena,
                                  resources=dict(n.resources), buckets=buckets,
                                  graphs={fam: rs for (nn, fam), rs in s.buckets.captured.items() if nn == n.name},
@@ -88,7 +86,7 @@ def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, tr
                         capacity_bytes=ir.target.memory_bytes, memory_source=ir.target.memory_source,
                         num_sms=ir.target.num_sms)
     body = dict(format=FORMAT, model=PlanModel(**source), target=target,
-                versions={"graphc": VERSION, "torch": torch.__version__.split("+")[0],
+                versions={"graphc": VERSION, "torch": memo.torch_version().split("+")[0],
                           "python": f"{sys.version_info.major}.{sys.version_info.minor}"},
                 overrides=overrides, trimmed=[PlanTrim(change=t.change, freed_bytes=t.freed, why=t.why) for t in trimmed],
                 placement=placement.why, devices=devices, nodes=nodes, resources=resources, walks=walks,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
@@ -12,7 +13,10 @@ from graphc.ir import IR, Step
 from graphc.modules import set_kernels
 from graphc.passes.choose_buckets import Buckets
 from graphc.passes.select_backends import Backends
-from graphc.simulate import FakeNode, Trace
+from graphc.trace import Trace
+
+if TYPE_CHECKING:
+    from graphc.simulate import FakeNode
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ def fake_node(node) -> FakeNode:
     """Fake modules are kept across re-plans (remedy search re-plans many times)."""
     key = _node_key(node)
     if key not in _FAKES:
+        from graphc.simulate import FakeNode        # torch: a plan whose traces are all cached never imports it
+
         _FAKES[key] = FakeNode(node)
     return _FAKES[key]
 

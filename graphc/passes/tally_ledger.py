@@ -17,7 +17,7 @@ from graphc.passes.select_backends import Backends
 from graphc.passes.simulate_steps import Activations
 from graphc.passes.size_resources import ResourceSizes
 from graphc.passes.size_weights import Weights
-from graphc.simulate import Trace
+from graphc.trace import Trace
 from graphc.targets import calibration
 from graphc.units import fmt_bytes
 from resources.capabilities import flashinfer_modules, phases

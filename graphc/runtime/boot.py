@@ -19,7 +19,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from tqdm import tqdm
 
-from graphc.declare import TORCH_DTYPES
 from graphc.errors import InvalidInput
 from graphc.ir import IR, Step
 from graphc.modules import set_kernels
@@ -29,7 +28,7 @@ from graphc.runtime.build import fill_seeded, materialize
 from graphc.runtime.checkpoint import Shards, load_weights
 from graphc.runtime.steps import layouts, synthetic_inputs
 from graphc.source import load_model
-from graphc.step import StepContext
+from graphc.step import TORCH_DTYPES, StepContext
 from graphc.targets import get_target
 from graphc.verify import verify_graph
 from resources.paged_kv import PageAllocator, PagedTorch, new_cache

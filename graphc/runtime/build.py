@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 from torch.nn.modules.module import register_module_parameter_registration_hook
 
-from graphc.declare import TORCH_DTYPES, Node
+from graphc.declare import Node
 from graphc.modules import ARENA_ALIGN, tensors_for_arena
+from graphc.step import TORCH_DTYPES
 from graphc.units import round_up
 
 

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
-from graphc.declare import TORCH_DTYPES, Node
+from graphc.declare import Node
 from graphc.errors import InvalidInput
 from graphc.ir import IR, Step
 from graphc.plan import Plan
 from graphc.runtime.boot import DeviceBoot
 from graphc.runtime.host import Host
 from graphc.runtime.scheduler import StepPlan
-from graphc.step import StepContext
+from graphc.step import TORCH_DTYPES, StepContext
 from resources.paged_kv import PagedKVSpec, PagedTorch
 from resources.ragged_attention import RaggedAttentionSpec, RaggedTorch
 

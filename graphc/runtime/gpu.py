@@ -11,12 +11,11 @@ import sys
 import torch
 from tqdm import tqdm
 
-from graphc.declare import TORCH_DTYPES
 from graphc.ir import Step
 from graphc.plan import parse_graph_id
 from graphc.runtime.boot import DeviceBoot, allocate
 from graphc.runtime.steps import layouts, synthetic_inputs
-from graphc.step import StepContext
+from graphc.step import TORCH_DTYPES, StepContext
 from resources.flashinfer_backend import int_workspace, make_backend
 
 

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from graphc.declare import TORCH_DTYPES, Node
+from graphc.declare import Node
 from graphc.ir import Step
+from graphc.step import TORCH_DTYPES
 from resources.paged_kv import PagedKVSpec
 from resources.ragged_attention import RaggedAttentionSpec
 

@@ -49,10 +49,10 @@ from multiprocessing.connection import Client, Connection, answer_challenge, del
 import torch
 import torch.distributed as dist
 
-from graphc.declare import TORCH_DTYPES
 from graphc.errors import GraphcError, InvalidInput
 from graphc.plan import Plan
 from graphc.runtime.check import compare, verdict
+from graphc.step import TORCH_DTYPES
 from resources.paged_kv import PageAllocator
 
 POLL_S = 0.05                  # how often a waiting engine looks at its workers

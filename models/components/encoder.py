@@ -7,21 +7,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import nn
 
 from graphc.step import NodeModule, StepContext
-from graphc.strict import Strict
-
-
-class EncoderConfig(Strict):
-    input_dim: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    num_layers: int = Field(ge=1)
-    num_heads: int = Field(ge=1)
-    ffn_dim: int = Field(ge=1)
-    output_dim: int = Field(ge=1)
-    layer_norm_eps: float = 1e-5
+from models.components.encoder_config import EncoderConfig
 
 
 class EncoderAttention(nn.Module):

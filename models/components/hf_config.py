@@ -9,10 +9,10 @@ from typing import Any
 
 from graphc.errors import InvalidInput
 from graphc.strict import Strict
-from models.components.aut import AuTConfig
-from models.components.qwen3_dense import Qwen3Config
-from models.components.thinker import ThinkerConfig
-from models.components.vision import VisionConfig
+from models.components.aut_config import AuTConfig
+from models.components.qwen3_dense_config import Qwen3Config
+from models.components.thinker_config import ThinkerConfig
+from models.components.vision_config import VisionConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -94,7 +94,7 @@ def qwen3(text: dict, tie: bool | None = None) -> Qwen3Config:
 
 def talker(d: dict):
     """Qwen3-Omni's talker (talker_config: text_config, code_predictor_config and the talker's own ids)."""
-    from models.components.talker import CodePredictorConfig, TalkerConfig, TalkerTextConfig
+    from models.components.talker_config import CodePredictorConfig, TalkerConfig, TalkerTextConfig
 
     text, cp = sub(d, "text_config"), sub(d, "code_predictor_config")
     own = {k: d[k] for k in ("thinker_hidden_size", "num_code_groups", "codec_eos_token_id") if d.get(k) is not None}
@@ -107,7 +107,7 @@ def talker(d: dict):
 def code2wav(d: dict, serving):
     """Code2Wav from code2wav_config; how it is chunked for serving (chunk_frames, left_context) stays the
     preset's, `serving`."""
-    from models.components.code2wav import Code2WavConfig
+    from models.components.code2wav_config import Code2WavConfig
 
     extra = {"chunk_frames": serving.chunk_frames, "left_context": serving.left_context}
     extra |= {k: v for k, v in rope(d).items() if k == "rope_theta"}

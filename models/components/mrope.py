@@ -17,13 +17,12 @@ import torch
 from pydantic import Field
 
 from graphc.strict import Strict
+from models.components.thinker_config import check_mrope_section
 
 
 def mrope_slots(head_dim: int, mrope_section: Sequence[int]) -> torch.Tensor:
     """The position row (0 T, 1 H, 2 W) each of the head_dim/2 frequency slots reads: [head_dim/2] int64."""
-    if len(mrope_section) != 3 or sum(mrope_section) != head_dim // 2:
-        raise ValueError(f"mrope_section {list(mrope_section)} must be three sections summing to head_dim/2 = "
-                         f"{head_dim // 2}")
+    check_mrope_section(head_dim, mrope_section)
     slots = torch.zeros(head_dim // 2, dtype=torch.int64)
     for axis in (1, 2):
         slots[axis:3 * mrope_section[axis]:3] = axis

@@ -7,26 +7,11 @@ input_layernorm, post_attention_layernorm}, model.norm, lm_head.
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 from torch import nn
 
-from graphc.declare import Port
 from graphc.step import NodeModule, StepContext
-from graphc.strict import Strict
 from models.components.layers import Linear, RMSNorm, SwiGLU, norm_rope_qk, rope_cos_sin, rope_inv_freq, split_qkv
-
-
-class Qwen3Config(Strict):
-    vocab_size: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    num_layers: int = Field(ge=1)
-    num_heads: int = Field(ge=1)
-    num_kv_heads: int = Field(ge=1)
-    head_dim: int = Field(ge=2)
-    intermediate_size: int = Field(ge=1)
-    rope_theta: float = 1_000_000.0
-    rms_norm_eps: float = 1e-6
-    tie_word_embeddings: bool = False
+from models.components.qwen3_dense_config import Qwen3Config, lm_ports  # noqa: F401
 
 
 class Qwen3Attention(nn.Module):
@@ -128,14 +113,3 @@ class Qwen3LMNested(Qwen3LM):
     @property
     def body(self) -> Qwen3Body:
         return self.model.language_model
-
-
-def lm_ports(cfg: Qwen3Config, mm_rows: str, dtype: str = "bfloat16") -> tuple[dict[str, Port], dict[str, Port]]:
-    """Qwen3LM's (inputs, outputs): tokens of a step, sample rows, and the optional 'mm' group that
-    splices an encoder's output rows (mm_rows: that encoder's row axis, e.g. 'windows*104')."""
-    inputs = {"token_ids": Port(shape=("tokens",), dtype="int64"),
-              "positions": Port(shape=("tokens",), dtype="int64"),
-              "sample_rows": Port(shape=("seqs",), dtype="int64"),
-              "mm_embeds": Port(shape=(mm_rows, cfg.hidden_size), dtype=dtype, optional="mm"),
-              "mm_rows": Port(shape=("tokens",), dtype="int64", optional="mm")}
-    return inputs, {"logits": Port(shape=("seqs", cfg.vocab_size), dtype="float32")}

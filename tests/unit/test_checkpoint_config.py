@@ -76,7 +76,7 @@ def test_real_asr_configs_in_both_layouts_declare_the_preset_nodes():
                                        (qwenlm, AuTEncoder, Qwen3LM, ("thinker.audio_tower.", "thinker."))):
         m = qwen3_asr.declare("1.7b", config=config)
         assert m.node("audio_encoder").config == p["aut"] and m.node("thinker").config == p["lm"]
-        assert (m.node("audio_encoder").module, m.node("thinker").module) == (enc, llm)
+        assert (m.node("audio_encoder").module_class, m.node("thinker").module_class) == (enc, llm)
         assert (m.node("audio_encoder").weight_prefix, m.node("thinker").weight_prefix) == prefixes
 
 

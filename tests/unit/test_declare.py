@@ -2,6 +2,8 @@ import pytest
 from pydantic import ValidationError
 
 import graphc as gc
+from graphc.declare import ModuleRef
+from graphc.errors import InvalidInput
 from models.components.encoder import EncoderConfig, WindowEncoder
 from resources import PagedKVSpec, RaggedAttentionSpec
 
@@ -38,6 +40,28 @@ def test_walk_ladder_must_increase():
 def test_node_module_must_be_a_torch_module():
     with pytest.raises(ValidationError, match="torch.nn.Module subclass"):
         gc.Node(name="x", module=int, inputs={}, outputs={})
+
+
+def ref_node(module: str) -> gc.Node:
+    return gc.Node(name="x", module=module, inputs={"x": gc.Port(shape=("tokens",), dtype="int64")}, outputs={})
+
+
+def test_a_module_named_by_import_path_is_imported_when_first_built():
+    n = ref_node("models.components.encoder:WindowEncoder")
+    assert isinstance(n.module, ModuleRef) and n.module_name == "models.components.encoder.WindowEncoder"
+    assert n.module_class is WindowEncoder
+    assert isinstance(n.model_copy(update={"name": "y"}).module, ModuleRef)
+    for bad, why in (("models.components.encoder.WindowEncoder", "neither a torch.nn.Module subclass nor"),
+                     ("models.components.encoder:", "neither"), (":WindowEncoder", "neither"),
+                     ("no_such_package.mod:M", "no module 'no_such_package.mod' to import"),
+                     ("models.components.no_such_file:M", "no module 'models.components.no_such_file'")):
+        with pytest.raises(ValidationError, match=why):
+            ref_node(bad)
+    # what only importing it can tell: refused when the node is first built (the compiler's first use)
+    with pytest.raises(InvalidInput, match="models.components.encoder has no attribute 'NoSuch'"):
+        ref_node("models.components.encoder:NoSuch").module_class
+    with pytest.raises(InvalidInput, match="not a torch.nn.Module subclass"):
+        ref_node("models.components.encoder_config:EncoderConfig").build()
 
 
 def test_model_refuses_duplicate_names():

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from graphc import memo
+from graphc.declare import ModuleRef
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = r"""
@@ -26,7 +27,8 @@ Node.build = lambda self: built.append(self.name) or build(self)       # every m
 plan = compile_model(load_model(sys.argv[1] + "/models/tiny_omni.py"), "h100").plan
 plan.save(sys.argv[2])
 t = memo.table("simulate_steps.traces")
-print(json.dumps({"hits": t.hits, "writes": t.writes, "entries": len(t), "built": len(built)}))
+print(json.dumps({"hits": t.hits, "writes": t.writes, "entries": len(t), "built": len(built),
+                  "torch": "torch" in sys.modules}))
 """
 
 
@@ -54,6 +56,7 @@ def test_a_second_process_reads_what_the_first_computed(tmp_path):
     assert first["hits"] == 0 and first["writes"] == first["entries"] > 0
     assert second["hits"] == first["entries"] and second["writes"] == 0
     assert first["built"] > 0 and second["built"] == 0       # from the cache, no module is built at all
+    assert first["torch"] and not second["torch"]            # nor is torch imported
     reference = (tmp_path / "cold.plan").read_bytes()
     assert (tmp_path / "first.plan").read_bytes() == reference == (tmp_path / "second.plan").read_bytes()
 
@@ -104,6 +107,28 @@ def test_a_model_file_class_is_fingerprinted_by_its_own_file(tmp_path):
     ns = {}
     exec(compile(src.read_text(), str(src), "exec"), ns)         # defined outside sys.modules, as load_model does
     assert str(src) in memo._defining_files(((ns["M"], "config"), "sizes"))
+
+
+def test_a_module_named_by_import_path_is_fingerprinted_by_its_package_unimported(tmp_path, monkeypatch):
+    pkg = tmp_path / "refpkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "base.py").write_text("import torch\nclass Base(torch.nn.Module):\n    pass\n")
+    (pkg / "sub" / "mod.py").write_text("from refpkg.base import Base\nclass M(Base):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ref = ModuleRef.parse("refpkg.sub.mod:M")
+    files = memo._defining_files((ref, "config"))
+    assert {str(pkg / "base.py"), str(pkg / "sub" / "mod.py")} <= set(files)     # the base's file too
+    assert "refpkg.sub.mod" not in sys.modules                                   # read, not imported
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    memo.DiskMemo("test.refs")[(ref,)] = (1,)
+    assert (ref,) in memo.DiskMemo("test.refs")
+    (pkg / "base.py").write_text("import torch\nclass Base(torch.nn.Module):\n    x = 1\n")   # the base changes
+    memo._FINGERPRINTS.clear()
+    assert (ref,) not in memo.DiskMemo("test.refs")
+    memo._FINGERPRINTS.clear()
+    assert ref.resolve().__name__ == "M"
 
 
 def test_off_writes_nothing(tmp_path, monkeypatch):

@@ -129,3 +129,20 @@ def test_too_small_workspace_is_refused_at_plan_time(tiny):
                                                                m.resource("decoder_kv"),
                                                                WorkspaceSpec(name="enc_ws", bytes=4096))})
     assert compile_model(ModelSource(tiny.file, "tiny", m3), "h100").plan
+
+
+def test_a_module_named_by_import_path_plans_as_its_class(tiny):
+    """The shipped models name their modules by import path (graphc.declare.ModuleRef); the same model with the
+    classes themselves makes the same plan byte for byte."""
+    import graphc as gc
+    from graphc.declare import ModuleRef
+    from graphc.source import ModelSource
+
+    m = tiny.model
+    assert all(isinstance(n.module, ModuleRef) for n in m.nodes)
+    classes = gc.Model.model_validate({**m.__dict__, "nodes": tuple(n.model_copy(update={"module": n.module_class})
+                                                                     for n in m.nodes)})
+    assert not any(isinstance(n.module, ModuleRef) for n in classes.nodes)
+    for gpu in ("cpu", "h100"):
+        by_class = compile_model(ModelSource(tiny.file, "tiny", classes), gpu).plan
+        assert by_class.dump() == compile_model(tiny, gpu).plan.dump()
