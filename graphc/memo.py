@@ -3,13 +3,13 @@ it says: every key is the content of everything its value depends on (never an i
 reuses), and tests compare plans made with cold tables against plans made after other models.
 
 The simulated step traces (what a plan spends most of its time on), the weight sizes of each node's
-module, the allocator replays of the ledger and the kernel knobs each node's modules declare are also
-kept on disk (issue 14), so that a second
-`graphc plan` (another --set, another GPU, another card count) computes only what changed. A file's name is the sha256 of the table, the key, and the code fingerprint: the bytes
-of every source and data file of graphc, models and resources as installed, of the file defining
-each module class the key names (every file of its package for a module named by import path), and torch's
-installed version (its meta kernels give the shapes). Any edit
-to any of them misses every entry, never reads a stale one.
+module, the allocator replays of the ledger, the kernel knobs each node's modules declare and the roles of
+a module named by import path are also kept on disk (issue 14), so that a second `graphc plan` (another
+--set, another GPU, another card count) computes only what changed, and imports no torch when nothing
+did. A file's name is the sha256 of the table, the key, and the code fingerprint: the bytes of every
+source and data file of graphc, models and resources as installed, of the file defining each module class
+the key names (every file of its package for a module named by import path), and torch's installed version
+(its meta kernels give the shapes). Any edit to any of them misses every entry, never reads a stale one.
 
     where     $GRAPHC_CACHE_DIR, else $XDG_CACHE_HOME/graphc, else ~/.cache/graphc; GRAPHC_CACHE_DIR=off
               turns it off
