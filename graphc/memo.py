@@ -21,6 +21,7 @@ the key names (every file of its package for a module named by import path), and
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -85,17 +86,19 @@ def fingerprint(extra_files: tuple[str, ...] = ()) -> str:
     return _FINGERPRINTS[extra_files]
 
 
-def _package_files(module: str) -> list[str]:
-    """Every Python file of the top-level package a module belongs to (or the module's own file), found
-    without importing it."""
-    spec = importlib.util.find_spec(module.split(".")[0])
+@functools.cache
+def _package_files(top: str) -> tuple[str, ...]:
+    """Every Python file of a top-level package (or the top-level module's own file), found without
+    importing it (once a process: keys name their modules many times)."""
+    spec = importlib.util.find_spec(top)
     if spec is None:
-        return []
+        return ()
     if not spec.submodule_search_locations:
-        return [spec.origin] if spec.origin else []
-    return [str(p) for loc in spec.submodule_search_locations for p in Path(loc).rglob("*.py")]
+        return (spec.origin,) if spec.origin else ()
+    return tuple(str(p) for loc in spec.submodule_search_locations for p in Path(loc).rglob("*.py"))
 
 
+@functools.cache
 def torch_version() -> str:
     """Installed torch's version, read without importing it."""
     return importlib.metadata.version("torch")
@@ -111,7 +114,7 @@ def _defining_files(key) -> tuple[str, ...]:
         if isinstance(x, (tuple, list, frozenset, set)):
             stack.extend(x)
         elif isinstance(x, ModuleRef):
-            files.update(_package_files(x.module_name))
+            files.update(_package_files(x.module_name.split(".")[0]))
         elif isinstance(x, type):
             for cls in x.__mro__:
                 for v in vars(cls).values():
