@@ -124,7 +124,12 @@ class ModuleRef(str):
         """The class, imported now; refused unless it is a torch.nn.Module subclass."""
         from graphc.errors import InvalidInput
 
-        obj: Any = importlib.import_module(self.module_name)
+        try:
+            obj: Any = importlib.import_module(self.module_name)
+        except Exception as e:                  # the module's own code: the declaration's fault, said as such
+            raise InvalidInput(f"module '{self}': importing {self.module_name} failed: {type(e).__name__}: {e}",
+                               "a node's module is imported when the node is first built",
+                               f"fix {self.module_name}, or name another module") from e
         for part in self.partition(":")[2].split("."):
             if not hasattr(obj, part):
                 raise InvalidInput(f"module '{self}': {obj.__name__} has no attribute '{part}'",

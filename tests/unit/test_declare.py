@@ -64,6 +64,15 @@ def test_a_module_named_by_import_path_is_imported_when_first_built():
         ref_node("models.components.encoder_config:EncoderConfig").build()
 
 
+
+def test_a_module_that_fails_to_import_is_refused_when_built(tmp_path, monkeypatch):
+    (tmp_path / "broken_node_module.py").write_text("import torch\nraise RuntimeError('no weights here')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    n = ref_node("broken_node_module:M")                    # found, not run
+    with pytest.raises(InvalidInput, match="importing broken_node_module failed: RuntimeError: no weights here"):
+        n.build()
+
+
 def test_model_refuses_duplicate_names():
     cfg = EncoderConfig(input_dim=4, hidden_size=8, num_layers=1, num_heads=2, ffn_dim=8, output_dim=8)
     port = {"features": gc.Port(shape=("windows*4", 4), dtype="float32")}
