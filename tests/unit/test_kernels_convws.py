@@ -6,7 +6,8 @@ from graphc import convws
 from graphc.plan import load_plan
 from graphc.runtime.boot import plan_ir
 from graphc.runtime.kernels import kernel_jobs
-from graphc.simulate import Trace, _Recorder
+from graphc.simulate import _Recorder
+from graphc.trace import Trace
 
 
 def test_tiny_plan_needs_one_prefill_and_one_decode_module():

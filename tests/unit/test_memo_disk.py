@@ -142,7 +142,7 @@ def test_a_trace_reads_back_whole_from_the_disk_memo(tmp_path, monkeypatch):
     """Trace's own pickling (its events in one int64 array, its digest kept): what the disk memo reads back
     equals what was written, event for event, and its digest is the one its events give when computed afresh;
     a value past int64 still round-trips (as tuples)."""
-    from graphc.simulate import Trace
+    from graphc.trace import Trace
 
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
     events = tuple((i % 2, i // 2, 256 * (i + 1) + 2**40 * (i % 3)) for i in range(1001))

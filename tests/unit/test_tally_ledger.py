@@ -29,8 +29,8 @@ from graphc.passes.tally_ledger import (DeviceLedger, Item, Sizing, _conv_note, 
                                         persistent_allocs, tally_ledger)
 from graphc.verify import verify_graph
 from graphc.source import load_model
-from graphc.simulate import Trace
 from graphc.targets import get_target
+from graphc.trace import Trace
 from tests import tally_model as tm
 from tests.unit.test_ledger_oracle import GPU_GRAPHS, wrapper_buffers
 
