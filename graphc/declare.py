@@ -91,6 +91,12 @@ class Budget(Strict):
 _REF = re.compile(r"^(?P<module>[A-Za-z_]\w*(\.[A-Za-z_]\w*)*):(?P<qualname>[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)$")
 
 
+def _is_nn_module(obj: Any) -> bool:
+    """A torch.nn.Module subclass, asked without importing torch: whatever defines one has imported it."""
+    torch = sys.modules.get("torch")
+    return isinstance(obj, type) and torch is not None and issubclass(obj, torch.nn.Module)
+
+
 class ModuleRef(str):
     """A node's module named by import path, 'package.module:Class', imported when the node is first built:
     a plan whose traces are all in the disk cache (graphc/memo.py) imports neither it nor torch."""
@@ -100,19 +106,19 @@ class ModuleRef(str):
         m = _REF.match(text)
         if not m:
             raise ValueError(f"module '{text}' is neither a torch.nn.Module subclass nor 'package.module:Class'")
+        hint = "is its package on sys.path, or installed?"
         try:
-            found = importlib.util.find_spec(m["module"])
+            found = importlib.util.find_spec(m["module"])        # runs its parent packages' __init__, not it
         except (ImportError, ValueError) as e:
-            found, why = None, f": {type(e).__name__}: {e}"
-        else:
-            why = ""
+            raise ValueError(f"module '{text}': no module '{m['module']}' to import: {type(e).__name__}: {e} "
+                             f"({hint})") from e
         if found is None or found.origin is None:
-            raise ValueError(f"module '{text}': no module '{m['module']}' to import{why} (is its package on sys.path, "
-                             f"or installed?)")
+            raise ValueError(f"module '{text}': no module '{m['module']}' to import ({hint})")
         return cls(text)
 
     @property
-    def module_name(self) -> str:
+    def python_module(self) -> str:
+        """'package.module', the part before the colon."""
         return self.partition(":")[0]
 
     @property
@@ -125,19 +131,18 @@ class ModuleRef(str):
         from graphc.errors import InvalidInput
 
         try:
-            obj: Any = importlib.import_module(self.module_name)
+            obj: Any = importlib.import_module(self.python_module)
         except Exception as e:                  # the module's own code: the declaration's fault, said as such
-            raise InvalidInput(f"module '{self}': importing {self.module_name} failed: {type(e).__name__}: {e}",
+            raise InvalidInput(f"module '{self}': importing {self.python_module} failed: {type(e).__name__}: {e}",
                                "a node's module is imported when the node is first built",
-                               f"fix {self.module_name}, or name another module") from e
+                               f"fix {self.python_module}, or name another module") from e
         for part in self.partition(":")[2].split("."):
             if not hasattr(obj, part):
                 raise InvalidInput(f"module '{self}': {obj.__name__} has no attribute '{part}'",
                                    "a node names its module as 'package.module:Class'",
                                    "name a class the module defines")
             obj = getattr(obj, part)
-        torch = sys.modules.get("torch")        # imported by any module that defines an nn.Module
-        if not (isinstance(obj, type) and torch is not None and issubclass(obj, torch.nn.Module)):
+        if not _is_nn_module(obj):
             raise InvalidInput(f"module '{self}' is {obj!r}, not a torch.nn.Module subclass",
                                "a node's module is built into the step's forward", "name an nn.Module subclass")
         return obj
@@ -162,8 +167,7 @@ class Node(Strict):
     def _is_module(cls, module: Any) -> Any:
         if isinstance(module, str):
             return ModuleRef.parse(module)
-        torch = sys.modules.get("torch")        # a class that is an nn.Module imported it
-        if not (isinstance(module, type) and torch is not None and issubclass(module, torch.nn.Module)):
+        if not _is_nn_module(module):
             raise ValueError(f"module must be a torch.nn.Module subclass or 'package.module:Class', got {module!r}")
         return module
 

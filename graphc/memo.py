@@ -114,7 +114,7 @@ def _defining_files(key) -> tuple[str, ...]:
         if isinstance(x, (tuple, list, frozenset, set)):
             stack.extend(x)
         elif isinstance(x, ModuleRef):
-            files.update(_package_files(x.module_name.split(".")[0]))
+            files.update(_package_files(x.python_module.split(".")[0]))
         elif isinstance(x, type):
             for cls in x.__mro__:
                 for v in vars(cls).values():
