@@ -93,6 +93,7 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -157,15 +158,28 @@ def talker_config(layers: int, tiny: bool):
                                        codec_eos_token_id=c.codec_eos_token_id, spatial_merge_size=2)
 
 
-def load_random(hf, ours, seed: int, **kw) -> None:
+def load_random(hf, ours, seed: int, rename: tuple[str, str] | None = None, **kw) -> None:
     """Re-draw every weight of HF's module bf16-exact (tests/parity/weights.randomize, the parity tests' rule; kw: its
-    gains) and load them into graphc's through the checkpoint loader: every tensor of each is used."""
+    gains) and load them into graphc's through the checkpoint loader: every tensor of graphc's is loaded, and every
+    one of HF's used unless `rename` (a prefix of HF's names -> graphc's) says HF's module holds more."""
     from graphc.runtime.checkpoint import TensorShards, load_weights
     from tests.parity.weights import randomize
 
     randomize(hf, seed=seed, bf16_exact=True, **kw)
-    report = load_weights(ours, TensorShards(hf.state_dict()))
+    state = hf.state_dict()
+    if rename:
+        state = {k.replace(*rename, 1): v for k, v in state.items()}
+    report = load_weights(ours, TensorShards(state), strict=rename is None)
     assert report.loaded == len(ours.state_dict()), report
+
+
+def paged(spec, dtype, rows: int, dev):
+    """resources.paged_kv.PagedTorch over a fresh cache of spec (in `dtype`) for one sequence of `rows` new rows."""
+    from resources.paged_kv import PagedTorch, new_cache
+
+    s = spec.model_copy(update={"dtype": str(dtype).removeprefix("torch.")})
+    pages = s.pages_for(rows)
+    return PagedTorch(s, new_cache(s, pages, dev), [rows], [rows], [list(range(pages))])
 
 
 def ragged(a, dtype, spec, backend: str, cu: list[int], **kw):
@@ -216,6 +230,58 @@ def measure(hf, ours, run_hf, run_ours, kernels: dict, names: list[str], sanity:
               f"(x{row['graphc_bf16'] / row['hf_bf16']:.2f}); fp32 sanity "
               + ("skipped" if s is None else f"{row['fp32_sanity']:.2g}"), flush=True)
     return results
+
+
+def thinker(a) -> dict:
+    """The thinker at its real text shapes cut to --layers layers (--tiny: small widths on the CPU), one text prompt of
+    --tokens ids prefilled, every row sampled: HF fp32 (the reference), HF bf16, graphc fp32 (sanity, where its
+    experts fit) and graphc bf16 with the plan's choices; the logits' and the talker's hidden state's errors against
+    HF fp32, with top-8 routing and routed to all experts."""
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeThinkerForConditionalGeneration
+
+    from graphc.step import StepContext
+    from models.components.thinker import Thinker
+    from resources import PagedKVSpec
+    from tests.parity.weights import route_to_all_experts
+
+    dev = torch.device("cpu" if a.tiny else "cuda")
+    t0 = time.perf_counter()
+    torch.manual_seed(a.seed)
+    cfg, n = thinker_config(a.layers, a.tiny), a.tokens
+    hf = Qwen3OmniMoeThinkerForConditionalGeneration(hf_config(cfg)).eval()
+    ours = Thinker(cfg).eval()
+    # HF's module names its text model model.language_model.*, its checkpoint (and graphc) model.*; its (tiny)
+    # encoders are not the thinker node's
+    load_random(hf, ours, a.seed, rename=("model.language_model.", "model."))
+    hf, ours = hf.to(dev), ours.to(dev)
+    print(f"built and loaded {a.layers} real-shape layers in {time.perf_counter() - t0:.0f} s", flush=True)
+    # the H200 plan's choices (gemv acts on one-row products only: none in a prefill of many tokens)
+    kernels = {"fused_norms": 1, "fused_router": 1, "fused_max_tokens": 16384, "gemv": 1}
+    ids = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(a.seed + 1)).to(dev)
+    positions = torch.arange(n, device=dev).expand(3, -1)
+    kv = PagedKVSpec(name="kv", num_layers=a.layers, num_qo_heads=cfg.num_attention_heads,
+                     num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, page_size=16, max_seq_len=n)
+
+    def run_ours(model, dtype):
+        out = model(StepContext({"kv": paged(kv, dtype, n, dev)}), token_ids=ids, positions=positions,
+                    sample_rows=torch.arange(n, device=dev))
+        return [out["logits"].float(), out["hidden"].float()]
+
+    def run_hf(model, dtype):
+        lm = getattr(model.model, "language_model", model.model)        # transformers 5.17 has none
+        o = lm(input_ids=ids[None], position_ids=positions[:, None], output_hidden_states=True)
+        return [model.lm_head(o.last_hidden_state)[0].float(), o.hidden_states[cfg.accept_hidden_layer][0].float()]
+
+    results, k = {}, cfg.num_experts_per_tok
+    for routing in (f"top{k}", "all_experts"):
+        if routing == "all_experts":        # in place: the top-k modules are done with
+            k = cfg.num_experts
+            for m in (hf, ours):
+                route_to_all_experts(m)
+        results[routing] = measure(hf, ours, run_hf, run_ours, kernels, ["logits", "hidden"],
+                                   sanity=gathers_fit(n, k, cfg), label=f"{routing}, ")
+    return {"part": "thinker", "layers": a.layers, "tokens": n, "kernels": kernels, "attention": "torch paged",
+            "seed": a.seed, "results": results}
 
 
 def talker_moe(a) -> dict:
@@ -361,7 +427,6 @@ def talker(a) -> dict:
     from models.components import hf_config as from_hf
     from models.components.talker import SAMPLING, Talker
     from resources import PagedKVSpec
-    from resources.paged_kv import PagedTorch, new_cache
     from tests.parity.weights import route_to_all_experts
 
     cfg, hf_cfg = talker_config(a.layers, a.tiny)
@@ -391,10 +456,7 @@ def talker(a) -> dict:
     def run_ours(model, dtype):
         hidden = []
         hook = model.model.norm.register_forward_hook(lambda module, args, out: hidden.append(out.float()))
-        s = kv.model_copy(update={"dtype": str(dtype).removeprefix("torch.")})
-        pages = s.pages_for(n)
-        ctx = StepContext({"kv": PagedTorch(s, new_cache(s, pages, dev), [n], [n], [list(range(pages))]),
-                           "cp_attn": code_predictor_attn(a, dtype, cfg, n)})
+        ctx = StepContext({"kv": paged(kv, dtype, n, dev), "cp_attn": code_predictor_attn(a, dtype, cfg, n)})
 
         def zeros(*shape, dtype=dtype):
             return torch.zeros(*shape, dtype=dtype, device=dev)
@@ -534,13 +596,13 @@ def code2wav(a) -> dict:
             "attention": "torch" if a.tiny else "fa3", "seed": a.seed, "results": results}
 
 
-PARTS = {"talker_moe": talker_moe, "vision": vision, "audio": audio, "talker": talker, "code_predictor": code_predictor,
+PARTS = {"thinker": thinker, "talker_moe": talker_moe, "vision": vision, "audio": audio, "talker": talker, "code_predictor": code_predictor,
          "code2wav": code2wav}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("thinker", *PARTS), default="thinker")
+    ap.add_argument("--part", choices=PARTS, default="thinker")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
@@ -548,97 +610,12 @@ def main() -> int:
     ap.add_argument("--tiny", action="store_true", help="small shapes on the CPU: checks the script only")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    if a.part in PARTS:
-        out = PARTS[a.part](a)
-        out |= {"gpu": "cpu (--tiny)" if a.tiny else torch.cuda.get_device_name(), "torch": torch.__version__}
-        if a.json:
-            Path(a.json).write_text(json.dumps(out, indent=1))
-        return 0
-    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeThinkerForConditionalGeneration
-
-    from graphc.modules import set_kernels
-    from graphc.runtime.checkpoint import TensorShards, load_weights
-    from graphc.step import StepContext
-    from models.components.thinker import Thinker
-    from resources import PagedKVSpec
-    from resources.paged_kv import PagedTorch, new_cache
-    from tests.conftest import rel
-    from tests.parity.weights import randomize, route_to_all_experts
-
-    dev = torch.device("cpu" if a.tiny else "cuda")
-    t0 = time.perf_counter()
-    torch.manual_seed(a.seed)
-    cfg = thinker_config(a.layers, a.tiny)
-    hf = Qwen3OmniMoeThinkerForConditionalGeneration(hf_config(cfg)).eval()
-    randomize(hf, seed=a.seed, bf16_exact=True)
-    ours = Thinker(cfg).eval()
-    # HF's module names its text model model.language_model.*, its checkpoint (and graphc) model.*
-    state = {k.replace("model.language_model.", "model.", 1): v for k, v in hf.state_dict().items()}
-    report = load_weights(ours, TensorShards(state), strict=False)
-    assert report.loaded == len(ours.state_dict()), report
-    hf, ours = hf.to(dev), ours.to(dev)
-    print(f"built and loaded {a.layers} real-shape layers in {time.perf_counter() - t0:.0f} s", flush=True)
-    # the H200 plan's choices (gemv acts on one-row products only: none in a prefill of many tokens)
-    kernels = {"fused_norms": 1, "fused_router": 1, "fused_max_tokens": 16384, "gemv": 1}
-    gen = torch.Generator().manual_seed(a.seed + 1)
-    ids = torch.randint(0, cfg.vocab_size, (a.tokens,), generator=gen)
-    positions = torch.arange(a.tokens).expand(3, -1)
-    spec = PagedKVSpec(name="kv", num_layers=a.layers, num_qo_heads=cfg.num_attention_heads,
-                       num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, page_size=16,
-                       max_seq_len=a.tokens, dtype="float32")
-
-    def run_ours(model, dtype):
-        s = spec.model_copy(update={"dtype": str(dtype).removeprefix("torch.")})
-        pages = s.pages_for(a.tokens)
-        ctx = StepContext({"kv": PagedTorch(s, new_cache(s, pages, dev), [a.tokens], [a.tokens], [list(range(pages))])})
-        with torch.no_grad():
-            out = model(ctx, token_ids=ids.to(dev), positions=positions.to(dev), sample_rows=torch.arange(a.tokens, device=dev))
-        return out["logits"].float(), out["hidden"].float()
-
-    def run_hf(model):
-        lm = getattr(model.model, "language_model", model.model)        # transformers 5.17 has none
-        with torch.no_grad():
-            o = lm(input_ids=ids[None].to(dev), position_ids=positions[:, None].to(dev), output_hidden_states=True)
-            return model.lm_head(o.last_hidden_state)[0].float(), o.hidden_states[cfg.accept_hidden_layer][0].float()
-
-    results = {}
-    for routing in ("top8", "all_experts"):
-        h32, o32 = (route_to_all_experts(copy.deepcopy(m)) for m in (hf, ours)) if routing == "all_experts" else (hf, ours)
-        h16, o16 = copy.deepcopy(h32).to(torch.bfloat16), copy.deepcopy(o32).to(torch.bfloat16)
-        set_kernels(o16, kernels)
-        ref_logits, ref_hidden = run_hf(h32)
-        hf_logits, hf_hidden = run_hf(h16)
-        # the sanity check runs only where graphc's fp32 experts fit
-        fits = gathers_fit(a.tokens, o32.model.layers[0].mlp.top_k, cfg)
-        o32_logits, o32_hidden = run_ours(o32, torch.float32) if fits else (None, None)
-        our_logits, our_hidden = run_ours(o16, torch.bfloat16)
-        row = {"fp32_sanity": {"logits": rel(o32_logits, ref_logits), "hidden": rel(o32_hidden, ref_hidden)} if fits
-               else {"logits": None, "hidden": None},
-               "hf_bf16": {"logits": rel(hf_logits, ref_logits), "hidden": rel(hf_hidden, ref_hidden)},
-               "graphc_bf16": {"logits": rel(our_logits, ref_logits), "hidden": rel(our_hidden, ref_hidden)}}
-        results[routing] = row
-        print(f"{routing}: logits graphc {row['graphc_bf16']['logits']:.4g} vs HF {row['hf_bf16']['logits']:.4g}; "
-              f"hidden (layer {cfg.accept_hidden_layer}) graphc {row['graphc_bf16']['hidden']:.4g} vs HF "
-              f"{row['hf_bf16']['hidden']:.4g}; fp32 sanity {row['fp32_sanity']['logits']}", flush=True)
-        del h32, o32, h16, o16
-        if not a.tiny:
-            torch.cuda.empty_cache()
-    out = {"gpu": "cpu (--tiny)" if a.tiny else torch.cuda.get_device_name(), "torch": torch.__version__, "layers": a.layers, "tokens": a.tokens,
-           "seed": a.seed, "kernels": kernels, "results": results}
-    try:
-        import transformers
-        out["transformers"] = transformers.__version__
-    except ImportError:
-        pass
+    out = PARTS[a.part](a)
+    out |= {"gpu": "cpu (--tiny)" if a.tiny else torch.cuda.get_device_name(), "torch": torch.__version__,
+            "transformers": transformers.__version__}
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
-    print("| routing | output | HF bf16 vs fp32 | graphc bf16 vs fp32 | graphc / HF |\n|---|---|---|---|---|")
-    for routing, row in results.items():
-        for what in ("logits", "hidden"):
-            g, h = row["graphc_bf16"][what], row["hf_bf16"][what]
-            print(f"| {routing} | {what} | {h:.4g} | {g:.4g} | {g / h:.2f} |")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
