@@ -91,27 +91,30 @@ def _norm_rope_heads(x_base, x_head, w_ptr, c_base, s_base, y_base, y_head, firs
                      G: tl.constexpr):
     """Heads [first, first + G) (those < heads) of one row, each a [D] row at x_base + h * x_head:
     y = rope(rms_norm(x) * w), rounded where the torch path rounds. G heads a program, so that a long prefill
-    runs G times fewer programs than one a head (73,728 single-warp programs at the thinker's 2,048 tokens)."""
+    runs G times fewer programs than one a head (73,728 single-warp programs at the thinker's 2,048 tokens).
+    Each head is read as its two halves, [G, D / 2] blocks: the rotate-half partner of one half's column is the
+    other's same column, so no element is loaded twice (H200, thinker's 2,048 rows at 4 heads over 2 warps:
+    27.6 us with each head and its partner loaded, 21.6 as halves)."""
     HALF: tl.constexpr = D // 2
     hs = first + tl.arange(0, G)
     hm = (hs < heads)[:, None]
-    offs = tl.arange(0, D)
-    other = (offs + HALF) % D                              # the rotate-half partner of each element
-    x32 = tl.load(x_base + hs[:, None] * x_head + offs[None, :], mask=hm, other=0.0).to(tl.float32)
-    xo32 = tl.load(x_base + hs[:, None] * x_head + other[None, :], mask=hm, other=0.0).to(tl.float32)
-    rstd = (1.0 / tl.sqrt(tl.sum(x32 * x32, axis=1) / D + eps))[:, None]
+    lo = tl.arange(0, HALF)
+    p1 = x_base + hs[:, None] * x_head + lo[None, :]
+    x1 = tl.load(p1, mask=hm, other=0.0).to(tl.float32)
+    x2 = tl.load(p1 + HALF, mask=hm, other=0.0).to(tl.float32)
+    rstd = (1.0 / tl.sqrt(tl.sum(x1 * x1 + x2 * x2, axis=1) / D + eps))[:, None]
     dt = y_base.dtype.element_ty
     BF16: tl.constexpr = dt == tl.bfloat16
-    w = tl.load(w_ptr + offs).to(tl.float32)[None, :]
-    wo = tl.load(w_ptr + other).to(tl.float32)[None, :]
-    n = _round(w * _round(x32 * rstd, BF16), BF16)                              # the normed row, rounded
-    no = _round(wo * _round(xo32 * rstd, BF16), BF16)                           # its partner's
-    rot = tl.where((offs < HALF)[None, :], -no, no)                             # cat(-x[half:], x[:half])
-    c = tl.load(c_base + offs).to(tl.float32)[None, :]
-    s = tl.load(s_base + offs).to(tl.float32)[None, :]
-    a = _round(n * c, BF16)
-    b = _round(rot * s, BF16)
-    tl.store(y_base + hs[:, None] * y_head + offs[None, :], _round(a + b, BF16).to(dt), mask=hm)
+    n1 = _round(tl.load(w_ptr + lo).to(tl.float32)[None, :] * _round(x1 * rstd, BF16), BF16)   # the normed halves
+    n2 = _round(tl.load(w_ptr + HALF + lo).to(tl.float32)[None, :] * _round(x2 * rstd, BF16), BF16)
+    c1 = tl.load(c_base + lo).to(tl.float32)[None, :]
+    c2 = tl.load(c_base + HALF + lo).to(tl.float32)[None, :]
+    s1 = tl.load(s_base + lo).to(tl.float32)[None, :]
+    s2 = tl.load(s_base + HALF + lo).to(tl.float32)[None, :]
+    y1 = y_base + hs[:, None] * y_head + lo[None, :]
+    # rotate_half(n) = cat(-n2, n1): y = n * cos + rotate_half(n) * sin, each product rounded, then the sum
+    tl.store(y1, _round(_round(n1 * c1, BF16) + _round(-n2 * s1, BF16), BF16).to(dt), mask=hm)
+    tl.store(y1 + HALF, _round(_round(n2 * c2, BF16) + _round(n1 * s2, BF16), BF16).to(dt), mask=hm)
 
 
 @triton.jit
@@ -201,7 +204,9 @@ def _q_k_rope_f32(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, yq_ptr, yk_ptr, yv_ptr,
 # (heads a program, warps) for qk_norm_rope and q_k_norm_rope, for steps of up to ROPE_MANY_ROWS rows and for
 # more (the same in both kernels, so that a head's row is reduced in the same order by either: tests hold the
 # two launches bit-equal). H200, us a call (examples/bench_prefill_kernels.py; thinker's 32 + 4 heads):
-# 1 row (1, 1) 1.75, (4, 2) 2.02; 64 rows 2.97, 2.78; 2,048 rows 46.2, 27.3 (the best of seven choices)
+# 1 row (1, 1) 1.75, (4, 2) 2.02; 64 rows 2.97, 2.78; 2,048 rows 46.2, 27.3 (the best of seven choices). With
+# each head read as two halves (eleventh session, ten choices): 1 row (1, 1) 1.69; 16 rows (1, 1) 2.04; 512 rows
+# (4, 2) 7.00, (8, 4) 6.79; 2,048 rows (4, 2) 21.59, the best
 ROPE_HEADS = {"few": (1, 1), "many": (4, 2)}
 ROPE_MANY_ROWS = 16
 # q_k_rope_f32's own (it reduces nothing, so need not match them), for the vision tower's 16 + 16 + 16 heads of

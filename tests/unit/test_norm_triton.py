@@ -31,9 +31,10 @@ for dtype in (torch.float32, torch.bfloat16):
     r = (0.5 * torch.randn(T, D)).to(dtype)
     proj = torch.randn(T, (H + KV) * HD).to(dtype)   # q and k, views of one projection output
     q = proj[:, :H * HD].view(T, H, HD)
-    ang = torch.rand(T, 1, HD // 2) * 6.0
-    cos = torch.cat([ang.cos(), ang.cos()], -1).to(dtype)
-    sin = torch.cat([ang.sin(), ang.sin()], -1).to(dtype)
+    ang, ang2 = torch.rand(T, 1, HD // 2) * 6.0, torch.rand(T, 1, HD // 2) * 6.0
+    # a table's halves unlike (a model's repeat one half): a kernel must read each column's own cos and sin
+    cos = torch.cat([ang.cos(), ang2.cos()], -1).to(dtype)
+    sin = torch.cat([ang.sin(), ang2.sin()], -1).to(dtype)
     with torch.no_grad():
         res = {}
         want, got = norm(x), norm_ops.rms_norm(x, norm.weight, norm.eps)
