@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from bench_moe import captured_per_call  # noqa: E402
 
 CALLS = 16
-ROPE_CHOICES = [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4), (8, 8)]
+ROPE_CHOICES = [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4), (8, 8), (16, 4), (16, 8), (32, 8)]
 VISION_ROPE_CHOICES = [(1, 1), (2, 1), (4, 2), (4, 4), (8, 4), (16, 4), (16, 8)]
 ROPE_SHAPES = {"thinker": (32, 4, 128), "code_predictor": (16, 8, 128)}
 GROUP_SIZES = [("thinker", 65, 8), ("thinker", 512, 8), ("thinker", 2048, 8), ("talker", 1024, 6),
