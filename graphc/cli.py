@@ -121,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_plan(args) -> int:
+    from graphc.dynamo_stub import without_dynamo
     from graphc.overrides import load_config, merge, parse_set
     from graphc.pipeline import compile_model
     from graphc.source import load_model, read_config
@@ -132,11 +133,14 @@ def cmd_plan(args) -> int:
         raise InvalidInput(f"--gpu {args.gpu}: targets are named once each", "", "e.g. --gpu h100,h200")
     source = load_model(args.model, args.preset, read_config(args.checkpoint) if args.checkpoint else None)
     if len(gpus) * len(args.gpus) > 1:
-        return _sweep(source, gpus, args.gpus, overrides, args)
+        with without_dynamo():
+            return _sweep(source, gpus, args.gpus, overrides, args)
     args.gpu, args.gpus = gpus[0], args.gpus[0]
     try:
-        compiled = compile_model(source, args.gpu, args.gpus, overrides, fit=args.fit, memory_cap=args.memory_cap,
-                                 headroom=args.headroom, remedies=not args.no_remedies)
+        with without_dynamo():               # a plan compiles nothing (graphc/dynamo_stub.py)
+            compiled = compile_model(source, args.gpu, args.gpus, overrides, fit=args.fit,
+                                     memory_cap=args.memory_cap, headroom=args.headroom,
+                                     remedies=not args.no_remedies)
     except DoesNotFit as e:
         print(refusal(source.model.name, e.result, e.remedies) if e.result is not None else f"error: {e}",
               file=sys.stderr, end="")
