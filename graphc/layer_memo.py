@@ -58,12 +58,25 @@ def _plain(v) -> bool:
 
 
 def module_key(m: torch.nn.Module) -> tuple:
-    parts = [type(m)]
-    for name, sub in m.named_modules():
-        attrs = tuple(sorted((k, v) for k, v in vars(sub).items() if not k.startswith("_") and _plain(v)))
-        parts.append((name, type(sub), attrs))
-    for name, t in [*m.named_parameters(), *m.named_buffers()]:
-        parts.append((name, tuple(t.shape), t.dtype))
+    """A block's type, and each of its modules' type and plain public attributes (kernel knobs, sizes, flags)
+    and parameters' and buffers' shapes and dtypes, module by module in named_modules' order (a shared
+    submodule once); walked through the modules' own dicts, named_modules' nested generators being a third of
+    a cold plan's time in this key."""
+    parts: list = [type(m)]
+    seen: set[int] = set()
+
+    def walk(prefix: str, sub: torch.nn.Module) -> None:
+        seen.add(id(sub))
+        d = vars(sub)
+        parts.append((prefix, type(sub), tuple(sorted((k, v) for k, v in d.items()
+                                                     if not k.startswith("_") and _plain(v)))))
+        for kind in ("_parameters", "_buffers"):
+            parts.extend((prefix, name, tuple(t.shape), t.dtype) for name, t in d[kind].items() if t is not None)
+        for name, child in d["_modules"].items():
+            if child is not None and id(child) not in seen:
+                walk(f"{prefix}.{name}" if prefix else name, child)
+
+    walk("", m)
     return tuple(parts)
 
 

@@ -5,6 +5,7 @@ fp32). Weights live in one arena per node: every tensor 256-byte aligned, one al
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,15 +31,45 @@ def set_kernels(module: torch.nn.Module, kernels: dict[str, int]) -> set[str]:
     if unknown:
         raise ValueError(f"unknown kernel choices {sorted(unknown)}; known: {list(KERNEL_KNOBS)}")
     found = set()
-    for m in module.modules():
-        for knob in KERNEL_KNOBS:
-            if hasattr(type(m), knob):
-                found.add(knob)
-                if knob in kernels:
-                    setattr(m, knob, kernels[knob])
-                else:
-                    m.__dict__.pop(knob, None)
+    for m, knobs in _knob_sites(module):
+        for knob in knobs:
+            found.add(knob)
+            if knob in kernels:
+                setattr(m, knob, kernels[knob])
+            else:
+                m.__dict__.pop(knob, None)
     return found
+
+
+_SITES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _knob_sites(module: torch.nn.Module) -> list[tuple[torch.nn.Module, tuple[str, ...]]]:
+    """The submodules that declare knobs, each with its knobs: found once a module (a built module's tree does
+    not change; the simulation sets a node's knobs before each of its traces)."""
+    sites = _SITES.get(module)
+    if sites is None:
+        found = ((m, tuple(k for k in KERNEL_KNOBS if hasattr(type(m), k))) for m in module.modules())
+        sites = _SITES[module] = [(m, knobs) for m, knobs in found if knobs]
+    return sites
+
+
+def node_key(node: Node) -> tuple:
+    """What a node's module is built from: its module, config and dtype (the key of every per-module cache)."""
+    return (node.module, repr(node.config), node.dtype)
+
+
+_META: dict[tuple, torch.nn.Module] = {}
+
+
+def meta_module(node: Node) -> torch.nn.Module:
+    """The node's module on the meta device, built once a process for all the passes that read it (weight
+    sizes, the simulation's traces, the knobs it declares): it holds no data, and a pass that sets its
+    kernel knobs (set_kernels) sets them before each use."""
+    key = node_key(node)
+    if key not in _META:
+        _META[key] = build_module(node, "meta")
+    return _META[key]
 
 
 def build_module(node: Node, device: str | torch.device = "meta") -> torch.nn.Module:

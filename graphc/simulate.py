@@ -29,7 +29,7 @@ from graphc import memo
 from graphc.declare import Node, Port
 from graphc.errors import InvalidInput
 from graphc.layer_memo import Memo
-from graphc.modules import build_module
+from graphc.modules import meta_module
 from graphc.step import TORCH_DTYPES, StepContext
 from graphc.trace import Trace
 
@@ -166,7 +166,7 @@ class FakeNode:
 
     def __init__(self, node: Node):
         self.node = node
-        self.module = build_module(node, "meta")
+        self.module = meta_module(node)
         self.known = list(self.module.parameters()) + list(self.module.buffers())
 
     @staticmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from graphc import memo
-from graphc.modules import set_kernels
+from graphc.modules import node_key, set_kernels
 from graphc.plan import FORMAT, Plan, PlanDevice, PlanModel, PlanNode, PlanResource, PlanTarget, PlanTrim, \
     PlanWalk, PlanWalkBuckets, fingerprint
 from graphc.passes.place_nodes import Placement
@@ -28,7 +28,7 @@ def _kernels(node, knobs: dict[str, int]) -> dict[str, int]:
     module."""
     if not knobs:
         return {}
-    key = (node.module, repr(node.config), node.dtype)
+    key = node_key(node)
     if key not in _DECLARED:
         _DECLARED[key] = tuple(sorted(set_kernels(fake_node(node).module, {})))
     return {k: v for k, v in knobs.items() if k in _DECLARED[key]}

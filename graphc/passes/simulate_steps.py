@@ -10,7 +10,7 @@ from tqdm import tqdm
 from graphc import forkpool, memo
 from graphc.convws import resolve
 from graphc.ir import IR, Step
-from graphc.modules import set_kernels
+from graphc.modules import node_key, set_kernels
 from graphc.passes.choose_buckets import Buckets
 from graphc.passes.select_backends import Backends
 from graphc.trace import Trace
@@ -56,13 +56,9 @@ _FAKES: dict[tuple, FakeNode] = memo.table("simulate_steps.fakes")
 _TRACES: dict[tuple, tuple[Trace, frozenset[str]]] = memo.table("simulate_steps.traces")
 
 
-def _node_key(node) -> tuple:
-    return (node.module, repr(node.config), node.dtype)
-
-
 def fake_node(node) -> FakeNode:
     """Fake modules are kept across re-plans (remedy search re-plans many times)."""
-    key = _node_key(node)
+    key = node_key(node)
     if key not in _FAKES:
         from graphc.simulate import FakeNode        # torch: a plan whose traces are all cached never imports it
 
@@ -78,7 +74,7 @@ def _trace_key(ir: IR, step: Step, rung: int, backends: Backends | None) -> tupl
                   for r in node.resources.values())
     arch = ir.target.arch if ir.target.is_gpu else None
     knobs = backends.kernels.get(step.node, {}) if backends else {}
-    return (_node_key(node), repr(ports), repr(node.outputs), tuple(sorted(step.sizes_at(rung).items())), step.phase,
+    return (node_key(node), repr(ports), repr(node.outputs), tuple(sorted(step.sizes_at(rung).items())), step.phase,
             step.axis, specs, arch, tuple(sorted(knobs.items())))
 
 

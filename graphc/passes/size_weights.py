@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from graphc import memo
 from graphc.ir import IR
-from graphc.modules import WeightSizes, build_module, weight_sizes
+from graphc.modules import WeightSizes, meta_module, node_key, weight_sizes
 
 
 @dataclass(frozen=True)
@@ -20,9 +20,9 @@ _CACHE: dict[tuple, WeightSizes] = memo.table("size_weights")
 
 
 def _sizes(node) -> WeightSizes:
-    key = (node.module, repr(node.config), node.dtype)
+    key = node_key(node)
     if key not in _CACHE:
-        _CACHE[key] = weight_sizes(build_module(node, "meta"))
+        _CACHE[key] = weight_sizes(meta_module(node))
     return _CACHE[key]
 
 
