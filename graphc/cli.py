@@ -421,5 +421,25 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
 
 
+# commands that hold nothing at their end that the interpreter's teardown would release (no device, server,
+# child process or open file): the console script leaves after them without it
+QUICK_EXIT = ("plan", "explain", "diff")
+
+
+def entry() -> None:
+    """The `graphc` console script: main(), then sys.exit; after the planner's commands os._exit once the output
+    is flushed instead, skipping the teardown of what torch and the built modules left (0.4-0.6 s of a cold
+    `graphc plan`, `python -c "import torch"` alone 1.44 against 0.97-1.11 s)."""
+    code = main()
+    if sys.argv[1:2] and sys.argv[1] in QUICK_EXIT:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):      # a reader gone, or a stream closed: nothing left to write to
+            pass
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
