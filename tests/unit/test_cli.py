@@ -88,3 +88,20 @@ def test_a_reader_that_goes_away_ends_it_quietly(cmd):
     p.stdout.close()                      # gone before the command (half a second of imports) writes a byte
     err = p.stderr.read().decode()
     assert p.wait() == 141 and err == "", err
+
+
+@pytest.mark.parametrize("cmd, code", [(["diff", "plans/tiny_cpu.plan", "plans/tiny_h100.plan"], 1),
+                                       (["explain", "plans/tiny_cpu.plan"], 0),
+                                       (["plan", "no_such_model.py", "--gpu", "h100"], 2)])
+def test_the_console_script_leaves_with_every_byte_and_the_code(cmd, code, capsys):
+    """The console script (cli.entry) skips the interpreter's teardown after plan, explain and diff: what main()
+    writes reaches a pipe whole (block-buffered, so an exit without a flush would drop it) with main()'s code."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "graphc.cli", *cmd], cwd=root, capture_output=True, text=True)
+    assert main(cmd) == code == done.returncode
+    here = capsys.readouterr()
+    assert (done.stdout, done.stderr) == (here.out, here.err) and (here.out or here.err)
