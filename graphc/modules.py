@@ -9,6 +9,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from graphc import memo
 from graphc.declare import Node
 from graphc.errors import GraphcError, InvalidInput
 from graphc.units import round_up
@@ -59,7 +60,7 @@ def node_key(node: Node) -> tuple:
     return (node.module, repr(node.config), node.dtype)
 
 
-_META: dict[tuple, torch.nn.Module] = {}
+_META: dict[tuple, torch.nn.Module] = memo.table("modules.meta")     # emptied with the other memos (memo.clear)
 
 
 def meta_module(node: Node) -> torch.nn.Module:
