@@ -232,6 +232,22 @@ def measure(hf, ours, run_hf, run_ours, kernels: dict, names: list[str], sanity:
     return results
 
 
+def both_routings(hf, ours, run_hf, run_ours, kernels: dict, tokens: int, c) -> dict:
+    """measure() of a MoE model's logits and hidden state with the config's top-k routing, then with every token
+    routed to every expert (the same ops without the routing flips a rounding decides); the second turns both
+    models to all experts in place, so it comes last."""
+    from tests.parity.weights import route_to_all_experts
+
+    results = {}
+    for routing, k in ((f"top{c.num_experts_per_tok}", c.num_experts_per_tok), ("all_experts", c.num_experts)):
+        if routing == "all_experts":
+            for m in (hf, ours):
+                route_to_all_experts(m)
+        results[routing] = measure(hf, ours, run_hf, run_ours, kernels, ["logits", "hidden"],
+                                   sanity=gathers_fit(tokens, k, c), label=f"{routing}, ")
+    return results
+
+
 def thinker(a) -> dict:
     """The thinker at its real text shapes cut to --layers layers (--tiny: small widths on the CPU), one text prompt of
     --tokens ids prefilled, every row sampled: HF fp32 (the reference), HF bf16, graphc fp32 (sanity, where its
@@ -242,7 +258,6 @@ def thinker(a) -> dict:
     from graphc.step import StepContext
     from models.components.thinker import Thinker
     from resources import PagedKVSpec
-    from tests.parity.weights import route_to_all_experts
 
     dev = torch.device("cpu" if a.tiny else "cuda")
     t0 = time.perf_counter()
@@ -272,14 +287,7 @@ def thinker(a) -> dict:
         o = lm(input_ids=ids[None], position_ids=positions[:, None], output_hidden_states=True)
         return [model.lm_head(o.last_hidden_state)[0].float(), o.hidden_states[cfg.accept_hidden_layer][0].float()]
 
-    results, k = {}, cfg.num_experts_per_tok
-    for routing in (f"top{k}", "all_experts"):
-        if routing == "all_experts":        # in place: the top-k modules are done with
-            k = cfg.num_experts
-            for m in (hf, ours):
-                route_to_all_experts(m)
-        results[routing] = measure(hf, ours, run_hf, run_ours, kernels, ["logits", "hidden"],
-                                   sanity=gathers_fit(n, k, cfg), label=f"{routing}, ")
+    results = both_routings(hf, ours, run_hf, run_ours, kernels, n, cfg)
     return {"part": "thinker", "layers": a.layers, "tokens": n, "kernels": kernels, "attention": "torch paged",
             "seed": a.seed, "results": results}
 
@@ -427,7 +435,6 @@ def talker(a) -> dict:
     from models.components import hf_config as from_hf
     from models.components.talker import SAMPLING, Talker
     from resources import PagedKVSpec
-    from tests.parity.weights import route_to_all_experts
 
     cfg, hf_cfg = talker_config(a.layers, a.tiny)
     t, n, g = cfg.text_config, a.tokens, cfg.num_code_groups
@@ -477,14 +484,7 @@ def talker(a) -> dict:
         h = model.model(inputs_embeds=x[None], position_ids=positions[:, None]).last_hidden_state[0]
         return [model.codec_head(h).float(), h.float()]
 
-    results, k = {}, t.num_experts_per_tok
-    for routing in (f"top{k}", "all_experts"):
-        if routing == "all_experts":        # in place: the top-k modules are done with
-            k = t.num_experts
-            for m in (hf, ours):
-                route_to_all_experts(m)
-        results[routing] = measure(hf, ours, run_hf, run_ours, kernels, ["logits", "hidden"],
-                                   sanity=gathers_fit(n, k, t), label=f"{routing}, ")
+    results = both_routings(hf, ours, run_hf, run_ours, kernels, n, t)
     return {"part": "talker", "layers": a.layers, "tokens": n, "kernels": kernels,
             "attention": "torch paged; code predictor " + ("torch" if a.tiny else "triton"), "seed": a.seed,
             "results": results}
