@@ -22,7 +22,16 @@ ARENA_ALIGN = 256
 
 # kernel choices a plan makes for a node's modules (select_backends): class attributes a module declares
 # with its default, set per instance by set_kernels where the plan chooses otherwise
-KERNEL_KNOBS = ("fused_gelu", "fused_max_tokens", "fused_norms", "fused_rope", "fused_router", "fused_sampler", "gemv")
+KERNEL_KNOBS = ("fused_gelu", "fused_max_tokens", "fused_norms", "fused_rope", "fused_router", "fused_sampler", "gemv",
+                "moe_sm90_from")
+
+
+def arrange_weights(module: torch.nn.Module) -> None:
+    """After a node's weights are loaded and its knobs set (boot): every submodule that lays its weights out for
+    the kernels the knobs chose (arrange_weights, e.g. the MoE experts' rows for the SM90 kernels) does so."""
+    for m in module.modules():
+        if m is not module and hasattr(m, "arrange_weights"):
+            m.arrange_weights()
 
 
 def set_kernels(module: torch.nn.Module, kernels: dict[str, int]) -> set[str]:

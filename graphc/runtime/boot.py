@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from graphc.errors import InvalidInput
 from graphc.ir import IR, Step
-from graphc.modules import set_kernels
+from graphc.modules import arrange_weights, set_kernels
 from graphc.overrides import apply_overrides
 from graphc.plan import Plan, file_sha256
 from graphc.runtime.build import fill_seeded, materialize
@@ -178,6 +178,7 @@ def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
             used |= load_weights(module, shards, node.weight_prefix, strict=False).used
         else:
             fill_seeded(module, seed)
+        arrange_weights(module)                                 # rows as the chosen kernels read them
         boot.modules[name], boot.arenas[name] = module, arena
         boot.measured[f"weights.{name}"] = arena.numel()
     if shards is not None:

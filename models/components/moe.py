@@ -2,7 +2,8 @@
 
 Router: gate.weight [E, H]; softmax in fp32 over all E experts, top-k, optionally renormalised, cast back
 to the hidden dtype (HF's order of casts). Experts are fused in memory for grouped GEMM:
-experts.gate_up_proj [E, 2I, H] (gate rows, then up rows) and experts.down_proj [E, H, I]; the checkpoint
+experts.gate_up_proj [E, 2I, H] (gate rows, then up rows; interleaved after boot where the plan runs the
+SM90 kernels: Experts.arrange_weights) and experts.down_proj [E, H, I]; the checkpoint
 loader fuses the on-disk per-expert tensors. Optional shared expert (the talker's): shared_expert.{gate,up,
 down}_proj scaled by sigmoid(shared_expert_gate [1, H]).
 
@@ -26,12 +27,51 @@ class Experts(nn.Module):
     # simulation): bf16 steps of at most this many tokens run the fused kernels (moe_ops.py) on a GPU (and
     # on meta tensors, where the compiler traces them); 0: never
     fused_max_tokens: int = 0
+    # another: of those, steps of at least this many tokens run their two GEMMs in FlashInfer's SM90 kernels
+    # (moe_sm90.py), which read gate_up_proj's up and gate rows interleaved; 0: never
+    moe_sm90_from: int = 0
+    # how gate_up_proj's rows lie now (not a knob: the data's state): 0 gate's rows then up's (the checkpoint's
+    # order), or up's and gate's this many at a time (moe_sm90.INTERLEAVE). arrange_weights() sets it.
+    gate_up_layout: int = 0
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int):
         super().__init__()
         self.num_experts = num_experts
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+
+    def arrange_weights(self) -> None:
+        """After the weights are loaded (in the checkpoint's order) and the plan's knobs set: lay gate_up_proj's
+        rows out as the chosen kernels read them, in place, an expert at a time (one expert's copy extra)."""
+        from models.components import moe_sm90
+
+        want = moe_sm90.INTERLEAVE if self.moe_sm90_from else 0
+        if want == self.gate_up_layout or self.gate_up_proj.device.type == "meta":
+            return
+        if want and self.gate_up_proj.device.type == "cuda" and (why := moe_sm90.available()):
+            raise RuntimeError(f"the plan runs this node's MoE experts from {self.moe_sm90_from} tokens in "
+                               f"FlashInfer's SM90 kernels, which cannot load here ({why}); install the "
+                               f"gpu extra (flashinfer-python>=0.7.2 and its nvidia-cutlass-dsl)")
+        if self.gate_up_proj.shape[1] % (2 * moe_sm90.INTERLEAVE):
+            raise ValueError(f"Experts: intermediate size {self.gate_up_proj.shape[1] // 2} is not a multiple of "
+                             f"{moe_sm90.INTERLEAVE}, which the SM90 kernels' interleaved rows need")
+        with torch.no_grad():
+            w = self.gate_up_proj
+            if self.gate_up_layout:
+                for e in range(w.shape[0]):
+                    w[e].copy_(moe_sm90.interleave(w[e], 0))
+            if want:
+                for e in range(w.shape[0]):
+                    w[e].copy_(moe_sm90.interleave(w[e], want))
+        self.gate_up_layout = want
+
+    def _gate_up(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x W1's columns [..., 2I] as (gate, up), in gate_up_proj's row layout."""
+        if not self.gate_up_layout:
+            gate, up = y.chunk(2, dim=-1)
+            return gate, up
+        v = y.unflatten(-1, (-1, 2, self.gate_up_layout))
+        return v[..., 1, :].flatten(-2), v[..., 0, :].flatten(-2)
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -40,16 +80,17 @@ class Experts(nn.Module):
         t, k = experts.shape
         if x.dtype == torch.bfloat16 and t <= self.fused_max_tokens and x.device.type in ("cuda", "meta"):
             from models.components.moe_ops import fused_experts
-            return fused_experts(x, self.gate_up_proj, self.down_proj, experts, weights, residual)
+            return fused_experts(x, self.gate_up_proj, self.down_proj, experts, weights, residual,
+                                 self.gate_up_layout, self.moe_sm90_from)
         order, rows = torch.sort(experts.reshape(-1))                            # [T*k] pairs by expert
         ends = torch.searchsorted(order, torch.arange(1, self.num_experts + 1, device=x.device),
                                   out_int32=True)                                 # [E] end of each expert's rows
         xs = x.index_select(0, rows // k)                                        # [T*k, H]
         if x.dtype == torch.bfloat16:
-            gate, up = F.grouped_mm(xs, self.gate_up_proj.transpose(-2, -1), offs=ends).chunk(2, dim=-1)
+            gate, up = self._gate_up(F.grouped_mm(xs, self.gate_up_proj.transpose(-2, -1), offs=ends))
             y = F.grouped_mm(F.silu(gate) * up, self.down_proj.transpose(-2, -1), offs=ends)   # [T*k, H]
         else:
-            gate, up = torch.bmm(self.gate_up_proj.index_select(0, order), xs[:, :, None])[:, :, 0].chunk(2, dim=-1)
+            gate, up = self._gate_up(torch.bmm(self.gate_up_proj.index_select(0, order), xs[:, :, None])[:, :, 0])
             y = torch.bmm(self.down_proj.index_select(0, order), (F.silu(gate) * up)[:, :, None])[:, :, 0]
         y = y * weights.reshape(-1).index_select(0, rows)[:, None]
         pairs = torch.empty_like(y)

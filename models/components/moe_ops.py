@@ -11,7 +11,11 @@ only when an operator runs on a device, so planning needs no GPU stack.
     graphc::moe_gate_up(x, gate_up_proj, h!, rows, ends, top_k)  silu(gate) * up, by expert
     graphc::moe_down(h, down_proj, pairs!, rows, ends, weights)  down, scaled, to each pair's place
     graphc::moe_route(logits, experts!, weights!, norm)          the router: softmax, top-k, renormalised
-    graphc::moe_sum_add(pairs, residual, y!)                     each token's k slots summed, plus the residual
+    graphc::moe_sum_add(pairs, residual?, y!, weights?)          each token's k slots (scaled) summed, plus the residual
+    graphc::moe_place_tiles(experts, counts, rows!, tiles!, tile)  many pairs, SM90: each expert's pairs padded
+                                                                 to whole tiles, and the tiles' maps
+    graphc::moe_sm90_gate_up(x, w1, h!, rows, tiles, top_k)      FlashInfer's SM90 grouped GEMMs (moe_sm90.py)
+    graphc::moe_sm90_down(h, w2, pairs!, rows, tiles, scales, top_k)
 """
 from __future__ import annotations
 
@@ -54,16 +58,55 @@ def _(experts, counts, rows, ends) -> None:
     return None
 
 
-@torch.library.custom_op("graphc::moe_gate_up", mutates_args=("h",))
-def moe_gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, h: torch.Tensor, rows: torch.Tensor,
-                ends: torch.Tensor, top_k: int) -> None:
+@torch.library.custom_op("graphc::moe_place_tiles", mutates_args=("rows", "tiles"))
+def moe_place_tiles(experts: torch.Tensor, counts: torch.Tensor, rows: torch.Tensor, tiles: torch.Tensor,
+                    tile: int) -> None:
     from models.components import moe_triton as k
 
-    k.gate_up(x, gate_up_proj, h, rows, ends, top_k)
+    k.place_tiles(experts, counts, rows, tiles, tile)
+
+
+@moe_place_tiles.register_fake
+def _(experts, counts, rows, tiles, tile) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::moe_gate_up", mutates_args=("h",))
+def moe_gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, h: torch.Tensor, rows: torch.Tensor,
+                ends: torch.Tensor, top_k: int, interleave: int = 0) -> None:
+    from models.components import moe_triton as k
+
+    k.gate_up(x, gate_up_proj, h, rows, ends, top_k, interleave)
 
 
 @moe_gate_up.register_fake
-def _(x, gate_up_proj, h, rows, ends, top_k) -> None:
+def _(x, gate_up_proj, h, rows, ends, top_k, interleave=0) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::moe_sm90_gate_up", mutates_args=("h",))
+def moe_sm90_gate_up(x: torch.Tensor, w1: torch.Tensor, h: torch.Tensor, rows: torch.Tensor, tiles: torch.Tensor,
+                     top_k: int) -> None:
+    from models.components import moe_sm90
+
+    moe_sm90.gate_up(x, w1, h, rows, tiles, top_k)
+
+
+@moe_sm90_gate_up.register_fake
+def _(x, w1, h, rows, tiles, top_k) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::moe_sm90_down", mutates_args=("pairs",))
+def moe_sm90_down(h: torch.Tensor, w2: torch.Tensor, pairs: torch.Tensor, rows: torch.Tensor, tiles: torch.Tensor,
+                  scales: torch.Tensor, top_k: int) -> None:
+    from models.components import moe_sm90
+
+    moe_sm90.down(h, w2, pairs, rows, tiles, scales, top_k)
+
+
+@moe_sm90_down.register_fake
+def _(h, w2, pairs, rows, tiles, scales, top_k) -> None:
     return None
 
 
@@ -93,14 +136,15 @@ def _(logits, experts, weights, norm) -> None:
 
 
 @torch.library.custom_op("graphc::moe_sum_add", mutates_args=("y",))
-def moe_sum_add(pairs: torch.Tensor, residual: torch.Tensor, y: torch.Tensor) -> None:
+def moe_sum_add(pairs: torch.Tensor, residual: torch.Tensor | None, y: torch.Tensor,
+                weights: torch.Tensor | None = None) -> None:
     from models.components import moe_triton as k
 
-    k.sum_add(pairs, residual, y)
+    k.sum_add(pairs, residual, y, weights)
 
 
 @moe_sum_add.register_fake
-def _(pairs, residual, y) -> None:
+def _(pairs, residual, y, weights=None) -> None:
     return None
 
 
@@ -135,17 +179,25 @@ def count_blocks(pairs: int) -> tuple[int, int]:
 
 
 def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor,
-                  weights: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """Experts.forward's contract: x [T, H], gate_up_proj [E, 2I, H], down_proj [E, H, I], experts and
-    weights [T, k] -> [T, H] in x's dtype (plus residual [T, H] where given: the decoder layer's add, in the
-    same launch as the slots' sum); three operators and a sum, static shapes for a given T."""
+                  weights: torch.Tensor, residual: torch.Tensor | None = None, interleave: int = 0,
+                  sm90_from: int = 0) -> torch.Tensor:
+    """Experts.forward's contract: x [T, H], gate_up_proj [E, 2I, H] (gate rows then up rows, or up and gate
+    `interleave` rows at a time), down_proj [E, H, I], experts and weights [T, k] -> [T, H] in x's dtype (plus
+    residual [T, H] where given: the decoder layer's add, in the same launch as the slots' sum); three operators
+    and a sum, static shapes for a given T. Steps of sm90_from tokens or more (0: none) run the two GEMMs in
+    FlashInfer's SM90 kernels (moe_sm90.py; gate_up_proj interleaved as they read it)."""
     t, k = experts.shape
     num_experts, two_i, hidden = gate_up_proj.shape
     inter = two_i // 2
     if x.shape != (t, hidden) or down_proj.shape != (num_experts, hidden, inter):
         raise ValueError(f"fused_experts: x {tuple(x.shape)}, gate_up {tuple(gate_up_proj.shape)}, down "
                          f"{tuple(down_proj.shape)} do not agree")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1):
+        raise ValueError(f"fused_experts: residual {tuple(residual.shape)} {residual.dtype} must be x's "
+                         f"{tuple(x.shape)} {x.dtype}, columns contiguous")
     flat = experts.reshape(-1).contiguous()
+    if sm90_from and t >= sm90_from:
+        return _sm90_experts(x, gate_up_proj, down_proj, flat, weights, residual, interleave)
     rows = torch.empty(t * k, device=x.device, dtype=torch.int32)      # pairs grouped by expert
     ends = torch.empty(num_experts, device=x.device, dtype=torch.int32)
     if t * k > GROUP_SORT_FROM:
@@ -155,14 +207,38 @@ def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.
     else:
         moe_group(flat, rows, ends)
     h = torch.empty(t * k, inter, device=x.device, dtype=x.dtype)      # in grouped order
-    moe_gate_up(x.contiguous(), gate_up_proj, h, rows, ends, k)
+    moe_gate_up(x.contiguous(), gate_up_proj, h, rows, ends, k, interleave)
     pairs = torch.empty(t * k, hidden, device=x.device, dtype=x.dtype)  # in (token, slot) order
     moe_down(h, down_proj, pairs, rows, ends, weights.reshape(-1).contiguous())
     if residual is None:
         return pairs.view(t, k, hidden).sum(dim=1)
-    if residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1:
-        raise ValueError(f"fused_experts: residual {tuple(residual.shape)} {residual.dtype} must be x's "
-                         f"{tuple(x.shape)} {x.dtype}, columns contiguous")
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     moe_sum_add(pairs.view(t, k, hidden), residual, y)
+    return y
+
+
+def _sm90_experts(x, gate_up_proj, down_proj, flat, weights, residual, interleave) -> torch.Tensor:
+    """fused_experts on the SM90 grouped GEMMs: count, place into padded tiles, gate_up, down, the scaled sum
+    (with the residual): five launches."""
+    from models.components import moe_sm90
+
+    t, k = weights.shape
+    num_experts, two_i, hidden = gate_up_proj.shape
+    if interleave != moe_sm90.INTERLEAVE:
+        raise ValueError(f"fused_experts: the SM90 kernels read gate_up_proj's up and gate rows interleaved "
+                         f"{moe_sm90.INTERLEAVE} at a time, and these are laid out {interleave or 'gate then up'}: "
+                         f"Experts.arrange_weights() puts them so after loading")
+    n = moe_sm90.max_tiles(t * k, num_experts)
+    counts = torch.empty(count_blocks(t * k)[1], num_experts, device=x.device, dtype=torch.int32)
+    moe_count(flat, counts)
+    rows = torch.empty(n * moe_sm90.TILE, device=x.device, dtype=torch.int32)    # padded grouped order
+    tiles = torch.empty(2 * n + 1, device=x.device, dtype=torch.int32)
+    moe_place_tiles(flat, counts, rows, tiles, moe_sm90.TILE)
+    h = torch.empty(n * moe_sm90.TILE, two_i // 2, device=x.device, dtype=x.dtype)
+    moe_sm90_gate_up(x.contiguous(), gate_up_proj, h, rows, tiles, k)
+    pairs = torch.empty(t * k, hidden, device=x.device, dtype=x.dtype)         # (token, slot) order, unscaled
+    scales = torch.empty(t, k, device=x.device, dtype=torch.float32)            # the kernel's contract; unread
+    moe_sm90_down(h, down_proj, pairs, rows, tiles, scales, k)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    moe_sum_add(pairs.view(t, k, hidden), residual, y, weights.reshape(-1).contiguous())
     return y

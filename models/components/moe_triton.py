@@ -77,20 +77,31 @@ def _count(ex_ptr, counts_ptr, P, E: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.
 
 
 @triton.jit
-def _place(ex_ptr, counts_ptr, rows_ptr, ends_ptr, P, NB, E: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr,
-           EBLOCK: tl.constexpr, NBLOCK: tl.constexpr):
+def _place(ex_ptr, counts_ptr, rows_ptr, ends_ptr, P, NB, MAX_TILES, E: tl.constexpr, BLOCK: tl.constexpr,
+           SUB: tl.constexpr, EBLOCK: tl.constexpr, NBLOCK: tl.constexpr, TILE: tl.constexpr, TBLOCK: tl.constexpr):
     """Launch 2 of 2: each pair of block b to its rank by (expert, pair index), as _group orders them:
     rows[rank] = the pair. Its rank = the pairs of lower experts (all blocks) + the pairs of its expert in
     blocks before b + those before it in b (counted SUB x SUB at a time). Program 0 also writes
-    ends[e] = the pairs whose expert is <= e."""
+    ends[e] = the pairs whose expert is <= e.
+
+    With TILE > 0 (the SM90 grouped GEMMs' maps, moe_sm90.py) each expert's pairs start at a multiple of TILE
+    (its group padded to whole tiles): rows[padded rank] = the pair, and program 0 writes, for each of the
+    MAX_TILES tiles t, ends[t] = the expert of tile t, ends[MAX_TILES + t] = the end of that expert's pairs
+    in padded rows (tiles past the last: expert 0, end 0), and ends[2 MAX_TILES] = the tiles in use."""
     b = tl.program_id(0)
     offs_e = tl.arange(0, EBLOCK)
     offs_b = tl.arange(0, NBLOCK)
     counts = tl.load(counts_ptr + offs_b[:, None] * E + offs_e[None, :],
                      mask=(offs_b[:, None] < NB) & (offs_e[None, :] < E), other=0)
     total = tl.sum(counts, axis=0)                                      # [EBLOCK] pairs per expert
-    upto = tl.cumsum(total, axis=0)
-    base = upto - total + tl.sum(tl.where(offs_b[:, None] < b, counts, 0), axis=0)
+    if TILE > 0:
+        ntiles = (total + TILE - 1) // TILE
+        tiles_upto = tl.cumsum(ntiles, axis=0)                          # tiles of experts <= e
+        start = (tiles_upto - ntiles) * TILE                            # each expert's first padded row
+    else:
+        upto = tl.cumsum(total, axis=0)
+        start = upto - total
+    base = start + tl.sum(tl.where(offs_b[:, None] < b, counts, 0), axis=0)
     for i0 in range(0, BLOCK, SUB):
         offs = b * BLOCK + i0 + tl.arange(0, SUB)
         m = offs < P
@@ -103,15 +114,38 @@ def _place(ex_ptr, counts_ptr, rows_ptr, ends_ptr, P, NB, E: tl.constexpr, BLOCK
             rank += tl.sum(before.to(tl.int32), axis=1)
         tl.store(rows_ptr + rank, offs, mask=m)
     if b == 0:
-        tl.store(ends_ptr + offs_e, upto, mask=offs_e < E)
+        if TILE > 0:
+            limit = start + total
+            for t0 in range(0, MAX_TILES, TBLOCK):
+                offs_t = t0 + tl.arange(0, TBLOCK)
+                e_t = tl.sum((tiles_upto[None, :] <= offs_t[:, None]).to(tl.int32), axis=1)   # past the last: E
+                lim = tl.sum(tl.where(offs_e[None, :] == e_t[:, None], limit[None, :], 0), axis=1)
+                mt = offs_t < MAX_TILES
+                tl.store(ends_ptr + offs_t, tl.where(e_t < E, e_t, 0), mask=mt)
+                tl.store(ends_ptr + MAX_TILES + offs_t, lim, mask=mt)
+            tl.store(ends_ptr + 2 * MAX_TILES, tl.sum(ntiles, axis=0))
+        else:
+            tl.store(ends_ptr + offs_e, upto, mask=offs_e < E)
+
+
+@triton.jit
+def _gate_up_rows(offs_n, I: tl.constexpr, ILV: tl.constexpr):
+    """The weight rows of gate column n and up column n: gate rows then up rows (ILV 0), or up and gate
+    interleaved ILV rows at a time, up first (the SM90 grouped GEMM's layout, Experts.gate_up_layout)."""
+    if ILV > 0:
+        up = (offs_n // ILV) * (2 * ILV) + offs_n % ILV
+        return up + ILV, up
+    return offs_n, offs_n + I
 
 
 @triton.jit
 def _gate_up_tile(x_ptr, w_e, h_ptr, rows_ptr, offs_m, m_mask, offs_n, n_mask, H: tl.constexpr, I: tl.constexpr,
-                  TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  ILV: tl.constexpr):
     """One tile: grouped rows offs_m (pairs of one expert, whose weights start at w_e) x N-block offs_n of
     silu(x W_gate) * (x W_up), accumulated in fp32 and rounded once into h."""
     tok = tl.load(rows_ptr + offs_m, mask=m_mask, other=0) // TOP_K
+    row_g, row_u = _gate_up_rows(offs_n, I, ILV)
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
@@ -120,8 +154,8 @@ def _gate_up_tile(x_ptr, w_e, h_ptr, rows_ptr, offs_m, m_mask, offs_n, n_mask, H
         xa = tl.load(x_ptr + tok[:, None].to(tl.int64) * H + offs_k[None, :],
                      mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         wk = k_mask[:, None] & n_mask[None, :]
-        wg = tl.load(w_e + offs_n[None, :] * H + offs_k[:, None], mask=wk, other=0.0)
-        wu = tl.load(w_e + (offs_n[None, :] + I) * H + offs_k[:, None], mask=wk, other=0.0)
+        wg = tl.load(w_e + row_g[None, :] * H + offs_k[:, None], mask=wk, other=0.0)
+        wu = tl.load(w_e + row_u[None, :] * H + offs_k[:, None], mask=wk, other=0.0)
         acc_g += tl.dot(xa, wg)
         acc_u += tl.dot(xa, wu)
     h = acc_g * tl.sigmoid(acc_g) * acc_u
@@ -151,7 +185,7 @@ def _down_tile(h_ptr, w_e, out_ptr, rows_ptr, scale_ptr, offs_m, m_mask, offs_n,
 
 @triton.jit
 def _gate_up(x_ptr, w_ptr, h_ptr, rows_ptr, ends_ptr, H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ILV: tl.constexpr):
     e = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < I
@@ -163,7 +197,7 @@ def _gate_up(x_ptr, w_ptr, h_ptr, rows_ptr, ends_ptr, H: tl.constexpr, I: tl.con
         offs_m = m0 + tl.arange(0, BLOCK_M)
         m0 += BLOCK_M
         _gate_up_tile(x_ptr, w_e, h_ptr, rows_ptr, offs_m, offs_m < end, offs_n, n_mask, H, I, TOP_K, BLOCK_M,
-                      BLOCK_N, BLOCK_K)
+                      BLOCK_N, BLOCK_K, ILV)
 
 
 @triton.jit
@@ -202,7 +236,7 @@ def _tile(ends_ptr, b, E: tl.constexpr, EBLOCK: tl.constexpr, BLOCK_M: tl.conste
 @triton.jit
 def _gate_up_tiled(x_ptr, w_ptr, h_ptr, rows_ptr, ends_ptr, H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr,
                    E: tl.constexpr, EBLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
+                   BLOCK_K: tl.constexpr, ILV: tl.constexpr):
     """_gate_up for many tokens: a program per (tile of one expert's pairs, N-block), so an expert chosen by
     many pairs is spread over as many programs as its tiles (no expert's rows run in one program). Where the
     weights cannot take a TMA descriptor (_tma)."""
@@ -211,7 +245,7 @@ def _gate_up_tiled(x_ptr, w_ptr, h_ptr, rows_ptr, ends_ptr, H: tl.constexpr, I: 
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = m0 + tl.arange(0, BLOCK_M)
         _gate_up_tile(x_ptr, w_ptr + e.to(tl.int64) * (2 * I * H), h_ptr, rows_ptr, offs_m, offs_m < end, offs_n,
-                      offs_n < I, H, I, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K)
+                      offs_n < I, H, I, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K, ILV)
 
 
 @triton.jit
@@ -352,8 +386,29 @@ def place(experts: torch.Tensor, counts: torch.Tensor, rows: torch.Tensor, ends:
     group gives, in two launches whose work grows as P x the block (group's grows as P squared)."""
     p, nb, block, num_experts = _count_blocks(experts, counts)
     if p:
-        _place[(nb,)](experts, counts, rows, ends, p, nb, E=num_experts, BLOCK=block, SUB=min(COUNT_SUB, block),
-                      EBLOCK=triton.next_power_of_2(num_experts), NBLOCK=triton.next_power_of_2(nb), num_warps=4)
+        _place[(nb,)](experts, counts, rows, ends, p, nb, 0, E=num_experts, BLOCK=block, SUB=min(COUNT_SUB, block),
+                      EBLOCK=triton.next_power_of_2(num_experts), NBLOCK=triton.next_power_of_2(nb), TILE=0,
+                      TBLOCK=1, num_warps=4)
+
+
+TILES_BLOCK = 64      # the tiles place_tiles maps at a time
+
+
+def place_tiles(experts: torch.Tensor, counts: torch.Tensor, rows: torch.Tensor, tiles: torch.Tensor,
+                tile: int) -> None:
+    """experts [P], counts (count's) -> the SM90 grouped GEMMs' maps (moe_sm90.py): each expert's pairs from a
+    multiple of `tile` on, rows [max_tiles * tile] int32 (rows[padded rank] = the pair; padding rows are not
+    written), tiles [2 max_tiles + 1] int32 (each tile's expert, then each tile's end of its expert's padded
+    rows, then the tiles in use)."""
+    p, nb, block, num_experts = _count_blocks(experts, counts)
+    max_tiles = (tiles.numel() - 1) // 2
+    if tiles.numel() != 2 * max_tiles + 1 or rows.numel() != max_tiles * tile:
+        raise ValueError(f"moe place_tiles: rows {rows.numel()} and tiles {tiles.numel()} are not "
+                         f"[max_tiles * {tile}] and [2 max_tiles + 1]")
+    if p:
+        _place[(nb,)](experts, counts, rows, tiles, p, nb, max_tiles, E=num_experts, BLOCK=block,
+                      SUB=min(COUNT_SUB, block), EBLOCK=triton.next_power_of_2(num_experts),
+                      NBLOCK=triton.next_power_of_2(nb), TILE=tile, TBLOCK=TILES_BLOCK, num_warps=4)
 
 
 def group(experts: torch.Tensor, rows: torch.Tensor, ends: torch.Tensor) -> None:
@@ -364,25 +419,26 @@ def group(experts: torch.Tensor, rows: torch.Tensor, ends: torch.Tensor) -> None
 
 
 def gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, h: torch.Tensor, rows: torch.Tensor, ends: torch.Tensor,
-            top_k: int) -> None:
-    """h [P, I] (grouped order) = silu(x W_gate) * (x W_up) of each pair's token and expert."""
+            top_k: int, interleave: int = 0) -> None:
+    """h [P, I] (grouped order) = silu(x W_gate) * (x W_up) of each pair's token and expert; gate_up_proj's rows
+    are gate's then up's, or up's and gate's `interleave` rows at a time (Experts.gate_up_layout)."""
     num_experts, two_i, hidden = gate_up_proj.shape
     if h.shape[0] > TILED_FROM:
         bm, bn, bk, warps, stages = _tiled("gate_up", h.shape[0])
         grid = (triton.cdiv(h.shape[0], bm) + num_experts, triton.cdiv(two_i // 2, bn))
-        if _tma(gate_up_proj):
+        if not interleave and _tma(gate_up_proj):
             _gate_up_tiled_tma[grid](x, _desc(gate_up_proj, [bn, bk]), h, rows, ends, hidden, two_i // 2, top_k,
                                      num_experts, triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn,
                                      BLOCK_K=bk, num_warps=warps, num_stages=stages)
             return
         _gate_up_tiled[grid](x, gate_up_proj, h, rows, ends, hidden, two_i // 2, top_k, num_experts,
-                             triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                             triton.next_power_of_2(num_experts), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, ILV=interleave,
                              num_warps=warps, num_stages=stages)
         return
     bm, bn, bk, warps, stages = BLOCKS["gate_up"]
     _gate_up[(num_experts, triton.cdiv(two_i // 2, bn))](x, gate_up_proj, h, rows, ends, hidden, two_i // 2, top_k,
-                                                        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-                                                        num_stages=stages)
+                                                        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, ILV=interleave,
+                                                        num_warps=warps, num_stages=stages)
 
 
 def down(h: torch.Tensor, down_proj: torch.Tensor, pairs: torch.Tensor, rows: torch.Tensor, ends: torch.Tensor,
@@ -442,28 +498,40 @@ def route(logits: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, no
 
 
 @triton.jit
-def _sum_add(pairs_ptr, res_ptr, y_ptr, H, res_row, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+def _sum_add(pairs_ptr, w_ptr, res_ptr, y_ptr, H, res_row, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
+             SCALED: tl.constexpr, RESIDUAL: tl.constexpr):
     """One token's BLOCK columns: y = residual + sum over its TOP_K slots, the slots summed in fp32 and
-    rounded once (as torch's sum over them), then the residual's add rounded (as torch's add)."""
+    rounded once (as torch's sum over them), then the residual's add rounded (as torch's add). SCALED: each
+    slot's row times its routing weight w[t, j] first, in fp32; without RESIDUAL, y is the rounded sum."""
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < H
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
-        acc += tl.load(pairs_ptr + (t * TOP_K + j) * H + offs, mask=m, other=0.0).to(tl.float32)
+        row = tl.load(pairs_ptr + (t * TOP_K + j) * H + offs, mask=m, other=0.0).to(tl.float32)
+        if SCALED:
+            row = row * tl.load(w_ptr + t * TOP_K + j).to(tl.float32)
+        acc += row
     dt = y_ptr.dtype.element_ty
-    s = acc.to(dt).to(tl.float32)
-    r = tl.load(res_ptr + t * res_row + offs, mask=m, other=0.0).to(tl.float32)
-    tl.store(y_ptr + t * H + offs, (r + s).to(dt), mask=m)
+    if RESIDUAL:
+        s = acc.to(dt).to(tl.float32)
+        r = tl.load(res_ptr + t * res_row + offs, mask=m, other=0.0).to(tl.float32)
+        tl.store(y_ptr + t * H + offs, (r + s).to(dt), mask=m)
+    else:
+        tl.store(y_ptr + t * H + offs, acc.to(dt), mask=m)
 
 
 SUM_BLOCK = 1024
 
 
-def sum_add(pairs: torch.Tensor, residual: torch.Tensor, y: torch.Tensor) -> None:
-    """pairs [T, k, H] contiguous, residual [T, H] (rows may be strided), y [T, H] contiguous:
-    y = residual + pairs.sum(1)."""
+def sum_add(pairs: torch.Tensor, residual: torch.Tensor | None, y: torch.Tensor,
+            weights: torch.Tensor | None = None) -> None:
+    """pairs [T, k, H] contiguous, residual [T, H] (rows may be strided) or None, y [T, H] contiguous:
+    y = residual + pairs.sum(1); with weights [T, k] (contiguous), each slot's row scaled by its weight first."""
     t, k, h = pairs.shape
     if t and h:
-        _sum_add[(t, triton.cdiv(h, SUM_BLOCK))](pairs, residual, y, h, residual.stride(0), TOP_K=k, BLOCK=SUM_BLOCK,
-                                                 num_warps=4)
+        _sum_add[(t, triton.cdiv(h, SUM_BLOCK))](pairs, pairs if weights is None else weights,
+                                                 y if residual is None else residual, y, h,
+                                                 0 if residual is None else residual.stride(0), TOP_K=k,
+                                                 BLOCK=SUM_BLOCK, SCALED=weights is not None,
+                                                 RESIDUAL=residual is not None, num_warps=4)
