@@ -7,7 +7,14 @@ Kernels that are not attention's, per node (graphc.modules.KERNEL_KNOBS, applied
 modules declare them): a bf16 node on an sm_90 target runs its sparse MoE experts' steps of up to
 FUSED_MAX_TOKENS tokens in the fused Triton kernels (models/components/moe_ops.py; tiled past 64 tokens),
 grouped_mm above; measured on the H200 faster at every count from 1 to 16,384 tokens at Qwen3-Omni's thinker
-and talker shapes (docs/benchmarks.md), and not measured on other archs or above 16,384 tokens. The same
+and talker shapes (docs/benchmarks.md), and not measured on other archs or above 16,384 tokens. Of those,
+steps of SM90_FROM tokens or more run the experts' two GEMMs in FlashInfer's SM90 CuTe-DSL kernels
+(models/components/moe_sm90.py, the moe_sm90_from knob; the boot interleaves gate_up_proj's rows for them):
+one whole MoE layer on the H200 at 2,048 / 4,096 tokens, routing of random logits, thinker 439 / 670 us
+against the Triton kernels' 528 / 863, talker 126 / 202 against 148 / 231; with 8 experts favoured (+3 in
+their logits) thinker 532 / 747 against 522 / 821, talker 158 / 216 against 161 / 231; below 2,048 tokens the
+talker was slower on them at every count measured and the thinker at all but 1,024 tokens of random routing
+(examples/bench_moe_sm90.py, docs/data/moe_sm90_layer_h200_2026-12-02g.json). The same
 nodes run their RMSNorms, residual add + RMSNorm and qk-norm + rotary embedding as one launch each
 (models/components/norm_ops.py, the fused_norms knob), and their MoE routers' softmax, top-k and
 renormalisation as one (moe_ops.fused_route, the fused_router knob), at every token count; and their linear
@@ -36,6 +43,7 @@ class Choice:
 
 
 FUSED_MAX_TOKENS = 16384
+SM90_FROM = 2048
 FUSED_ARCHS = ("sm_90",)
 
 
@@ -82,7 +90,7 @@ def select_backends(ir: IR) -> Backends:
             why += f"; {prefill} takes no head_dim {head_dim}: runs zero-padded to {runs}"
         chosen[r.name] = Choice(prefill, decode, runs, why)
     knobs = {"fused_gelu": 1, "fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_rope": 1,
-             "fused_router": 1, "fused_sampler": 1, "gemv": 1}
+             "fused_router": 1, "fused_sampler": 1, "gemv": 1, "moe_sm90_from": SM90_FROM}
     kernels = {n.name: dict(knobs) for n in ir.model.nodes if arch in FUSED_ARCHS and n.dtype == "bfloat16"}
     out = Backends(chosen, kernels)
     out.check(ir)

@@ -43,7 +43,7 @@ def test_shipped_plans_record_the_choice_where_it_acts():
         # the thinker and the talker hold sparse MoE experts, RMSNorms and layers.Linear, the talker its sampler
         # too; Code2Wav RMSNorms and a SwiGLU's Linears only; the audio encoder none of them (LayerNorms,
         # nn.Linear), the vision encoder its fp32 rotary, LayerNorms and MLP's GELU
-        both = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1, "gemv": 1}
+        both = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1, "gemv": 1, "moe_sm90_from": 2048}
         assert got == {"thinker": both, "talker": {**both, "fused_sampler": 1}, "audio_encoder": {},
                        "vision_encoder": {"fused_gelu": 1, "fused_norms": 1, "fused_rope": 1},
                        "code2wav": {"fused_norms": 1, "gemv": 1}}, got
@@ -64,7 +64,7 @@ def test_select_backends_by_arch_and_dtype():
         chosen = select_backends(ir).kernels
         bf16 = {n.name for n in model.nodes if n.dtype == "bfloat16"}
         knobs = {"fused_gelu": 1, "fused_max_tokens": 16384, "fused_norms": 1, "fused_rope": 1, "fused_router": 1,
-                 "fused_sampler": 1, "gemv": 1}
+                 "fused_sampler": 1, "gemv": 1, "moe_sm90_from": 2048}
         assert chosen == ({n: knobs for n in bf16}
                           if want else {}), gpu
 
@@ -442,3 +442,47 @@ def test_the_vision_blocks_run_add_and_norm_as_one_and_gelu_in_the_gemm():
     _, ops = OpNames.of(blocks)
     assert ops.count("aten.native_layer_norm") == 6 and ops.count("aten.gelu") == 3, ops
     assert not graphc_ops(ops) and "aten._addmm_activation" not in ops, ops
+
+
+def test_the_simulation_sees_the_sm90_path_as_its_buffers_and_operators():
+    """300 tokens routed to 2 of 8 experts with moe_sm90_from at 300: counts (5 blocks x E int32), the padded rows
+    (max tiles x 128 int32: (600 + 127 x 8) // 128 = 12 tiles, the worst case of 7 experts with one pair each),
+    the tiles' maps (2 x 12 + 1 int32), h [12 x 128, I] bf16, the unscaled pairs [600, H] bf16, the kernel's
+    scales [300, 2] fp32 and the output [300, H]; five graphc operators, by hand."""
+    from graphc.modules import set_kernels as knobs
+
+    T, k, E, H, I = 300, 2, 8, 32, 64
+    ex, *inputs = _on_meta(T, k, E, H, I)
+    knobs(ex, {"fused_max_tokens": T, "moe_sm90_from": T})
+    _, allocs, seen = _simulated(ex, *inputs)
+    assert allocs == [5 * E * 4, 12 * 128 * 4, 25 * 4, 12 * 128 * I * 2, T * k * H * 2, T * k * 4, T * H * 2], allocs
+    assert graphc_ops(seen) == ["graphc.moe_count", "graphc.moe_place_tiles", "graphc.moe_sm90_gate_up",
+                                "graphc.moe_sm90_down", "graphc.moe_sum_add"]
+    knobs(ex, {"fused_max_tokens": T, "moe_sm90_from": T + 1})      # one token short of the choice: Triton's
+    _, _, seen = _simulated(ex, *inputs)
+    assert "graphc.moe_sm90_gate_up" not in graphc_ops(seen) and "graphc.moe_gate_up" in graphc_ops(seen)
+
+
+def test_a_boot_interleaves_the_experts_rows_where_the_plan_chose_the_sm90_kernels():
+    """On the CPU boot of the tiny plan with the knob set on the thinker: its experts' gate_up_proj rows are
+    interleaved 32 at a time (Experts.arrange_weights), the talker's are not, and the thinker's forward (torch's
+    path on the CPU, reading the layout) gives each experts module's output of the boot without the knob."""
+    from graphc.runtime.boot import boot_plan
+    from models.components import moe_sm90
+
+    plan = load_plan("plans/qwen3_omni_tiny_cpu.plan")
+    (plain,) = boot_plan(plan, seed=0)
+    plan.nodes["thinker"] = plan.nodes["thinker"].model_copy(update={"kernels": {"moe_sm90_from": 4}})
+    (boot,) = boot_plan(plan, seed=0)
+    mine = [m for m in boot.modules["thinker"].modules() if isinstance(m, Experts)]
+    theirs = [m for m in plain.modules["thinker"].modules() if isinstance(m, Experts)]
+    assert mine and {m.gate_up_layout for m in mine} == {moe_sm90.INTERLEAVE}
+    assert {m.gate_up_layout for m in boot.modules["talker"].modules() if isinstance(m, Experts)} == {0}
+    for a, b in zip(mine, theirs):
+        w = b.gate_up_proj.detach()
+        assert torch.equal(a.gate_up_proj.detach(), torch.stack([moe_sm90.interleave(w[e], 32) for e in range(len(w))]))
+        x = torch.randn(5, w.shape[-1], dtype=w.dtype)
+        ex = torch.tensor([[0, 1], [1, 2], [2, 0], [0, 3], [3, 1]]) % w.shape[0]
+        wt = torch.rand(5, 2, dtype=w.dtype)
+        with torch.no_grad():
+            torch.testing.assert_close(a(x, ex, wt), b(x, ex, wt))
