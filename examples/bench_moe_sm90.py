@@ -1,4 +1,4 @@
-"""One thinker MoE layer's expert GEMMs: graphc's Triton kernels (moe_triton's tiled gate_up and down) against
+"""One MoE layer's expert GEMMs: graphc's Triton kernels (moe_triton's tiled gate_up and down) against
 FlashInfer's SM90 CuTe-DSL grouped GEMMs (gather + SwiGLU, then down to each (token, slot) row, the
 deterministic path), each captured as a CUDA graph and replayed, at the token counts given (issue 13: the
 prefill's experts are 24 of its 37 ms).

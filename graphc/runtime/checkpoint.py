@@ -3,7 +3,8 @@
 Disk names are the node's weight_prefix + the module's state-dict names, except for stacked matrices:
 - MoE experts: on disk each expert is its own tensors (experts.E.{gate,up,down}_proj.weight); in memory
   they are fused for the MoE kernels (experts.gate_up_proj [E, 2I, H] = gate then up, experts.down_proj
-  [E, H, I]). Either form loads.
+  [E, H, I]). Either form loads. (After loading, the boot may lay gate_up_proj's rows out for the plan's
+  kernels: Experts.arrange_weights.)
 - Dense projections run as one GEMM: self_attn.qkv_proj.weight holds q_proj's rows, then k_proj's, then
   v_proj's; mlp.gate_up_proj.weight gate_proj's, then up_proj's (biases alike). Either form loads.
 Shards are found through model.safetensors.index.json or by listing the folder; TensorShards reads a state
