@@ -46,7 +46,7 @@ class Experts(nn.Module):
         from models.components import moe_sm90
 
         want = moe_sm90.INTERLEAVE if self.moe_sm90_from else 0
-        if want == self.gate_up_layout or self.gate_up_proj.device.type == "meta":
+        if want == self.gate_up_layout:
             return
         if want and self.gate_up_proj.device.type == "cuda" and (why := moe_sm90.available()):
             raise RuntimeError(f"the plan runs this node's MoE experts from {self.moe_sm90_from} tokens in "

@@ -130,3 +130,34 @@ print(json.dumps({"plain": (y1 - want).abs().max().item(), "residual": (y2 - (wa
 def test_the_scaled_sum_in_the_interpreter():
     r = interpreted(SUM)
     assert r["plain"] <= 1e-5 and r["residual"] <= 1e-5, r
+
+
+def test_arrange_weights_in_process():
+    """Experts.arrange_weights on the CPU (fp32, torch's path; intermediate 64: two interleaved blocks of 32): the
+    rows move as moe_sm90.interleave lays them, the forward reads them to the same output, and the knob's reset
+    lays them back bit for bit; an intermediate size that is not a multiple of 32 is refused by name."""
+    from models.components import moe_sm90
+    from models.components.moe import Experts
+
+    torch.manual_seed(0)
+    ex = Experts(4, 64, 64)
+    torch.nn.init.normal_(ex.gate_up_proj, std=0.2)
+    torch.nn.init.normal_(ex.down_proj, std=0.2)
+    x, weights = torch.randn(6, 64), torch.rand(6, 2)
+    experts = torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0], [0, 2], [1, 3]])
+    before = ex.gate_up_proj.detach().clone()
+    with torch.no_grad():
+        want = ex(x, experts, weights)
+        ex.moe_sm90_from = 2048
+        ex.arrange_weights()
+        assert ex.gate_up_layout == moe_sm90.INTERLEAVE
+        assert torch.equal(ex.gate_up_proj, torch.stack([moe_sm90.interleave(w, 32) for w in before]))
+        torch.testing.assert_close(ex(x, experts, weights), want, rtol=1e-6, atol=1e-6)
+        ex.moe_sm90_from = 0
+        ex.arrange_weights()
+    assert ex.gate_up_layout == 0 and torch.equal(ex.gate_up_proj, before)
+
+    odd = Experts(4, 64, 48)                     # 2 x 48 rows: not whole blocks of 2 x 32
+    odd.moe_sm90_from = 2048
+    with pytest.raises(ValueError, match="intermediate size 48 is not a multiple of 32"):
+        odd.arrange_weights()
