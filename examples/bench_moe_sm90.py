@@ -135,31 +135,28 @@ def main() -> int:
                 tactics2 = [(tile, (n, c, r)) for tile in (128, 64) for n in (128, 256)
                             for c in ((1, 1), (1, 2)) for r in (False, True)]
                 row["sweep"] = []
-                best1, best2 = {}, {}
-                for tile, t1 in tactics1:
-                    t0 = time.time()
-                    try:
-                        _, run1, _, _ = theirs(x, ex, w, tile, t1, (128, (1, 1), False))
-                        us = captured(run1, args.replays)
-                    except Exception as exc:
-                        print(f"  gemm1 tile {tile} {t1}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-                        continue
-                    row["sweep"].append({"gemm": 1, "tile": tile, "tactic": t1, "us": us})
-                    print(f"  gemm1 tile {tile} {t1}: {us:.1f} us (built in {time.time() - t0:.0f} s)", flush=True)
-                    if tile not in best1 or us < best1[tile][1]:
-                        best1[tile] = (t1, us)
-                for tile, t2 in tactics2:
-                    t0 = time.time()
-                    try:
-                        _, _, run2, _ = theirs(x, ex, w, tile, best1.get(tile, ((128, 1), 0))[0], t2)
-                        us = captured(run2, args.replays)
-                    except Exception as exc:
-                        print(f"  gemm2 tile {tile} {t2}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-                        continue
-                    row["sweep"].append({"gemm": 2, "tile": tile, "tactic": t2, "us": us})
-                    print(f"  gemm2 tile {tile} {t2}: {us:.1f} us (built in {time.time() - t0:.0f} s)", flush=True)
-                    if tile not in best2 or us < best2[tile][1]:
-                        best2[tile] = (t2, us)
+
+                def sweep(gemm: int, tactics, runner):
+                    """Time each (tile, tactic) of one GEMM; the best tactic and its us per tile."""
+                    best = {}
+                    for tile, tac in tactics:
+                        t0 = time.time()
+                        try:
+                            us = captured(runner(tile, tac), args.replays)
+                        except Exception as exc:        # a tactic the kernel cannot implement at this shape
+                            print(f"  gemm{gemm} tile {tile} {tac}: {type(exc).__name__}: {str(exc)[:200]}",
+                                  flush=True)
+                            continue
+                        row["sweep"].append({"gemm": gemm, "tile": tile, "tactic": tac, "us": us})
+                        print(f"  gemm{gemm} tile {tile} {tac}: {us:.1f} us (built in {time.time() - t0:.0f} s)",
+                              flush=True)
+                        if tile not in best or us < best[tile][1]:
+                            best[tile] = (tac, us)
+                    return best
+
+                best1 = sweep(1, tactics1, lambda tile, tac: theirs(x, ex, w, tile, tac, (128, (1, 1), False))[1])
+                best2 = sweep(2, tactics2, lambda tile, tac: theirs(x, ex, w, tile,
+                                                                     best1.get(tile, ((128, 1), 0))[0], tac)[2])
                 chosen = min((tile for tile in best1 if tile in best2),
                              key=lambda tile: best1[tile][1] + best2[tile][1], default=None)
                 row["chosen"] = None if chosen is None else {"tile": chosen, "gemm1": best1[chosen][0],

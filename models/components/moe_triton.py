@@ -85,9 +85,10 @@ def _place(ex_ptr, counts_ptr, rows_ptr, ends_ptr, P, NB, MAX_TILES, E: tl.const
     ends[e] = the pairs whose expert is <= e.
 
     With TILE > 0 (the SM90 grouped GEMMs' maps, moe_sm90.py) each expert's pairs start at a multiple of TILE
-    (its group padded to whole tiles): rows[padded rank] = the pair, and program 0 writes, for each of the
-    MAX_TILES tiles t, ends[t] = the expert of tile t, ends[MAX_TILES + t] = the end of that expert's pairs
-    in padded rows (tiles past the last: expert 0, end 0), and ends[2 MAX_TILES] = the tiles in use."""
+    (its group padded to whole tiles): rows[padded rank] = the pair, and the programs write, for each of the
+    MAX_TILES tiles t (TBLOCK at a time, dealt round the programs), ends[t] = the expert of tile t,
+    ends[MAX_TILES + t] = the end of that expert's pairs in padded rows (tiles past the last: expert 0, end 0),
+    and program 0 ends[2 MAX_TILES] = the tiles in use."""
     b = tl.program_id(0)
     offs_e = tl.arange(0, EBLOCK)
     offs_b = tl.arange(0, NBLOCK)
@@ -113,19 +114,19 @@ def _place(ex_ptr, counts_ptr, rows_ptr, ends_ptr, P, NB, MAX_TILES, E: tl.const
             before = (ej[None, :] == ex[:, None]) & (offs_j[None, :] < offs[:, None])
             rank += tl.sum(before.to(tl.int32), axis=1)
         tl.store(rows_ptr + rank, offs, mask=m)
-    if b == 0:
-        if TILE > 0:
-            limit = start + total
-            for t0 in range(0, MAX_TILES, TBLOCK):
-                offs_t = t0 + tl.arange(0, TBLOCK)
-                e_t = tl.sum((tiles_upto[None, :] <= offs_t[:, None]).to(tl.int32), axis=1)   # past the last: E
-                lim = tl.sum(tl.where(offs_e[None, :] == e_t[:, None], limit[None, :], 0), axis=1)
-                mt = offs_t < MAX_TILES
-                tl.store(ends_ptr + offs_t, tl.where(e_t < E, e_t, 0), mask=mt)
-                tl.store(ends_ptr + MAX_TILES + offs_t, lim, mask=mt)
+    if TILE > 0:                    # the tiles' maps, TBLOCK tiles at a time, dealt over the NB programs
+        limit = start + total
+        for t0 in range(b * TBLOCK, MAX_TILES, NB * TBLOCK):
+            offs_t = t0 + tl.arange(0, TBLOCK)
+            e_t = tl.sum((tiles_upto[None, :] <= offs_t[:, None]).to(tl.int32), axis=1)   # past the last: E
+            lim = tl.sum(tl.where(offs_e[None, :] == e_t[:, None], limit[None, :], 0), axis=1)
+            mt = offs_t < MAX_TILES
+            tl.store(ends_ptr + offs_t, tl.where(e_t < E, e_t, 0), mask=mt)
+            tl.store(ends_ptr + MAX_TILES + offs_t, lim, mask=mt)
+        if b == 0:
             tl.store(ends_ptr + 2 * MAX_TILES, tl.sum(ntiles, axis=0))
-        else:
-            tl.store(ends_ptr + offs_e, upto, mask=offs_e < E)
+    elif b == 0:
+        tl.store(ends_ptr + offs_e, upto, mask=offs_e < E)
 
 
 @triton.jit
