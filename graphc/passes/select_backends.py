@@ -13,7 +13,8 @@ steps of SM90_FROM tokens or more run the experts' two GEMMs in FlashInfer's SM9
 one whole MoE layer on the H200 at 2,048 / 4,096 tokens, routing of random logits, thinker 439 / 670 us
 against the Triton kernels' 528 / 863, talker 126 / 202 against 148 / 231; with 8 experts favoured (+3 in
 their logits) thinker 532 / 747 against 522 / 821, talker 158 / 216 against 161 / 231; below 2,048 tokens the
-talker was slower on them at every count measured and the thinker at all but 1,024 tokens of random routing
+talker was slower on them at every count measured but 65 tokens of skewed routing, and the thinker at every
+count but 1,024 tokens of random routing
 (examples/bench_moe_sm90.py, docs/data/moe_sm90_layer_h200_2026-12-02g.json). The same
 nodes run their RMSNorms, residual add + RMSNorm and qk-norm + rotary embedding as one launch each
 (models/components/norm_ops.py, the fused_norms knob), and their MoE routers' softmax, top-k and

@@ -55,14 +55,9 @@ class Experts(nn.Module):
         if self.gate_up_proj.shape[1] % (2 * moe_sm90.INTERLEAVE):
             raise ValueError(f"Experts: intermediate size {self.gate_up_proj.shape[1] // 2} is not a multiple of "
                              f"{moe_sm90.INTERLEAVE}, which the SM90 kernels' interleaved rows need")
-        with torch.no_grad():
-            w = self.gate_up_proj
-            if self.gate_up_layout:
-                for e in range(w.shape[0]):
-                    w[e].copy_(moe_sm90.interleave(w[e], 0))
-            if want:
-                for e in range(w.shape[0]):
-                    w[e].copy_(moe_sm90.interleave(w[e], want))
+        with torch.no_grad():                   # the layouts are 0 and INTERLEAVE: one pass goes either way
+            for w in self.gate_up_proj:
+                w.copy_(moe_sm90.interleave(w, want))
         self.gate_up_layout = want
 
     def _gate_up(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

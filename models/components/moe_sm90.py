@@ -80,12 +80,12 @@ def available() -> str | None:
 
 
 def interleave(w: torch.Tensor, to: int) -> torch.Tensor:
-    """One expert's gate_up_proj rows [2I, H] from gate-then-up (to = INTERLEAVE) or back (to = 0): a new
-    tensor."""
+    """One expert's gate_up_proj rows [2I, H] from gate-then-up into up and gate INTERLEAVE rows at a time
+    (to = INTERLEAVE), or back (to = 0): a new tensor."""
     two_i, hidden = w.shape
     inter = two_i // 2
     if to:
-        return torch.stack((w[inter:].reshape(inter // to, to, hidden), w[:inter].reshape(inter // to, to, hidden)),
+        return torch.stack((w[inter:].reshape(-1, to, hidden), w[:inter].reshape(-1, to, hidden)),
                            dim=1).reshape(two_i, hidden)
-    v = w.reshape(inter // INTERLEAVE, 2, INTERLEAVE, hidden)
+    v = w.reshape(-1, 2, INTERLEAVE, hidden)
     return torch.cat((v[:, 1].reshape(inter, hidden), v[:, 0].reshape(inter, hidden)), 0)
