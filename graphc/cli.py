@@ -302,22 +302,9 @@ def _serve_or_run(engine, args, requests: list | None) -> int:
         serve(engine, args.host, args.port, **opts)
         return EXIT_FITS
     from graphc.runtime.engine import parse_or_refuse
+    from graphc.runtime.batch import run_batch
 
     return _write_offline(*run_batch(engine, [parse_or_refuse(item, i) for i, item in enumerate(requests)]), args)
-
-
-def run_batch(engine, parsed: list) -> tuple[list, dict, str]:
-    """A batch run to its end (Engine.run_parsed): the outputs, the stats with throughput, their line.
-    Where the engine runs: this process, or the engine's Ray actor."""
-    import time
-
-    t0 = time.perf_counter()
-    outs = engine.run_parsed(parsed, progress=True)
-    wall = time.perf_counter() - t0
-    stats = engine.stats(wall) | throughput([o for o in outs if o.error is None], wall)
-    for d, mem in engine.device_memory().items():       # after the run: NCCL's buffers are there now
-        stats["devices"][str(d)]["after_run"] = mem
-    return outs, stats, engine.stats_line(stats)
 
 
 def _run_on_ray(plan, args, requests: list | None) -> int:
@@ -374,19 +361,6 @@ def _write_offline(outs, stats: dict, line: str, args) -> int:
         with open(args.stats, "w") as f:
             json.dump(stats, f, indent=1)
     return EXIT_FITS if all(o.error is None for o in outs) else EXIT_DOES_NOT_FIT
-
-
-def throughput(outs, wall: float) -> dict:
-    """Generated tokens a second over the run, and time to first token over the requests."""
-    ttft = sorted(o.times["ttft_s"] for o in outs if "ttft_s" in o.times)
-    gen = sum(len(o.token_ids) for o in outs)
-
-    def q(p: float) -> float:
-        return ttft[min(len(ttft) - 1, int(p * len(ttft)))] if ttft else float("nan")
-    return {"requests": len(outs), "generated_tokens": gen, "prompt_tokens": sum(o.prompt_tokens for o in outs),
-            "tokens_per_s": gen / wall if wall else float("nan"),
-            "ttft_s": {"mean": sum(ttft) / len(ttft) if ttft else float("nan"), "p50": q(0.5), "p90": q(0.9),
-                       "max": ttft[-1] if ttft else float("nan")}}
 
 
 def cmd_diff(args) -> int:

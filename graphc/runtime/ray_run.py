@@ -24,6 +24,7 @@ import threading
 
 from graphc.errors import GraphcError, InvalidInput
 from graphc.plan import Plan
+from graphc.runtime.batch import run_batch
 from graphc.runtime.workers import STEP_TIMEOUT_S, DeviceWorker, WorkerDied
 
 PG_TIMEOUT_S = 120.0           # the longest to wait for the cluster to hold the plan's bundles
@@ -127,9 +128,8 @@ def _classes(ray):
             return self.engine.summary()
 
         def generate(self, parsed: list):
-            """cli.run_batch's (outputs, stats, their line), or ('dead', what, why, fix) when a device's worker
+            """batch.run_batch's (outputs, stats, their line), or ('dead', what, why, fix) when a device's worker
             died."""
-            from graphc.cli import run_batch
             try:
                 return run_batch(self.engine, parsed)
             except WorkerDied as e:
