@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from graphc.errors import InvalidInput  # noqa: E402
 from graphc.runtime.engine import Engine  # noqa: E402
-from graphc.runtime.host import Media  # noqa: E402
+from graphc.serving import Media  # noqa: E402
 from graphc.runtime.sampler import SamplingParams  # noqa: E402
 
 

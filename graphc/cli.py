@@ -257,9 +257,10 @@ def cmd_check(args) -> int:
 def cmd_run(args) -> int:
     import os
 
-    from graphc.plan import load_plan
-    from graphc.runtime.engine import Engine, read_jsonl
+    from graphc.plan import check_servable, load_plan
     plan = load_plan(args.plan)
+    check_servable(plan, f"plan {args.plan}")         # before torch is imported or a byte is loaded
+    from graphc.runtime.engine import Engine, read_jsonl
     if args.checkpoint and args.random_weights:
         raise InvalidInput("--checkpoint and --random-weights are exclusive", "", "pass one")
     if not 0 < args.max_upload_mb < float("inf"):
@@ -301,8 +302,8 @@ def _serve_or_run(engine, args, requests: list | None) -> int:
         _serving_on(args.host, args, opts["api_key"])
         serve(engine, args.host, args.port, **opts)
         return EXIT_FITS
-    from graphc.runtime.engine import parse_or_refuse
     from graphc.runtime.batch import run_batch
+    from graphc.runtime.engine import parse_or_refuse
 
     return _write_offline(*run_batch(engine, [parse_or_refuse(item, i) for i, item in enumerate(requests)]), args)
 
@@ -311,10 +312,9 @@ def _run_on_ray(plan, args, requests: list | None) -> int:
     """graphc run --ray: the plan's devices as actors of a Ray cluster (graphc/runtime/ray_run.py); the
     requests are read and their media loaded here, the results written here."""
     from graphc.runtime.engine import llm_node, parse_or_refuse
-    from graphc.runtime.boot import plan_ir
     from graphc.runtime.ray_run import RayServing
 
-    llm = llm_node(plan_ir(plan), plan)
+    llm = llm_node(plan)
     serving = RayServing(plan, args.ray, llm_device=next(d.index for d in plan.devices if llm in d.nodes),
                          checkpoint=args.checkpoint, random_weights=args.random_weights, seed=args.seed,
                          emulate=args.emulate, force=args.force)

@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
+from graphc.stages import Pipeline, problems, walk_table
 from graphc.strict import Strict
 from resources.base import ResourceSpec
 
@@ -201,8 +202,8 @@ class Edge(Strict):
 
 class Link(Strict):
     """A node the engine drives from another node's device: the runtime builds dst's `inputs` on src's
-    device (Qwen3-Omni's talker reads rows made from the thinker's embeddings and hidden states, its
-    sampling rows and random draws) and reads dst's `outputs` there (its codes, the vocoder's audio).
+    device (a follow stage reads rows made from the LLM's embeddings and hidden states, its sampling
+    rows and random draws) and reads dst's `outputs` there (its codes, an audio decoder's audio).
     Where a plan puts dst on another device than src, each of those ports crosses device to device into
     a static receive buffer on the far side, sized at dst's largest step: the ledger's `transfers.NODE`
     lines, as for an edge."""
@@ -221,7 +222,7 @@ class Walk(Strict):
     """What one engine step runs: a path through nodes, a kind of work and a budget.
 
     A "chunk" walk with a seqs budget carries whole slots of budget/seqs rows on its capture axis
-    (Code2Wav's chunks): seqs at a rung counts the rung's slots, and its budget and rungs are whole slots."""
+    (an audio decoder's chunks): seqs at a rung counts the rung's slots, and its budget and rungs are whole slots."""
 
     name: str = Field(pattern=_NAME)
     kind: WalkKind
@@ -263,6 +264,7 @@ class Model(Strict):
     links: tuple[Link, ...] = ()
     walks: tuple[Walk, ...] = Field(min_length=1)
     requests: tuple[RequestKind, ...] = ()
+    pipeline: Pipeline | None = None      # how the engine serves it (graphc/stages.py); None: plan only
 
     @model_validator(mode="after")
     def _unique_names(self) -> "Model":
@@ -296,6 +298,29 @@ class Model(Strict):
         twice = sorted({d for d in dsts if dsts.count(d) > 1})
         if twice:
             raise ValueError(f"node(s) {', '.join(twice)} linked twice: one node drives each")
+        return self
+
+    @model_validator(mode="after")
+    def _pipeline_serves(self) -> "Model":
+        """The pipeline's stages name declared nodes and ports, and the walks and request kinds are what
+        they need: a declaration (or an override, or a remedy) that breaks this is refused here."""
+        if self.pipeline is None:
+            return self
+        nodes = {n.name: n for n in self.nodes}
+        for s in self.pipeline.stages:
+            if s.node not in nodes:
+                raise ValueError(f"pipeline stage {s.name} names unknown node '{s.node}' (nodes: {', '.join(nodes)})")
+        llm = nodes[self.pipeline.llm.node]
+        follow = self.pipeline.follow
+        if follow is not None:
+            bad = [f"{llm.name}.{follow.reads}"] if follow.reads not in llm.outputs else []
+            bad += [] if follow.codes in nodes[follow.node].outputs else [f"{follow.node}.{follow.codes}"]
+            if bad:
+                raise ValueError(f"pipeline stage {follow.name} names port(s) {', '.join(bad)}, which are not outputs "
+                                 f"of those nodes")
+        found = problems(self.pipeline, walk_table(self.walks), {k.name: k.walks() for k in self.requests})
+        if found:
+            raise ValueError("the walks do not serve the declared pipeline: " + "; ".join(found))
         return self
 
     def node(self, name: str) -> Node:

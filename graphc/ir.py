@@ -41,7 +41,7 @@ class Step:
     @property
     def slot(self) -> int | None:
         """Rows of one slot when the walk is a chunk walk with a seqs budget: its steps carry whole slots
-        of budget/seqs rows each (Code2Wav's chunks), and seqs counts the slots of a rung."""
+        of budget/seqs rows each (an audio decoder's chunks), and seqs counts the slots of a rung."""
         seqs = dict(self.sizes).get("seqs")
         if self.kind != "chunk" or seqs is None or self.axis == "seqs":
             return None

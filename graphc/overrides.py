@@ -30,7 +30,7 @@ def parse_set(items: list[str]) -> dict:
         parts = key.strip().split(".")
         if any(not p for p in parts):
             raise InvalidInput(f"--set key '{key}' has an empty part", "keys are dotted paths",
-                               "e.g. resources.thinker_kv.pages=176")
+                               "e.g. resources.kv.pages=176")
         value = read_yaml(raw, f"--set {key}: value '{raw[:80]}'", "quote it") if raw.strip() else None
         node = out
         for p in parts[:-1]:

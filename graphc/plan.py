@@ -10,6 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from graphc.errors import InvalidInput
+from graphc.stages import Pipeline
 from graphc.strict import Strict, explain_validation, read_yaml
 
 FORMAT = "graphc.plan/1"
@@ -118,12 +119,15 @@ class Plan(Strict):
     resources: dict[str, PlanResource]
     walks: dict[str, PlanWalk]
     requests: dict[str, list[str | list[str]]]
+    pipeline: Pipeline | None = None          # how `graphc run` serves it; plans of models that declare none lack it
     fingerprint: str
 
     def dump(self) -> dict:
         data = self.model_dump(mode="json")
         if data["model"]["config"] is None:          # plans of presets carry no checkpoint config
             del data["model"]["config"], data["model"]["config_sha256"]
+        if data["pipeline"] is None:
+            del data["pipeline"]
         for node in data["nodes"].values():           # nodes with no kernel choice say nothing (older plans too)
             if not node["kernels"]:
                 del node["kernels"]
@@ -183,6 +187,24 @@ def load_plan(path: str | Path) -> Plan:
         raise InvalidInput(f"plan {path} was edited after it was compiled", "its fingerprint does not match its content",
                            "regenerate it with graphc plan (use --set/--config to change settings)")
     return plan
+
+
+def check_servable(plan: Plan, where: str = "this plan") -> None:
+    """Refuse, before anything is loaded, a plan the engine cannot serve: one that records no pipeline, or
+    whose walks and request kinds break what its pipeline's stages need (graphc/stages.py's rules, the
+    ones `graphc plan` checked)."""
+    from graphc.stages import problems, walk_table
+
+    if plan.pipeline is None:
+        raise InvalidInput(f"{where} records no serving pipeline", f"model {plan.model.name} declares none, or the "
+                           "plan was made before pipelines were recorded",
+                           "declare a graphc.Pipeline in the model file and plan it again")
+    kinds = {k: [w for st in stages for w in ([st] if isinstance(st, str) else st)]
+             for k, stages in plan.requests.items()}
+    found = problems(plan.pipeline, walk_table(plan.walks.items()), kinds)
+    if found:
+        raise InvalidInput(f"{where} cannot be served: its walks break what its pipeline needs", "; ".join(found),
+                           "plan it again with graphc plan (its checks refuse such walks; its remedies avoid them)")
 
 
 def file_sha256(path: str | Path) -> str:

@@ -1,7 +1,8 @@
-"""The model host interface: what serving a model needs on the host that only the model file knows.
+"""The contract a model fulfils to be served: what the engine asks of the model file's host.
 
-The engine is generic: it schedules rows of token ids through the plan's walks. What is model-specific
-comes from the model file's `host(model, config)` as a `Host`:
+The engine is generic: it schedules rows through the walks of the model's declared pipeline
+(graphc/stages.py) and knows no model. What only the model file knows comes from its
+`host(model, checkpoint)`, a `Host`:
 
   prompt(ids, media) -> Prompt   expand each media placeholder token of `ids` into the rows the encoder's
                                  output fills, compute the LLM's positions (M-RoPE or 1-D), and cut each
@@ -10,21 +11,28 @@ comes from the model file's `host(model, config)` as a `Host`:
   encode(node, pieces, units)    the encoder node's inputs for those pieces packed into one step of
                                  `units` (windows, patches), its attention segments, and where each
                                  piece's output rows start
+  speech                         a `Speech` when the pipeline has a follow and a chunk stage (speech out)
+  transcription                  a `Transcription` when the model transcribes in its own way
 
-The engine feeds the LLM node (the node of the walk that holds a paged KV role) by port convention:
-token_ids [T], positions [P, T] or [T], sample_rows [S]; an encoder's outputs reach the LLM through the
-declaration's edges, and the int64 [tokens] port of the same optional group receives, for each token
-row, the encoder output row that replaces its embedding (-1: keep the token's).
+The engine feeds the LLM node by port convention: token_ids [T], positions [P, T] or [T], sample_rows [S];
+an encoder's outputs reach the LLM through the declaration's edges, and the int64 [tokens] port of the
+same optional group receives, for each token row, the encoder output row that replaces its embedding
+(-1: keep the token's).
+
+Models import this module's names from `graphc` (graphc/__init__.py), never the runtime's modules.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from graphc.errors import InvalidInput
+from graphc.strict import Strict
 
 MediaKind = Literal["audio", "image", "video"]
 
@@ -107,23 +115,164 @@ class EncodeBatch:
     offsets: list[int]
 
 
-class Host:
-    """Base of a model file's host. Subclasses set `eos_token_ids` and implement prompt() and encode().
-    A model that speaks sets `speech` (graphc/runtime/speech.py's SpeechHost)."""
+class Host(ABC):
+    """Base of a model file's host. Subclasses set `eos_token_ids` and implement prompt() and encode(); a
+    model that speaks sets `speech`, one that transcribes in its own way `transcription`."""
 
     eos_token_ids: tuple[int, ...] = ()
-    speech: Any = None
+    speech: "Speech | None" = None
+    transcription: "Transcription | None" = None
 
+    @abstractmethod
     def prompt(self, ids: list[int], media: list[Media]) -> Prompt:
-        raise NotImplementedError
+        """The request's prompt rows: placeholders of `ids` expanded for `media` (in order), positions, and
+        each media item cut into pieces on the encoder stage's walk. Refuses (InvalidInput) what it cannot
+        serve."""
 
+    @abstractmethod
     def encode(self, node: str, pieces: list[Piece], units: int) -> EncodeBatch:
-        raise NotImplementedError
+        """Encoder `node`'s step inputs for `pieces`, padded to `units` on its capture axis."""
 
     def media_limits(self, max_rows: int) -> tuple[float | None, int | None]:
         """(seconds of audio, frames of video) beyond which an item surely takes more than max_rows prompt
         rows: longer ones are refused before they are decoded. None: no bound known."""
         return None, None
+
+
+class SpeechSampling(Strict):
+    """How the follow stage picks a frame's first code (temperature 0: greedy, and the other codes greedy
+    too; top_k 0: every id; repetition_penalty over the request's earlier first codes). A model's Speech
+    says its defaults."""
+
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, allow_inf_nan=False)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class FollowPrompt:
+    """A request's prompt for the follow stage: rows, positions [P, rows], the delta decode rows continue
+    at, and its per-row prompt inputs by port. empty: the request has nothing to say."""
+
+    rows: int
+    positions: torch.Tensor
+    delta: int
+    inputs: dict[str, torch.Tensor]
+    empty: bool = False
+
+    @classmethod
+    def silent(cls) -> "FollowPrompt":
+        return cls(0, torch.zeros(3, 0, dtype=torch.int64), 0, {}, empty=True)
+
+    def positions_of(self, start: int, end: int) -> torch.Tensor:
+        if end <= self.rows:
+            return self.positions[:, start:end]
+        return torch.arange(start + self.delta, end + self.delta).expand(self.positions.shape[0], -1)
+
+
+class Slot(Protocol):
+    """Where a chunk of frames sits in a chunk stage's slot: `frames` the slot length it needs, and the
+    samples [keep_start, keep_stop) of the slot's audio that are new."""
+
+    frames: int
+    keep_start: int
+    keep_stop: int
+
+
+class Speech(ABC):
+    """What a pipeline's follow stage (codes, a frame a step, from the LLM's rows) and chunk stage (codes
+    to audio, a chunk a step) need of the model's host. The stages' nodes and walks are the pipeline's.
+
+    Attributes: voices (name -> the model's speaker id), default_voice, sampling (the default
+    SpeechSampling), first_chunk (frames of a request's first audio chunk by default), noise_shape (a
+    frame's random draws, the `noise` row), seen_size (the `seen` row's width), trailing_pad (the token a
+    padding row speaks)."""
+
+    voices: dict[str, int] = {}
+    default_voice: str = ""
+    sampling: SpeechSampling = SpeechSampling()
+    first_chunk: int = 1
+    noise_shape: tuple[int, ...] = ()
+    seen_size: int = 0
+    trailing_pad: int = 0
+
+    @abstractmethod
+    def bind(self, modules: dict, device: torch.device) -> None:
+        """The booted modules by node name and their device, before the first step."""
+
+    @abstractmethod
+    def check(self, prompt: Prompt) -> None:
+        """Refuse (InvalidInput) a prompt that cannot be spoken."""
+
+    @abstractmethod
+    def hidden_rows(self, prompt: Prompt) -> list[int]:
+        """The prompt rows whose LLM outputs (the follow stage's `reads` ports) its prompt reads."""
+
+    @abstractmethod
+    def follow_prompt(self, prompt: Prompt, output: list[int], text_done: bool, voice: str,
+                      hidden: dict[int, torch.Tensor]) -> FollowPrompt | None:
+        """The follow stage's prompt, or None until the text it needs exists (`output`: the LLM's tokens so
+        far; `hidden`: the read rows by row)."""
+
+    @abstractmethod
+    def trailing(self, prompt: Prompt, output: list[int], text_done: bool, frame: int) -> int | None:
+        """The token whose embedding frame `frame` adds to the follow stage's next row, None until known."""
+
+    @abstractmethod
+    def embed(self, ids: list[int]) -> torch.Tensor:
+        """The LLM's embeddings of `ids`, [n, H] on the device."""
+
+    @abstractmethod
+    def sampling_row(self, sampling: SpeechSampling) -> list[float]:
+        """The follow node's `sampling` input row for these parameters."""
+
+    @abstractmethod
+    def seen_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [n, G] -> [n, k]: the ids a frame adds to the request's `seen` row."""
+
+    @abstractmethod
+    def follow_inputs(self, parts: list, samples: list[int], trailing: list[torch.Tensor], prefill: bool,
+                      sampling: torch.Tensor, noise: torch.Tensor, seen: torch.Tensor) -> dict:
+        """One follow step's inputs by port. parts: ("prompt", FollowPrompt, start, end) or ("decode",
+        next_embed [H], position); samples: the rows that emit a frame; trailing: each one's text
+        embedding; sampling, noise, seen: each sample row's."""
+
+    @abstractmethod
+    def follow_layouts(self, samples: int) -> dict:
+        """Ragged layouts (role -> cu_seqlens) of a follow step of `samples` sample rows."""
+
+    @abstractmethod
+    def is_end(self, codes: list[int]) -> bool:
+        """The frame ends the speech."""
+
+    @abstractmethod
+    def chunk_frames(self, index: int, first: int) -> int:
+        """New frames of a request's index-th audio chunk (`first`: the frames of its first)."""
+
+    @abstractmethod
+    def slot(self, start: int, end: int) -> Slot:
+        """The slot that decodes frames [start, end) with the context before them."""
+
+    @abstractmethod
+    def chunk_inputs(self, filled: list[tuple[torch.Tensor, Slot]], slots: int, slot_frames: int) -> tuple[dict, dict]:
+        """(inputs, layouts) of a chunk step of `slots` slots of `slot_frames` frames: filled holds each
+        used slot's codes [G, frames] and Slot, slot after slot."""
+
+
+class Transcription(Protocol):
+    """How a model is asked to transcribe one audio item, and how its answer is read."""
+
+    def prompt(self, template: Any, context: str, language: str | None) -> str:
+        """The text prompt (rendered by the chat `template`) for one audio item; `context` the user's prompt."""
+
+    def reader(self, language: str | None) -> Any:
+        """An object with add(text, last=False) -> the text to stream now, .text (the transcript so far)
+        and .language (what the model reported or was told, or '')."""
 
 
 def expand_placeholders(ids: list[int], media: list[Media], token_of: dict[str, int],

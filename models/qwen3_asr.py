@@ -83,11 +83,14 @@ def declare(preset: str = "1.7b", config: dict | None = None) -> gc.Model:
                     budget=gc.Budget(windows=p["windows"], tokens=p["tokens"], seqs=p["seqs"])),
         ],
         requests=[gc.RequestKind(name="a2t", stages=("audio_prefill", "thinker_prefill", "thinker_decode"))],
+        pipeline=gc.Pipeline(stages=(
+            gc.LLMStage(name="text", node="thinker", decode="thinker_decode", prefill=("thinker_prefill",)),
+            gc.EncoderStage(name="hear", node="audio_encoder", media=("audio",), walks=("audio_prefill",)))),
     )
 
 
 def host(model: gc.Model, checkpoint: str | None = None):
-    """The serving host (graphc/runtime/host.py): 1-D positions, audio through the AuT."""
+    """The serving host (graphc.Host, graphc/serving.py): 1-D positions, audio through the AuT."""
     from models.components.hosting import AudioVisualHost, Encoders, checkpoint_config, generation_eos, \
         random_media_tokens
     from models.components.mrope import MediaTokens

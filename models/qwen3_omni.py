@@ -220,10 +220,28 @@ def declare(preset: str = "30b-a3b", config: dict | None = None) -> gc.Model:
                gc.Link(src="thinker", dst="code2wav", outputs=("wav",))] if speech else [],
         walks=[w for w in walks(p) if speech or w.name not in SPEECH[1:]],
         requests=requests,
+        pipeline=pipeline(p["code2wav"], speech),
     )
 
+
+def pipeline(code2wav: c2w.Code2WavConfig, speech: bool) -> gc.Pipeline:
+    """The thinker decodes text with the encoders spliced into its prefill; when it speaks, the talker
+    follows it (reading its hidden rows) and Code2Wav decodes the talker's codes in slots of chunk_frames."""
+    stages = [
+        gc.LLMStage(name="text", node="thinker", decode="thinker_decode", prefill=("thinker_prefill", "thinker_mixed")),
+        gc.EncoderStage(name="hear", node="audio_encoder", media=("audio",), walks=("audio_prefill", "av_prefill")),
+        gc.EncoderStage(name="see", node="vision_encoder", media=("image", "video"),
+                        walks=("image_prefill", "video_prefill", "av_prefill")),
+    ]
+    if speech:
+        stages += [gc.FollowStage(name="speak", node="talker", after="text", reads="hidden",
+                                  prefill="talker_prefill", decode="talker_decode"),
+                   gc.ChunkStage(name="voice", node="code2wav", after="speak", walks=("code2wav_short", "code2wav_chunk"),
+                                 slot_frames=code2wav.chunk_frames, sample_rate=c2w.SAMPLE_RATE)]
+    return gc.Pipeline(stages=stages)
+
 def host(model: gc.Model, checkpoint: str | None = None):
-    """The serving host (graphc/runtime/host.py): Qwen3-Omni's media tokens and end-of-turn ids from the
+    """The serving host (graphc.Host, graphc/serving.py): Qwen3-Omni's media tokens and end-of-turn ids from the
     checkpoint's config.json (<|audio_end|> from its tokenizer.json), or the real model's (seeded weights
     on a vocabulary that holds them); with a talker, its speech (models/components/speech_host.py)."""
     from models.components.hosting import AudioVisualHost, Encoders, checkpoint_config, generation_eos, \

@@ -60,11 +60,14 @@ def declare(preset: str = "tiny") -> gc.Model:
         ],
         requests=[gc.RequestKind(name="t2t", stages=("prefill", "decode")),
                   gc.RequestKind(name="a2t", stages=("audio_prefill", "decode"))],
+        pipeline=gc.Pipeline(stages=(
+            gc.LLMStage(name="text", node="decoder", decode="decode", prefill=("prefill",)),
+            gc.EncoderStage(name="hear", node="encoder", media=("audio",), walks=("audio_prefill",)))),
     )
 
 
 def host(model: gc.Model, checkpoint: str | None = None):
-    """The serving host (graphc/runtime/host.py): text prompts with 1-D positions. The window encoder takes
+    """The serving host (graphc.Host, graphc/serving.py): text prompts with 1-D positions. The window encoder takes
     feature rows no public front end produces, so this model serves t2t only (a2t requests are refused)."""
     from models.components.hosting import AudioVisualHost, Encoders
     from models.components.mrope import MediaTokens

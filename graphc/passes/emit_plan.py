@@ -90,6 +90,6 @@ def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, tr
                           "python": f"{sys.version_info.major}.{sys.version_info.minor}"},
                 overrides=overrides, trimmed=[PlanTrim(change=t.change, freed_bytes=t.freed, why=t.why) for t in trimmed],
                 placement=placement.why, devices=devices, nodes=nodes, resources=resources, walks=walks,
-                requests=requests)
+                requests=requests, pipeline=ir.model.pipeline)
     draft = Plan(**body, fingerprint="")
     return draft.model_copy(update={"fingerprint": fingerprint(draft.body())})

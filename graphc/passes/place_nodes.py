@@ -79,7 +79,7 @@ def _fill_pools(s: Sizing, nodes: list[str]) -> list[PagedKVSpec]:
 
 
 def describe(s: Sizing, a: dict[str, int]) -> str:
-    """'{a, b} | {c}: thinker_kv holds 6.6 longest requests' -- what the score compares."""
+    """'{a, b} | {c}: llm_kv holds 6.6 longest requests' -- what the score compares."""
     groups = " | ".join("{" + ", ".join(n for n in a if a[n] == d) + "}" for d in range(s.ir.num_devices))
     feasible, neg_overflow, worst, cross, _ = _score(s, a)
     if not feasible:

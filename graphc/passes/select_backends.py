@@ -6,21 +6,21 @@ backend whose kernels do not take the resource's head dim runs it padded (capabi
 Kernels that are not attention's, per node (graphc.modules.KERNEL_KNOBS, applied to whichever of the node's
 modules declare them): a bf16 node on an sm_90 target runs its sparse MoE experts' steps of up to
 FUSED_MAX_TOKENS tokens in the fused Triton kernels (models/components/moe_ops.py; tiled past 64 tokens),
-grouped_mm above; measured on the H200 faster at every count from 1 to 16,384 tokens at Qwen3-Omni's thinker
-and talker shapes (docs/benchmarks.md), and not measured on other archs or above 16,384 tokens. Of those,
+grouped_mm above; measured on the H200 faster at every count from 1 to 16,384 tokens at the shapes of the
+shipped MoE models' two autoregressive nodes (docs/benchmarks.md), and not measured on other archs or above 16,384 tokens. Of those,
 steps of SM90_FROM tokens or more run the experts' two GEMMs in FlashInfer's SM90 CuTe-DSL kernels
 (models/components/moe_sm90.py, the moe_sm90_from knob; the boot interleaves gate_up_proj's rows for them):
-one whole MoE layer on the H200 at 2,048 / 4,096 tokens, routing of random logits, thinker 439 / 670 us
-against the Triton kernels' 528 / 863, talker 126 / 202 against 148 / 231; with 8 experts favoured (+3 in
-their logits) thinker 532 / 747 against 522 / 821, talker 158 / 216 against 161 / 231; below 2,048 tokens the
-talker was slower on them at every count measured but 65 tokens of skewed routing, and the thinker at every
+one whole MoE layer on the H200 at 2,048 / 4,096 tokens, routing of random logits, the larger node 439 / 670 us
+against the Triton kernels' 528 / 863, the smaller 126 / 202 against 148 / 231; with 8 experts favoured (+3 in
+their logits) 532 / 747 against 522 / 821 and 158 / 216 against 161 / 231; below 2,048 tokens the smaller
+was slower on them at every count measured but 65 tokens of skewed routing, and the larger at every
 count but 1,024 tokens of random routing
 (examples/bench_moe_sm90.py, docs/data/moe_sm90_layer_h200_2026-12-02g.json). The same
 nodes run their RMSNorms, residual add + RMSNorm and qk-norm + rotary embedding as one launch each
 (models/components/norm_ops.py, the fused_norms knob), and their MoE routers' softmax, top-k and
 renormalisation as one (moe_ops.fused_route, the fused_router knob), at every token count; and their linear
 layers' one-row products in a weight-streaming Triton kernel (gemv_triton.py, the gemv knob; cuBLAS for more
-rows); and the talker's in-step sampler in one launch per code (select_ops.py, the fused_sampler knob); and
+rows); and an in-step sampler of codes in one launch per code (select_ops.py, the fused_sampler knob); and
 the vision tower's fp32 rotary of q and k in one launch that also writes the zero-padded q, k and v its
 attention kernel runs (norm_ops.q_k_rope_f32, the fused_rope knob), its LayerNorms with the residual add
 before them (layers.LayerNorm under fused_norms) and its MLP's bias and GELU in cuBLASLt's GEMM epilogue (the

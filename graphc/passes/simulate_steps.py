@@ -126,7 +126,7 @@ def prefetch(ir: IR, jobs: list[tuple[Step, int]], backends: Backends | None, ba
         families.setdefault((job[1].node, job[1].walk), []).append(job)
     most = -(-len(todo) // (2 * n))
     batches = [f[i:i + most] for f in families.values() for i in range(0, len(f), most)]
-    # the dearest first (the talker's code predictor's), so that the workers end together
+    # the dearest first (a node with a nested per-frame model), so that the workers end together
     size = {node: sum(1 for _ in fake_node(ir.node(node)).module.modules()) for node, _ in families}
     batches.sort(key=lambda b: -len(b) * size[b[0][1].node])
     n = min(n, len(batches))

@@ -8,6 +8,7 @@ from typing import Callable
 from graphc.errors import GraphcError
 from graphc.overrides import merge
 from graphc.passes.choose_buckets import rungs_for
+from graphc.stages import slot_frames
 from graphc.units import MiB, fmt_bytes, round_up
 from resources.paged_kv import PagedKVSpec
 from resources.workspace import WorkspaceSpec
@@ -48,43 +49,89 @@ def candidates(result) -> list[tuple[str, dict, dict, str, int | None]]:
     on_bad = {n for n, d in result.placement.assignment.items() if d in bad}
     out = []
     for st in s.ir.steps:
-        if st.node not in on_bad:
-            continue
-        rungs = s.buckets.walk_rungs[(st.node, st.walk)]
-        cap = [r for r in rungs if r in s.buckets.captured.get((st.node, st.family), [])]
-        encoder = st.axis in ENCODER_AXES
-        if cap and s.ir.target.capture:
-            # the largest rung first (DESIGN.md), then half the ladder, then none at all
-            for lim in sorted({cap[-2] if len(cap) > 1 else 0, cap[(len(cap) - 1) // 2] if len(cap) > 2 else 0, 0},
-                              reverse=True):
-                what = f"up to {st.axis}={lim}; larger steps run eagerly" if lim else "not at all (eager steps)"
-                out.append((f"walks.{st.walk}.capture_limit.{st.node}={lim}",
-                            _set(f"walks.{st.walk}.capture_limit.{st.node}", lim), {},
-                            f"capture {st.node} on {st.walk} {what}", TRIM_ENCODER_RUNGS if encoder else None))
-        below = [r for r in rungs_for(st.budget, st.ladder) if r < st.budget]
-        for new in sorted({below[-1], below[(len(below) - 1) // 2]} if below else set(), reverse=True):
+        if st.node in on_bad:
+            out += _capture_candidates(s, st) + _budget_candidates(s, st)
+    for d in result.placement.devices:
+        if d.index in bad:
+            out += _pool_candidates(s, d)
+    out += _workspace_candidates(s)
+    if s.ir.target.is_gpu and s.ir.num_devices < 8:
+        n = s.ir.num_devices + 1
+        out.append((f"--gpus {n}", {}, {"num_devices": n}, f"spread the nodes over {n} GPUs", None))
+    seen, unique = set(), []
+    for c in out:
+        if c[0] not in seen:
+            seen.add(c[0])
+            unique.append(c)
+    return unique
+
+
+def _capture_candidates(s, st) -> list:
+    """Capture a step's node up to a lower rung: the largest rung first (DESIGN.md), then half the ladder,
+    then none at all."""
+    rungs = s.buckets.walk_rungs[(st.node, st.walk)]
+    cap = [r for r in rungs if r in s.buckets.captured.get((st.node, st.family), [])]
+    if not cap or not s.ir.target.capture:
+        return []
+    out = []
+    encoder = st.axis in ENCODER_AXES
+    for lim in sorted({cap[-2] if len(cap) > 1 else 0, cap[(len(cap) - 1) // 2] if len(cap) > 2 else 0, 0},
+                      reverse=True):
+        what = f"up to {st.axis}={lim}; larger steps run eagerly" if lim else "not at all (eager steps)"
+        out.append((f"walks.{st.walk}.capture_limit.{st.node}={lim}",
+                    _set(f"walks.{st.walk}.capture_limit.{st.node}", lim), {},
+                    f"capture {st.node} on {st.walk} {what}", TRIM_ENCODER_RUNGS if encoder else None))
+    return out
+
+
+def _budget_candidates(s, st) -> list:
+    """Lower a walk's budget to a rung below it (the one under it, and half the ladder). A chunk walk's
+    slots keep their frames (its stage cuts chunks of that length): it keeps fewer slots."""
+    below = [r for r in rungs_for(st.budget, st.ladder) if r < st.budget]
+    encoder = st.axis in ENCODER_AXES
+    walk = s.ir.model.walk(st.walk)
+    slot = slot_frames(walk.budget.axes()) if walk.kind == "chunk" else None
+    out = []
+    for new in sorted({below[-1], below[(len(below) - 1) // 2]} if below else set(), reverse=True):
+        trim = TRIM_ENCODER_BUDGET if encoder else None
+        if slot and new % slot == 0:
+            budget = {st.axis: new, "seqs": new // slot}
+            out.append((f"walks.{st.walk}.budget={{{st.axis}: {new}, seqs: {new // slot}}}",
+                        _set(f"walks.{st.walk}.budget", budget), {},
+                        f"lower {st.walk}'s slots from {walk.budget.seqs} to {new // slot} ({slot} {st.axis} "
+                        f"each); fewer chunks run in one step", trim))
+        elif not slot:
             out.append((f"walks.{st.walk}.budget.{st.axis}={new}", _set(f"walks.{st.walk}.budget.{st.axis}", new), {},
                         f"lower {st.walk}'s {st.axis} budget from {st.budget} to {new}"
-                        + ("; larger inputs are refused" if encoder else "; steps are cut smaller"),
-                        TRIM_ENCODER_BUDGET if encoder else None))
-    for d in result.placement.devices:
-        if d.index not in bad:
-            continue
-        over = max(0, -d.free)
-        for res, pages in d.kv_pages.items():
-            spec = s.ir.model.resource(res)
-            if spec.pages is not None:
-                new = max(spec.min_pages, pages - -(-over // spec.page_bytes))
-                if new < pages:
-                    out.append((f"resources.{res}.pages={new}", _set(f"resources.{res}.pages", new), {},
-                                f"shrink fixed pool {res} from {pages} to {new} pages", TRIM_FIXED_PAGES))
-            if spec.pages is not None and spec.pages < spec.min_pages:
-                out.append((f"resources.{res}.pages={spec.min_pages}", _set(f"resources.{res}.pages", spec.min_pages),
-                            {}, f"grow fixed pool {res} to the {spec.min_pages} pages the longest request needs", None))
-            if pages < spec.min_pages and pages > 0:
-                tokens = pages * spec.page_size
-                out.append((f"resources.{res}.max_seq_len={tokens}", _set(f"resources.{res}.max_seq_len", tokens), {},
-                            f"allow requests up to {tokens:,} tokens in {res} (from {spec.max_seq_len:,})", TRIM_SEQ_LEN))
+                        + ("; larger inputs are refused" if encoder else "; steps are cut smaller"), trim))
+    return out
+
+
+def _pool_candidates(s, d) -> list:
+    """Smaller fixed KV pools on an over-full device, a pool grown to what its longest request needs, or
+    shorter requests where a pool cannot hold the longest."""
+    over = max(0, -d.free)
+    out = []
+    for res, pages in d.kv_pages.items():
+        spec = s.ir.model.resource(res)
+        if spec.pages is not None:
+            new = max(spec.min_pages, pages - -(-over // spec.page_bytes))
+            if new < pages:
+                out.append((f"resources.{res}.pages={new}", _set(f"resources.{res}.pages", new), {},
+                            f"shrink fixed pool {res} from {pages} to {new} pages", TRIM_FIXED_PAGES))
+        if spec.pages is not None and spec.pages < spec.min_pages:
+            out.append((f"resources.{res}.pages={spec.min_pages}", _set(f"resources.{res}.pages", spec.min_pages),
+                        {}, f"grow fixed pool {res} to the {spec.min_pages} pages the longest request needs", None))
+        if pages < spec.min_pages and pages > 0:
+            tokens = pages * spec.page_size
+            out.append((f"resources.{res}.max_seq_len={tokens}", _set(f"resources.{res}.max_seq_len", tokens), {},
+                        f"allow requests up to {tokens:,} tokens in {res} (from {spec.max_seq_len:,})", TRIM_SEQ_LEN))
+    return out
+
+
+def _workspace_candidates(s) -> list:
+    """Declared workspaces sized by the compiler to their need, or kept in one slot."""
+    out = []
     for ws in s.resources.workspaces.values():
         spec = s.ir.model.resource(ws.name)
         if ws.declared and isinstance(spec, WorkspaceSpec):
@@ -96,15 +143,7 @@ def candidates(result) -> list[tuple[str, dict, dict, str, int | None]]:
         if isinstance(spec, WorkspaceSpec) and spec.slots > 1:
             out.append((f"resources.{ws.name}.slots=1", _set(f"resources.{ws.name}.slots", 1), {},
                         f"keep one slot of workspace {ws.name} instead of {spec.slots}", TRIM_WORKSPACE))
-    if s.ir.target.is_gpu and s.ir.num_devices < 8:
-        n = s.ir.num_devices + 1
-        out.append((f"--gpus {n}", {}, {"num_devices": n}, f"spread the nodes over {n} GPUs", None))
-    seen, unique = set(), []
-    for c in out:
-        if c[0] not in seen:
-            seen.add(c[0])
-            unique.append(c)
-    return unique
+    return out
 
 
 def _over(result) -> int:

@@ -1,6 +1,6 @@
 """graphc.Engine: boots a plan and serves its request kinds (the Python API `graphc run` uses).
 
-    engine = Engine("plans/qwen3_omni_tiny_cpu.plan", checkpoint="ckpt/")     # or random_weights=True
+    engine = Engine("plans/tiny_cpu.plan", random_weights=True)     # or checkpoint="ckpt/"
     outs = engine.generate([{"messages": [...], "max_tokens": 32}, {"prompt_token_ids": [...]}])
 
 One thread drives it: add() requests, step() until they finish (generate() does both). The server
@@ -20,11 +20,11 @@ from typing import Any
 import torch
 
 from graphc.errors import InvalidInput
-from graphc.plan import Plan, load_plan
+from graphc.plan import Plan, check_servable, load_plan
+from graphc.serving import Host, Media
 from graphc.runtime.boot import boot_plan
 from graphc.runtime.check import compare, verdict
 from graphc.runtime.executor import Executor, llm_node, scratch_pages, text_kind
-from graphc.runtime.host import Host, Media
 from graphc.runtime.request import Request
 from graphc.runtime.sampler import Sampler, SamplingParams, new_generator
 from graphc.runtime.scheduler import Scheduler, StepPlan
@@ -83,15 +83,15 @@ class Engine:
             raise InvalidInput("no weights to serve", "graphc run needs a checkpoint",
                                "pass --checkpoint DIR, or --random-weights to serve seeded weights (token ids only)")
         self.plan = plan if isinstance(plan, Plan) else load_plan(plan)
+        check_servable(self.plan)
         check_checkpoint(self.plan, checkpoint)
         t0 = time.perf_counter()
         self.checkpoint = str(checkpoint) if checkpoint is not None else None
         self.workers = None
         if boot is None and len(self.plan.devices) > 1:      # one worker process for each other device
-            from graphc.runtime.boot import plan_ir
             from graphc.runtime.workers import Workers
 
-            llm = llm_node(plan_ir(self.plan), self.plan)
+            llm = llm_node(self.plan)
             local = next(d.index for d in self.plan.devices if llm in d.nodes)
 
             gpu = 0 if links is not None else local
@@ -108,7 +108,7 @@ class Engine:
             self.plan, checkpoint=self.checkpoint, seed=seed, emulate=emulate, force=force, prebuild=prebuild)[0]
         self.boot_seconds = time.perf_counter() - t0
         self.model = self.boot.ir.model
-        self.llm = llm_node(self.boot.ir, self.plan)
+        self.llm = llm_node(self.plan)
         self.host = self._host()
         kv_role, kv_res = next((role, r) for role, r in self.model.node(self.llm).resources.items()
                                if r in self.boot.pages)
@@ -121,12 +121,13 @@ class Engine:
         self.speech: SpeechLane | None = None
         self.speech_refused: str | None = None
         sh = getattr(self.host, "speech", None)
-        if sh is not None and self._speech_kinds():
+        pipe = self.plan.pipeline
+        if sh is not None and pipe.follow is not None and self._speech_kinds():
             linked = {ln.dst for ln in self.model.links if ln.src == self.llm}
-            away = [n for n in (sh.talker, sh.vocoder) if n not in self.boot.nodes and n not in linked]
+            away = [n for n in (pipe.follow.node, pipe.chunk.node) if n not in self.boot.nodes and n not in linked]
             if not away:          # each here, or on a worker that the engine drives through a declared link
                 sh.bind(self.boot.modules, self.boot.device)
-                self.speech = SpeechLane(sh, self.executor, self.boot, seed=seed)
+                self.speech = SpeechLane(pipe, sh, self.executor, self.boot, seed=seed)
             else:
                 self.speech_refused = (f"the plan puts {' and '.join(away)} on another device than {self.llm}, and "
                                        f"the model declares no link from {self.llm} to {away[0]} (its inputs are "
@@ -158,7 +159,7 @@ class Engine:
         if not callable(make):
             raise InvalidInput(f"{self.plan.model.file} declares no host(model, checkpoint)",
                                "graphc run builds prompts and encoder steps through the model file's host",
-                               "add a host() to the model file (graphc/runtime/host.py says what it returns)")
+                               "add a host() to the model file (graphc/serving.py says what it returns)")
         return make(self.model, self.checkpoint)
 
     def summary(self) -> str:
@@ -197,7 +198,7 @@ class Engine:
         return dict(sorted(out.items()))
 
     def _speech_kinds(self) -> list[str]:
-        """Kinds that end in a group of walks holding the thinker's decode walk (text and speech out)."""
+        """Kinds that end in a group of walks holding the LLM's decode walk (text and speech out)."""
         decode = self.scheduler.decode_walk
         return [k for k, stages in self.plan.requests.items()
                 if not text_kind(stages) and text_kind(stages[:-1]) and decode in stages[-1]]
@@ -247,8 +248,8 @@ class Engine:
             request_id: str | None = None, user: Any = None, use_audio_in_video: bool = False,
             speech: SpeechParams | None = None, speak: list[int] | None = None, split: bool = False) -> Request:
         """speech: answer with speech too (a speaking kind: t2s, a2s); its voice and frame limit.
-        speak: the answer's text token ids, spoken as given (text to speech): the thinker does not run,
-        since the talker reads only its embedding table for text rows. split: messages come from
+        speak: the answer's text token ids, spoken as given (text to speech): the LLM does not run,
+        since the follow stage reads only its embedding table for text rows. split: messages come from
         split_messages already (the server decodes media in its handlers, not in the engine's thread),
         their media in `media`; else their media parts are read here, from any path they name."""
         params = params or SamplingParams()
@@ -273,8 +274,8 @@ class Engine:
         if speech is not None and self.speech is None:
             raise InvalidInput("this plan does not speak" if self.speech_refused is None else "this engine does not speak",
                                self.speech_refused or f"its kinds: {', '.join(self.kinds())}",
-                               "ask for text out only, or plan a model with a talker" if self.speech_refused is None
-                               else "plan the talker and Code2Wav on the thinker's device (--set nodes.NAME.device=N)",
+                               "ask for text out only, or plan a model that speaks" if self.speech_refused is None
+                               else "plan the speech stages' nodes on the LLM's device (--set nodes.NAME.device=N)",
                                param="modalities")
         kind, prefill, decode = self._kind(rp.walks(), speech is not None)
         state = None
@@ -339,9 +340,9 @@ class Engine:
 
     # ---- one step
     def step(self) -> list[Event]:
-        """One step of one walk: the thinker's, the talker's or the vocoder's lane, taken in turn; while a
-        request whose talker started has no audio yet, the talker goes first, and a chunk that would be
-        some request's first audio before that. A plan device's worker that died fails every request in
+        """One step of one walk: the LLM's, the follow stage's or the chunk stage's lane, taken in turn;
+        while a request whose follow stage started has no audio yet, that stage goes first, and a chunk that
+        would be some request's first audio before that. A plan device's worker that died fails every request in
         flight and raises WorkerDied (the engine cannot go on)."""
         try:
             if self.workers is not None:
@@ -363,10 +364,10 @@ class Engine:
         return events
 
     def _step(self) -> list[Event]:
-        lanes = (self._thinker_step, self._talker_step, self._vocoder_step) if self.speech else (self._thinker_step,)
+        lanes = (self._llm_step, self._follow_step, self._chunk_step) if self.speech else (self._llm_step,)
         order = [(self._lane + k) % len(lanes) for k in range(len(lanes))]
-        if self.speech is not None:           # first audio first: its chunk, else its talker, before the rest
-            for lane, urgent in ((1, self.speech.talker_urgent(self.talking)),
+        if self.speech is not None:           # first audio first: its chunk, else its follow step, before the rest
+            for lane, urgent in ((1, self.speech.follow_urgent(self.talking)),
                                  (2, self.speech.first_chunk_ready(self.talking))):
                 if urgent:
                     order.remove(lane)
@@ -400,8 +401,8 @@ class Engine:
             events.append(self._finish(req))
         return events
 
-    def _talker_step(self) -> list[Event] | None:
-        step = self.speech.schedule_talker([r for r in self.talking if r.speech.ended is None])
+    def _follow_step(self) -> list[Event] | None:
+        step = self.speech.schedule_follow([r for r in self.talking if r.speech.ended is None])
         # scheduling can end a request's speech before any step (its text holds nothing to speak): close those
         ended = [ev for r in list(self.talking) if r not in (step.reqs if step else ()) and
                  (ev := self._maybe_close(r)) is not None]
@@ -409,18 +410,18 @@ class Engine:
             return ended or None
         self._count(step)
         try:
-            self.speech.run_talker(step)
+            self.speech.run_follow(step)
         except Exception as e:
             return ended + self._fail(step.reqs, e)
         return ended + [ev for r in step.reqs if (ev := self._maybe_close(r)) is not None]
 
-    def _vocoder_step(self) -> list[Event] | None:
-        step = self.speech.schedule_vocoder(self.talking)
+    def _chunk_step(self) -> list[Event] | None:
+        step = self.speech.schedule_chunks(self.talking)
         if step is None:
             return None
         self._count(step)
         try:
-            served = self.speech.run_vocoder(step)
+            served = self.speech.run_chunks(step)
         except Exception as e:
             return self._fail(step.reqs, e)
         events = []
@@ -443,7 +444,7 @@ class Engine:
             return Event(req, [], "", True)
         return None
 
-    def _thinker_step(self) -> list[Event] | None:
+    def _llm_step(self) -> list[Event] | None:
         plan = self.scheduler.schedule()
         if plan is None:
             return None
@@ -491,17 +492,19 @@ class Engine:
         return Event(req, [tok], text, False)
 
     def _keep_hidden(self, plan, result) -> None:
-        """The LLM rows a speaking request's talker prompt reads (multimodal rows of its user turns)."""
+        """The LLM rows a speaking request's follow prompt reads (the rows the host names, of the ports the
+        follow stage reads)."""
         sh = self.host.speech
         speaking = {c.req.id: c.req for c in plan.chunks if c.req.speech is not None}
-        if not speaking or sh.hidden_port not in result.outputs:
+        port = self.plan.pipeline.follow.reads
+        if not speaking or port not in result.outputs:
             return
         want = {}
         for rid, r in speaking.items():
             if r.speech.hidden_rows is None:
                 r.speech.hidden_rows = set(sh.hidden_rows(r.prompt))
             want[rid] = r.speech.hidden_rows
-        hidden = result.outputs[sh.hidden_port]
+        hidden = result.outputs[port]
         for i, (rid, row) in enumerate(result.rows):
             if rid in want and row in want[rid]:
                 speaking[rid].speech.hidden[row] = hidden[i].clone()
@@ -517,7 +520,7 @@ class Engine:
         req.times["finished"] = time.perf_counter()
 
     def _finish(self, req: Request) -> Event:
-        """The thinker is done with it (or it failed). A speaking request stays open for its speech."""
+        """The LLM is done with it (or it failed). A speaking request stays open for its speech."""
         tail = req.detok.finish() if req.detok is not None and req.finish_reason != "error" else ""
         s = req.speech
         if s is not None and req.finish_reason != "error":
@@ -543,7 +546,7 @@ class Engine:
             import numpy as np
 
             out.audio = np.concatenate(s.audio) if s.audio else np.zeros(0, dtype=np.float32)
-            out.sample_rate, out.audio_codes, out.audio_finish_reason = self.host.speech.sample_rate, s.frames, s.ended
+            out.sample_rate, out.audio_codes, out.audio_finish_reason = self.speech.sample_rate, s.frames, s.ended
             if "first_audio" in t:
                 times["first_audio_s"] = t["first_audio"] - t["arrived"]
         return out

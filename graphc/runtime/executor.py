@@ -14,10 +14,10 @@ import torch
 
 from graphc.declare import Node
 from graphc.errors import InvalidInput
-from graphc.ir import IR, Step
+from graphc.ir import Step
 from graphc.plan import Plan
 from graphc.runtime.boot import DeviceBoot
-from graphc.runtime.host import Host
+from graphc.serving import Host
 from graphc.runtime.scheduler import StepPlan
 from graphc.step import TORCH_DTYPES, StepContext
 from resources.paged_kv import PagedKVSpec, PagedTorch
@@ -29,18 +29,9 @@ def text_kind(stages: list) -> bool:
     return all(isinstance(s, str) for s in stages)
 
 
-def llm_node(ir: IR, plan: Plan) -> str:
-    """The node that decodes text: the one node on the decode walk that ends the plan's text request
-    kinds (those whose stages are single walks)."""
-    model, found = ir.model, set()
-    for stages in plan.requests.values():
-        if text_kind(stages) and model.walk(stages[-1]).kind == "decode":
-            found.update(model.walk(stages[-1]).path)
-    if len(found) != 1:
-        raise InvalidInput(f"the plan's text request kinds end in decode walks over {sorted(found) or 'no node'}",
-                           "the engine serves kinds that end by decoding one LLM node",
-                           "declare request kinds whose last stage is one decode walk")
-    return found.pop()
+def llm_node(plan: Plan) -> str:
+    """The node that decodes text: the pipeline's LLM stage's."""
+    return plan.pipeline.llm.node
 
 
 def rows_port(node: Node, port: str) -> str:

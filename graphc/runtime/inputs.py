@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graphc.errors import InvalidInput
-from graphc.runtime.host import Media
+from graphc.serving import Media
 from graphc.runtime.media import MediaError, load_audio, load_image
 
 
@@ -119,7 +119,7 @@ def _media(kind: str, source: bytes | str, what: str, fps: float | None = None, 
 
 def split_messages(messages: list, use_audio_in_video: bool = False, sources: Sources = OFFLINE,
                    limits: Limits = Limits()) -> tuple[list[dict], list[Media]]:
-    """use_audio_in_video: each video is heard with its own sound track (Qwen3-Omni's option); sources:
+    """use_audio_in_video: each video is heard with its own sound track (a model's option); sources:
     where media may be read from; limits: the most an item may hold."""
     if not isinstance(messages, list) or not messages:
         raise InvalidInput("messages must be a non-empty list", f"got {type(messages).__name__}", "send [{role, content}]")

@@ -1,9 +1,9 @@
 """Media as users have them. Audio: a file or its bytes (WAV, FLAC, OGG, MP3: whatever libsndfile
 reads) to the mono float32 waveform at the model's sample rate. Images: a file or its bytes
 (whatever Pillow reads) to RGB uint8 [3, H, W], turned upright by its EXIF orientation and
-without alpha, as HF's load_image gives them to Qwen's processors.
+without alpha, as HF's load_image gives them to its processors.
 
-soundfile decodes, soxr resamples (its high-quality setting, as librosa's default that Qwen's
+soundfile decodes, soxr resamples (its high-quality setting, as librosa's default that HF's
 processors use), channels are averaged. The length is checked from the header before anything is
 decoded, so a two-hour upload is refused without the work; an image's size likewise. No torchaudio: its version pairing with
 torch breaks installs.
@@ -78,7 +78,7 @@ def load_image(data: bytes | str | Path, max_pixels: int = MAX_IMAGE_PIXELS):
         2, 0, 1).contiguous()
 
 
-VIDEO_FPS = 2.0          # frames a second taken from a video (Qwen's processors' default)
+VIDEO_FPS = 2.0          # frames a second taken from a video (HF's video processors' default)
 MAX_VIDEO_FRAMES = 768
 MAX_VIDEO_BYTES = 2 << 30    # the decoded RGB frames one video may hold (2 GiB)
 
@@ -143,7 +143,7 @@ def load_video(data: bytes | str | Path, fps: float | None = None, max_frames: i
 def video_audio(data: bytes | str | Path, sample_rate: int = 16_000, max_seconds: float | None = None,
                 why: str = "") -> np.ndarray:
     """A video file's first audio stream, decoded with PyAV, channels averaged, resampled with soxr:
-    float32 [n] at `sample_rate` (what Qwen3-Omni hears with use_audio_in_video)."""
+    float32 [n] at `sample_rate` (what a model hears with use_audio_in_video)."""
     import av
     import soxr
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphc.runtime.host import Piece, Prompt
+from graphc.serving import Piece, Prompt
 from graphc.runtime.sampler import SamplingParams
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from graphc.declare import Model
 from graphc.errors import InvalidInput
 from graphc.plan import Plan
-from graphc.runtime.host import Piece
+from graphc.serving import Piece
 from graphc.runtime.request import Request, Status
 from resources.paged_kv import PageAllocator, PagedKVSpec
 from resources.ragged_attention import RaggedAttentionSpec

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphc.step import NodeModule, StepContext
+from graphc import NodeModule, StepContext
 from models.components.aut_config import QWEN3_ASR_0_6B_AUT, QWEN3_ASR_1_7B_AUT, QWEN3_OMNI_AUT, AuTConfig, \
     attention_spec, conv3_len, conv_len, node_ports  # noqa: F401
 from models.components.encoder import EncoderLayer

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphc.step import NodeModule, StepContext
+from graphc import NodeModule, StepContext
 from models.components.code2wav_config import Code2WavConfig, attention_spec, ports  # noqa: F401
 from models.components.layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
 

@@ -7,8 +7,11 @@ import math
 from pydantic import Field, model_validator
 
 import graphc as gc
-from graphc.strict import Strict
+from graphc import Strict
 from resources.ragged_attention import RaggedAttentionSpec
+
+
+SAMPLE_RATE = 24_000        # Hz of the audio Code2Wav makes (the released model: 12.5 frames a second x 1920)
 
 
 class Code2WavConfig(Strict):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphc.step import NodeModule, StepContext
+from graphc import NodeModule, StepContext
 from models.components.encoder_config import EncoderConfig
 
 

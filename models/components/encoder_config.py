@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from graphc.strict import Strict
+from graphc import Strict
 
 
 class EncoderConfig(Strict):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphc.errors import InvalidInput
-from graphc.strict import Strict
+from graphc import InvalidInput
+from graphc import Strict
 from models.components.aut_config import AuTConfig
 from models.components.qwen3_dense_config import Qwen3Config
 from models.components.thinker_config import ThinkerConfig

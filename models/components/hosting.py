@@ -1,4 +1,4 @@
-"""The host side of Qwen3-Omni's thinker and Qwen3-ASR (graphc/runtime/host.py's interface).
+"""The host side of Qwen3-Omni's thinker and Qwen3-ASR (graphc's Host contract, graphc/serving.py).
 
 Audio: 16 kHz waveform -> Whisper log-mel -> cut at multiples of n_window_infer mel frames (8 s), each
 piece one window an AuT step runs alone (models/components/aut.py: windows are independent).
@@ -12,9 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from graphc.declare import Model
-from graphc.errors import InvalidInput
-from graphc.runtime.host import EncodeBatch, Host, Media, MediaItem, Piece, Prompt, expand_placeholders
+from graphc import EncodeBatch, Host, InvalidInput, Media, MediaItem, Model, Piece, Prompt, expand_placeholders
 from models.components.audio_inputs import HOP_LENGTH, SAMPLE_RATE, log_mel, num_tokens, pack_audios
 from models.components.aut import AuTConfig
 from models.components.mrope import MediaTokens, rope_index
@@ -197,7 +195,7 @@ class AudioVisualHost(Host):
 
 def checkpoint_config(checkpoint: str | None) -> dict | None:
     """The checkpoint's config.json as a dict (None without a checkpoint)."""
-    from graphc.source import read_config
+    from graphc import read_config
 
     return None if checkpoint is None else read_config(checkpoint)
 

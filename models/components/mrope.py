@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from pydantic import Field
 
-from graphc.strict import Strict
+from graphc import Strict
 from models.components.thinker_config import check_mrope_section
 
 

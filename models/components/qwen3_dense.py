@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graphc.step import NodeModule, StepContext
+from graphc import NodeModule, StepContext
 from models.components.layers import Linear, RMSNorm, SwiGLU, norm_rope_qk, rope_cos_sin, rope_inv_freq, split_qkv
 from models.components.qwen3_dense_config import Qwen3Config, lm_ports  # noqa: F401
 

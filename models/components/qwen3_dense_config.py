@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from graphc.declare import Port
-from graphc.strict import Strict
+from graphc import Port
+from graphc import Strict
 
 
 class Qwen3Config(Strict):

@@ -1,5 +1,6 @@
 """Qwen3-Omni's speech on the host: the talker's prompt rows, the text it speaks next, its step inputs,
-and Code2Wav's streamed chunks (graphc/runtime/speech.py's SpeechHost).
+and Code2Wav's streamed chunks: graphc's Speech contract (graphc/serving.py) for the pipeline's follow
+stage (the talker) and chunk stage (Code2Wav).
 
 The talker prompt is HF's Qwen3OmniMoeForConditionalGeneration.generate's, built as the thinker goes:
   user rows     every row whose latest <|im_start|> is followed by the user token: multimodal rows
@@ -25,10 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from graphc.declare import Model
-from graphc.errors import InvalidInput
-from graphc.runtime.host import Prompt
-from graphc.runtime.speech import SpeechHost, SpeechSampling, TalkerPrompt
+from graphc import FollowPrompt, InvalidInput, Model, Prompt, Speech, SpeechSampling
 from models.components import code2wav as c2w
 from models.components.mrope import MediaTokens, rope_index
 from models.components.talker import sampling_row
@@ -63,24 +61,16 @@ def speech_ids(config: dict | None, vocab: int) -> dict:
     return {**dict(zip(TOP, range(vocab - 16, vocab - 10))), "codec_nothink_id": -1}
 
 
-class QwenOmniSpeech(SpeechHost):
+class QwenOmniSpeech(Speech):
     sampling = TALKER_SAMPLING
     residual_sampling = RESIDUAL_SAMPLING
 
     def __init__(self, model: Model, media: MediaTokens, ids: dict, talker: str = "talker", vocoder: str = "code2wav",
                  thinker: str = "thinker", first_chunk: int = 5):
         self.model, self.media, self.ids = model, media, ids
-        self.talker, self.vocoder, self.thinker = talker, vocoder, thinker
-        self.prefill_walk, self.decode_walk = "talker_prefill", "talker_decode"
+        self.thinker = thinker
         self.tcfg = model.node(talker).config
         self.vcfg: c2w.Code2WavConfig = model.node(vocoder).config
-        self.chunk_walks = {w.name: w.budget.frames // w.budget.seqs for w in model.walks
-                            if w.path == (vocoder,) and w.kind == "chunk"}
-        if max(self.chunk_walks.values(), default=0) != self.vcfg.chunk_frames:
-            raise InvalidInput(f"the longest of {vocoder}'s chunk walks {self.chunk_walks} (frames per slot) is not "
-                               f"its chunk_frames {self.vcfg.chunk_frames}",
-                               "a chunk of up to chunk_frames frames must fit some walk's slot",
-                               f"declare a chunk walk of {self.vcfg.chunk_frames}-frame slots")
         if ids.get("codec_nothink_id", 0) < 0:            # seeded tiny weights: special codec ids above the codebook
             base = self.tcfg.code_predictor_config.vocab_size
             names = ("codec_pad_id", "codec_bos_id", "codec_nothink_id", "codec_think_bos_id", "codec_think_eos_id")
@@ -91,12 +81,10 @@ class QwenOmniSpeech(SpeechHost):
             self.ids = ids
         self.voices = {k.lower(): int(v) for k, v in ids["speaker_id"].items()}
         self.default_voice = "ethan" if "ethan" in self.voices else sorted(self.voices)[0]
-        self.sample_rate = 24000
         self.first_chunk = first_chunk
         self.groups = self.tcfg.num_code_groups
         self.noise_shape = (self.groups, self.tcfg.text_config.vocab_size)
         self.seen_size = self.tcfg.text_config.vocab_size
-        self.hidden_port = "hidden"
         self.mm = {media.audio_token_id, media.image_token_id, media.video_token_id}
         self.embedding = None
 
@@ -141,12 +129,12 @@ class QwenOmniSpeech(SpeechHost):
         self._assistant(prompt)
 
     # ---- the talker's rows
-    def talker_prompt(self, prompt: Prompt, output: list[int], finished: bool, voice: str,
-                      hidden: dict[int, torch.Tensor]) -> TalkerPrompt | None:
+    def follow_prompt(self, prompt: Prompt, output: list[int], finished: bool, voice: str,
+                      hidden: dict[int, torch.Tensor]) -> FollowPrompt | None:
         ids = prompt.ids
         seq = ids[self._assistant(prompt):] + output            # the assistant rows, prompt part then generated
         if finished and len(seq) < 5:                        # row 3 is the last (never spoken): nothing to say
-            return TalkerPrompt.silent()
+            return FollowPrompt.silent()
         if not finished and len(seq) < 6:                   # frame 0 speaks row 4: is it the last?
             return None
         user = self._user_rows(ids)
@@ -171,7 +159,7 @@ class QwenOmniSpeech(SpeechHost):
             positions, delta = rope_index(talker_ids, self.media, **prompt.rope)
         else:
             positions, delta = torch.arange(n + 9, dtype=torch.int64).expand(3, -1), 0
-        return TalkerPrompt(rows=n + 9, positions=positions, delta=delta,
+        return FollowPrompt(rows=n + 9, positions=positions, delta=delta,
                             inputs={"codec_ids": torch.tensor(codec, dtype=torch.int64),
                                     "thinker_embeds": thinker_embeds, "thinker_hidden": thinker_hidden,
                                     "prompt_kind": kind})
@@ -201,9 +189,9 @@ class QwenOmniSpeech(SpeechHost):
         """codes [n, G] -> [n, 1]: code 0, the one the repetition penalty reads."""
         return codes[:, :1]
 
-    def talker_inputs(self, parts: list, samples: list[int], trailing: list[torch.Tensor], prefill: bool,
+    def follow_inputs(self, parts: list, samples: list[int], trailing: list[torch.Tensor], prefill: bool,
                       sampling: torch.Tensor, noise: torch.Tensor, seen: torch.Tensor) -> dict:
-        """One talker step's inputs. parts: ("prompt", TalkerPrompt, start, end) or ("decode", next_embed [H],
+        """One talker step's inputs. parts: ("prompt", FollowPrompt, start, end) or ("decode", next_embed [H],
         position); samples: the rows that emit a frame; trailing: each one's next text embedding; sampling,
         noise, seen: each sample row's (the node's ports)."""
         h = self.tcfg.text_config.hidden_size
@@ -237,7 +225,7 @@ class QwenOmniSpeech(SpeechHost):
                     "prompt_kind": torch.cat(kind)}
         return out
 
-    def talker_layouts(self, samples: int) -> dict:
+    def follow_layouts(self, samples: int) -> dict:
         from models.components.talker import code_predictor_cu_seqlens
 
         return {"cp_attn": code_predictor_cu_seqlens(samples, self.groups)}
@@ -252,6 +240,6 @@ class QwenOmniSpeech(SpeechHost):
     def slot(self, start: int, end: int) -> c2w.Slot:
         return c2w.stream_slot(self.vcfg, start, end)
 
-    def vocoder_inputs(self, filled: list[tuple[torch.Tensor, c2w.Slot]], slots: int,
+    def chunk_inputs(self, filled: list[tuple[torch.Tensor, c2w.Slot]], slots: int,
                        slot_frames: int) -> tuple[dict, dict]:
         return c2w.pack_slots(self.vcfg, filled, slots, slot_frames), {"attn": c2w.cu_seqlens(slot_frames, slots)}

@@ -55,7 +55,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from graphc.step import NodeModule, StepContext
+from graphc import NodeModule, StepContext
 from models.components.layers import Linear, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
 from models.components.talker_config import SAMPLING, TALKER_30B_A3B, CodePredictorConfig, TalkerConfig, \
     TalkerTextConfig, code_predictor_cu_seqlens, sampling_row, talker_ports  # noqa: F401

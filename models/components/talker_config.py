@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from graphc.declare import Port
-from graphc.strict import Strict
+from graphc import Port
+from graphc import Strict
 from models.components.thinker_config import MoETextConfig
 
 

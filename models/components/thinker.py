@@ -23,7 +23,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from graphc.step import NodeModule, StepContext
+from graphc import NodeModule, StepContext
 from models.components.layers import Linear, RMSNorm, norm_rope_qk, rope_inv_freq, split_qkv
 from models.components.moe import SparseMoE
 from models.components.mrope import mrope_cos_sin, mrope_slots

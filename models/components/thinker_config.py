@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from pydantic import Field, model_validator
 
-from graphc.declare import Port
-from graphc.strict import Strict
+from graphc import Port
+from graphc import Strict
 
 
 def check_mrope_section(head_dim: int, mrope_section: Sequence[int]) -> None:

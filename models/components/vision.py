@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphc.step import NodeModule, StepContext
+from graphc import NodeModule, StepContext
 from models.components.layers import LayerNorm, apply_rope, rope_inv_freq
 from models.components.vision_config import TAPS, VisionConfig, vision_node  # noqa: F401
 

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 import graphc as gc
-from graphc.strict import Strict
+from graphc import Strict
 
 TAPS = 4   # bilinear interpolation reads 2x2 rows of the learned position grid per patch
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from graphc.strict import Strict
+from graphc import Strict
 from models.components.vision import TAPS, VisionConfig
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)

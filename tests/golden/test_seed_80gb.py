@@ -1,7 +1,8 @@
 """The seeds' 80 GB case (shared/seeds/pr-omni-on-80gb-gpus.txt) is refused before any boot, with
 remedies that were each re-planned; what --fit makes of it is plans/qwen3_omni_h100_seed80gb_fit.plan."""
 from graphc.cli import main
-from graphc.plan import load_plan
+from graphc.plan import check_servable, load_plan
+from graphc.stages import slot_frames
 from tests.conftest import ROOT
 
 
@@ -24,3 +25,10 @@ def test_the_trimmed_plan_records_its_trims():
     assert all(t.freed_bytes > 0 for t in plan.trimmed)
     assert plan.devices[0].total_bytes <= plan.devices[0].capacity_bytes
     assert plan.resources["thinker_kv"].pages == {0: 256} and plan.walks["image_prefill"].budget["patches"] == 32768
+
+
+def test_the_trimmed_plan_is_servable():
+    """--fit trims the chunk walk by whole 100-frame slots (the host's chunk), so `graphc run` serves it."""
+    plan = load_plan(ROOT / "plans" / "qwen3_omni_h100_seed80gb_fit.plan")
+    check_servable(plan)
+    assert slot_frames(plan.walks["code2wav_chunk"].budget) == 100 == plan.pipeline.chunk.slot_frames

@@ -10,7 +10,7 @@ import torch
 from graphc.cli import main
 from graphc.errors import InvalidInput
 from graphc.runtime.engine import Engine
-from graphc.runtime.host import Media
+from graphc.serving import Media
 from graphc.runtime.sampler import SamplingParams
 from graphc.runtime.speech import SpeechParams
 

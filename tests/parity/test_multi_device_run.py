@@ -11,7 +11,7 @@ import pytest
 
 from graphc.cli import main
 from graphc.runtime.engine import Engine
-from graphc.runtime.host import Media
+from graphc.serving import Media
 from graphc.runtime.sampler import SamplingParams
 from graphc.runtime.workers import WorkerDied
 from tests.parity.test_multi_device import plans  # noqa: F401  (the fixture)

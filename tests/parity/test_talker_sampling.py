@@ -17,7 +17,8 @@ from transformers.generation.logits_process import (RepetitionPenaltyLogitsProce
                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf_omni
 
-from graphc.runtime.speech import SpeechParams, SpeechSampling
+from graphc.runtime.speech import SpeechParams
+from graphc.serving import SpeechSampling
 from models.components.speech_host import QwenOmniSpeech
 from models.components.talker import SAMPLING, RowParams, log_draws, sampling_row, select
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from graphc.plan import load_plan
 from graphc.runtime.boot import plan_ir
-from graphc.runtime.host import MediaItem, Piece, Prompt
+from graphc.serving import MediaItem, Piece, Prompt
 from graphc.runtime.request import Request
 from graphc.runtime.sampler import SamplingParams
 from graphc.runtime.scheduler import Scheduler
