@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import sys
 import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,53 +20,19 @@ from tqdm import tqdm
 
 from graphc.errors import InvalidInput
 from graphc.ir import IR, Step
-from graphc.modules import arrange_weights, set_kernels
 from graphc.overrides import apply_overrides
 from graphc.plan import Plan, file_sha256
-from graphc.runtime.build import fill_seeded, materialize
-from graphc.runtime.checkpoint import Shards, load_weights
+from graphc.runtime.device import DeviceBoot, allocate
 from graphc.runtime.steps import layouts, synthetic_inputs
 from graphc.source import load_model
-from graphc.step import TORCH_DTYPES, StepContext
+from graphc.step import StepContext
 from graphc.targets import get_target
 from graphc.verify import verify_graph
-from resources.paged_kv import PageAllocator, PagedTorch, new_cache
+from resources.paged_kv import PagedTorch
 from resources.ragged_attention import RaggedAttentionSpec, RaggedTorch
-from resources.workspace import WorkspaceSpec
 
 GPU_NAMES = {"H100": "h100", "H200": "h200", "A100-SXM4-80GB": "a100-80gb", "A100-SXM4-40GB": "a100-40gb",
              "L40S": "l40s", "B200": "b200", "B300": "b300"}
-
-
-@dataclass
-class DeviceBoot:
-    """One plan device, booted: what it holds and what was measured."""
-
-    plan: Plan
-    index: int
-    device: torch.device
-    ir: IR
-    modules: dict[str, torch.nn.Module] = field(default_factory=dict)
-    arenas: dict[str, torch.Tensor] = field(default_factory=dict)
-    caches: dict[str, torch.Tensor] = field(default_factory=dict)
-    pages: dict[str, PageAllocator] = field(default_factory=dict)
-    workspaces: dict[str, list[torch.Tensor]] = field(default_factory=dict)
-    transfers: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)   # (node, port) sent here
-    measured: dict[str, int] = field(default_factory=dict)
-    graphs: dict[str, object] = field(default_factory=dict)
-    ran: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    faults: list[str] = field(default_factory=list)             # CPU: storages that break the arena layout
-    step_peaks: dict[str, int] = field(default_factory=dict)    # CPU: step -> peak live op-output bytes
-    runtime: object = None                                      # GPU: the boot's gpu.Graphs, which serving replays
-    module: object = None                                       # the imported model file (its host() serves it)
-
-    @property
-    def nodes(self) -> list[str]:
-        return self.plan.devices[self.index].nodes
-
-    def steps(self) -> list[Step]:
-        return [s for s in self.ir.steps if s.node in self.nodes]
 
 
 def check_plan_source(plan: Plan, force: bool) -> None:
@@ -144,66 +109,6 @@ class Binder:
 
 def _progress(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="graph", file=sys.stderr, disable=None, leave=False)
-
-
-def owner(name: str, prefixes: dict[str, str]) -> str | None:
-    """The node whose weight_prefix is the longest prefix of a checkpoint tensor name."""
-    best = None
-    for node, prefix in prefixes.items():
-        if name.startswith(prefix) and (best is None or len(prefix) > len(prefixes[best])):
-            best = node
-    return best
-
-
-def check_unused(shards: Shards, used: set[str], boot: DeviceBoot) -> None:
-    """Nodes may share a prefix (thinker.audio_tower. inside thinker.), so each node loads leniently
-    and what nobody on this device used is refused here, by owner."""
-    prefixes = {n.name: n.weight_prefix for n in boot.ir.model.nodes}
-    stray = sorted(n for n in shards.where if n not in used and owner(n, prefixes) in boot.nodes)
-    if stray:
-        raise InvalidInput(f"checkpoint has {len(stray)} tensor(s) under this device's nodes that nothing loads",
-                           "\n".join(f"  unexpected: {n}" for n in stray[:8]),
-                           "check the checkpoint against the model's preset and the nodes' weight_prefix")
-
-
-def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
-    """Weights, KV pools and workspaces in the ledger's order."""
-    shards = Shards(checkpoint) if checkpoint else None
-    used: set[str] = set()
-    for name in boot.nodes:
-        node = boot.ir.node(name)
-        module, arena = materialize(node, boot.device)
-        set_kernels(module, boot.plan.nodes[name].kernels)      # the plan's kernel choices (select_backends)
-        if shards is not None:
-            used |= load_weights(module, shards, node.weight_prefix, strict=False).used
-        else:
-            fill_seeded(module, seed)
-        arrange_weights(module)                                 # rows as the chosen kernels read them
-        boot.modules[name], boot.arenas[name] = module, arena
-        boot.measured[f"weights.{name}"] = arena.numel()
-    if shards is not None:
-        check_unused(shards, used, boot)
-    dev_plan = boot.plan.devices[boot.index]
-    for res, pages in dev_plan.kv_pages.items():
-        spec = boot.ir.model.resource(res)
-        # by the shape the kernels index, not by the plan's page_bytes, so that a wrong formula shows
-        # as a difference; zeroed: synthetic steps read history no request wrote
-        boot.caches[res] = new_cache(spec, pages, boot.device)
-        boot.pages[res] = PageAllocator(pages)
-        boot.measured[f"kv.{res}"] = boot.caches[res].untyped_storage().nbytes()
-    for comp, nbytes in dev_plan.ledger.items():
-        if comp.startswith("workspace."):
-            name = comp.split(".", 1)[1]
-            spec = boot.ir.model.resource(name)
-            slots = spec.slots if isinstance(spec, WorkspaceSpec) else 1
-            ws = [torch.zeros(nbytes // slots, dtype=torch.uint8, device=boot.device) for _ in range(slots)]
-            boot.workspaces[name] = ws
-            boot.measured[comp] = sum(w.numel() for w in ws)
-    for src, port, numel, dtype in boot.ir.transfers_into(boot.nodes):    # other devices' outputs arrive here
-        buf = torch.empty(numel, dtype=TORCH_DTYPES[dtype], device=boot.device)
-        boot.transfers[(src, port)] = buf
-        comp = f"transfers.{src}"
-        boot.measured[comp] = boot.measured.get(comp, 0) + buf.untyped_storage().nbytes()
 
 
 class LiveBytes(TorchDispatchMode):

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from graphc.ir import Step
 from graphc.plan import parse_graph_id
-from graphc.runtime.boot import DeviceBoot, allocate
+from graphc.runtime.device import DeviceBoot, allocate
 from graphc.runtime.steps import layouts, synthetic_inputs
 from graphc.step import TORCH_DTYPES, StepContext
 from resources.flashinfer_backend import int_workspace, make_backend
