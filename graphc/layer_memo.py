@@ -1,7 +1,7 @@
 """Repeated blocks of a step traced once (issue 14): the simulation's layer memo.
 
-A model's layers are one module class repeated (48 thinker layers, 27 vision blocks, ...), called one
-after the other on inputs of the same shapes. While a step is traced (simulate.FakeNode), every child
+A model's layers are one module class repeated (an LLM's decoder layers, a vision encoder's blocks, ...),
+called one after the other on inputs of the same shapes. While a step is traced (simulate.FakeNode), every child
 of an nn.ModuleList of three or more blocks goes through `Memo.call`. A block call is keyed by what can
 change what it allocates: its class, the shapes and dtypes of its parameters and buffers, the plain
 attributes of it and its submodules (ints, floats, strings: window sizes, kernel choices, a layer
@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from graphc.strided import storage_bytes
 
 MEMO_ON = True
 MIN_BLOCKS = 3          # a ModuleList of fewer is not a stack of layers
@@ -170,8 +172,6 @@ class Memo:
         return out
 
     def capture(self, start: int, first_key: int, ops: int, launches: int, convs: int, out) -> Segment | None:
-        from graphc.simulate import _storage_bytes
-
         rec = self.rec
         events = rec.events[start:]
         if any(k < first_key for _, k, _ in events):        # freed a storage older than the call
@@ -184,7 +184,7 @@ class Memo:
                 return None
             s = t.untyped_storage()
             key = rec.keys.get(id(s))
-            if key is None or key < first_key or t.storage_offset() or s.nbytes() != _storage_bytes(t):
+            if key is None or key < first_key or t.storage_offset() or s.nbytes() != storage_bytes(t):
                 return None                              # not a storage of its own, allocated in the call
             outputs.append((key - first_key, tuple(t.shape), t.stride(), t.dtype))
         if {k + first_key for k, *_ in outputs} != alive or len(outputs) != len(alive):

@@ -31,6 +31,7 @@ from graphc.errors import InvalidInput
 from graphc.layer_memo import Memo
 from graphc.modules import meta_module
 from graphc.step import TORCH_DTYPES, StepContext
+from graphc.strided import storage_bytes
 from graphc.trace import Trace
 
 # (op, input metadata) -> (output container, [(shape, stride, dtype)]), or None: always run the op
@@ -45,13 +46,6 @@ def _meta(a):
     return a
 
 
-def _storage_bytes(t: torch.Tensor) -> int:
-    """The bytes torch.empty_strided gives a tensor of this shape and stride."""
-    if t.numel() == 0:
-        return 0
-    return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
-
-
 def _layouts(out, inputs: set[int]) -> tuple[type, list[tuple]] | None:
     """How to rebuild an op's outputs from metadata alone, or None when that would differ from
     running it: an output that is not a tensor, aliases an input or another output, or does not
@@ -62,7 +56,7 @@ def _layouts(out, inputs: set[int]) -> tuple[type, list[tuple]] | None:
     storages = {id(t.untyped_storage()) for t in leaves}
     if len(storages) != len(leaves) or storages & inputs:
         return None
-    if any(t.storage_offset() or t.untyped_storage().nbytes() != _storage_bytes(t) for t in leaves):
+    if any(t.storage_offset() or t.untyped_storage().nbytes() != storage_bytes(t) for t in leaves):
         return None
     return type(out), [(tuple(t.shape), t.stride(), t.dtype) for t in leaves]
 

@@ -3,7 +3,7 @@ the op memo may rebuild from metadata, which ops launch kernels, the memo's keys
 signatures, and what reference cycles hold.
 
 Expected values come from torch itself (empty_strided's storages, the ops' schemas) or are worked by
-hand; none is read back from graphc/simulate.py.
+hand; none is read back from graphc/simulate.py or graphc/strided.py.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import graphc as gc
 from graphc import memo
 from graphc import simulate as sim
 from graphc.simulate import FakeNode
+from graphc.strided import storage_bytes
 
 aten = torch.ops.aten
 
@@ -35,7 +36,7 @@ aten = torch.ops.aten
 ])
 def test_storage_bytes_is_what_empty_strided_allocates(shape, stride, dtype):
     t = torch.empty_strided(shape, stride, dtype=dtype)
-    assert sim._storage_bytes(t) == t.untyped_storage().nbytes()
+    assert storage_bytes(t) == t.untyped_storage().nbytes()
 
 
 # ------------------------------------------------------------------ what the op memo may rebuild
