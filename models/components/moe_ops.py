@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from models.components.moe_sort import count_blocks
+
 
 @torch.library.custom_op("graphc::moe_group", mutates_args=("rows", "ends"))
 def moe_group(experts: torch.Tensor, rows: torch.Tensor, ends: torch.Tensor) -> None:
@@ -163,19 +165,6 @@ def fused_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Ten
 # more token-expert pairs than this are grouped by the counting sort (moe_count, moe_place: two launches whose
 # work grows as the pairs; moe_group's one grows as the pairs squared: examples/bench_moe.py --sweep)
 GROUP_SORT_FROM = 512
-
-
-# the counting sort's blocks: at least COUNT_BLOCK pairs a program (a power of two), and at most COUNT_BLOCKS
-# programs, so that each program's read of every block's counts stays one [COUNT_BLOCKS, E] tile
-COUNT_BLOCK, COUNT_BLOCKS = 128, 128
-
-
-def count_blocks(pairs: int) -> tuple[int, int]:
-    """(pairs a block, blocks) of the counting sort for this many pairs."""
-    block = COUNT_BLOCK
-    while block * COUNT_BLOCKS < pairs:
-        block *= 2
-    return block, -(-pairs // block)
 
 
 def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor,

@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from models.components.moe_sort import count_blocks
+
 
 @triton.jit
 def _group(ex_ptr, rows_ptr, ends_ptr, P, E: tl.constexpr, BLOCK: tl.constexpr, EBLOCK: tl.constexpr):
@@ -365,8 +367,7 @@ def _tma(w: torch.Tensor) -> bool:
 
 def _count_blocks(experts: torch.Tensor, counts: torch.Tensor) -> tuple[int, int, int, int]:
     """(pairs, blocks, pairs a block, experts) of a counting sort, its counts buffer checked against
-    moe_ops.count_blocks."""
-    from models.components.moe_ops import count_blocks
+    moe_sort.count_blocks."""
     p, (nb, num_experts) = experts.numel(), counts.shape
     block, n = count_blocks(p)
     if nb != n:
@@ -375,7 +376,7 @@ def _count_blocks(experts: torch.Tensor, counts: torch.Tensor) -> tuple[int, int
 
 
 def count(experts: torch.Tensor, counts: torch.Tensor) -> None:
-    """experts [P] -> counts [moe_ops.count_blocks(P), E] int32: each block's pairs per expert."""
+    """experts [P] -> counts [moe_sort.count_blocks(P), E] int32: each block's pairs per expert."""
     p, nb, block, num_experts = _count_blocks(experts, counts)
     if p:
         _count[(nb,)](experts, counts, p, E=num_experts, BLOCK=block, SUB=min(COUNT_SUB, block),

@@ -158,14 +158,14 @@ def test_the_counting_sort_groups_pairs_as_torch_stable_sort(tokens, k, experts)
     experts and their running counts, at the plans' prefill sizes (16,384 tokens: blocks of 1,024 pairs),
     routing skewed to 8 experts as seeded weights route; and replay in a CUDA graph to the same."""
     pytest.importorskip("triton")
-    from models.components import moe_ops
+    from models.components import moe_ops, moe_sort
 
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     logits = torch.randn(tokens, experts, device="cuda", generator=gen)
     logits[:, :8] += 3.0
     ex = torch.topk(logits, k, dim=-1).indices.reshape(-1).contiguous()
     p = ex.numel()
-    _, nb = moe_ops.count_blocks(p)
+    _, nb = moe_sort.count_blocks(p)
     counts = torch.empty(nb, experts, device="cuda", dtype=torch.int32)
     rows = torch.empty(p, device="cuda", dtype=torch.int32)
     ends = torch.empty(experts, device="cuda", dtype=torch.int32)

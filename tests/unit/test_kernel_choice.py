@@ -117,10 +117,10 @@ def test_the_simulation_sees_the_fused_path_as_its_buffers_and_operators():
 def test_many_pairs_are_grouped_by_the_counting_sort_in_two_operators():
     """600 pairs (300 tokens, k 2: past GROUP_SORT_FROM's 512) are grouped by moe_count and moe_place, with a
     counts buffer of ceil(600 / 128) = 5 blocks x E int32, by hand from COUNT_BLOCK = 128; no torch sort."""
-    from models.components import moe_ops
+    from models.components import moe_ops, moe_sort
 
     T, k, E, H, I = 300, 2, 8, 32, 16
-    assert moe_ops.GROUP_SORT_FROM == 512 and (moe_ops.COUNT_BLOCK, moe_ops.COUNT_BLOCKS) == (128, 128)
+    assert moe_ops.GROUP_SORT_FROM == 512 and (moe_sort.COUNT_BLOCK, moe_sort.COUNT_BLOCKS) == (128, 128)
     _, allocs, seen = _simulated(*_on_meta(T, k, E, H, I))
     assert allocs == [T * k * 4, E * 4, 5 * E * 4, T * k * I * 2, T * k * H * 2, T * H * 2], allocs
     assert [s for s in seen if s.startswith("graphc.")] == ["graphc.moe_count", "graphc.moe_place",

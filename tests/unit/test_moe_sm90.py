@@ -14,9 +14,9 @@ pytest.importorskip("triton", reason="the kernels are Triton's; pip install -e '
 # from torch's stable sort: each expert's pairs from the next multiple of 16 on
 MAPS = r"""
 import torch
-from models.components import moe_ops, moe_triton
+from models.components import moe_ops, moe_sort, moe_triton
 
-moe_ops.COUNT_BLOCK, moe_ops.COUNT_BLOCKS, moe_triton.COUNT_SUB = 16, 4, 8
+moe_sort.COUNT_BLOCK, moe_sort.COUNT_BLOCKS, moe_triton.COUNT_SUB = 16, 4, 8
 moe_triton.TILES_BLOCK = 8
 E, TILE = 12, 16
 g = torch.Generator().manual_seed(5)
@@ -25,7 +25,7 @@ for p in (13, 37, 200):
     ex = torch.randint(0, 9, (p,), generator=g)
     ex[torch.rand(p, generator=g) < 0.4] = 4
     n = (p + (TILE - 1) * E) // TILE if p > E else p
-    counts = torch.full((moe_ops.count_blocks(p)[1], E), -7, dtype=torch.int32)
+    counts = torch.full((moe_sort.count_blocks(p)[1], E), -7, dtype=torch.int32)
     rows = torch.full((n * TILE,), -7, dtype=torch.int32)
     tiles = torch.full((2 * n + 1,), -7, dtype=torch.int32)
     moe_ops.moe_count(ex, counts)

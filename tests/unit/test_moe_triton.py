@@ -114,16 +114,16 @@ def test_the_fused_router_equals_the_torch_path_in_the_interpreter():
 # power of two, some chosen by no pair, one by most
 GROUPING = r"""
 import torch
-from models.components import moe_ops, moe_triton
+from models.components import moe_ops, moe_sort, moe_triton
 
-moe_ops.COUNT_BLOCK, moe_ops.COUNT_BLOCKS, moe_triton.COUNT_SUB = 16, 4, 8
+moe_sort.COUNT_BLOCK, moe_sort.COUNT_BLOCKS, moe_triton.COUNT_SUB = 16, 4, 8
 E = 12
 g = torch.Generator().manual_seed(3)
 out = []
 for p in (1, 16, 37, 64, 200):
     ex = torch.randint(0, 9, (p,), generator=g)            # experts 9..11: none
     ex[torch.rand(p, generator=g) < 0.4] = 4               # expert 4: about 40% of the pairs
-    block, nb = moe_ops.count_blocks(p)
+    block, nb = moe_sort.count_blocks(p)
     counts = torch.full((nb, E), -7, dtype=torch.int32)
     rows = torch.full((p,), -7, dtype=torch.int32)
     ends = torch.full((E,), -7, dtype=torch.int32)
