@@ -87,63 +87,26 @@ class Engine:
         check_checkpoint(self.plan, checkpoint)
         t0 = time.perf_counter()
         self.checkpoint = str(checkpoint) if checkpoint is not None else None
+        self.llm = llm_node(self.plan)
+        opts = dict(checkpoint=self.checkpoint, seed=seed, emulate=emulate, force=force, prebuild=prebuild)
         self.workers = None
         if boot is None and len(self.plan.devices) > 1:      # one worker process for each other device
-            from graphc.runtime.workers import Workers
-
-            llm = llm_node(self.plan)
-            local = next(d.index for d in self.plan.devices if llm in d.nodes)
-
-            gpu = 0 if links is not None else local
-
-            def boot_local():
-                return boot_plan(self.plan, devices=[local], checkpoint=self.checkpoint, seed=seed, emulate=emulate,
-                                 force=force, prebuild=prebuild, gpu=gpu)[0]
-
-            device = torch.device("cpu" if self.plan.target.arch == "cpu" else f"cuda:{gpu}")
-            self.workers = Workers(self.plan, local, device, boot_local, checkpoint=self.checkpoint, seed=seed,
-                                   emulate=emulate, force=force, prebuild=prebuild, links=links, host=host)
+            self.workers = self._start_workers(opts, links, host)
             boot = self.workers.booted
-        self.boot = boot if boot is not None else boot_plan(
-            self.plan, checkpoint=self.checkpoint, seed=seed, emulate=emulate, force=force, prebuild=prebuild)[0]
+        self.boot = boot if boot is not None else boot_plan(self.plan, **opts)[0]
         self.boot_seconds = time.perf_counter() - t0
         self.model = self.boot.ir.model
-        self.llm = llm_node(self.plan)
         self.host = self._host()
-        kv_role, kv_res = next((role, r) for role, r in self.model.node(self.llm).resources.items()
-                               if r in self.boot.pages)
-        pages = self.boot.pages[kv_res]
+        kv_res = next(r for r in self.model.node(self.llm).resources.values() if r in self.boot.pages)
         # a captured paged rung runs exactly its sequences and rows: padding sits on one scratch page of each pool
-        scratch = scratch_pages(self.boot)
-        self.executor = Executor(self.boot, self.host, self.llm, scratch, self.workers)
-        self.scheduler = Scheduler(self.plan, self.model, self.llm, self.executor.kv_spec, pages,
+        self.executor = Executor(self.boot, self.host, self.llm, scratch_pages(self.boot), self.workers)
+        self.scheduler = Scheduler(self.plan, self.model, self.llm, self.executor.kv_spec, self.boot.pages[kv_res],
                                    reserved=self.executor.reserved.get(kv_res, 0))
-        self.speech: SpeechLane | None = None
-        self.speech_refused: str | None = None
-        sh = getattr(self.host, "speech", None)
-        pipe = self.plan.pipeline
-        if sh is not None and pipe.follow is not None and self._speech_kinds():
-            linked = {ln.dst for ln in self.model.links if ln.src == self.llm}
-            away = [n for n in (pipe.follow.node, pipe.chunk.node) if n not in self.boot.nodes and n not in linked]
-            if not away:          # each here, or on a worker that the engine drives through a declared link
-                sh.bind(self.boot.modules, self.boot.device)
-                self.speech = SpeechLane(pipe, sh, self.executor, self.boot, seed=seed)
-            else:
-                self.speech_refused = (f"the plan puts {' and '.join(away)} on another device than {self.llm}, and "
-                                       f"the model declares no link from {self.llm} to {away[0]} (its inputs are "
-                                       f"made on {self.llm}'s device); declare a graphc Link, or plan with "
-                                       f"--set nodes.{away[0]}.device=N on {self.llm}'s device")
+        self.speech, self.speech_refused = self._speech_lane(seed)
         self.talking: list[Request] = []          # speaking requests not closed, in arrival order
         self._lane = 0
         self.sampler = Sampler(seed, self.boot.device)
-        self.tokenizer = self.template = None
-        if self.checkpoint and (Path(self.checkpoint) / "tokenizer.json").is_file():
-            from graphc.runtime.chat import ChatTemplate, load_tokenizer
-            self.tokenizer = load_tokenizer(self.checkpoint)
-            try:
-                self.template = ChatTemplate.from_checkpoint(self.checkpoint)
-            except InvalidInput:
-                self.template = None
+        self.tokenizer, self.template = self._text_tools()
         self._ids = itertools.count()
         self.requests: dict[str, Request] = {}
         self.dead: str | None = None              # why the engine stopped (a worker died)
@@ -152,6 +115,47 @@ class Engine:
         if self.workers is not None:
             self.devices |= self.workers.checks
         self.devices = dict(sorted(self.devices.items()))
+
+    def _start_workers(self, opts: dict, links: dict | None, host: str):
+        """A worker for each plan device but the LLM's (this process boots that one)."""
+        from graphc.runtime.workers import Workers
+
+        local = next(d.index for d in self.plan.devices if self.llm in d.nodes)
+        gpu = 0 if links is not None else local
+
+        def boot_local():
+            return boot_plan(self.plan, devices=[local], gpu=gpu, **opts)[0]
+
+        device = torch.device("cpu" if self.plan.target.arch == "cpu" else f"cuda:{gpu}")
+        return Workers(self.plan, local, device, boot_local, links=links, host=host, **opts)
+
+    def _speech_lane(self, seed: int) -> tuple[SpeechLane | None, str | None]:
+        """The pipeline's follow and chunk stages, when the model's host speaks and the plan has a speaking
+        kind; else None, and why not when the plan placed their nodes where the engine cannot drive them."""
+        sh, pipe = self.host.speech, self.plan.pipeline
+        if sh is None or pipe.follow is None or not self._speech_kinds():
+            return None, None
+        linked = {ln.dst for ln in self.model.links if ln.src == self.llm}
+        away = [n for n in (pipe.follow.node, pipe.chunk.node) if n not in self.boot.nodes and n not in linked]
+        if away:                  # each must be here, or on a worker that the engine drives through a declared link
+            return None, (f"the plan puts {' and '.join(away)} on another device than {self.llm}, and the model "
+                          f"declares no link from {self.llm} to {away[0]} (its inputs are made on {self.llm}'s "
+                          f"device); declare a graphc Link, or plan with --set nodes.{away[0]}.device=N on "
+                          f"{self.llm}'s device")
+        sh.bind(self.boot.modules, self.boot.device)
+        return SpeechLane(pipe, sh, self.executor, self.boot, seed=seed), None
+
+    def _text_tools(self):
+        """(tokenizer, chat template) of the checkpoint, each None where it has none."""
+        if not self.checkpoint or not (Path(self.checkpoint) / "tokenizer.json").is_file():
+            return None, None
+        from graphc.runtime.chat import ChatTemplate, load_tokenizer
+
+        try:
+            template = ChatTemplate.from_checkpoint(self.checkpoint)
+        except InvalidInput:
+            template = None
+        return load_tokenizer(self.checkpoint), template
 
     # ---- boot facts
     def _host(self) -> Host:
@@ -263,25 +267,12 @@ class Engine:
             messages, found = split_messages(messages, use_audio_in_video, limits=self.media_limits())
             media += found
         ids = list(prompt_token_ids) if prompt_token_ids is not None else self.tokenize(messages, prompt)
-        vocab = self.model.node(self.llm).outputs["logits"].shape[-1]
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidInput(f"prompt token ids {bad[:4]} are outside the vocabulary", f"it has {vocab} ids",
-                               "tokenize with the checkpoint's tokenizer")
+        self._check_ids(ids, "prompt token ids")
         rp = self.host.prompt(ids, media)
         if not rp.ids:
             raise InvalidInput("the prompt is empty", "", "send at least one token")
-        if speech is not None and self.speech is None:
-            raise InvalidInput("this plan does not speak" if self.speech_refused is None else "this engine does not speak",
-                               self.speech_refused or f"its kinds: {', '.join(self.kinds())}",
-                               "ask for text out only, or plan a model that speaks" if self.speech_refused is None
-                               else "plan the speech stages' nodes on the LLM's device (--set nodes.NAME.device=N)",
-                               param="modalities")
+        state = self._speech_state(rp, speech)
         kind, prefill, decode = self._kind(rp.walks(), speech is not None)
-        state = None
-        if speech is not None:
-            state = self.speech.new_state(speech)
-            self.host.speech.check(rp)
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         if rid in self.requests:
             raise InvalidInput(f"request id {rid} is in flight", "", "use another id")
@@ -291,28 +282,10 @@ class Engine:
                       max_rows=len(rp.ids) + max_tokens, arrival=next(self._ids), max_tokens=max_tokens,
                       user=user)
         req.generator = new_generator(params.seed, self.boot.device) if params.seed is not None else None
-        if self.tokenizer is not None:
-            from graphc.runtime.detok import Detokenizer
-            req.detok = Detokenizer(self.tokenizer, params.stop)
-        elif params.stop:
-            raise InvalidInput("stop strings need a tokenizer", "this engine serves token ids only",
-                               "use stop_token_ids, or start it with --checkpoint")
+        req.detok = self._detokenizer(params)
         req.logprobs = [] if params.logprobs else None
         if speak is not None:
-            if state is None or rp.media:
-                raise InvalidInput("speak (text to speech) needs speech out and a text-only prompt",
-                                   f"speech {'off' if state is None else 'on'}, {len(rp.media)} media items", "")
-            bad = [t for t in speak if not 0 <= t < vocab]
-            if not speak or bad:
-                raise InvalidInput("the text to speak is empty or holds ids outside the vocabulary",
-                                   f"{len(speak)} ids, outside: {bad[:4]}", "send some text")
-            end = self.host.eos_token_ids[:1] or [speak[-1]]
-            req.output = list(speak) + list(end)           # its end token is never spoken (tts_eos takes it)
-            if req.detok is not None:
-                req.detok.add(list(speak))
-                req.detok.finish()
-            req.finish_reason, state.text_done = "stop", True
-            req.times["text_finished"] = req.times["arrived"]
+            self._spoken_as_given(req, state, speak)
         else:
             self.scheduler.add(req)
         if state is not None:
@@ -320,6 +293,52 @@ class Engine:
             self.talking.append(req)
         self.requests[rid] = req
         return req
+
+    def _check_ids(self, ids: list[int], what: str) -> None:
+        vocab = self.model.node(self.llm).outputs["logits"].shape[-1]
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidInput(f"{what} {bad[:4]} are outside the vocabulary", f"it has {vocab} ids",
+                               "tokenize with the checkpoint's tokenizer")
+
+    def _speech_state(self, rp, speech: SpeechParams | None):
+        """A speaking request's speech state (None for text out), refused where the engine does not speak."""
+        if speech is None:
+            return None
+        if self.speech is None:
+            raise InvalidInput("this plan does not speak" if self.speech_refused is None else "this engine does not speak",
+                               self.speech_refused or f"its kinds: {', '.join(self.kinds())}",
+                               "ask for text out only, or plan a model that speaks" if self.speech_refused is None
+                               else "plan the speech stages' nodes on the LLM's device (--set nodes.NAME.device=N)",
+                               param="modalities")
+        state = self.speech.new_state(speech)
+        self.host.speech.check(rp)
+        return state
+
+    def _detokenizer(self, params: SamplingParams):
+        if self.tokenizer is not None:
+            from graphc.runtime.detok import Detokenizer
+            return Detokenizer(self.tokenizer, params.stop)
+        if params.stop:
+            raise InvalidInput("stop strings need a tokenizer", "this engine serves token ids only",
+                               "use stop_token_ids, or start it with --checkpoint")
+        return None
+
+    def _spoken_as_given(self, req: Request, state, speak: list[int]) -> None:
+        """Text to speech: the request's text is `speak` and is done; only the speech stages run."""
+        if state is None or req.prompt.media:
+            raise InvalidInput("speak (text to speech) needs speech out and a text-only prompt",
+                               f"speech {'off' if state is None else 'on'}, {len(req.prompt.media)} media items", "")
+        if not speak:
+            raise InvalidInput("the text to speak is empty", "0 ids", "send some text")
+        self._check_ids(speak, "ids to speak")
+        end = self.host.eos_token_ids[:1] or [speak[-1]]
+        req.output = list(speak) + list(end)           # its end token is never spoken: the host's stand-in takes it
+        if req.detok is not None:
+            req.detok.add(list(speak))
+            req.detok.finish()
+        req.finish_reason, state.text_done = "stop", True
+        req.times["text_finished"] = req.times["arrived"]
 
     def abort(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
