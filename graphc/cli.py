@@ -46,6 +46,18 @@ def _counts(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="graphc", description="Compile a declared multimodal model into a checked serving plan.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    _add_plan(sub)
+    _add_explain(sub)
+    _add_check(sub)
+    _add_run(sub)
+    df = sub.add_parser("diff", help="what changed between two plans (exit 1 when they differ)")
+    df.add_argument("a")
+    df.add_argument("b")
+    return p
+
+
+def _add_plan(sub) -> None:
+    """`graphc plan MODEL.py --gpu ...`: plan a model for one target, or sweep several."""
     pl = sub.add_parser("plan", help="plan a model for a target", description="Plan MODEL.py for a target GPU.")
     pl.add_argument("model", help="a model file defining declare(preset)")
     pl.add_argument("--gpu", required=True,
@@ -66,9 +78,17 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-remedies", action="store_true", help="refuse without re-planning remedies (faster)")
     pl.add_argument("--html", default=None, metavar="FILE", help="also write an HTML report")
     pl.add_argument("-q", "--quiet", action="store_true", help="print only the output path")
+
+
+def _add_explain(sub) -> None:
+    """`graphc explain PLAN`: where each ledger number came from."""
     ex = sub.add_parser("explain", help="where each ledger number came from, why each rung exists")
     ex.add_argument("plan")
     ex.add_argument("--device", type=int, default=None, help="only this device's ledger")
+
+
+def _add_check(sub) -> None:
+    """`graphc check PLAN`: boot it and compare planned with measured bytes."""
     ck = sub.add_parser("check", help="boot a plan, capture every graph, report planned vs measured bytes")
     ck.add_argument("plan")
     ck.add_argument("--device", type=int, action="append", default=None,
@@ -81,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="compile FlashInfer kernels on first use, not all in parallel before the boot")
     ck.add_argument("--tolerance", type=float, default=0.02, help="allowed measured/planned excess (default 0.02)")
     ck.add_argument("--json", default=None, metavar="FILE", help="also write planned and measured bytes as JSON")
+
+
+def _add_run(sub) -> None:
+    """`graphc run PLAN`: serve it over HTTP, or run a JSONL batch offline."""
     rn = sub.add_parser("run", help="serve a plan: an OpenAI-compatible server, or a JSONL batch offline",
                         description="Boot PLAN and serve its request kinds.")
     rn.add_argument("plan")
@@ -114,10 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--ray", default=None, metavar="ADDRESS",
                     help="run each plan device as an actor of this Ray cluster ('auto': the running one; 'local': "
                          "start one on this host); needs pip install 'graphc[ray]'")
-    df = sub.add_parser("diff", help="what changed between two plans (exit 1 when they differ)")
-    df.add_argument("a")
-    df.add_argument("b")
-    return p
 
 
 def cmd_plan(args) -> int:
