@@ -1,6 +1,6 @@
 """A plan's devices other than the engine's, each in a process of its own (issue 12).
 
-The engine keeps the thinker's device (the scheduler, the KV pools, sampling) in its own process. Every
+The engine keeps the LLM node's device (the scheduler, the KV pools, sampling) in its own process. Every
 other plan device gets a worker that boots only its part of the plan (boot_plan(devices=[d]): its
 arenas, pools, graphs, its ledger checked) and runs the node steps the engine sends it. The
 scheduler stays one, in the engine. A worker is one of two things, with the same messages:
@@ -18,8 +18,8 @@ scheduler stays one, in the engine. A worker is one of two things, with the same
     data          torch.distributed point to point, ranks = plan devices, rendezvous at rank 0: NCCL
                   between GPUs (device to device, never through the host), gloo between CPU processes.
                   A step's host inputs (mel features, pixel patches, positions) go with the step. The
-                  inputs of a node the engine drives (declare.Link: the talker's rows made from the
-                  thinker's embeddings and hidden states) are sent right after the step, into the
+                  inputs of a node the engine drives (declare.Link: a second autoregressive stage's rows
+                  made from the LLM's embeddings and hidden states) are sent right after the step, into the
                   worker's static receive buffers; an input on the engine's device that no link names is
                   refused. The outputs the engine wants come back into its device's static receive
                   buffers. Every buffer is one per (source, port) at the largest step of the walks that
@@ -150,46 +150,11 @@ class DeviceWorker:
             host = msg[1]
             return "address", f"tcp://{host}:{free_port(host)}"
         if kind == "join":
-            _, init, world, self.engine_rank = msg
-            boot = self.runner.boot
-            try:
-                before = device_memory(boot.device)
-                join_group(init, world, self.index, boot.device)
-                joined = device_memory(boot.device)
-                # the link to the engine, made now: NCCL connects a pair and allocates its buffers at their
-                # first exchange, which would otherwise fall in a step and outside the boot's measurement
-                dist.send(torch.zeros(1, device=boot.device), dst=self.engine_rank)
-                comm_measured(boot, before, joined)
-            except BaseException:
-                return "failed", traceback.format_exc()
-            return "ready", verdict(compare(boot))
+            return self._join(*msg[1:])
         if kind == "run":
-            _, node, walk, rung, size, inputs, layouts, want, linked = msg
-            try:                         # the engine sends these right after the step: a failed receive ends us
-                for port, shape, key in linked:
-                    buf = self.runner.boot.transfers[key]
-                    view = buf[:math.prod(shape)].view(shape)
-                    dist.recv(view, src=self.engine_rank)
-                    inputs[port] = view
-            except BaseException:
-                return "failed", traceback.format_exc()
-            try:
-                out = self.runner.run_node(node, walk, rung, size, inputs, layouts)
-                ready = {p: (tuple(out[p].shape), out[p].dtype) for p in want}
-            except BaseException as e:             # the step fails; the worker goes on
-                self.pending = []
-                return "error", f"{type(e).__name__}: {e}"
-            self.pending = [out[p].contiguous() for p in want]
-            return "done", ready
-        if kind == "send":               # the engine posts its receives; a send that fails ends the worker
-            try:
-                for t in self.pending:
-                    dist.send(t, dst=self.engine_rank)
-            except BaseException:
-                return "failed", traceback.format_exc()
-            finally:
-                self.pending = []
-            return "sent", None
+            return self._run(*msg[1:])
+        if kind == "send":
+            return self._send_pending()
         if kind == "memory":
             return "memory", device_memory(self.runner.boot.device)
         if kind == "stop":
@@ -197,6 +162,54 @@ class DeviceWorker:
                 dist.destroy_process_group()
             return None
         return "failed", f"unknown message {kind!r}"
+
+    def _join(self, init: str, world: int, engine_rank: int):
+        """This device's rank in the plan's process group, its link to the engine made, its boot checked."""
+        self.engine_rank = engine_rank
+        boot = self.runner.boot
+        try:
+            before = device_memory(boot.device)
+            join_group(init, world, self.index, boot.device)
+            joined = device_memory(boot.device)
+            # the link to the engine, made now: NCCL connects a pair and allocates its buffers at their
+            # first exchange, which would otherwise fall in a step and outside the boot's measurement
+            dist.send(torch.zeros(1, device=boot.device), dst=self.engine_rank)
+            comm_measured(boot, before, joined)
+        except BaseException:
+            return "failed", traceback.format_exc()
+        return "ready", verdict(compare(boot))
+
+    def _run(self, node: str, walk: str, rung: int | None, size: int, inputs: dict, layouts: dict, want: list,
+             linked: list):
+        """One node step: its linked inputs received first, its wanted outputs kept until the engine asks."""
+        try:                         # the engine sends these right after the step: a failed receive ends us
+            for port, shape, key in linked:
+                buf = self.runner.boot.transfers[key]
+                view = buf[:math.prod(shape)].view(shape)
+                dist.recv(view, src=self.engine_rank)
+                inputs[port] = view
+        except BaseException:
+            return "failed", traceback.format_exc()
+        try:
+            out = self.runner.run_node(node, walk, rung, size, inputs, layouts)
+            ready = {p: (tuple(out[p].shape), out[p].dtype) for p in want}
+        except BaseException as e:             # the step fails; the worker goes on
+            self.pending = []
+            return "error", f"{type(e).__name__}: {e}"
+        self.pending = [out[p].contiguous() for p in want]
+        return "done", ready
+
+    def _send_pending(self):
+        """The last step's wanted outputs, into the receives the engine posted; a send that fails ends the
+        worker."""
+        try:
+            for t in self.pending:
+                dist.send(t, dst=self.engine_rank)
+        except BaseException:
+            return "failed", traceback.format_exc()
+        finally:
+            self.pending = []
+        return "sent", None
 
     def _boot(self, plan_json: str, options: dict) -> dict:
         if options.get("gpu") is not None:
@@ -306,48 +319,71 @@ class Workers:
             if links is None:
                 self._start_processes(world, local)
             opts = {"checkpoint": checkpoint, "seed": seed, "emulate": emulate, "force": force, "prebuild": prebuild}
-            for d, link in self.links.items():
-                gpu = visible_gpu(d) if device.type == "cuda" and isinstance(link, ProcessLink) else None
-                link.request(("boot", plan.model_dump_json(), opts | {"gpu": gpu}))
-            self.booted = boot_local()
-            self.summaries = {d: self._wait(d, "booted", BOOT_TIMEOUT_S) for d in self.links}
-            for d, s in self.summaries.items():
-                if s["faults"]:
-                    raise WorkerDied(f"device {d} booted with faults", "; ".join(s["faults"][:3]),
-                                     "see graphc check on that device")
-            if local == 0:                                  # the rendezvous is at rank 0
-                init = f"tcp://{host}:{free_port(host)}"
-            else:
-                self.links[0].request(("address", host if isinstance(self.links[0], ProcessLink) else None))
-                init = self._wait(0, "address", STEP_TIMEOUT_S)
-            for d, link in self.links.items():
-                link.request(("join", init, world, local))
-            before = device_memory(device)
-            join_group(init, world, local, device)
-            joined = device_memory(device)
-            self.checks = {}
-            for d in sorted(self.links):             # each worker's first send (its link made), then its check
-                dist.recv(torch.empty(1, device=device), src=d)
-                self.checks[d] = self._wait(d, "ready", STEP_TIMEOUT_S)
-            comm_measured(self.booted, before, joined)
+            self._boot_all(plan, boot_local, opts)
+            self._join_all(world, host)
         except BaseException:
             self.close()
             raise
         # the engine's device's receive buffers, one per (source, port): the plan's transfers.NODE ledger
         # lines (IR.transfers_into), allocated and measured with the rest of its device's boot
         self.buffers = self.booted.transfers
+        self.linked = self._linked_inputs()
+        self._mirror_pools()
+        # remote node steps; bytes sent and received through the process group; seconds the engine spent in
+        # those steps (waiting on the worker included), in sending the step (its host inputs pickled, its
+        # linked inputs sent), and in receiving their outputs after the worker was done
+        self.stats = {"steps": 0, "send_bytes": 0, "recv_bytes": 0, "seconds": 0.0, "request_seconds": 0.0,
+                      "recv_seconds": 0.0}
+        self.recent = deque(maxlen=4096)       # (seconds, recv seconds) of the latest node steps
+
+    def _boot_all(self, plan: Plan, boot_local, opts: dict) -> None:
+        """Every worker boots its device while this process boots its own; a worker's faults end the boot."""
+        for d, link in self.links.items():
+            gpu = visible_gpu(d) if self.device.type == "cuda" and isinstance(link, ProcessLink) else None
+            link.request(("boot", plan.model_dump_json(), opts | {"gpu": gpu}))
+        self.booted = boot_local()
+        self.summaries = {d: self._wait(d, "booted", BOOT_TIMEOUT_S) for d in self.links}
+        for d, s in self.summaries.items():
+            if s["faults"]:
+                raise WorkerDied(f"device {d} booted with faults", "; ".join(s["faults"][:3]),
+                                 "see graphc check on that device")
+
+    def _join_all(self, world: int, host: str) -> None:
+        """The plan's process group, every worker's link to this process made and its boot checked; what
+        joining added to this device measured (its `comm` line)."""
+        local, device = self.local, self.device
+        if local == 0:                                  # the rendezvous is at rank 0
+            init = f"tcp://{host}:{free_port(host)}"
+        else:
+            self.links[0].request(("address", host if isinstance(self.links[0], ProcessLink) else None))
+            init = self._wait(0, "address", STEP_TIMEOUT_S)
+        for d, link in self.links.items():
+            link.request(("join", init, world, local))
+        before = device_memory(device)
+        join_group(init, world, local, device)
+        joined = device_memory(device)
+        self.checks = {}
+        for d in sorted(self.links):             # each worker's first send (its link made), then its check
+            dist.recv(torch.empty(1, device=device), src=d)
+            self.checks[d] = self._wait(d, "ready", STEP_TIMEOUT_S)
+        comm_measured(self.booted, before, joined)
+
+    def _linked_inputs(self) -> dict[str, dict[str, tuple]]:
+        """What the engine sends a driven node's worker (declare.Link): node -> port -> (the worker's buffer
+        key, its elements, dtype)."""
         ir, model = self.booted.ir, self.booted.ir.model
-        # what the engine sends a driven node's worker (declare.Link): node -> port -> (the worker's buffer
-        # key, its elements, dtype)
-        self.linked: dict[str, dict[str, tuple]] = {}
+        linked: dict[str, dict[str, tuple]] = {}
         for d in self.links:
             room = {(src, label): (n, dt) for src, label, n, dt in ir.transfers_into(
                 [x for x, dev in self.of.items() if dev == d])}
             for ln in model.links:
-                if self.of.get(ln.dst) == d and self.of.get(ln.src) == local:
-                    self.linked[ln.dst] = {p: (ln.input_key(p), *room[ln.input_key(p)]) for p in ln.inputs}
-        # the workers' page pools, kept here (a step sends its page tables): the same pages free, their
-        # scratch pages taken as the worker took them
+                if self.of.get(ln.dst) == d and self.of.get(ln.src) == self.local:
+                    linked[ln.dst] = {p: (ln.input_key(p), *room[ln.input_key(p)]) for p in ln.inputs}
+        return linked
+
+    def _mirror_pools(self) -> None:
+        """The workers' page pools, kept here (a step sends its page tables): the same pages free, their
+        scratch pages taken as the worker took them."""
         self.pools: dict[str, PageAllocator] = {}
         self.reserved: dict[str, int] = {}
         for d, s in self.summaries.items():
@@ -359,12 +395,6 @@ class Workers:
                         raise WorkerDied(f"device {d}'s {res} pool took scratch page {s['scratch'][res]}",
                                          f"the engine's copy of its pages would take {taken}", "a bookkeeping bug")
                     self.reserved[res] = 1
-        # remote node steps; bytes sent and received through the process group; seconds the engine spent in
-        # those steps (waiting on the worker included), in sending the step (its host inputs pickled, its
-        # linked inputs sent), and in receiving their outputs after the worker was done
-        self.stats = {"steps": 0, "send_bytes": 0, "recv_bytes": 0, "seconds": 0.0, "request_seconds": 0.0,
-                      "recv_seconds": 0.0}
-        self.recent = deque(maxlen=4096)       # (seconds, recv seconds) of the latest node steps
 
     def _start_processes(self, world: int, local: int) -> None:
         key = secrets.token_bytes(32)
@@ -448,6 +478,26 @@ class Workers:
             want: list[str]) -> dict[str, torch.Tensor]:
         d = self.of[node]
         t0 = time.perf_counter()
+        works, sends = self._request_step(node, walk, rung, size, inputs, layouts, want)
+        self.stats["request_seconds"] += time.perf_counter() - t0
+        ready = self._wait(d, "done", STEP_TIMEOUT_S)
+        for w, t in zip(works, sends):               # the worker received them before it ran the step
+            w.wait()
+            self.stats["send_bytes"] += t.numel() * t.element_size()
+        t1 = time.perf_counter()
+        out = self._receive_outputs(node, ready, want)
+        t2 = time.perf_counter()
+        self.stats["recv_seconds"] += t2 - t1
+        self.stats["seconds"] += t2 - t0
+        self.stats["steps"] += 1
+        self.recent.append((t2 - t0, t2 - t1))
+        return out
+
+    def _request_step(self, node: str, walk: str, rung: int | None, size: int, inputs: dict, layouts: dict,
+                      want: list[str]) -> tuple[list, list[torch.Tensor]]:
+        """The step sent to its worker: host inputs with the message, linked inputs device to device right
+        after it (the sends' works, and what they send)."""
+        d = self.of[node]
         linked = self.linked.get(node, {})
         on_device = [k for k, v in inputs.items() if v.device.type != "cpu" and k not in linked]
         if on_device:
@@ -465,16 +515,13 @@ class Workers:
                                    f"elements (the plan sizes it at {node}'s largest step)")
             sends.append(t)
             meta.append((k, tuple(t.shape), key))
-        link = self.links[d]
-        link.request(("run", node, walk, rung, size, host, layouts, list(want), meta))
+        self.links[d].request(("run", node, walk, rung, size, host, layouts, list(want), meta))
         # sent without waiting: a dead worker is seen below, not in a send that no receive meets
-        works = [dist.isend(t, dst=d) for t in sends]
-        self.stats["request_seconds"] += time.perf_counter() - t0
-        ready = self._wait(d, "done", STEP_TIMEOUT_S)
-        for w, t in zip(works, sends):               # the worker received them before it ran the step
-            w.wait()
-            self.stats["send_bytes"] += t.numel() * t.element_size()
-        t1 = time.perf_counter()
+        return [dist.isend(t, dst=d) for t in sends], sends
+
+    def _receive_outputs(self, node: str, ready: dict, want: list[str]) -> dict[str, torch.Tensor]:
+        """The step's wanted outputs, into this device's receive buffers (views of them)."""
+        d = self.of[node]
         out = {}
         views = []
         for p in want:
@@ -494,7 +541,7 @@ class Workers:
             # receive, and blocks until both sides are in it (receives posted first waited for a worker that
             # was waiting for this message: the first GPU run hung there). Its answer says its sends went,
             # or that one failed (WorkerDied), so no receive is left waiting on a send that never comes.
-            link.request(("send",))
+            self.links[d].request(("send",))
             works = [dist.irecv(v, src=d) for v in views]
             self._wait(d, "sent", STEP_TIMEOUT_S)
             for w, v in zip(works, views):
@@ -502,11 +549,6 @@ class Workers:
                 self.stats["recv_bytes"] += v.numel() * v.element_size()
             if self.device.type == "cuda":
                 torch.cuda.current_stream(self.device).synchronize()      # the received rows are there
-        t2 = time.perf_counter()
-        self.stats["recv_seconds"] += t2 - t1
-        self.stats["seconds"] += t2 - t0
-        self.stats["steps"] += 1
-        self.recent.append((t2 - t0, t2 - t1))
         return out
 
     def step_stats(self) -> dict:
