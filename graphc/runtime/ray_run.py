@@ -1,8 +1,8 @@
 """`graphc run PLAN --ray ADDRESS`: a plan's devices as Ray actors, on one host or several (issue 12).
 
 One placement group holds a bundle per plan device (one GPU each; one CPU each for a CPU plan), ranks
-are the plan's device indices. Each device other than the thinker's gets a worker actor
-(workers.DeviceWorker, the same messages a worker process answers); the thinker's device gets the
+are the plan's device indices. Each device other than the LLM node's gets a worker actor
+(workers.DeviceWorker, the same messages a worker process answers); the LLM node's device gets the
 engine's actor, which holds the scheduler and drives the others. This process (the driver) reads the
 requests, hands them to the engine's actor and writes what comes back; or it starts the server in the
 engine's actor and waits on it.
@@ -115,7 +115,7 @@ def _classes(ray):
 
     @ray.remote
     class EngineActor:
-        """The thinker's device: the engine, driving the other devices' actors."""
+        """The LLM node's device: the engine, driving the other devices' actors."""
 
         def __init__(self, plan_json: str, actors: dict, options: dict):
             from graphc.runtime.engine import Engine
