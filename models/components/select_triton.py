@@ -70,6 +70,56 @@ def _first_argmax(x, offs, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _order_keys(x, m):
+    """u: the order-preserving image of each value in [0, 2^32 - 1) as uint32 (the radix sort's: negatives' bits
+    reversed below positives', -0.0 taken as +0.0; +inf is 0xff800000); padding 2^32 - 1, above all."""
+    b = tl.where(x == 0, 0, x.to(tl.int32, bitcast=True))
+    return tl.where(m, tl.where(b < 0, ~b, b ^ -2147483648), -1).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _kth_value(u, kth):
+    """The sorted row's kth value: the largest u with count(u_i < u) <= kth, a bit a round, high to low, as
+    the value it orders."""
+    one = tl.full([], 1, tl.uint32)
+    t = tl.zeros([], tl.uint32)
+    for r in range(32):
+        c = t | (one << (31 - r))
+        t = tl.where(tl.sum((u < c).to(tl.int32), axis=0) <= kth, c, t)
+    tb = t.to(tl.int32, bitcast=True)      # u back to the value's bits
+    return tl.where(tb < 0, tb & 2147483647, ~tb).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _top_p_drop(u, p, m, offs, drop, floor, INDEX_BITS: tl.constexpr):
+    """drop, and the ids top-p drops: the keys (u, index) below some t = (tu, ti), the largest key with
+    sum(p_i : key_i < t) <= floor, in two searches; the top key never."""
+    one = tl.full([], 1, tl.uint32)
+    # tu = the largest u with sum(p_i : u_i < tu) <= floor (the sum over the same ids as at key (tu, 0), so
+    # the same float). Below the least u top-k kept (lo) the sum is of zeros, and any tu above the top u drops
+    # the same ids as top + 1, so the search takes only the bits below lo's and top + 1's common high bits
+    # (the answer, or one above top, has them).
+    top = tl.max(tl.where(m, u, 0), axis=0)
+    hi = top + 1
+    lo = tl.min(tl.where(drop, hi, u), axis=0)
+    d = ((lo ^ hi).to(tl.float64).to(tl.int64, bitcast=True) >> 52) - 1023     # highest differing bit
+    tu = lo & ~(tl.full([], 4294967295, tl.uint32) >> (31 - d).to(tl.uint32))      # bits above d
+    for i in range(0, d + 1):
+        c = tu | (one << (d - i).to(tl.uint32))
+        tu = tl.where(tl.sum(tl.where(u < c, p, 0.0), axis=0) <= floor, c, tu)
+    # ti orders the ids whose u is tu (ties: equal values); with fewer than two any ti drops the same ids
+    ti = tl.zeros([], tl.int32)
+    if tl.sum((u == tu).to(tl.int32), axis=0) > 1:
+        for r in range(INDEX_BITS):
+            c = ti | (1 << (INDEX_BITS - 1 - r))
+            below = (u < tu) | ((u == tu) & (offs < c))
+            ti = tl.where(tl.sum(tl.where(below, p, 0.0), axis=0) <= floor, c, ti)
+    # cum at key_i (the sum over keys <= key_i) is <= floor exactly where key_i < t; the top key stays
+    last = tl.max(tl.where(m & (u == top), offs, -1), axis=0)
+    return drop | (((u < tu) | ((u == tu) & (offs < ti))) & (offs != last))
+
+
+@triton.jit
 def _select(logits_ptr, sampled_ptr, temp_ptr, kth_ptr, floor_ptr, pen_ptr, noise_ptr, seen_ptr, sup_ptr, out_ptr,
             V, l_row, n_row, s_row, sa_st, t_st, k_st, f_st, p_st, HAS_SEEN: tl.constexpr, HAS_SUP: tl.constexpr,
             PRECISE: tl.constexpr, INDEX_BITS: tl.constexpr, BLOCK: tl.constexpr):
@@ -86,49 +136,17 @@ def _select(logits_ptr, sampled_ptr, temp_ptr, kth_ptr, floor_ptr, pen_ptr, nois
     code = _first_argmax(x, offs, BLOCK)           # greedy
     if tl.load(sampled_ptr + row * sa_st) != 0:
         x = tl.math.div_rn(x, tl.broadcast_to(tl.load(temp_ptr + row * t_st), [BLOCK]))
-        # u: the order-preserving image of each value in [0, 2^32 - 1) as uint32 (the radix sort's: negatives'
-        # bits reversed below positives', -0.0 taken as +0.0; +inf is 0xff800000); padding 2^32 - 1, above all
-        b = tl.where(x == 0, 0, x.to(tl.int32, bitcast=True))
-        u = tl.where(m, tl.where(b < 0, ~b, b ^ -2147483648), -1).to(tl.uint32, bitcast=True)
-        one = tl.full([], 1, tl.uint32)
+        u = _order_keys(x, m)
         drop = offs < 0                            # nothing dropped yet
         kth = tl.load(kth_ptr + row * k_st)
         if kth > 0:                                # top-k (kth 0: the smallest value, nothing is below it)
-            t = tl.zeros([], tl.uint32)            # the largest u with count(u_i < u) <= kth: the kth value
-            for r in range(32):                    # a bit a round, high to low
-                c = t | (one << (31 - r))
-                t = tl.where(tl.sum((u < c).to(tl.int32), axis=0) <= kth, c, t)
-            tb = t.to(tl.int32, bitcast=True)      # u back to the value's bits
-            kth_val = tl.where(tb < 0, tb & 2147483647, ~tb).to(tl.float32, bitcast=True)
-            drop = x < kth_val
+            drop = x < _kth_value(u, kth)
         xk = tl.where(drop, float("-inf"), x)
         e = _exp(xk - tl.max(xk, axis=0), PRECISE)
         p = tl.math.div_rn(e, tl.broadcast_to(tl.sum(e, axis=0), [BLOCK]))
         floor = tl.load(floor_ptr + row * f_st)
         if floor >= 0:                             # top-p (off: floor -1, no cumulative p is below it)
-            # The ids it drops are the keys (u, index) below some t = (tu, ti): the largest key with
-            # sum(p_i : key_i < t) <= floor, in two searches. tu = the largest u with sum(p_i : u_i < tu) <= floor
-            # (the sum over the same ids as at key (tu, 0), so the same float). Below the least u top-k kept (lo)
-            # the sum is of zeros, and any tu above the top u drops the same ids as top + 1, so the search takes
-            # only the bits below lo's and top + 1's common high bits (the answer, or one above top, has them).
-            top = tl.max(tl.where(m, u, 0), axis=0)
-            hi = top + 1
-            lo = tl.min(tl.where(drop, hi, u), axis=0)
-            d = ((lo ^ hi).to(tl.float64).to(tl.int64, bitcast=True) >> 52) - 1023     # highest differing bit
-            tu = lo & ~(tl.full([], 4294967295, tl.uint32) >> (31 - d).to(tl.uint32))      # bits above d
-            for i in range(0, d + 1):
-                c = tu | (one << (d - i).to(tl.uint32))
-                tu = tl.where(tl.sum(tl.where(u < c, p, 0.0), axis=0) <= floor, c, tu)
-            # ti orders the ids whose u is tu (ties: equal values); with fewer than two any ti drops the same ids
-            ti = tl.zeros([], tl.int32)
-            if tl.sum((u == tu).to(tl.int32), axis=0) > 1:
-                for r in range(INDEX_BITS):
-                    c = ti | (1 << (INDEX_BITS - 1 - r))
-                    below = (u < tu) | ((u == tu) & (offs < c))
-                    ti = tl.where(tl.sum(tl.where(below, p, 0.0), axis=0) <= floor, c, ti)
-            # cum at key_i (the sum over keys <= key_i) is <= floor exactly where key_i < t; the top key stays
-            last = tl.max(tl.where(m & (u == top), offs, -1), axis=0)
-            drop = drop | (((u < tu) | ((u == tu) & (offs < ti))) & (offs != last))
+            drop = _top_p_drop(u, p, m, offs, drop, floor, INDEX_BITS)
         log_e = tl.load(noise_ptr + row * n_row + offs, mask=m, other=0.0)
         code = _first_argmax(tl.where(drop, float("-inf"), x - log_e), offs, BLOCK)
     tl.store(out_ptr + row, code.to(tl.int64))
