@@ -4,7 +4,7 @@ cuDNN picks a convolution's engine by its own heuristics, and the engine's works
 through torch after the output and freed as the call returns, lands in the capture pool when the
 step is captured (912 MiB for an audio decoder's steps on the H200). No trace on the CPU can
 derive it, so it is measured once per convolution signature on the target's arch
-(examples/calibrate_convs.py) and kept in graphc/conv_workspaces.yaml; resolve() puts each measured
+(examples/tools/calibrate_convs.py) and kept in graphc/conv_workspaces.yaml; resolve() puts each measured
 workspace into a trace as a transient allocation where the convolution runs. A signature with no
 measurement counts as no workspace and is reported (the plan's capture_pool line names how many).
 """

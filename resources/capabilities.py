@@ -92,7 +92,7 @@ def run_head_dim(backend: str, head_dim: int) -> int | None:
 # segments all have one length (rows_per_segment) of at most SHORT_SEGMENT rows, a power-of-two GQA group and
 # a head dim of at most 256; 'auto' passes over it for any other, and asking for it there is refused. First in
 # sm_90's order: on the H200 the code predictor's 16-row frames took 3.4 us a call against fa3's 6.3 at one
-# frame and 4.6 against 16.4 at 32 (examples/bench_talker_kernels.py), and a talker decode step 4.07 ms
+# frame and 4.6 against 16.4 at 32 (examples/bench/bench_talker_kernels.py), and a talker decode step 4.07 ms
 # against 4.31 at one sequence, 6.89 against 7.75 at 32 (docs/benchmarks.md); tests/gpu/test_ragged_triton_gpu.py
 # holds its error at most fa3's.
 SHORT_SEGMENT = 32

@@ -1,11 +1,11 @@
-"""A/B of the plan's kernel choices inside the captured steps (issue 13): a plan's devices booted with the
+"""A/B of the plan's kernel choices inside the captured steps: a plan's devices booted with the
 plan's choices, with one or more knobs taken away on every node, with all taken away, and with the plan's
 again, one after the other in one process on one GPU (each device capped to its card), each captured
-graph prepared and timed as examples/bench_steps.py does (its rung's inputs with random token ids and its
+graph prepared and timed as examples/bench/bench_steps.py does (its rung's inputs with random token ids and its
 attention planned: bench_steps.prepare; --sampled: the talker's default sampling; CUDA events, median of
 replays after warm-up).
 
-    python examples/ab_kernels.py OUT.json [--plan plans/qwen3_omni_2xh100.plan] [--without fused_norms ...]
+    python examples/bench/ab_kernels.py OUT.json [--plan plans/qwen3_omni_2xh100.plan] [--without fused_norms ...]
         [--none] [--no-again] [--sampled] [--devices 1] [--graphs talker/decode:seqs/1 thinker/decode:seqs/1 ...]
 
 Without --graphs: each device's decode graphs at 1, 16 and the largest rung, and the thinker's prefill at
@@ -19,8 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "bench")]
 
 import torch  # noqa: E402
 

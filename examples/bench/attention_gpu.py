@@ -1,7 +1,7 @@
 """FlashInfer attention on the H200: every sm_90 backend of the capability table, on Qwen3-Omni's
 attention shapes, eager and captured in a CUDA graph, against fp32 torch SDPA.
 
-    source .gpu/enter.sh && python examples/attention_gpu.py [--cases audio,thinker_decode] [--backends fa2]
+    source .gpu/enter.sh && python examples/bench/attention_gpu.py [--cases audio,thinker_decode] [--backends fa2]
 
 For each (shape, backend): an eager step on a random layout; a graph captured on the rung's full
 layout, replayed after re-planning a different random layout of the same rung (checked), then
@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402

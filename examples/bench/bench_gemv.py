@@ -4,7 +4,7 @@ do), a captured graph of one product per copy, timed with CUDA events (median of
 kernel's blocks (every one recorded), the configured choice (gemv_triton.config), and the error of each
 against an fp32 product.
 
-    python examples/bench_gemv.py --json OUT.json [--quick]
+    python examples/bench/bench_gemv.py --json OUT.json [--quick]
 
 Prints per shape: cuBLAS us and TB/s, the configured blocks' us and TB/s, and the sweep's best.
 """
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
 
 import torch  # noqa: E402
 

@@ -1,9 +1,9 @@
 """HF transformers' own modules at Qwen3-Omni's real shapes, timed on this GPU at the shapes of graphc's
-captured steps, and the ratio to graphc's time for the same step (issue 13):
+captured steps, and the ratio to graphc's time for the same step:
 
-    python examples/bench_steps.py plans/qwen3_omni_h200.plan --only audio_encoder vision_encoder talker code2wav \
+    python examples/bench/bench_steps.py plans/qwen3_omni_h200.plan --only audio_encoder vision_encoder talker code2wav \
         --json $OUT/steps_speech_h200.json
-    python examples/bench_hf.py --ours $OUT/steps_speech_h200.json --json $OUT/hf_h200.json
+    python examples/bench/bench_hf.py --ours $OUT/steps_speech_h200.json --json $OUT/hf_h200.json
 
 | module | HF input | graphc graph |
 |---|---|---|
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 REAL = {
     "audio": dict(num_mel_bins=128, d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120,

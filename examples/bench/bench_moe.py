@@ -1,12 +1,12 @@
-"""Time one MoE layer's experts at the thinker's and the talker's real shapes (issue 13): the current
+"""Time one MoE layer's experts at the thinker's and the talker's real shapes: the torch
 path (Experts.forward: sort, grouped_mm, gathers and scatters) against the fused Triton kernels
 (models/components/moe_triton.py), each captured as a CUDA graph and replayed, at several token counts.
 Also their error against an fp32 reference, and the bandwidth floor (the experts the tokens touch, read
 once, at --bandwidth). Every time includes what the timing costs (two events and a graph launch): an
 empty graph's replay, printed first and kept in the JSON.
 
-    python examples/bench_moe.py --json OUT.json [--tokens 1 2 4 8 16 32 64] [--replays 200]
-    python examples/bench_moe.py --sweep --tokens 128 512 2048 8192 --skew 0 4 --json OUT.json
+    python examples/bench/bench_moe.py --json OUT.json [--tokens 1 2 4 8 16 32 64] [--replays 200]
+    python examples/bench/bench_moe.py --sweep --tokens 128 512 2048 8192 --skew 0 4 --json OUT.json
 
 --sweep times the tiled kernels (steps of more than moe_triton.TILED_FROM pairs) at each block choice of
 SWEEP and keeps the fastest per row; --skew S adds S to 8 experts' router logits (most pairs then choose
@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 

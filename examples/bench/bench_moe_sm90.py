@@ -1,10 +1,9 @@
 """One MoE layer's expert GEMMs: graphc's Triton kernels (moe_triton's tiled gate_up and down) against
 FlashInfer's SM90 CuTe-DSL grouped GEMMs (gather + SwiGLU, then down to each (token, slot) row, the
-deterministic path), each captured as a CUDA graph and replayed, at the token counts given (issue 13: the
-prefill's experts are 24 of its 37 ms).
+deterministic path), each captured as a CUDA graph and replayed, at the token counts given.
 
-    python examples/bench_moe_sm90.py --json OUT.json [--tokens 512 2048 8192] [--skew 0 3] [--shapes thinker talker]
-    python examples/bench_moe_sm90.py --sweep --tokens 2048 --skew 0 3 --json OUT.json
+    python examples/bench/bench_moe_sm90.py --json OUT.json [--tokens 512 2048 8192] [--skew 0 3] [--shapes thinker talker]
+    python examples/bench/bench_moe_sm90.py --sweep --tokens 2048 --skew 0 3 --json OUT.json
 
 Needs an H200/H100 and FlashInfer's CuTe-DSL kernels (nvidia-cutlass-dsl). Both sides are given the same
 grouping of the pairs (computed once, outside the timing) for the GEMM times; then the whole layer as
@@ -20,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402

@@ -1,10 +1,10 @@
-"""How long `graphc plan` takes, whole process (imports included), as a user runs it (issue 14):
+"""How long `graphc plan` takes, whole process (imports included), as a user runs it:
 
     cold      an empty disk cache (graphc/memo.py): every step traced
     again     the same command once more: everything read from the cache
     --set     one walk's budget changed: only what that changes is computed again
 
-    python examples/bench_plan.py [MODEL.py] [--gpu h100] [--gpus 2] [--preset P] [--set KEY=VALUE]
+    python examples/bench/bench_plan.py [MODEL.py] [--gpu h100] [--gpus 2] [--preset P] [--set KEY=VALUE]
 
 The cache lives in a temporary directory of this run (removed after); each plan is checked byte for
 byte against the cold one (the --set plan against a cold plan of its own, made with the cache off).
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def plan(model: str, args, cache: str, out: Path, sets: list[str]) -> float:

@@ -1,18 +1,18 @@
 """Time, on the GPU, the small kernels of a long thinker prefill that the 2,048-token profile showed above their
-memory floor (issue 13), each captured as a CUDA graph of 16 calls and replayed (median us per call):
+memory floor, each captured as a CUDA graph of 16 calls and replayed (median us per call):
 
   - q and k's norm + rotary (norm_ops.q_k_norm_rope) at each ROPE_HEADS choice (heads a program, warps), at
     the thinker's shapes (32 q and 4 k heads of 128) and the code predictor's (16 and 8), rows 1 to 2,048;
     every choice's output is compared with the first's;
   - the grouping of token-expert pairs by expert past moe_ops.GROUP_SORT_FROM: torch's stable sort of the
-    ids as bytes and a searchsorted (the path before the counting sort) against moe_count + moe_place, at
+    ids as bytes and a searchsorted against moe_count + moe_place, at
     the prefill sizes of the thinker (top-8) and the talker (top-6); both must give the same rows and ends;
   - the vision encoder's fp32 rotary of q and k (16 heads of 72) by the torch path and by q_k_rope_f32 (the
     fused_rope knob), at --patches rows; both must give the same bits. Then what runs before fa3 (which runs 72
     zero-padded to 128): the torch path and the backend's three pads, against one q_k_rope_f32 writing q, k
     and v padded; the launch at each VISION_ROPE_CHOICES (heads a program, warps).
 
-    python examples/bench_prefill_kernels.py --json OUT.json
+    python examples/bench/bench_prefill_kernels.py --json OUT.json
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402

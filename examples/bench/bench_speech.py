@@ -1,6 +1,6 @@
 """Speech-out serving on a plan: first-audio latency and audio seconds a wall second at several concurrencies.
 
-    python examples/bench_speech.py plans/qwen3_omni_h200.plan --random-weights --concurrency 1 4 16 \\
+    python examples/bench/bench_speech.py plans/qwen3_omni_h200.plan --random-weights --concurrency 1 4 16 \\
         --out docs/data/speech_h200.json
 
 Closed loop per concurrency c: c requests in flight, a new one added as one closes, until --requests have

@@ -2,8 +2,8 @@
 kernel launches per step and per layer (the compiler's simulation counts them; a layer is one block of
 the node's longest stack), and the step's memory-bandwidth floor.
 
-    python examples/bench_steps.py plans/qwen3_omni_2xh100.plan --device 1 --emulate --json OUT.json
-    python examples/bench_steps.py PLAN --only thinker/decode:seqs --replays 30
+    python examples/bench/bench_steps.py plans/qwen3_omni_2xh100.plan --device 1 --emulate --json OUT.json
+    python examples/bench/bench_steps.py PLAN --only thinker/decode:seqs --replays 30
 
 Each graph replays on the boot's synthetic layout of its rung (decode rows sit after a short history;
 greedy talker rows, or with --sampled the talker's default sampling: sample_rows), with random token ids in place of the layout's zeros (vary_tokens: identical rows would all route to the
@@ -33,7 +33,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 

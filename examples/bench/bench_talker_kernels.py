@@ -1,11 +1,11 @@
-"""The talker's small per-code kernels alone on the GPU (issue 13): the fused sampler (graphc::select_codes)
+"""The talker's small per-code kernels alone on the GPU: the fused sampler (graphc::select_codes)
 at each of --warps, and beside it --baseline's (another version of models/components/select_triton.py, e.g.
 `git show REV:models/components/select_triton.py > old.py`), checked to pick the same codes; and the code
 predictor's frame attention on the 'triton' backend (resources/ragged_triton.py) against FlashInfer's fa3,
 at the talker's shapes and 1 and 32 sampled rows. Each is a captured graph of 16 calls (as many as a talker
 step makes), timed with CUDA events (median of replays); µs per call.
 
-    python examples/bench_talker_kernels.py --json OUT.json [--warps 2 4 8] [--baseline old.py]
+    python examples/bench/bench_talker_kernels.py --json OUT.json [--warps 2 4 8] [--baseline old.py]
 
 The sampler's rows sample with the talker's defaults (temperature 0.9, top-k 50, top-p 0.8 for residual codes;
 code 0 with repetition penalty 1.05 over a fifth of its ids and the codebook's suppression) on randn * 2.5
@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
 
 import torch  # noqa: E402
 
@@ -75,7 +75,7 @@ def code_predictor_attn():
     16-row frames)."""
     from graphc.source import load_model
 
-    return load_model(str(Path(__file__).resolve().parents[1] / "models/qwen3_omni.py"),
+    return load_model(str(Path(__file__).resolve().parents[2] / "models/qwen3_omni.py"),
                       "30b-a3b").model.resource("code_predictor_attn")
 
 

@@ -1,7 +1,7 @@
-"""bf16 error at real shapes on the GPU (issue 13: "bf16 outputs on the GPU stay at or under HF bf16's own
-error against fp32 at real shapes; measure both, record both"):
+"""bf16 error at real shapes on the GPU: graphc's bf16 outputs and HF bf16's, each against fp32, measured
+and recorded side by side:
 
-    python examples/bf16_error.py --layers 4 --tokens 256 --json $OUT/bf16_error.json
+    python examples/bench/bf16_error.py --layers 4 --tokens 256 --json $OUT/bf16_error.json
 
 Qwen3-Omni's thinker at its real text shapes (hidden 2048, 32 / 4 heads of 128, 128 experts top-8, vocab
 152,064) cut to --layers decoder layers (the per-layer math is the model's; fp32 copies of all 48 would not
@@ -22,7 +22,7 @@ whose 8th and 9th experts lie closer than the runs' rounding picks another exper
 difference that counts swaps) and routed to all 128 experts (weights.route_to_all_experts: the same ops
 minus that coin flip, as the CPU parity tests measure).
 
-    python examples/bf16_error.py --part talker_moe --json $OUT/bf16_error_talker_moe.json
+    python examples/bench/bf16_error.py --part talker_moe --json $OUT/bf16_error_talker_moe.json
 
 The talker's MoE block at its real shapes (hidden 1024, 128 experts of 384, top-6, a shared expert of 768
 gated by sigmoid), HF's Qwen3OmniMoeTalkerTextSparseMoeBlock against graphc's SparseMoE by
@@ -32,14 +32,14 @@ expert and its gate), with the H200 plan's kernel choices, --seed and two more. 
 router picks other experts than HF's bf16 one (as a set: CUDA's top-k orders ties as it likes) are counted
 and left out, as rows HF's bf16 routes elsewhere than its fp32 are.
 
-    python examples/bf16_error.py --part vision --json $OUT/bf16_error_vision.json
+    python examples/bench/bf16_error.py --part vision --json $OUT/bf16_error_vision.json
 
 The vision tower at its real config on one random image of 64 x 128 patches: HF's Qwen3OmniMoeVisionEncoder in
 fp32 (the reference) and bf16 (sdpa), graphc's VisionEncoder (the same weights through the checkpoint loader)
 in fp32 (sanity) and in bf16 with the H200 plan's choices (fused_rope, fused_norms, fused_gelu) on fa3 at 72 ->
 128; the merged embeddings' and each deepstack level's errors against HF fp32.
 
-    python examples/bf16_error.py --part audio --json $OUT/bf16_error_audio.json
+    python examples/bench/bf16_error.py --part audio --json $OUT/bf16_error_audio.json
 
 The audio encoder (AuT) at its real config (32 layers of 20 heads of 64, FFN 5,120, output 2,048) on 16 windows:
 the log-mel features of three clips of noise, 80, 30 and 13.37 s (1,604 tokens in windows of 104). HF's
@@ -47,7 +47,7 @@ Qwen3OmniMoeAudioEncoder in fp32 (the reference, sdpa) and bf16, graphc's AuTEnc
 FlashInfer's fa3 (the plan's audio_attn backend; the plan sets no kernel knobs for this node); the error of the
 output embeddings against HF fp32.
 
-    python examples/bf16_error.py --part talker --layers 20 --tokens 256 --json $OUT/bf16_error_talker.json
+    python examples/bench/bf16_error.py --part talker --layers 20 --tokens 256 --json $OUT/bf16_error_talker.json
 
 The talker's decoder at its real shapes (hidden 1,024, 16 / 2 heads of 128, 128 experts of 384, top-6, a shared
 expert of 768, codec vocab 3,072) cut to --layers layers (all 20 fit: ~2 GB a layer for the fp32 and bf16 copies of
@@ -60,7 +60,7 @@ part does, its code predictor (it runs, unmeasured here) on the plan's triton ba
 all 128 experts (as the thinker part); graphc's fp32 sanity run is skipped where its gathered expert weights do not
 fit (all 128 experts at real shapes).
 
-    python examples/bf16_error.py --part code_predictor --json $OUT/bf16_error_code_predictor.json
+    python examples/bench/bf16_error.py --part code_predictor --json $OUT/bf16_error_code_predictor.json
 
 The talker's code predictor at its real shapes (5 layers, hidden 1,024, 16 / 8 heads of 128, MLP 3,072, 15 heads of
 2,048 codes) on a decode step of 32 sequences (the plan's talker_decode budget): each sequence's talker hidden state
@@ -70,7 +70,7 @@ inputs in every run. graphc bf16 with the plan's choices (fused norms, fused sam
 attention, the 32 sequences in one call and a sequence a call (the gemv's case: one row a product but for the
 first step's 2); each code's logits and all 15 against HF fp32.
 
-    python examples/bf16_error.py --part code2wav --json $OUT/bf16_error_code2wav.json
+    python examples/bench/bf16_error.py --part code2wav --json $OUT/bf16_error_code2wav.json
 
 Code2Wav at its real config (8 layers of 16 heads of 64 in a causal window of 72, then 1,920 samples a frame) on one
 slot of 100 frames of 16 random codes (the plan's chunk_frames), weights drawn as tests/parity/test_code2wav.py
@@ -95,7 +95,7 @@ from pathlib import Path
 import torch
 import transformers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

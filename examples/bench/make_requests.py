@@ -3,7 +3,7 @@ of random ids, a2t prompts whose one audio placeholder id stands for a synthetic
 i2t prompts likewise with a random PNG, and t2s prompts (a user turn of random ids, then the assistant's
 turn) that ask for speech too.
 
-    python examples/make_requests.py out/requests.jsonl --t2t 32 --a2t 32 --max-tokens 64
+    python examples/bench/make_requests.py out/requests.jsonl --t2t 32 --a2t 32 --max-tokens 64
     graphc run plans/qwen3_omni_h200.plan --random-weights --requests out/requests.jsonl --stats out/stats.json
 
 The placeholders are the host's media token ids (Qwen3-Omni's real ones unless --audio-token / --image-token

@@ -1,9 +1,9 @@
-"""A multi-device plan served on its GPUs, end to end, as a user runs it (issue 12):
+"""A multi-device plan served on its GPUs, end to end, as a user runs it:
 
-    python examples/multi_gpu_run.py --out $OUT [--kernels .fimods] [--plan plans/qwen3_omni_2xh100.plan]
+    python examples/bench/multi_gpu_run.py --out $OUT [--kernels .fimods] [--plan plans/qwen3_omni_2xh100.plan]
 
 1. `graphc run PLAN --random-weights --emulate --requests R --stats S` over a JSONL of a2t, i2t and t2s
-   requests (examples/make_requests.py; t2s speaks through the talker and Code2Wav on another device): every device boots in its own process, each checked against its
+   requests (examples/bench/make_requests.py; t2s speaks through the talker and Code2Wav on another device): every device boots in its own process, each checked against its
    ledger (its peak, its graphs), the requests complete, and the stats say tokens/s, TTFT and the time the
    engine spent on the other devices' node steps and in receiving their rows.
 2. The same run again with a worker process killed (SIGKILL) once the requests are under way: the run must
@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
@@ -143,7 +143,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--plan", default="plans/qwen3_omni_2xh100.plan")
-    ap.add_argument("--kernels", help="FlashInfer modules exported by examples/boot_plans.py --export-kernels")
+    ap.add_argument("--kernels", help="FlashInfer modules exported by examples/tools/boot_plans.py --export-kernels")
     ap.add_argument("--requests", help="a JSONL to serve instead of making one of a2t and i2t requests")
     ap.add_argument("--a2t", type=int, default=32)
     ap.add_argument("--i2t", type=int, default=32)
@@ -156,11 +156,11 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.kernels:
-        from examples.boot_plans import install_kernels
+        from examples.tools.boot_plans import install_kernels
         print(f"{install_kernels(a.kernels)} FlashInfer modules installed", flush=True)
     requests = Path(a.requests) if a.requests else out / "requests" / "requests.jsonl"
     if not a.requests:
-        subprocess.run([sys.executable, str(ROOT / "examples" / "make_requests.py"), str(requests), "--t2t", "0",
+        subprocess.run([sys.executable, str(ROOT / "examples" / "bench" / "make_requests.py"), str(requests), "--t2t", "0",
                         "--a2t", str(a.a2t), "--i2t", str(a.i2t), "--t2s", str(a.t2s), "--max-tokens", str(a.max_tokens)],
                        check=True)
     result = {"plan": a.plan, "requests": len(requests.read_text().splitlines())}

@@ -1,7 +1,7 @@
-"""Issue 15 on a GPU: aborts and saturation against a booted plan with seeded weights (token ids only, no
+"""Aborts and saturation on a GPU against a booted plan with seeded weights (token ids only, no
 tokenizer), through the server's own engine thread and HTTP routes, every graph captured.
 
-    python examples/reliability_gpu.py plans/qwen3_omni_h200.plan --out OUT
+    python examples/bench/reliability_gpu.py plans/qwen3_omni_h200.plan --out OUT
 
 1. Alone: each distinct request (t2t, a2t, i2t, t2s; three of each) runs with the engine to itself:
    greedy token ids (and the talker's frames, seeded).
@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
@@ -224,7 +224,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("plan")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--kernels", default=None, help="FlashInfer kernel tars to install first (examples/boot_plans.py)")
+    ap.add_argument("--kernels", default=None, help="FlashInfer kernel tars to install first (examples/tools/boot_plans.py)")
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--cancel", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -233,7 +233,7 @@ def main() -> int:
     ap.add_argument("--emulate", action="store_true")
     a = ap.parse_args()
     if a.kernels:
-        from examples.boot_plans import install_kernels
+        from examples.tools.boot_plans import install_kernels
         install_kernels(a.kernels)
     from graphc.runtime.engine import Engine
     from tests.leak import held, released

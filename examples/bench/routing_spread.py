@@ -1,12 +1,12 @@
-"""How many experts a captured thinker decode step's rows route to, per layer, on seeded weights (issue 13):
+"""How many experts a captured thinker decode step's rows route to, per layer, on seeded weights:
 the MoE part of a decode step of many sequences reads only the experts its rows touch, so its time says
 as much about the routing as about the kernels.
 
-    python examples/routing_spread.py OUT.json [--plan plans/qwen3_omni_2xh100.plan] [--device 1]
+    python examples/bench/routing_spread.py OUT.json [--plan plans/qwen3_omni_2xh100.plan] [--device 1]
 
 Boots the thinker's plan device, then runs the decode step eagerly at 1, 16 and 64 sequences on the
 static inputs the captured graphs replay: first with the boot's token ids (zeros: every row the same
-token), then with random ones (examples/bench_steps.py vary_tokens), recording the distinct experts the
+token), then with random ones (examples/bench/bench_steps.py vary_tokens), recording the distinct experts the
 router picks in each layer, beside the count uniform routing would touch, E x (1 - (1 - k/E)^T).
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "bench")]
 
 import torch  # noqa: E402
 

@@ -1,9 +1,9 @@
-"""Soak graphc run's server (issue 15): many concurrent streaming clients for minutes on a tiny CPU plan, on
+"""Soak graphc run's server: many concurrent streaming clients for minutes on a tiny CPU plan, on
 loopback only. Passes when no request failed, no KV page leaked and the server's memory stayed flat.
 
-    python examples/soak.py                                   # 64 clients, 600 s
-    python examples/soak.py --seconds 60 --json soak.json     # the CI version (tests/unit/test_soak.py)
-    python examples/soak.py --plan P.plan --checkpoint DIR    # a plan of your own, still on 127.0.0.1
+    python examples/bench/soak.py                                   # 64 clients, 600 s
+    python examples/bench/soak.py --seconds 60 --json soak.json     # the CI version (tests/unit/test_soak.py)
+    python examples/bench/soak.py --plan P.plan --checkpoint DIR    # a plan of your own, still on 127.0.0.1
 
 Without --plan it makes the tiny Qwen3-Omni checkpoint with a talker (examples/make_tiny_checkpoint.py
 omni-speech, HF's seeded init) and its CPU plan in a temporary folder. It starts `graphc run PLAN
@@ -78,7 +78,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KINDS = {"chat": ("t2t", 30), "completion": ("t2t", 20), "audio_in": ("a2t", 15), "image_in": ("i2t", 15),
          "speech": ("t2s", 10), "chat_audio": ("t2s", 10)}          # kind: (the plan's request kind, weight)
 TEXTS = ["hello world, how are you today?", "the quick brown fox jumps over the lazy dog",

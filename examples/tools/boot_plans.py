@@ -1,6 +1,6 @@
 """Boot plans on this GPU, each capped to its plan's card, and collect `graphc check` for each.
 
-    python examples/boot_plans.py --out DIR [--deadline S] [--export-kernels] [--kernels DIR] PLAN[:DEVICE] ...
+    python examples/tools/boot_plans.py --out DIR [--deadline S] [--export-kernels] [--kernels DIR] PLAN[:DEVICE] ...
 
 1. --kernels DIR: FlashInfer modules built on an earlier machine (the parts --export-kernels wrote)
    are unpacked where FlashInfer looks for prebuilt modules, so nothing is compiled again.
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from graphc.plan import load_plan  # noqa: E402
 from graphc.runtime.boot import plan_ir  # noqa: E402

@@ -1,7 +1,7 @@
 """Measure cuDNN's workspace for every convolution a set of plans captures (graphc/convws.py).
 
-    python examples/calibrate_convs.py list PLAN ... > docs/data/conv_signatures.txt   # any machine
-    python examples/calibrate_convs.py measure docs/data/conv_signatures.txt --out FILE  # on the GPU
+    python examples/tools/calibrate_convs.py list PLAN ... > docs/data/conv_signatures.txt   # any machine
+    python examples/tools/calibrate_convs.py measure docs/data/conv_signatures.txt --out FILE  # on the GPU
 
 `list` traces the plans' steps as the compiler does and prints each distinct convolution
 signature. `measure` runs each one through torch (aten.convolution, bf16, on cuda:0) twice: the
@@ -16,7 +16,7 @@ import datetime
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 def list_signatures(plans: list[str]) -> list[str]:
     from graphc.passes.choose_buckets import choose_buckets
@@ -68,7 +68,7 @@ def measure(sig_file: str, out: str) -> None:
         "device": torch.cuda.get_device_name(0),
         "date": datetime.date.today().isoformat(),
         "versions": f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}",
-        "how": f"examples/calibrate_convs.py measure {sig_file}"},
+        "how": f"examples/tools/calibrate_convs.py measure {sig_file}"},
         "workspaces": found}
     arch = f"sm_{props.major}{props.minor}"
     Path(out).write_text(yaml.safe_dump({"entries": {arch: entry}}, sort_keys=False, width=200))

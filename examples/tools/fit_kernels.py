@@ -1,6 +1,6 @@
 """Refit the calibrated kernels line (graphc/calibration.yaml: kernels_base_bytes, graph_launch_bytes).
 
-    python examples/fit_kernels.py [docs/data/kernels_fit_2026-11-29.json]
+    python examples/tools/fit_kernels.py [docs/data/kernels_fit_2026-11-29.json]
 
 Least squares of measured = base + per_launch x launches over the recorded device boots; prints
 both constants and each boot's residual. Add points from new `graphc check --json` runs (the

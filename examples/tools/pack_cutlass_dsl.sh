@@ -2,7 +2,7 @@
 # The GPU machine's image has no nvidia-cutlass-dsl (FlashInfer's CuTe-DSL kernels need it: the SM90 MoE
 # experts, models/components/moe_sm90.py), and its wheels unpack to 246 MB, over one device call's 64 MiB
 # carry. This packs them as two parts, .cdslA (the 193 MB MLIR library alone, 48 MiB) and .cdslB (the rest,
-# 16 MiB), ignored by git. Usage, at the project root: bash examples/pack_cutlass_dsl.sh
+# 16 MiB), ignored by git. Usage, at the project root: bash examples/tools/pack_cutlass_dsl.sh
 # Then two device calls back to back (the machine keeps /tmp while it stays warm):
 #   carry [".cdslA"]:                  mkdir -p /tmp/cdsl-site && tar xJf .cdslA/cdslA.tar.xz -C /tmp/cdsl-site
 #   carry [".cdslB", ".gpu", ...]:     tar xJf .cdslB/cdslB.tar.xz -C /tmp/cdsl-site && source .gpu/enter.sh &&

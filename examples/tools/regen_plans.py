@@ -1,9 +1,9 @@
 """Regenerate the shipped plans in plans/ from their recorded inputs (tests/golden compiles them
 again, in fresh processes and after other models, and compares byte for byte).
 
-    python examples/regen_plans.py                     # all, into plans/
-    python examples/regen_plans.py tiny_cpu            # one, by name
-    python examples/regen_plans.py --out DIR [NAME..]  # elsewhere, in the order given
+    python examples/tools/regen_plans.py                     # all, into plans/
+    python examples/tools/regen_plans.py tiny_cpu            # one, by name
+    python examples/tools/regen_plans.py --out DIR [NAME..]  # elsewhere, in the order given
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from graphc.overrides import load_config  # noqa: E402

@@ -15,7 +15,7 @@ against the Triton kernels' 528 / 863, the smaller 126 / 202 against 148 / 231; 
 their logits) 532 / 747 against 522 / 821 and 158 / 216 against 161 / 231; below 2,048 tokens the smaller
 was slower on them at every count measured but 65 tokens of skewed routing, and the larger at every
 count but 1,024 tokens of random routing
-(examples/bench_moe_sm90.py, docs/data/moe_sm90_layer_h200_2026-12-02g.json). The same
+(examples/bench/bench_moe_sm90.py, docs/data/moe_sm90_layer_h200_2026-12-02g.json). The same
 nodes run their RMSNorms, residual add + RMSNorm and qk-norm + rotary embedding as one launch each
 (models/components/norm_ops.py, the fused_norms knob), and their MoE routers' softmax, top-k and
 renormalisation as one (moe_ops.fused_route, the fused_router knob), at every token count; and their linear

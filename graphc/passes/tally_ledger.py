@@ -221,7 +221,7 @@ def _conv_note(s: Sizing, nodes: list[str]) -> str:
     text = f"; cuDNN workspaces of {len(convs) - len(missing)} convolution signatures, {convws.source(s.ir.target.arch)}"
     if missing:
         text += (f"; {len(missing)} signatures have no measured workspace and count as none: measure them with "
-                 "examples/calibrate_convs.py on the target")
+                 "examples/tools/calibrate_convs.py on the target")
     return text
 
 

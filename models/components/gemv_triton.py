@@ -5,7 +5,7 @@ bytes over the memory bandwidth. cuBLAS's kernels for Qwen3-Omni's one-row shape
 0.25-2.5 TB/s (12.7 us for the code predictor's 4.2 MB o_proj; 4.1 TB/s only on the thinker's 623 MB
 lm_head), and its split-K shapes add a reduce launch. Here each program owns BLOCK_N output columns and
 streams their weight rows once, BLOCK_K columns a step, accumulating in fp32: 0.7-2.9 TB/s on the same
-shapes, 4.5 on the lm_head, faster than cuBLAS on all 14 measured (examples/bench_gemv.py,
+shapes, 4.5 on the lm_head, faster than cuBLAS on all 14 measured (examples/bench/bench_gemv.py,
 docs/benchmarks.md). The sum over K is taken in BLOCK_K chunks (a different order from cuBLAS's; both
 accumulate in fp32 and round once to the output dtype). One row only: a first version that carried up to
 8 rows fell behind cuBLAS from 2-4 rows on the same shapes, where cuBLAS's time hardly grows with rows.
@@ -40,7 +40,7 @@ def _gemv(x_ptr, w_ptr, b_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr, BLOCK_N: tl.
 
 
 def config(n: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps) for an [n, k] weight, measured on the H200 (examples/bench_gemv.py at 14
+    """(BLOCK_N, BLOCK_K, num_warps) for an [n, k] weight, measured on the H200 (examples/bench/bench_gemv.py at 14
     decode shapes: 0.6% above the sum of each shape's best choice of 40, no shape more than 0.9 us above its
     own): two columns a program (one for the narrowest weights, a router's 128), the whole of K a step up
     to 4,096, with 8 warps from 2,048."""

@@ -163,7 +163,7 @@ def fused_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Ten
 
 
 # more token-expert pairs than this are grouped by the counting sort (moe_count, moe_place: two launches whose
-# work grows as the pairs; moe_group's one grows as the pairs squared: examples/bench_moe.py --sweep)
+# work grows as the pairs; moe_group's one grows as the pairs squared: examples/bench/bench_moe.py --sweep)
 GROUP_SORT_FROM = 512
 
 

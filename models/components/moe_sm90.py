@@ -14,7 +14,7 @@ kernels compile once a process (about a second each) on first use; FlashInfer im
 nvidia-cutlass-dsl, which flashinfer-python 0.7.2 depends on. No CPU path: meta tensors see the operators
 (moe_ops), a GPU runs them, tests/gpu/test_moe_sm90_gpu.py compares them with an fp64 reference.
 
-Measured on the H200, one thinker layer's two GEMMs at 2,048 tokens (examples/bench_moe_sm90.py; the Triton
+Measured on the H200, one thinker layer's two GEMMs at 2,048 tokens (examples/bench/bench_moe_sm90.py; the Triton
 tiled kernels in brackets): routing of random logits 403 us (499), 8 experts favoured by +3 in their logits
 505 (493), by +6 270 (348); the tactics below were the best or within 1% at each.
 """

@@ -327,10 +327,10 @@ def _desc(w: torch.Tensor, block: list[int]):
 
 
 # BLOCK_M rows of one expert's pairs at a time (tl.dot's least), N and K blocks of its weights, warps, stages
-# (measured on the H200 at the thinker's and the talker's shapes, 1 to 64 tokens: examples/bench_moe.py)
+# (measured on the H200 at the thinker's and the talker's shapes, 1 to 64 tokens: examples/bench/bench_moe.py)
 BLOCKS = {"gate_up": (16, 32, 128, 4, 4), "down": (16, 32, 128, 2, 4)}
 # steps of more than TILED_FROM token-expert pairs (64 of the thinker's tokens) run the tiled kernels (a
-# program per tile of an expert's pairs) with these blocks (examples/bench_moe.py --sweep on the H200)
+# program per tile of an expert's pairs) with these blocks (examples/bench/bench_moe.py --sweep on the H200)
 TILED_FROM = 512
 TILED = {"gate_up": (64, 64, 64, 4, 3), "down": (64, 128, 64, 4, 3)}
 # past these many pairs, larger tiles where the sweep found them faster (--sweep --skew 3 on the H200, one thinker
@@ -341,7 +341,7 @@ TILED_LARGE = [(8192, {"down": (128, 256, 64, 8, 4)}),
                (32768, {"gate_up": (64, 256, 64, 8, 3), "down": (128, 256, 64, 8, 4)})]
 # the tiled kernels read the weights through TMA descriptors (_gate_up_tiled_tma, _down_tiled_tma) where the
 # GPU has TMA (sm_90 on) and the weights' rows are contiguous and 16-byte aligned. H200, one layer's experts
-# with skewed routing (examples/bench_moe.py --tokens 512 2048 8192 --skew 3 [--no-tma]), us: thinker 367.8 ->
+# with skewed routing (examples/bench/bench_moe.py --tokens 512 2048 8192 --skew 3 [--no-tma]), us: thinker 367.8 ->
 # 362.3, 557.3 -> 528.7, 1,482.8 -> 1,474.3; talker 114.6 -> 110.2, 174.9 -> 170.0, 470.0 -> 450.9; the same error
 TMA = True
 GROUP_BLOCK = 64

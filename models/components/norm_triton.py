@@ -203,14 +203,14 @@ def _q_k_rope_f32(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, yq_ptr, yk_ptr, yv_ptr,
 
 # (heads a program, warps) for qk_norm_rope and q_k_norm_rope, for steps of up to ROPE_MANY_ROWS rows and for
 # more (the same in both kernels, so that a head's row is reduced in the same order by either: tests hold the
-# two launches bit-equal). H200, us a call (examples/bench_prefill_kernels.py; thinker's 32 + 4 heads):
+# two launches bit-equal). H200, us a call (examples/bench/bench_prefill_kernels.py; thinker's 32 + 4 heads):
 # 1 row (1, 1) 1.75, (4, 2) 2.02; 64 rows 2.97, 2.78; 2,048 rows 46.2, 27.3 (the best of seven choices). With
 # each head read as two halves (eleventh session, ten choices): 1 row (1, 1) 1.69; 16 rows (1, 1) 2.04; 512 rows
 # (4, 2) 7.00, (8, 4) 6.79; 2,048 rows (4, 2) 21.59, the best
 ROPE_HEADS = {"few": (1, 1), "many": (4, 2)}
 ROPE_MANY_ROWS = 16
 # q_k_rope_f32's own (it reduces nothing, so need not match them), for the vision tower's 16 + 16 + 16 heads of
-# 72 written padded to 128 (H200, us a call, examples/bench_prefill_kernels.py --only vision_rope): 8,192 rows
+# 72 written padded to 128 (H200, us a call, examples/bench/bench_prefill_kernels.py --only vision_rope): 8,192 rows
 # (4, 2) 63.0, (8, 4) 58.2, (16, 4) 55.8 (the best of seven; floor 36.9); 1,024 rows 9.24, 8.82, 8.07
 ROPE_F32_HEADS = {"few": (1, 1), "many": (16, 4)}
 

@@ -1,5 +1,5 @@
 """A plan is a pure function of its inputs. Every shipped plan, compiled again from its recorded
-inputs (examples/regen_plans.py: model, preset, target, config, --fit) in a fresh process under
+inputs (examples/tools/regen_plans.py: model, preset, target, config, --fit) in a fresh process under
 another PYTHONHASHSEED, on one core or all, and in one process after the other models, is
 byte-identical to the file in plans/ (the versions stamp aside). The --fit plan is re-trimmed by
 the search here, not loaded from its overrides, so its `trimmed` list is reproduced too."""
@@ -16,7 +16,7 @@ import pytest
 from graphc.plan import Plan, fingerprint, load_plan
 
 ROOT = Path(__file__).resolve().parents[2]
-REGEN = ROOT / "examples" / "regen_plans.py"
+REGEN = ROOT / "examples" / "tools" / "regen_plans.py"
 SHIPPED = sorted(p.stem for p in (ROOT / "plans").glob("*.plan"))
 
 
@@ -50,7 +50,7 @@ def _assert_identical(out: Path, names: list[str], how: str) -> None:
                                                      how, n=1))[:40])
             pytest.fail(f"{name} compiled {how} differs from plans/{name}.plan:\n{diff}\n"
                         "a plan must not depend on hash seeds, cores or what ran before; if the inputs "
-                        "changed on purpose, run python examples/regen_plans.py")
+                        "changed on purpose, run python examples/tools/regen_plans.py")
 
 
 def test_shipped_plans_exist():

@@ -23,7 +23,7 @@ def test_shipped_plan_is_current(path, monkeypatch):
     fresh = compile_model(src, shipped.target.gpu, shipped.target.count, shipped.overrides).plan
     a = {k: v for k, v in shipped.body().items() if k not in IGNORED}
     b = {k: v for k, v in fresh.body().items() if k not in IGNORED}
-    assert a == b, f"{path.name} is stale: run python examples/regen_plans.py"
+    assert a == b, f"{path.name} is stale: run python examples/tools/regen_plans.py"
 
 
 def test_plans_exist():

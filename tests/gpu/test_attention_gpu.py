@@ -1,5 +1,5 @@
 """FlashInfer's fa2 backends against fp32 torch SDPA at small shapes, eager and captured in a CUDA
-graph (replayed after re-planning another layout of the rung): examples/attention_gpu.py's runs.
+graph (replayed after re-planning another layout of the rung): examples/bench/attention_gpu.py's runs.
 
 Head dims and windows match the script's audio, code2wav and thinker/talker shapes, so these load
 the same compiled kernels. Skipped without CUDA (tests/conftest.py); needs flashinfer-python.
@@ -20,7 +20,7 @@ from resources.ragged_attention import RaggedAttentionSpec
 
 
 def _script():
-    path = Path(__file__).resolve().parents[2] / "examples" / "attention_gpu.py"
+    path = Path(__file__).resolve().parents[2] / "examples" / "bench" / "attention_gpu.py"
     spec = importlib.util.spec_from_file_location("attention_gpu", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module     # its dataclasses look their module up

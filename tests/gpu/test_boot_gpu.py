@@ -1,7 +1,7 @@
 """Boot the tiny h100 plan on this GPU, capped to an h100, and hold it to its ledger: every planned
 graph captured and replayed, measured peak within the check's tolerance and under the card.
 Skipped without CUDA (tests/conftest.py); needs flashinfer-python. Full-size plans are booted by
-examples/boot_plans.py (docs/gpu-boot.md)."""
+examples/tools/boot_plans.py (docs/gpu-boot.md)."""
 from __future__ import annotations
 
 import gc

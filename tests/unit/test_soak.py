@@ -1,4 +1,4 @@
-"""The soak's 60-second version (issue 15; docs/soak.md has the 10-minute run): examples/soak.py serves the
+"""The soak's 60-second version (docs/soak.md has the 10-minute run): examples/bench/soak.py serves the
 tiny Qwen3-Omni with talker by `graphc run` in a process of its own on loopback and runs 64 streaming clients
 over every kind it serves (text chat, completions, audio in, image in, speech, chat with audio out), 5% of
 them cancelled mid-stream. No request may fail, no KV page may stay held once the server is idle (its
@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("openai")
 
-from examples.soak import check_speech, check_text, main, Outcome  # noqa: E402
+from examples.bench.soak import check_speech, check_text, main, Outcome  # noqa: E402
 
 CHAT = ['{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]}',
         '{"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": null}]}',

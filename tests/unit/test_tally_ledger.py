@@ -239,7 +239,7 @@ def test_conv_note_counts_this_devices_signatures(h100):
     src = convws.source("sm_90")
     assert "measured on NVIDIA H200" in src
     tail = "signatures have no measured workspace and count as none: measure them with " \
-           "examples/calibrate_convs.py on the target"
+           "examples/tools/calibrate_convs.py on the target"
     # none of the model's signatures is in conv_workspaces.yaml
     assert _conv_note(h100, ["a"]) == f"; cuDNN workspaces of 0 convolution signatures, {src}; 2 {tail}"
     # one of a's measured, one not; b's unmeasured one is not a's
