@@ -1,0 +1,42 @@
+"""The user-facing examples run as README.md and examples/README.md say, each in a process of its own, on the
+tiny Qwen3-Omni checkpoint (tests/conftest.py's tiny_omni_dir) or a CPU plan: examples/python_api.py.
+Each test takes well under a minute on 2 cores."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+GRAPHC = [sys.executable, "-m", "graphc.cli"]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+# python_api.py's line per request: "ID: KIND, N prompt tokens -> M tokens (REASON): TEXT"
+OUT_LINE = re.compile(r"^(?P<id>[\w-]+): (?P<kind>\w+), (?P<prompt>\d+) prompt tokens -> (?P<n>\d+) tokens "
+                      r"\((?P<reason>\w+)\): (?P<what>.*)$")
+
+
+def run(args: list[str], timeout: float = 120) -> str:
+    """Run a command at the repo root; its stdout, after asserting exit 0."""
+    done = subprocess.run(args, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{args} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def outputs(stdout: str) -> dict[str, dict]:
+    return {m["id"]: m.groupdict() for m in map(OUT_LINE.match, stdout.splitlines()) if m}
+
+
+def test_python_api_on_the_tiny_checkpoint(tiny_omni_dir):
+    """Chat messages and a plain prompt through the checkpoint's tokenizer: every request t2t, its prompt
+    tokenized, max_tokens generated, text printed."""
+    d = tiny_omni_dir
+    out = run([sys.executable, "examples/python_api.py", str(d / "p.plan"), "--checkpoint", str(d / "ckpt"),
+               "--max-tokens", "4"])
+    assert out.startswith("graphc run: qwen3_omni-tiny-checkpoint on cpu x1")
+    got = outputs(out)
+    assert sorted(got) == ["chat", "prompt", "sampled"], out
+    for o in got.values():
+        assert o["kind"] == "t2t" and int(o["prompt"]) > 3 and o["n"] == "4" and o["reason"] == "length", out
+        assert o["what"].startswith("'") or o["what"].startswith('"'), out      # text, not token ids
