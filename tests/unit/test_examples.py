@@ -1,5 +1,5 @@
 """The user-facing examples run as README.md and examples/README.md say, each in a process of its own, on the
-tiny Qwen3-Omni checkpoint (tests/conftest.py's tiny_omni_dir) or a CPU plan: examples/python_api.py.
+tiny Qwen3-Omni checkpoint (tests/conftest.py's tiny_omni_dir) or a CPU plan: examples/python_api.py, and examples/declare_model.py planned by `graphc plan` and then served.
 Each test takes well under a minute on 2 cores."""
 from __future__ import annotations
 
@@ -40,3 +40,18 @@ def test_python_api_on_the_tiny_checkpoint(tiny_omni_dir):
     for o in got.values():
         assert o["kind"] == "t2t" and int(o["prompt"]) > 3 and o["n"] == "4" and o["reason"] == "length", out
         assert o["what"].startswith("'") or o["what"].startswith('"'), out      # text, not token ids
+
+
+def test_declare_model_is_planned_and_served(tmp_path):
+    """`graphc plan examples/declare_model.py --gpu cpu` exits 0 and writes the plan (one node, its KV pool,
+    both walks, the t2t kind); python_api.py serves it on seeded weights (token ids in, token ids out)."""
+    plan = tmp_path / "declared.plan"
+    out = run(GRAPHC + ["plan", "examples/declare_model.py", "--gpu", "cpu", "-o", str(plan)])
+    assert plan.is_file() and "FITS" in out and "requests: t2t = prefill -> decode" in out, out
+    assert "kv_cache: 128 pages" in out, out
+    out = run([sys.executable, "examples/python_api.py", str(plan), "--random-weights", "--max-tokens", "5"])
+    got = outputs(out)
+    assert sorted(got) == ["ids", "ids-sampled"], out
+    for o in got.values():
+        ids = [int(t) for t in re.findall(r"\d+", o["what"].removeprefix("token ids"))]
+        assert o["kind"] == "t2t" and o["n"] == "5" and len(ids) == 5 and all(0 <= t < 256 for t in ids), out
