@@ -1,12 +1,19 @@
 """The user-facing examples run as README.md and examples/README.md say, each in a process of its own, on the
-tiny Qwen3-Omni checkpoint (tests/conftest.py's tiny_omni_dir) or a CPU plan: examples/python_api.py, and examples/declare_model.py planned by `graphc plan` and then served.
-Each test takes well under a minute on 2 cores."""
+tiny Qwen3-Omni checkpoint (tests/conftest.py's tiny_omni_dir) or a CPU plan: examples/python_api.py,
+examples/openai_client.py against `graphc run` on loopback, and examples/declare_model.py planned by
+`graphc plan` and then served. Each test takes well under a minute on 2 cores."""
 from __future__ import annotations
 
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -55,3 +62,48 @@ def test_declare_model_is_planned_and_served(tmp_path):
     for o in got.values():
         ids = [int(t) for t in re.findall(r"\d+", o["what"].removeprefix("token ids"))]
         assert o["kind"] == "t2t" and o["n"] == "5" and len(ids) == 5 and all(0 <= t < 256 for t in ids), out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(proc: subprocess.Popen, port: int, seconds: float = 90) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        assert proc.poll() is None, f"graphc run exited {proc.returncode}: {proc.stdout.read()}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"graphc run did not answer /health on port {port} within {seconds} s")
+
+
+def test_openai_client_against_graphc_run(tiny_omni_dir):
+    """`graphc run PLAN --checkpoint DIR` on a free loopback port, then openai_client.py against it: the model
+    listed, a chat completion, and the same chat streamed to the same greedy text and finish reason."""
+    pytest.importorskip("openai")
+    d, port = tiny_omni_dir, free_port()
+    server = subprocess.Popen(GRAPHC + ["run", str(d / "p.plan"), "--checkpoint", str(d / "ckpt"),
+                                        "--host", "127.0.0.1", "--port", str(port)],
+                              cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_healthy(server, port)
+        out = run([sys.executable, "examples/openai_client.py", "--base-url", f"http://127.0.0.1:{port}/v1",
+                   "--max-tokens", "6"])
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    lines = out.splitlines()
+    assert lines[0] == "models: qwen3_omni-tiny-checkpoint", out
+    chat = re.match(r"^chat: (.*) \(finish_reason length, \d+ prompt \+ 6 completion tokens\)$", lines[1])
+    stream = re.match(r"^stream: (.*) \(finish_reason length, 6 completion tokens\)$", lines[-1])
+    assert chat and stream and chat[1] == stream[1] and len(chat[1]) > 2, out
