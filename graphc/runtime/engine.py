@@ -632,6 +632,57 @@ class Engine:
                         bar.update(1)
         return [self.output(r) if isinstance(r, Request) else r for r in reqs]
 
+    # ---- what the server reads
+    @property
+    def model_name(self) -> str:
+        """The served model's name, as the plan records it."""
+        return self.plan.model.name
+
+    @property
+    def max_running(self) -> int:
+        """The most sequences the decode walk runs at once."""
+        return self.scheduler.max_running
+
+    @property
+    def max_seq_len(self) -> int:
+        """The most rows (prompt and output) one request may hold in the LLM's KV cache."""
+        return self.executor.kv_spec.max_seq_len
+
+    @property
+    def has_workers(self) -> bool:
+        """Whether worker processes run other plan devices (an idle step() checks that they live)."""
+        return self.workers is not None
+
+    @property
+    def speaks(self) -> bool:
+        """Whether requests may ask for speech out (the model's host speaks and the plan has a speaking kind)."""
+        return self.speech is not None
+
+    @property
+    def sample_rate(self) -> int | None:
+        """The sample rate of the audio it speaks; None when it does not speak."""
+        return self.speech.sample_rate if self.speech is not None else None
+
+    @property
+    def transcription(self):
+        """The model host's graphc.Transcription (its own transcription prompt and answer reader), or None."""
+        return getattr(self.host, "transcription", None)
+
+    def request(self, request_id: str) -> Request | None:
+        """The request of that id still in flight (added, not closed), else None."""
+        return self.requests.get(request_id)
+
+    def load(self) -> dict[str, int]:
+        """What it holds now: running and waiting requests, free and total KV pages of the LLM's pool; when
+        it speaks also the requests still speaking and the speech lane's free and total pages."""
+        s = self.scheduler
+        out = {"running": len(s.running), "waiting": len(s.waiting), "free_pages": s.pages.num_free,
+               "pages": s.capacity}
+        if self.speech is not None:
+            out |= {"speaking": len(self.talking), "speech_free_pages": self.speech.pages.num_free,
+                    "speech_pages": self.speech.capacity}
+        return out
+
 
 REQUEST_KEYS = {"id", "messages", "prompt", "prompt_token_ids", "media", "use_audio_in_video", "modalities", "audio"}
 
