@@ -12,7 +12,7 @@ placeholder) and a decoded Media item, in order. Anything else is refused by nam
 
 Where media may come from is the caller's `Sources`: an offline batch reads any path it names (the
 operator wrote it); the server reads none unless started with --media-dir DIR (then only files under
-DIR) and fetches web addresses only with --media-urls (graphc/runtime/fetch.py: a size and a time
+DIR) and fetches web addresses only with --media-urls (graphc/serve/fetch.py: a size and a time
 limit, no private addresses). `Limits` bound what is decoded, from the file's header where it says:
 the seconds of audio and frames of video a plan's longest prompt can hold.
 """

@@ -1,4 +1,4 @@
-"""Media by URL (graphc/runtime/fetch.py, graphc run --media-urls): a loopback web server stands in for
+"""Media by URL (graphc/serve/fetch.py, graphc run --media-urls): a loopback web server stands in for
 the web; the fetcher is told that only 127.0.0.1 is "public" where a test needs a fetch to succeed, and
 keeps its default (public addresses only) where it must refuse."""
 import http.server
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from graphc.errors import InvalidInput
-from graphc.runtime.fetch import Fetcher, public
+from graphc.serve.fetch import Fetcher, public
 from graphc.runtime.inputs import Sources, split_messages
 from tests.unit.test_hostile_input import png
 

@@ -11,7 +11,7 @@ import soundfile as sf
 from examples.make_tiny_checkpoint import TEMPLATE, asr_model, build_tokenizer, save
 from graphc.cli import main
 from graphc.runtime.engine import Engine
-from graphc.runtime.transcribe import AsrStream, build_prompt, output_cap, split_asr
+from graphc.serve.transcribe import AsrStream, build_prompt, output_cap, split_asr
 from tests.parity.weights import randomize
 from tests.unit.loopback import serve
 

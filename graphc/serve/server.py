@@ -2,7 +2,7 @@
 
 Endpoints: POST /v1/chat/completions (text, or text and audio with modalities ["text", "audio"]),
 POST /v1/completions (stream or not), POST /v1/audio/speech, GET /v1/models, GET /health; and
-graphc/runtime/ops.py's /metrics and /v1/audio/transcriptions.
+graphc/serve/ops.py's /metrics and /v1/audio/transcriptions.
 One engine thread steps the engine; handlers hand it requests through a queue and read their tokens
 from per-request asyncio queues. Request bodies are strict (unknown fields are refused); errors use
 OpenAI's body {"error": {message, type, param, code}}. Media parts are decoded in the handlers (a thread
@@ -33,7 +33,7 @@ from graphc.runtime.engine import Engine, Event
 from graphc.runtime.inputs import Sources
 from graphc.runtime.sampler import MAX_TOP_LOGPROBS, SamplingParams
 from graphc.runtime.workers import WorkerDied
-from graphc.runtime.transcribe import DEFAULT_MAX_AUDIO_BYTES
+from graphc.serve.transcribe import DEFAULT_MAX_AUDIO_BYTES
 
 log = logging.getLogger("graphc.server")
 JSON_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/audio/speech")
@@ -140,7 +140,7 @@ class QueueFull(Exception):
 
 class Driver:
     """The engine thread: adds submitted requests, steps while there is work, routes events. Observers
-    (graphc/runtime/ops.py's metrics) are called in it with each Event, and with a finished one when an
+    (graphc/serve/ops.py's metrics) are called in it with each Event, and with a finished one when an
     abort frees a request."""
 
     RATE_WINDOW = 64          # the finished requests the Retry-After estimate looks at
@@ -313,7 +313,7 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
               max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES, on_death=None, max_waiting: int | None = None,
               sources: Sources = Sources(paths=False)):
     """api_key: every route but /health wants it as a bearer token; access_log: a JSON line a request on
-    `graphc.access`; max_audio_bytes: the largest transcription upload (graphc/runtime/ops.py,
+    `graphc.access`; max_audio_bytes: the largest transcription upload (graphc/serve/ops.py,
     transcribe.py); on_death: Driver's; max_waiting: the queue's bound (Driver's); sources: where media
     parts may be read from (default: their bytes only, no file and no URL)."""
     from fastapi import FastAPI
@@ -436,7 +436,7 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
 
     def stream(req, events, chat: bool, rid: str, created: int, include_usage: bool, audio: str | None = None):
         """audio: the format of a speaking request's audio deltas (its transcript goes in delta.audio too)."""
-        from graphc.runtime.audio_out import Stream
+        from graphc.serve.audio_out import Stream
 
         enc = Stream(audio, engine.host.speech.sample_rate) if audio else None
         aid, expires = audio_id(), created + AUDIO_EXPIRES_S
@@ -510,7 +510,7 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
                          param="audio" if speak else "modalities")
         speech = None
         if speak:
-            from graphc.runtime.audio_out import check_format
+            from graphc.serve.audio_out import check_format
             from graphc.runtime.speech import SpeechParams
             try:
                 check_format(body.audio.format, stream=body.stream, param="audio.format")
@@ -538,7 +538,7 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
         text = req.detok.text if req.detok is not None else "".join(e.text for e in evs)
         message = {"role": "assistant", "content": text}
         if speak:
-            from graphc.runtime.audio_out import encode
+            from graphc.serve.audio_out import encode
             wave = np.concatenate(req.speech.audio) if req.speech.audio else np.zeros(0, np.float32)
             data = encode(wave, engine.host.speech.sample_rate, body.audio.format)
             message = {"role": "assistant", "content": None,
@@ -581,7 +581,7 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
         does not run). A system turn holds `instructions` when given; the user turn holds the input."""
         from fastapi.responses import Response
 
-        from graphc.runtime.audio_out import MEDIA_TYPES, STREAMED, Stream, check_format, encode
+        from graphc.serve.audio_out import MEDIA_TYPES, STREAMED, Stream, check_format, encode
         from graphc.runtime.speech import SpeechParams
 
         if (bad := wrong_model(body.model, model_name)) is not None:
@@ -639,7 +639,7 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
         wave = np.concatenate(req.speech.audio) if req.speech.audio else np.zeros(0, np.float32)
         return Response(encode(wave, rate, fmt), media_type=MEDIA_TYPES[fmt])
 
-    from graphc.runtime.ops import install
+    from graphc.serve.ops import install
     install(app, engine, driver, model_name, api_key=api_key, access_log=access_log, max_audio_bytes=max_audio_bytes)
 
     def openapi() -> dict:
@@ -725,7 +725,7 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, api_key:
                     on_death=None if exit_on_death else stop, max_waiting=max_waiting,
                     sources=media_sources(media_dir, media_urls))
     if access_log:
-        from graphc.runtime.ops import access_log_to_stderr
+        from graphc.serve.ops import access_log_to_stderr
         access_log_to_stderr()
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     server.run()
@@ -743,6 +743,6 @@ def media_sources(media_dir: str | None, media_urls: bool) -> Sources:
             raise InvalidInput(f"--media-dir {media_dir} is not a folder", "", "name an existing folder")
     fetch = None
     if media_urls:
-        from graphc.runtime.fetch import Fetcher
+        from graphc.serve.fetch import Fetcher
         fetch = Fetcher()
     return Sources(paths=paths, urls=fetch)

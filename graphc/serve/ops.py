@@ -1,6 +1,6 @@
 """Running graphc run's server: Prometheus metrics, a JSON access log, an API key.
 
-install() adds them (and POST /v1/audio/transcriptions, graphc/runtime/transcribe.py) to build_app's app:
+install() adds them (and POST /v1/audio/transcriptions, graphc/serve/transcribe.py) to build_app's app:
 
   GET /metrics   Prometheus text, from a registry of the app's own (several apps may share a process):
                  graphc_requests_total{kind, status}: finished requests by their kind and finish_reason
@@ -26,7 +26,7 @@ import logging
 import sys
 import time
 
-from graphc.runtime.transcribe import DEFAULT_MAX_AUDIO_BYTES
+from graphc.serve.transcribe import DEFAULT_MAX_AUDIO_BYTES
 
 ACCESS = logging.getLogger("graphc.access")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -179,7 +179,7 @@ def install(app, engine, driver, model_name: str, *, api_key: str | None = None,
     from fastapi.responses import Response
     from prometheus_client import CONTENT_TYPE_LATEST
 
-    from graphc.runtime.transcribe import register
+    from graphc.serve.transcribe import register
 
     metrics = Metrics(engine)
     app.state.metrics = metrics

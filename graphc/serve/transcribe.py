@@ -186,10 +186,10 @@ def register(app, engine, driver, model_name: str, max_audio_bytes: int = DEFAUL
     from starlette.datastructures import UploadFile
     from starlette.formparsers import MultiPartException, MultiPartParser
 
-    from graphc.runtime.host import Media
+    from graphc.serving import Media
     from graphc.runtime.media import MediaError, load_audio
     from graphc.runtime.sampler import SamplingParams
-    from graphc.runtime.server import error, refusal, submitted, wrong_model
+    from graphc.serve.server import error, refusal, submitted, wrong_model
 
     asr = is_qwen3_asr(engine)
 

@@ -1,0 +1,1 @@
+"""graphc run's OpenAI-compatible HTTP server over one Engine."""
