@@ -91,6 +91,7 @@ def declare(preset: str = "1.7b", config: dict | None = None) -> gc.Model:
 
 def host(model: gc.Model, checkpoint: str | None = None):
     """The serving host (graphc.Host, graphc/serving.py): 1-D positions, audio through the AuT."""
+    from models.components.asr_transcription import AsrTranscription
     from models.components.hosting import AudioVisualHost, Encoders, checkpoint_config, generation_eos, \
         random_media_tokens
     from models.components.mrope import MediaTokens
@@ -104,5 +105,7 @@ def host(model: gc.Model, checkpoint: str | None = None):
         media, eos = MediaTokens(audio_token_id=151676), (151645, 151643)
     else:
         media, eos = random_media_tokens(vocab), ()
-    return AudioVisualHost(model, "thinker", Encoders(audio=("audio_encoder", "audio_prefill")), media, mrope=False,
+    host = AudioVisualHost(model, "thinker", Encoders(audio=("audio_encoder", "audio_prefill")), media, mrope=False,
                            eos_token_ids=eos)
+    host.transcription = AsrTranscription()
+    return host
