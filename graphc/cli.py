@@ -316,7 +316,7 @@ def _serving_on(host: str, args, api_key, where: str = "") -> None:
 def _serve_or_run(engine, args, requests: list | None) -> int:
     print(engine.summary(), file=sys.stderr)
     if requests is None:
-        from graphc.serve.server import serve
+        from graphc.serve import serve
 
         opts = _server_options(args)
         _serving_on(args.host, args, opts["api_key"])

@@ -137,7 +137,7 @@ def _classes(ray):
 
         def serve(self, host: str, port: int, **kwargs):
             """None when the server stops, or ('dead', what, why, fix) when a device's worker died."""
-            from graphc.serve.server import serve
+            from graphc.serve import serve
             e = serve(self.engine, host, port, exit_on_death=False, **kwargs)
             return None if e is None else ("dead", e.what, e.why, e.fix)
 

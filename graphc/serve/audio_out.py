@@ -21,6 +21,7 @@ SOUNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus
 
 
 def check_format(fmt: str, stream: bool = False, param: str = "format") -> str:
+    """fmt when it is served (and streams, when `stream`), else InvalidInput naming `param`."""
     if fmt not in MEDIA_TYPES:
         raise InvalidInput(f"audio format '{fmt}' is not served", f"formats: {', '.join(MEDIA_TYPES)}",
                            "ask for one of them", param=param)
@@ -40,6 +41,11 @@ def wav_header(rate: int, frames: int | None) -> bytes:
     riff = 0xFFFFFFFF if frames is None else 36 + data
     return (b"RIFF" + struct.pack("<I", riff) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, rate, 2 * rate, 2, 16)
             + b"data" + struct.pack("<I", data))
+
+
+def whole(chunks: list[np.ndarray]) -> np.ndarray:
+    """The chunks of a waveform as one (no chunk: no samples)."""
+    return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
 
 
 def encode(samples: np.ndarray, rate: int, fmt: str) -> bytes:

@@ -1,8 +1,9 @@
-"""Running graphc run's server: Prometheus metrics, a JSON access log, an API key.
+"""GET /v1/models, GET /health and GET /metrics: what is served, and how it is doing.
 
-install() adds them (and POST /v1/audio/transcriptions, graphc/serve/transcribe.py) to build_app's app:
-
-  GET /metrics   Prometheus text, from a registry of the app's own (several apps may share a process):
+  /v1/models     the one model served, in OpenAI's list
+  /health        {status, running, waiting, free_pages, pages} of the LLM's KV pool; when the plan speaks
+                 also speaking, speech_free_pages and speech_pages (the speech lane's pool)
+  /metrics       Prometheus text, from a registry of the app's own (several apps may share a process):
                  graphc_requests_total{kind, status}: finished requests by their kind and finish_reason
                    (stop, length, error, abort), and those the engine refused (status refused, kind unknown)
                  graphc_time_to_first_token_seconds, graphc_time_per_output_token_seconds,
@@ -10,25 +11,17 @@ install() adds them (and POST /v1/audio/transcriptions, graphc/serve/transcribe.
                  graphc_kv_pages_used, graphc_kv_pages_free, graphc_requests_running, graphc_requests_waiting
                  graphc_walk_steps_total{walk}, graphc_node_steps_total{mode: replayed | eager},
                  graphc_preemptions_total: the engine's stats(), read when scraped
-  access log     one JSON line per HTTP request on the `graphc.access` logger: method, path, status,
-                 duration_ms, request_id (the X-Request-Id header, when sent) and client
-  api key        every route but /health wants `Authorization: Bearer KEY` (/metrics, /openapi.json and
-                 /docs too), else 401 in OpenAI's error body (code invalid_api_key); /health stays open
 
 The metrics see requests through the Driver's observers, called in the engine thread with each Event
-(and with a finished Event when a client's abort frees a request). Scrapes only read the engine.
+(and with a finished Event when a client's abort frees a request). Scrapes and /health only read the
+engine.
 """
 from __future__ import annotations
 
-import hmac
-import json
-import logging
-import sys
 import time
 
-from graphc.serve.transcribe import DEFAULT_MAX_AUDIO_BYTES
+from graphc.serve.context import Context
 
-ACCESS = logging.getLogger("graphc.access")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5)
 
@@ -58,12 +51,12 @@ class EngineCollector:
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        s = self.engine.scheduler
-        free, capacity = s.pages.num_free, s.capacity
+        load = self.engine.load()
+        free, capacity = load["free_pages"], load["pages"]
         yield GaugeMetricFamily("graphc_kv_pages_free", "KV cache pages free", value=free)
         yield GaugeMetricFamily("graphc_kv_pages_used", "KV cache pages held by requests", value=capacity - free)
-        yield GaugeMetricFamily("graphc_requests_running", "requests holding pages", value=len(s.running))
-        yield GaugeMetricFamily("graphc_requests_waiting", "requests waiting for pages", value=len(s.waiting))
+        yield GaugeMetricFamily("graphc_requests_running", "requests holding pages", value=load["running"])
+        yield GaugeMetricFamily("graphc_requests_waiting", "requests waiting for pages", value=load["waiting"])
         stats = read_stats(self.engine)
         walks = CounterMetricFamily("graphc_walk_steps", "engine steps run, by walk", labels=["walk"])
         for walk, n in stats["steps"].items():
@@ -78,6 +71,9 @@ class EngineCollector:
 
 
 class Metrics:
+    """The app's Prometheus registry: request counts and latencies (a Driver observer), and the engine's
+    load and stats read at scrape time."""
+
     def __init__(self, engine):
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -118,72 +114,8 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-class AccessLog:
-    """ASGI middleware: one JSON line per HTTP request on `graphc.access`, once its response has gone."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        t0, status = time.perf_counter(), [500]
-
-        async def sending(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-        try:
-            await self.app(scope, receive, sending)
-        finally:
-            headers = dict(scope.get("headers") or [])
-            rid = headers.get(b"x-request-id")
-            client = scope.get("client")
-            ACCESS.info(json.dumps({
-                "method": scope["method"], "path": scope["path"], "status": status[0],
-                "duration_ms": round((time.perf_counter() - t0) * 1e3, 3),
-                "request_id": rid.decode("latin-1") if rid else None,
-                "client": f"{client[0]}:{client[1]}" if client else None}))
-
-
-class ApiKey:
-    """ASGI middleware: every route but /health wants `Authorization: Bearer KEY`; a 401 in OpenAI's body
-    otherwise."""
-
-    def __init__(self, app, key: str):
-        self.app, self.key = app, key.encode()
-
-    async def __call__(self, scope, receive, send):
-        path = scope.get("path", "")
-        if scope["type"] == "http" and path != "/health":
-            auth = dict(scope.get("headers") or []).get(b"authorization", b"")
-            scheme, _, token = auth.partition(b" ")
-            if not auth:
-                message = "no API key: send the header 'Authorization: Bearer KEY'"
-            elif scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
-                message = "the API key is not this server's"
-            else:
-                return await self.app(scope, receive, send)
-            from fastapi.responses import JSONResponse
-
-            resp = JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                           "code": "invalid_api_key"}}, status_code=401,
-                                headers={"WWW-Authenticate": "Bearer"})
-            return await resp(scope, receive, send)
-        return await self.app(scope, receive, send)
-
-
-def install(app, engine, driver, model_name: str, *, api_key: str | None = None, access_log: bool = False,
-            max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES) -> None:
-    """Metrics (as a Driver observer), /metrics, the transcription route, and the optional key and log."""
-    from fastapi.responses import Response
-    from prometheus_client import CONTENT_TYPE_LATEST
-
-    from graphc.serve.transcribe import register
-
-    metrics = Metrics(engine)
-    app.state.metrics = metrics
-    driver.observers.append(metrics.observe)
+def count_refusals(driver, metrics: Metrics) -> None:
+    """Wrap driver.submit so that each submission the engine refuses is counted."""
     submit = driver.submit
 
     def counted(loop, kwargs):
@@ -192,21 +124,28 @@ def install(app, engine, driver, model_name: str, *, api_key: str | None = None,
         return fut, events
     driver.submit = counted
 
+
+def register(app, ctx: Context) -> None:
+    """Add /health, /v1/models and /metrics to `app`; the metrics observe the Driver's events."""
+    from fastapi.responses import Response
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    @app.get("/health")
+    def health():
+        """The LLM's KV pages and requests; when the plan speaks, the requests still speaking and the speech
+        lane's pages."""
+        return {"status": "ok"} | ctx.engine.load()
+
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": 0,
+                                            "owned_by": "graphc"}]}
+
+    metrics = Metrics(ctx.engine)
+    app.state.metrics = metrics
+    ctx.driver.observers.append(metrics.observe)
+    count_refusals(ctx.driver, metrics)
+
     @app.get("/metrics", include_in_schema=False)
     def scrape():
         return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
-
-    register(app, engine, driver, model_name, max_audio_bytes)
-    if api_key:
-        app.add_middleware(ApiKey, key=api_key)
-    if access_log:
-        app.add_middleware(AccessLog)        # added last, so outermost: refused keys are logged too
-
-
-def access_log_to_stderr() -> None:
-    """graphc run --access-log: the JSON lines, as they are, on stderr."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    ACCESS.addHandler(handler)
-    ACCESS.setLevel(logging.INFO)
-    ACCESS.propagate = False

@@ -179,8 +179,8 @@ def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-def register(app, engine, driver, model_name: str, max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES) -> None:
-    """Add POST /v1/audio/transcriptions to `app`; requests go through `driver` (server.Driver)."""
+def register(app, ctx) -> None:
+    """Add POST /v1/audio/transcriptions to `app` (ctx: context.Context)."""
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from starlette.concurrency import run_in_threadpool
     from starlette.datastructures import UploadFile
@@ -189,8 +189,9 @@ def register(app, engine, driver, model_name: str, max_audio_bytes: int = DEFAUL
     from graphc.serving import Media
     from graphc.runtime.media import MediaError, load_audio
     from graphc.runtime.sampler import SamplingParams
-    from graphc.serve.server import error, refusal, submitted, wrong_model
+    from graphc.serve.errors import error, refusal, wrong_model
 
+    engine, driver, model_name, max_audio_bytes = ctx.engine, ctx.driver, ctx.model_name, ctx.max_audio_bytes
     asr = is_qwen3_asr(engine)
 
     def too_large():
@@ -209,8 +210,6 @@ def register(app, engine, driver, model_name: str, max_audio_bytes: int = DEFAUL
                 yield chunk
         parser = MultiPartParser(request.headers, counted(), max_files=1, max_fields=len(FIELDS) + 8)
         return await parser.parse()
-
-    limits = engine.media_limits()
 
     def usage(req) -> dict:
         audio = sum(len(p.rows) for m in req.prompt.media for p in m.pieces)
@@ -292,7 +291,7 @@ def register(app, engine, driver, model_name: str, max_audio_bytes: int = DEFAUL
             return too_large()
         try:
             driver.admit()                 # a full queue refuses before the audio is decoded
-            wave = await run_in_threadpool(load_audio, data, SAMPLE_RATE, limits.audio_seconds, limits.why)
+            wave = await run_in_threadpool(load_audio, data, SAMPLE_RATE, ctx.limits.audio_seconds, ctx.limits.why)
         except MediaError as e:
             return error(400, f"file: {e}", param="file")
         except Exception as e:
@@ -302,9 +301,9 @@ def register(app, engine, driver, model_name: str, max_audio_bytes: int = DEFAUL
         duration = len(wave) / SAMPLE_RATE
         prompt = build_prompt(engine.template, asr, fields.get("prompt", ""), language)
         params = SamplingParams(temperature=temperature, logprobs=fmt == "verbose_json",
-                                max_tokens=output_cap(prompt, duration, engine.executor.kv_spec.max_seq_len))
+                                max_tokens=output_cap(prompt, duration, engine.max_seq_len))
         rid = f"trsc-{uuid.uuid4().hex}"
-        started, bad = await submitted(driver, dict(prompt=prompt, media=[Media("audio", wave)], params=params, request_id=rid))
+        started, bad = await ctx.submit(dict(prompt=prompt, media=[Media("audio", wave)], params=params, request_id=rid))
         if bad is not None:
             return bad
         req, events = started

@@ -9,7 +9,7 @@ def serve(engine, **app_kwargs):
     server.should_exit = True."""
     import uvicorn
 
-    from graphc.serve.server import build_app
+    from graphc.serve import build_app
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -142,7 +142,7 @@ def test_a_failing_observer_does_not_stop_the_engine(served):
 
 def test_graphc_run_passes_its_flags_and_the_env_key(served, monkeypatch):
     import graphc.runtime.engine
-    import graphc.serve.server
+    import graphc.serve
     from graphc.cli import main
 
     calls = []
@@ -157,7 +157,7 @@ def test_graphc_run_passes_its_flags_and_the_env_key(served, monkeypatch):
         def close(self):
             calls.append("closed")
     monkeypatch.setattr(graphc.runtime.engine, "Engine", Booted)
-    monkeypatch.setattr(graphc.serve.server, "serve", lambda engine, host, port, **kw: calls.append(kw))
+    monkeypatch.setattr(graphc.serve, "serve", lambda engine, host, port, **kw: calls.append(kw))
     plan = str(served["dir"] / "p.plan")
     monkeypatch.setenv("GRAPHC_API_KEY", "from-env")
     assert main(["run", plan]) == 0

@@ -308,4 +308,4 @@ def test_a_cancelled_speech_stream_counts_as_an_abort_and_health_shows_the_talke
     assert aborts() == before + 1
     with urllib.request.urlopen(f"http://127.0.0.1:{served['port']}/health", timeout=30) as r:
         h = json.loads(r.read())
-    assert h["speaking"] == 0 and h["talker_free_pages"] == h["talker_pages"] == engine.speech.capacity
+    assert h["speaking"] == 0 and h["speech_free_pages"] == h["speech_pages"] == engine.speech.capacity

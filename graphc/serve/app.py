@@ -1,0 +1,82 @@
+"""graphc run's app over one Engine: build_app() wires the Driver (the engine thread), the routes, the
+error handlers, the middleware and the OpenAPI schema; serve() runs it under uvicorn."""
+from __future__ import annotations
+
+import logging
+import threading
+
+from graphc.errors import InvalidInput
+from graphc.runtime.engine import Engine
+from graphc.runtime.inputs import Sources
+from graphc.runtime.workers import WorkerDied
+from graphc.serve import completions, middleware, openapi, ops, speech, transcribe
+from graphc.serve.context import Context
+from graphc.serve.driver import Driver
+from graphc.serve.errors import install_handlers
+from graphc.serve.transcribe import DEFAULT_MAX_AUDIO_BYTES
+
+log = logging.getLogger("graphc.server")
+
+
+def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = None, access_log: bool = False,
+              max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES, on_death=None, max_waiting: int | None = None,
+              sources: Sources = Sources(paths=False)):
+    """name: the model's name the routes answer to (default: the plan's); api_key: every route but /health
+    wants it as a bearer token; access_log: a JSON line a request on `graphc.access` (middleware.py);
+    max_audio_bytes: the largest transcription upload (transcribe.py), and the media a JSON body may
+    carry; on_death: Driver's; max_waiting: the queue's bound (Driver's); sources: where media parts may be
+    read from (default: their bytes only, no file and no URL)."""
+    from fastapi import FastAPI
+
+    app = FastAPI(title="graphc", version="1")
+    driver = Driver(engine, on_death, max_waiting)
+    app.state.driver = driver
+    app.router.on_shutdown.append(driver.close)
+    ctx = Context(engine, driver, name or engine.model_name, max_audio_bytes, sources, engine.media_limits())
+    install_handlers(app)
+    for routes in (ops, completions, speech, transcribe):
+        routes.register(app, ctx)
+    middleware.install(app, api_key, access_log, max_audio_bytes)
+    openapi.install(app, bool(api_key))
+    return app
+
+
+def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, api_key: str | None = None,
+          access_log: bool = False, max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES, max_waiting: int | None = None,
+          media_dir: str | None = None, media_urls: bool = False, exit_on_death: bool = True) -> WorkerDied | None:
+    """Serve until stopped. A device's worker that dies ends it: the process exits with code 3 a moment
+    after the requests in flight got their error, or, with exit_on_death=False (graphc run --ray: the
+    server runs in a Ray actor), the server stops and the WorkerDied is returned."""
+    import uvicorn
+
+    died: list[WorkerDied] = []
+
+    def stop(e: WorkerDied) -> None:
+        log.critical("graphc: %s; the server stops", e)
+        died.append(e)
+        threading.Timer(1.0, setattr, (server, "should_exit", True)).start()     # a moment to send the errors
+
+    app = build_app(engine, api_key=api_key, access_log=access_log, max_audio_bytes=max_audio_bytes,
+                    on_death=None if exit_on_death else stop, max_waiting=max_waiting,
+                    sources=media_sources(media_dir, media_urls))
+    if access_log:
+        middleware.access_log_to_stderr()
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server.run()
+    return died[0] if died else None
+
+
+def media_sources(media_dir: str | None, media_urls: bool) -> Sources:
+    """graphc run's --media-dir and --media-urls as inputs.Sources (neither: a request's own bytes only)."""
+    from pathlib import Path
+
+    paths: bool | Path = False
+    if media_dir is not None:
+        paths = Path(media_dir).resolve()
+        if not paths.is_dir():
+            raise InvalidInput(f"--media-dir {media_dir} is not a folder", "", "name an existing folder")
+    fetch = None
+    if media_urls:
+        from graphc.serve.fetch import Fetcher
+        fetch = Fetcher()
+    return Sources(paths=paths, urls=fetch)

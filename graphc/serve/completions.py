@@ -1,0 +1,248 @@
+"""POST /v1/chat/completions and POST /v1/completions: text out, streamed or whole.
+
+Chat takes OpenAI's messages (text, and the media parts the plan's kinds take: decoded in a worker
+thread, never in the engine's, and bounded by what the plan's prompts can hold); with modalities
+["text", "audio"] and audio {voice, format} the answer is spoken too (message.audio: the waveform and
+its transcript). Completions take a text prompt or token ids. Both stream as server-sent events ending
+in `data: [DONE]`, with a usage chunk when stream_options.include_usage.
+"""
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+
+from pydantic import ValidationError
+
+from graphc.errors import InvalidInput
+from graphc.runtime.inputs import split_messages
+from graphc.runtime.speech import SpeechParams
+from graphc.serve.audio_out import Stream, check_format, encode, whole
+from graphc.serve.context import Context
+from graphc.serve.errors import error, refusal, stream_error, wrong_model
+from graphc.serve.schemas import Body, ChatBody, CompletionBody
+from graphc.serve.streaming import collect, sse
+
+AUDIO_EXPIRES_S = 3600            # message.audio.expires_at: graphc keeps no audio, so this only follows OpenAI's shape
+
+
+def register(app, ctx: Context) -> None:
+    """Add the two routes to `app`."""
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatBody):
+        return await chat_completion(ctx, body)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionBody):
+        return await completion(ctx, body)
+
+
+def check_model(ctx: Context, body: Body):
+    """A refusal of a model not served here or of n other than 1, else None."""
+    if (bad := wrong_model(body.model, ctx.model_name)) is not None:
+        return bad
+    if body.n != 1:
+        return error(400, f"n={body.n}: one choice per request is served", param="n")
+    return None
+
+
+def usage(req) -> dict:
+    """OpenAI's token usage; a speaking request's codec frames (12.5 a second of audio) as audio tokens."""
+    out = {"prompt_tokens": len(req.prompt.ids), "completion_tokens": len(req.output),
+           "total_tokens": len(req.prompt.ids) + len(req.output)}
+    if req.speech is not None:
+        out["completion_tokens_details"] = {"audio_tokens": len(req.speech.frames), "text_tokens": len(req.output)}
+    return out
+
+
+def chat_logprobs(tokenizer, req, start: int, end: int) -> dict | None:
+    """Chat's logprobs {content: [...]} of output tokens start..end, None when not asked for."""
+    if req.logprobs is None:
+        return None
+
+    def entry(tid, lp):
+        text = tokenizer.decode([tid], skip_special_tokens=False) if tokenizer else str(tid)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+    return {"content": [{**entry(e["token_id"], e["logprob"]),
+                         "top_logprobs": [entry(t, v) for t, v in e["top"]]} for e in req.logprobs[start:end]]}
+
+
+def audio_id() -> str:
+    return f"audio_{uuid.uuid4().hex}"
+
+
+class AudioDeltas:
+    """A speaking request's streamed audio: each chunk encoded in its format, under one audio id."""
+
+    def __init__(self, fmt: str, rate: int, created: int):
+        self.enc, self.id, self.expires = Stream(fmt, rate), audio_id(), created + AUDIO_EXPIRES_S
+
+    def delta(self, samples) -> dict:
+        return {"id": self.id, "data": base64.b64encode(self.enc.add(samples)).decode(), "expires_at": self.expires}
+
+
+def choice(tokenizer, req, ev, chat: bool, audio: AudioDeltas | None, sent: int, n: int) -> dict:
+    """The streamed choice of one event: its text (or transcript and audio), the logprobs of output tokens
+    sent..n, finish_reason."""
+    piece = {"index": 0, "finish_reason": req.finish_reason if ev.finished else None}
+    if not chat:
+        piece["text"] = ev.text
+        return piece
+    if audio is not None:
+        delta = {"transcript": ev.text} if ev.text else {}
+        if ev.audio is not None and len(ev.audio):
+            delta |= audio.delta(ev.audio)
+        piece["delta"] = {"audio": delta} if delta else {}
+    else:
+        piece["delta"] = {"content": ev.text} if ev.text else {}
+    piece["logprobs"] = chat_logprobs(tokenizer, req, sent, n)
+    return piece
+
+
+async def chunks(ctx: Context, req, events, head: dict, include_usage: bool, audio: AudioDeltas | None):
+    """The stream's events; a client that goes away frees the request's pages at once."""
+    chat = head["object"] == "chat.completion.chunk"
+    sent = 0
+    try:
+        if chat:
+            yield sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                            "finish_reason": None}]})
+        while True:
+            ev = await events.get()
+            n = len(req.output)               # the engine thread may add more meanwhile
+            piece = choice(ctx.engine.tokenizer, req, ev, chat, audio, sent, n)
+            if ev.token_ids or ev.text or ev.finished or piece.get("delta"):
+                yield sse({**head, "choices": [piece]})
+            sent = n
+            if ev.finished:
+                if req.error:
+                    yield sse(stream_error(req.error))
+                if include_usage:
+                    yield sse({**head, "choices": [], "usage": usage(req)})
+                yield "data: [DONE]\n\n"
+                return
+    finally:
+        if not req.closed:
+            ctx.driver.abort(req.id)
+
+
+async def answer(ctx: Context, chat: bool, rid: str, body: Body, kwargs: dict, audio: str | None = None):
+    """Submit; a streamed response, an error response, or (request, its events, created) once it finished.
+    audio: the format of a speaking request's audio."""
+    from fastapi.responses import StreamingResponse
+
+    started, bad = await ctx.submit(kwargs)
+    if bad is not None:
+        return bad
+    req, events = started
+    created = int(time.time())
+    if body.stream:
+        head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+                "model": ctx.model_name}
+        deltas = AudioDeltas(audio, ctx.engine.sample_rate, created) if audio else None
+        include_usage = bool((body.stream_options or {}).get("include_usage"))
+        return StreamingResponse(chunks(ctx, req, events, head, include_usage, deltas), media_type="text/event-stream")
+    evs = await collect(events)
+    if req.error:
+        return error(500, req.error, kind="server_error")
+    return req, evs, created
+
+
+def speech_out(body: ChatBody):
+    """(SpeechParams or None, None), or (None, the refusal) when audio out is asked for amiss."""
+    speak = bool(body.modalities and "audio" in body.modalities)
+    if speak != (body.audio is not None):
+        return None, error(400, "audio output needs both modalities [\"text\", \"audio\"] and audio {voice, format}",
+                           param="audio" if speak else "modalities")
+    if not speak:
+        return None, None
+    try:
+        check_format(body.audio.format, stream=body.stream, param="audio.format")
+    except InvalidInput as e:
+        return None, error(400, str(e), param=e.param)
+    return SpeechParams(voice=body.audio.voice, max_frames=body.audio.max_frames, seed=body.seed), None
+
+
+async def decode(ctx: Context, body: ChatBody):
+    """(the messages and their decoded media, None) decoded in a worker thread, or (None, a refusal): 429
+    before any decoding when the queue is full."""
+    from starlette.concurrency import run_in_threadpool
+
+    try:
+        ctx.driver.admit()
+        return await run_in_threadpool(split_messages, body.messages, body.use_audio_in_video, ctx.sources,
+                                       ctx.limits), None
+    except Exception as e:
+        bad = refusal(e)
+        if bad is None:
+            raise
+        return None, bad
+
+
+def chat_message(ctx: Context, req, evs, fmt: str | None, created: int) -> dict:
+    """The finished answer's message: its text, or with audio format `fmt` the audio and its transcript."""
+    text = req.detok.text if req.detok is not None else "".join(e.text for e in evs)
+    if fmt is None:
+        return {"role": "assistant", "content": text}
+    data = encode(whole(req.speech.audio), ctx.engine.sample_rate, fmt)
+    return {"role": "assistant", "content": None,
+            "audio": {"id": audio_id(), "data": base64.b64encode(data).decode(),
+                      "expires_at": created + AUDIO_EXPIRES_S, "transcript": text}}
+
+
+async def chat_completion(ctx: Context, body: ChatBody):
+    if (bad := check_model(ctx, body)) is not None:
+        return bad
+    speech, bad = speech_out(body)
+    if bad is not None:
+        return bad
+    if body.max_tokens is not None and body.max_completion_tokens is not None:
+        return error(400, "give max_tokens or max_completion_tokens, not both", param="max_tokens")
+    try:
+        extra = {"max_tokens": body.max_completion_tokens} if body.max_completion_tokens else {}
+        params = body.params(logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0, **extra)
+    except ValidationError as e:
+        return error(400, str(e.errors()[0]["msg"]))
+    parsed, bad = await decode(ctx, body)
+    if bad is not None:
+        return bad
+    messages, media = parsed
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    fmt = body.audio.format if speech is not None else None
+    done = await answer(ctx, True, rid, body, dict(messages=messages, media=media, split=True, params=params,
+                                                   request_id=rid, speech=speech), audio=fmt)
+    if not isinstance(done, tuple):
+        return done
+    req, evs, created = done
+    return {"id": rid, "object": "chat.completion", "created": created, "model": ctx.model_name,
+            "choices": [{"index": 0, "message": chat_message(ctx, req, evs, fmt, created),
+                         "logprobs": chat_logprobs(ctx.engine.tokenizer, req, 0, len(req.output)),
+                         "finish_reason": req.finish_reason}],
+            "usage": usage(req)}
+
+
+async def completion(ctx: Context, body: CompletionBody):
+    if (bad := check_model(ctx, body)) is not None:
+        return bad
+    if body.echo:
+        return error(400, "echo is not served", param="echo")
+    try:
+        params = body.params(logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0)
+    except ValidationError as e:
+        return error(400, str(e.errors()[0]["msg"]))
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    kw = dict(prompt_token_ids=body.prompt) if isinstance(body.prompt, list) else dict(prompt=body.prompt)
+    done = await answer(ctx, False, rid, body, dict(**kw, params=params, request_id=rid))
+    if not isinstance(done, tuple):
+        return done
+    req, _, created = done
+    text = req.detok.text if req.detok is not None else ""
+    lp = None
+    if req.logprobs is not None:
+        lp = {"tokens": [str(e["token_id"]) for e in req.logprobs],
+              "token_logprobs": [e["logprob"] for e in req.logprobs],
+              "top_logprobs": [{str(t): v for t, v in e["top"]} for e in req.logprobs]}
+    return {"id": rid, "object": "text_completion", "created": created, "model": ctx.model_name,
+            "choices": [{"index": 0, "text": text, "token_ids": list(req.output), "logprobs": lp,
+                         "finish_reason": req.finish_reason}], "usage": usage(req)}

@@ -1,0 +1,92 @@
+"""The JSON request bodies of the server's routes, as OpenAI's API takes them.
+
+Every body is strict: a field that is not declared here is refused (400, naming it). graphc's own fields
+beside OpenAI's: the sampling knobs SamplingParams takes (top_k, min_p, repetition_penalty,
+stop_token_ids, ignore_eos), max_frames and seed on speech, use_audio_in_video on chat.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from graphc.runtime.sampler import MAX_TOP_LOGPROBS, SamplingParams
+
+JSON_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/audio/speech")    # the routes whose body is JSON
+
+
+class Body(BaseModel):
+    """What chat and completion requests share: the model's name, sampling, stop, streaming."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    seed: int | None = Field(None, ge=0)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+    n: int = Field(1, ge=1)
+    user: str | None = None
+
+    def params(self, **extra) -> SamplingParams:
+        """The engine's SamplingParams of the fields sent, with `extra` over them."""
+        given = {k: v for k, v in self.model_dump(exclude_unset=True, exclude={"logprobs", "top_logprobs"}).items()
+                 if k in SamplingParams.model_fields}
+        if isinstance(given.get("stop"), str):
+            given["stop"] = [given["stop"]]
+        return SamplingParams(**(given | extra))        # max_completion_tokens over a max_tokens sent as null
+
+
+class AudioOut(BaseModel):
+    """OpenAI's audio {voice, format}; max_frames (graphc's): the most codec frames (12.5 a second)."""
+
+    model_config = ConfigDict(extra="forbid")
+    voice: str
+    format: str = "wav"
+    max_frames: int | None = Field(None, ge=1)
+
+
+class ChatBody(Body):
+    """POST /v1/chat/completions."""
+
+    messages: list[dict[str, Any]]
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioOut | None = None
+    use_audio_in_video: bool = False          # hear each video's own sound track (where the model takes it)
+
+
+class CompletionBody(Body):
+    """POST /v1/completions: a text prompt or its token ids."""
+
+    prompt: str | list[int]
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+
+
+class SpeechBody(BaseModel):
+    """POST /v1/audio/speech: OpenAI's fields (speed other than 1 is refused: the model speaks at its own
+    pace), and graphc's seed (the speech stage's draws) and max_frames (the most codec frames, 12.5 a
+    second)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    input: str = Field(min_length=1, max_length=4096)
+    voice: str
+    instructions: str | None = None
+    response_format: str = "mp3"
+    speed: float = Field(1.0, ge=0.25, le=4.0)
+    stream_format: Literal["audio", "sse"] = "audio"
+    seed: int | None = Field(None, ge=0)
+    max_frames: int | None = Field(None, ge=1)
