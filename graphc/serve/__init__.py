@@ -1,7 +1,7 @@
 """graphc run's OpenAI-compatible HTTP server (FastAPI + uvicorn) over one Engine.
 
 Routes: POST /v1/chat/completions and /v1/completions (completions.py), POST /v1/audio/speech
-(speech.py), POST /v1/audio/transcriptions (transcribe.py), GET /v1/models, /health and /metrics
+(speech.py), POST /v1/audio/transcriptions (transcriptions.py), GET /v1/models, /health and /metrics
 (ops.py). One engine thread steps the engine (driver.py); handlers hand it requests and read their
 events (context.py). Request bodies are strict (schemas.py); errors use OpenAI's body (errors.py); the
 API key, access log and body limit are middleware.py's. Media parts are decoded in the handlers (a

@@ -9,11 +9,11 @@ from graphc.errors import InvalidInput
 from graphc.runtime.engine import Engine
 from graphc.runtime.inputs import Sources
 from graphc.runtime.workers import WorkerDied
-from graphc.serve import completions, middleware, openapi, ops, speech, transcribe
+from graphc.serve import completions, middleware, openapi, ops, speech, transcriptions
 from graphc.serve.context import Context
 from graphc.serve.driver import Driver
 from graphc.serve.errors import install_handlers
-from graphc.serve.transcribe import DEFAULT_MAX_AUDIO_BYTES
+from graphc.serve.transcriptions import DEFAULT_MAX_AUDIO_BYTES
 
 log = logging.getLogger("graphc.server")
 
@@ -23,7 +23,7 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
               sources: Sources = Sources(paths=False)):
     """name: the model's name the routes answer to (default: the plan's); api_key: every route but /health
     wants it as a bearer token; access_log: a JSON line a request on `graphc.access` (middleware.py);
-    max_audio_bytes: the largest transcription upload (transcribe.py), and the media a JSON body may
+    max_audio_bytes: the largest transcription upload (transcriptions.py), and the media a JSON body may
     carry; on_death: Driver's; max_waiting: the queue's bound (Driver's); sources: where media parts may be
     read from (default: their bytes only, no file and no URL)."""
     from fastapi import FastAPI
@@ -34,7 +34,7 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
     app.router.on_shutdown.append(driver.close)
     ctx = Context(engine, driver, name or engine.model_name, max_audio_bytes, sources, engine.media_limits())
     install_handlers(app)
-    for routes in (ops, completions, speech, transcribe):
+    for routes in (ops, completions, speech, transcriptions):
         routes.register(app, ctx)
     middleware.install(app, api_key, access_log, max_audio_bytes)
     openapi.install(app, bool(api_key))

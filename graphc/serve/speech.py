@@ -44,7 +44,8 @@ async def chunks(ctx: Context, req, events, enc: Stream, as_sse: bool):
             ev = await events.get()
             if ev.audio is not None and len(ev.audio):
                 chunk = enc.add(ev.audio)
-                yield sse({"type": "speech.audio.delta", "audio": base64.b64encode(chunk).decode()}) if as_sse else chunk
+                yield (sse({"type": "speech.audio.delta", "audio": base64.b64encode(chunk).decode()})
+                       if as_sse else chunk)
             if ev.finished:
                 if as_sse:
                     yield sse(stream_error(req.error) if req.error else

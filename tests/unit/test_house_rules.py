@@ -28,10 +28,7 @@ MAX_LINES = 60
 KNOWN_CYCLES: set[frozenset[str]] = set()
 
 # functions still being shortened elsewhere: "path:qualified name" -> the most lines each may have meanwhile
-KNOWN_LONG: dict[str, int] = {
-    "graphc/serve/transcribe.py:register": 172,
-    "graphc/serve/transcribe.py:register.transcribe": 90,
-}
+KNOWN_LONG: dict[str, int] = {}
 
 
 # ---------------------------------------------------------------- the import graph

@@ -179,8 +179,8 @@ def test_http_tokens_equal_the_engine_and_a_dropped_stream_frees_its_pages(serve
 
 def test_transcription_on_qwen3_omni_asks_it_to_transcribe(served):
     """Qwen3-Omni has no ASR format: /v1/audio/transcriptions sends the audio with 'Transcribe the audio into
-    text.' (graphc/serve/transcribe.py) and returns its answer as is; greedy, capped at 64 + 30 tokens a
-    second of audio. The text equals a second engine's answer to that chat request."""
+    text.' (graphc/serve/default_transcription.py) and returns its answer as is; greedy, capped at 64 + 30
+    tokens a second of audio. The text equals a second engine's answer to that chat request."""
     from graphc.serving import Media
     from graphc.runtime.media import load_audio
 

@@ -11,7 +11,9 @@ import soundfile as sf
 from examples.make_tiny_checkpoint import TEMPLATE, asr_model, build_tokenizer, save
 from graphc.cli import main
 from graphc.runtime.engine import Engine
-from graphc.serve.transcribe import AsrStream, build_prompt, output_cap, split_asr
+from graphc.serve.default_transcription import DefaultTranscription
+from graphc.serve.transcriptions import output_cap
+from models.components.asr_transcription import AsrStream, AsrTranscription, split_asr
 from tests.parity.weights import randomize
 from tests.unit.loopback import serve
 
@@ -134,17 +136,18 @@ def test_streamed_pieces_join_to_split_asr_at_every_cut(raw):
                 s = AsrStream(forced)
                 out = "".join(s.add(p, last=i == len(pieces) - 1) for i, p in enumerate(pieces))
                 assert out == s.text == split_asr(raw, forced)[1], (raw, forced, pieces)
+                assert s.language == split_asr(raw, forced)[0]
 
 
 def test_other_models_are_asked_to_transcribe_and_the_cap_leaves_room():
     from graphc.runtime.chat import ChatTemplate
 
     t = ChatTemplate(TEMPLATE)
-    omni = build_prompt(t, False, "names: Ada", "English")
+    omni = DefaultTranscription().prompt(t, "names: Ada", "English")
     assert omni == ("<|im_start|>system\nnames: Ada<|im_end|>\n<|im_start|>user\n<|audio_start|><|audio_pad|>"
                     "<|audio_end|>Transcribe the English audio into text.<|im_end|>\n<|im_start|>assistant\n")
-    assert "system" not in build_prompt(t, False, "", None)
-    assert build_prompt(t, True, "", "French").endswith("<|im_start|>assistant\nlanguage French<asr_text>")
+    assert "system" not in DefaultTranscription().prompt(t, "", None)
+    assert AsrTranscription().prompt(t, "", "French").endswith("<|im_start|>assistant\nlanguage French<asr_text>")
     assert output_cap("x" * 50, 2.0, 2048) == 124
     assert output_cap("x" * 50, 60.0, 2048) is None         # 60 s may fill the plan: the engine decides
 
