@@ -20,6 +20,9 @@ PLANS = ["tiny_h100.plan", "qwen3_omni_2xh100.plan", "qwen3_omni_h100_seed80gb_f
 # collection names the diff spells as nouns ("node decoder walk decode"), so a line need not repeat them
 NOUNS = {"devices", "nodes", "resources", "walks", "requests", "trimmed", "buckets", "ledger"}
 TRIM = {"change": "x", "freed_bytes": 1, "why": "x"}
+# pipeline fields the schema closes: a stage's kind and media are fixed sets, and a stage's name and
+# `after` refer to each other and to the walks, so one leaf edited alone may have no valid variant
+PIPELINE_CLOSED = {"kind", "name", "after", "media"}
 
 Path = tuple
 
@@ -114,7 +117,8 @@ def _changes(body: dict) -> Iterator[Change]:
         if not path or path[0] == "versions":
             continue
         if _is_leaf(x):
-            yield Change(path, [_set(v) for v in _variants(x)])
+            closed = path[0] == "pipeline" and PIPELINE_CLOSED & {k for k in path if isinstance(k, str)}
+            yield Change(path, [_set(v) for v in _variants(x)], required=not closed)
         if isinstance(x, list) and x:
             records = isinstance(x[0], dict)
             if j := next((i for i, v in enumerate(x) if v != x[0]), 0):

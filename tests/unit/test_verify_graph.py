@@ -9,7 +9,9 @@ from resources import PagedKVSpec
 
 
 def _edit(model, **changes):
-    return gc.Model.model_validate({**model.__dict__, **changes})
+    """The model with changes; its serving pipeline dropped, so verify_graph, not the pipeline's own
+    rules (tests/unit/test_pipeline_requirements.py), is what refuses a broken graph."""
+    return gc.Model.model_validate({**model.__dict__, "pipeline": None, **changes})
 
 
 def _node(model, name, **changes):
