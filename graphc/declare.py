@@ -252,6 +252,18 @@ class RequestKind(Strict):
         return [w for s in self.stages for w in ((s,) if isinstance(s, str) else s)]
 
 
+def _missing_outputs(pipeline: Pipeline, nodes: dict) -> list[str]:
+    """node.port for each output the engine reads from a stage's node and the node does not declare: the
+    follow stage reads `reads` from the LLM's node, and its own `codes` and next_embeds; a chunk stage
+    reads wav."""
+    want = []
+    if (follow := pipeline.follow) is not None:
+        want += [(pipeline.llm.node, follow.reads), (follow.node, follow.codes), (follow.node, "next_embeds")]
+    if (chunk := pipeline.chunk) is not None:
+        want += [(chunk.node, "wav")]
+    return [f"{n}.{port}" for n, port in want if port not in nodes[n].outputs]
+
+
 class Model(Strict):
     """A whole declared model: what `declare()` in a model file returns."""
 
@@ -310,14 +322,9 @@ class Model(Strict):
         for s in self.pipeline.stages:
             if s.node not in nodes:
                 raise ValueError(f"pipeline stage {s.name} names unknown node '{s.node}' (nodes: {', '.join(nodes)})")
-        llm = nodes[self.pipeline.llm.node]
-        follow = self.pipeline.follow
-        if follow is not None:
-            bad = [f"{llm.name}.{follow.reads}"] if follow.reads not in llm.outputs else []
-            bad += [] if follow.codes in nodes[follow.node].outputs else [f"{follow.node}.{follow.codes}"]
-            if bad:
-                raise ValueError(f"pipeline stage {follow.name} names port(s) {', '.join(bad)}, which are not outputs "
-                                 f"of those nodes")
+        if bad := _missing_outputs(self.pipeline, nodes):
+            raise ValueError(f"the pipeline reads output port(s) {', '.join(bad)}, which those nodes do not declare; "
+                             "declare them in the nodes' outputs or name ports they have")
         found = problems(self.pipeline, walk_table(self.walks), {k.name: k.walks() for k in self.requests})
         if found:
             raise ValueError("the walks do not serve the declared pipeline: " + "; ".join(found))

@@ -88,6 +88,25 @@ def test_pipeline_shape_is_checked():
         gc.Pipeline(stages=(PIPE.stages[0], PIPE.stages[2], PIPE.stages[3].model_copy(update={"after": "text"})))
 
 
+@pytest.mark.parametrize("node, port", [("code2wav", "wav"), ("talker", "next_embeds"), ("talker", "codes"),
+                                        ("thinker", "hidden")])
+def test_ports_the_engine_reads_must_be_declared(node, port):
+    from models.qwen3_omni import declare
+    model = declare(preset="tiny")
+    follow = model.pipeline.follow
+    assert (node, port) in {("code2wav", "wav"), (follow.node, "next_embeds"), (follow.node, follow.codes),
+                            (model.pipeline.llm.node, follow.reads)}
+    n = model.node(node)
+    nodes = tuple(x.model_copy(update={"outputs": {k: v for k, v in n.outputs.items() if k != port}})
+                  if x.name == node else x for x in model.nodes)
+    edges = tuple(e for e in model.edges if e.src != f"{node}.{port}")
+    links = tuple(x.model_copy(update={"outputs": tuple(o for o in x.outputs if o != port)}) if x.dst == node else x
+                  for x in model.links)
+    links = tuple(x for x in links if x.inputs or x.outputs)
+    with pytest.raises(ValueError, match=rf"output port\(s\) {node}\.{port}, which those nodes do not declare"):
+        gc.Model.model_validate({**model.__dict__, "nodes": nodes, "edges": edges, "links": links})
+
+
 def test_plan_refuses_a_budget_that_breaks_the_chunk_slots(capsys, tmp_path):
     rc = main(["plan", OMNI, "--preset", "tiny", "--gpu", "cpu", "--set", "walks.code2wav_chunk.budget.frames=24",
                "-o", str(tmp_path / "p.plan")])
