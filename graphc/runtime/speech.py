@@ -313,11 +313,20 @@ class SpeechLane:
                 ready.append((r, self.sh.slot(a, a + n), a + n))
         if not ready:
             return None
-        frames, walk, seqs = next(w for w in self.chunk_walks if w[0] >= ready[0][1].frames)
+        frames, walk, seqs = self._walk_holding(ready[0][1].frames)
         filled = [c for c in ready if c[1].frames <= frames][:seqs]
         step = SpeechStep(walk, [r for r, _, _ in filled], {self.chunk.node: len(filled) * frames})
         step.data = (filled, frames)
         return step
+
+    def _walk_holding(self, frames: int) -> tuple[int, str, int]:
+        """The chunk walk of the shortest slot that holds `frames` (its slot frames, name, slots a step)."""
+        for w in self.chunk_walks:
+            if w[0] >= frames:
+                return w
+        raise RuntimeError(f"the model's Speech.slot asked for a {frames}-frame slot, but the longest slot of stage "
+                           f"{self.chunk.name}'s walks holds {self.chunk_walks[-1][0]}: a model's chunk_frames and "
+                           f"slot must stay within its ChunkStage.slot_frames ({self.chunk.slot_frames})")
 
     def run_chunks(self, step: SpeechStep) -> list:
         node = self.chunk.node
