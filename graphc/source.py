@@ -6,6 +6,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,11 +82,14 @@ def load_model(path: str, preset: str | None = None, config: dict | None = None)
         raise InvalidInput(f"model file {path} is not a Python file", "graphc imports it to call its declare()",
                            "pass the path of a model .py file")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod                   # as import does: dataclasses and pickle look a class's module up there
     try:
         spec.loader.exec_module(mod)
     except GraphcError:
+        sys.modules.pop(name, None)
         raise
     except (Exception, SystemExit) as e:      # a model file that calls sys.exit() is refused like one that raises
+        sys.modules.pop(name, None)
         raise InvalidInput(f"model file {path} failed to import", _raised(e, p), "fix the model file") from e
     declare = getattr(mod, "declare", None)
     if not callable(declare):

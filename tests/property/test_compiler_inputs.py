@@ -360,6 +360,15 @@ def test_a_model_file_that_is_not_there_or_not_python_is_refused(tmp_path, capsy
         assert rc == 2 and str(path) in err, err
 
 
+def test_a_model_file_may_define_dataclasses(tmp_path, capsys):
+    """A model file is imported as a module: a dataclass with postponed annotations resolves its module."""
+    text = ("from __future__ import annotations\nfrom dataclasses import dataclass\n" + DECLARE_TINY +
+            "@dataclass\nclass Sizes:\n    hidden: int = 32\n\n"
+            "def declare(preset: str = 'tiny'):\n    assert Sizes().hidden == 32\n    return _d(preset)\n")
+    rc, err = plan([model_file(tmp_path, text), "--gpu", "cpu", "--no-remedies"], capsys, tmp_path)
+    assert rc == 0, err
+
+
 SOURCE = Path(TINY).read_text()
 
 
