@@ -166,8 +166,9 @@ class FollowPrompt:
     empty: bool = False
 
     @classmethod
-    def silent(cls) -> "FollowPrompt":
-        return cls(0, torch.zeros(3, 0, dtype=torch.int64), 0, {}, empty=True)
+    def silent(cls, position_rows: int) -> "FollowPrompt":
+        """The prompt of a request with nothing to say; position_rows: P of the follow node's positions."""
+        return cls(0, torch.zeros(position_rows, 0, dtype=torch.int64), 0, {}, empty=True)
 
     def positions_of(self, start: int, end: int) -> torch.Tensor:
         if end <= self.rows:

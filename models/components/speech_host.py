@@ -134,7 +134,7 @@ class QwenOmniSpeech(Speech):
         ids = prompt.ids
         seq = ids[self._assistant(prompt):] + output            # the assistant rows, prompt part then generated
         if finished and len(seq) < 5:                        # row 3 is the last (never spoken): nothing to say
-            return FollowPrompt.silent()
+            return FollowPrompt.silent(3)                # the talker's M-RoPE rows: t, h, w
         if not finished and len(seq) < 6:                   # frame 0 speaks row 4: is it the last?
             return None
         user = self._user_rows(ids)
