@@ -15,12 +15,12 @@ def held(engine) -> list[str]:
     if s.waiting or s.running:
         out.append(f"scheduler holds {len(s.waiting)} waiting and {len(s.running)} running requests")
     if not s.pool_full():
-        out.append(f"{s.capacity - s.pages.num_free} of {s.capacity} thinker pages not free")
+        out.append(f"{s.capacity - s.pages.num_free} of {s.capacity} pages of the LLM stage not free")
     lane = getattr(engine, "speech", None)
     if engine.talking:
         out.append(f"{len(engine.talking)} speaking requests open")
     if lane is not None and lane.pages.num_free != lane.capacity:
-        out.append(f"{lane.capacity - lane.pages.num_free} of {lane.capacity} talker pages not free")
+        out.append(f"{lane.capacity - lane.pages.num_free} of {lane.capacity} pages of the follow stage not free")
     return out
 
 

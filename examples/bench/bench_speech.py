@@ -38,7 +38,7 @@ def pct(xs, q):
 
 
 def run(engine, kind: str, c: int, total: int, args, rng) -> dict:
-    from graphc.runtime.host import Media
+    from graphc import Media
     from graphc.runtime.sampler import SamplingParams
     from graphc.runtime.speech import SpeechParams
 
@@ -72,7 +72,7 @@ def run(engine, kind: str, c: int, total: int, args, rng) -> dict:
     steps = {w: n - before.get(w, 0) for w, n in engine.scheduler.stats.steps.items() if n - before.get(w, 0)}
     errors = [o.error for o in done if o.error]
     phases = {}                       # where first audio goes: median ms from arrival to each mark
-    for mark in ("first_token", "talker_prompt", "first_frame", "first_audio"):
+    for mark in ("first_token", "follow_prompt", "first_frame", "first_audio"):
         got = [(r.times[mark] - r.times["arrived"]) * 1e3 for r in reqs if mark in r.times]
         phases[mark] = pct(got, 50)
     return {"kind": kind, "c": c, "requests": total, "wall_s": wall, "audio_s": sum(audio_s),

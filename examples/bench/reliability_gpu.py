@@ -44,7 +44,7 @@ KINDS = ("t2t", "a2t", "i2t", "t2s")
 
 def requests_of(engine, variants: int, prompt: int, image_px=(200, 640), seed: int = 0) -> dict:
     """(kind, variant) -> engine.add kwargs: random prompt ids around one media placeholder."""
-    from graphc.runtime.host import Media
+    from graphc import Media
     from graphc.runtime.speech import SpeechParams
 
     rng = np.random.default_rng(seed)

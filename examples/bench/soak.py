@@ -42,7 +42,7 @@ chunk), and the server's RSS, sampled every --sample seconds: at start, at warm-
 10% of --seconds and at least 20 s: the median of the 3 samples around it), at the end of the load (the
 median of the last 3), their difference, and the slope of a line fitted to the samples after warm-up.
 After the load the script waits for the server to be idle and reads GET /health: running == waiting == 0
-and free_pages == pages (the thinker's KV pool), talker_free_pages == talker_pages and nothing speaking
+and free_pages == pages (the thinker's KV pool), speech_free_pages == speech_pages and nothing speaking
 (the talker's), else the difference is leaked pages.
 
 Exit code 1 when a request failed, a page leaked, the server did not get idle or exited by itself, it
@@ -422,7 +422,7 @@ async def soak(args, port: int, pid: int, kinds: list[str]) -> dict:
         while time.monotonic() - t1 < args.idle_timeout:
             health = json.loads(await get(port, "/health"))
             if health["running"] == 0 and health["waiting"] == 0 and health["free_pages"] == health["pages"] and \
-                    health.get("speaking", 0) == 0 and health.get("talker_free_pages") == health.get("talker_pages"):
+                    health.get("speaking", 0) == 0 and health.get("speech_free_pages") == health.get("speech_pages"):
                 break
             await asyncio.sleep(0.2)
         for line in (await get(port, "/metrics")).splitlines():
@@ -453,7 +453,7 @@ def report(args, r: dict, rss_start: float, plan: str, server_rc, exited) -> dic
     after = np.array([s for s in samples if warm <= s[0] <= r["loaded_s"]])
     slope = float(np.polyfit(after[:, 0] / 60, after[:, 1], 1)[0]) if len(after) > 2 else None
     h = r["health"]
-    leaked = h.get("pages", 0) - h.get("free_pages", 0) + h.get("talker_pages", 0) - h.get("talker_free_pages", 0)
+    leaked = h.get("pages", 0) - h.get("free_pages", 0) + h.get("speech_pages", 0) - h.get("speech_free_pages", 0)
     problems = []
     if t.total("failed"):
         problems.append(f"{t.total('failed')} requests failed: {dict(t.causes)}")
