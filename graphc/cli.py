@@ -209,8 +209,8 @@ def _sweep(source, gpus: list[str], counts: list[int], overrides: dict, args) ->
     rows = []
     combos = [(g, n) for g in gpus for n in counts]
     for g, n in tqdm(combos, desc="planning", unit="target", file=sys.stderr, disable=args.quiet or None):
-        target = get_target(g, args.memory_cap)
-        row = {"gpu": g, "gpus": n, "memory": n * target.memory_bytes}
+        target = get_target(g, args.memory_cap, n)
+        row = {"gpu": g, "gpus": n, "memory": target.host_bytes or n * target.memory_bytes}
         try:
             c = compile_model(source, g, n, overrides, fit=args.fit, memory_cap=args.memory_cap,
                               headroom=args.headroom, remedies=False)
@@ -277,9 +277,12 @@ def cmd_check(args) -> int:
 def cmd_run(args) -> int:
     import os
 
+    from graphc.hostmem import check_host_memory
     from graphc.plan import check_servable, load_plan
     plan = load_plan(args.plan)
     check_servable(plan, f"plan {args.plan}")         # before torch is imported or a byte is loaded
+    if not args.ray:                                   # Ray places devices on hosts of its own
+        check_host_memory(plan, f"plan {args.plan}")
     from graphc.runtime.engine import Engine, read_jsonl
     if args.checkpoint and args.random_weights:
         raise InvalidInput("--checkpoint and --random-weights are exclusive", "", "pass one")

@@ -74,10 +74,11 @@ def compile_model(source: ModelSource, gpu: str, num_devices: int = 1, overrides
     """Plan a model for a target. Raises DoesNotFit (with ranked remedies) unless it fits or fit=True
     trims it until it does; raises InvalidInput for bad input."""
     overrides = overrides or {}
-    target = get_target(gpu, memory_cap)
+    target = get_target(gpu, memory_cap, num_devices)
 
     def replan(ov: dict, num_devices: int = num_devices) -> Result:
-        return run_passes(apply_overrides(source.model, ov), target, num_devices, headroom)
+        return run_passes(apply_overrides(source.model, ov), get_target(gpu, memory_cap, num_devices), num_devices,
+                          headroom)
 
     result = replan(overrides)
     trimmed: list[Remedy] = []

@@ -29,9 +29,10 @@ class PlanTarget(Strict):
     gpu: str
     count: int
     arch: str
-    capacity_bytes: int
+    capacity_bytes: int                   # one device's
     memory_source: str
     num_sms: int
+    host_bytes: int | None = None         # devices in one host's memory (cpu): the host's budget they split
 
 
 def parse_graph_id(gid: str) -> tuple[str, str, int]:
@@ -128,6 +129,8 @@ class Plan(Strict):
             del data["model"]["config"], data["model"]["config_sha256"]
         if data["pipeline"] is None:
             del data["pipeline"]
+        if data["target"]["host_bytes"] is None:      # GPU plans: each card has its own memory
+            del data["target"]["host_bytes"]
         for node in data["nodes"].values():           # nodes with no kernel choice say nothing (older plans too)
             if not node["kernels"]:
                 del node["kernels"]

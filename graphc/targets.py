@@ -20,10 +20,17 @@ class Target(Strict):
     num_sms: int = Field(ge=0)
     memory_source: str
     capture: bool = True           # CUDA graphs exist on this target
+    # devices that live in one host's memory (cpu): that host's budget, which the plan's devices split;
+    # memory_bytes is then one device's share (get_target(..., devices=N))
+    host_bytes: int | None = Field(None, gt=0)
 
     @property
     def is_gpu(self) -> bool:
         return self.arch != "cpu"
+
+    def budget_bytes(self) -> int:
+        """What --memory-cap caps: the host's budget for host-bound devices, else one card's memory."""
+        return self.host_bytes if self.host_bytes is not None else self.memory_bytes
 
 
 def _gib(x: float) -> int:
@@ -47,13 +54,31 @@ CATALOG: dict[str, Target] = {t.name: t for t in [
            memory_source="B200 180GB: torch reports 178.35 GiB total (public OOM reports)"),
     Target(name="b300", arch="sm_103", memory_bytes=_gib(267.69), num_sms=148,
            memory_source="B300 SXM6 288GB: torch reports 267.69 GiB total (public OOM reports)"),
-    Target(name="cpu", arch="cpu", memory_bytes=16 * GiB, num_sms=0, capture=False,
-           memory_source="cpu: a 16 GiB default host budget; set another with --memory-cap"),
+    Target(name="cpu", arch="cpu", memory_bytes=8 * GiB, host_bytes=8 * GiB, num_sms=0, capture=False,
+           memory_source="cpu: an 8 GiB default host budget, room on a 16 GB machine (set another with "
+                         "--memory-cap; `graphc run` refuses a plan that asks more than the host has available)"),
 ]}
 
 
-def get_target(name: str, memory_cap: int | None = None) -> Target:
-    """A catalog target, optionally capped to emulate a smaller card (the cap must be smaller)."""
+def get_target(name: str, memory_cap: int | None = None, devices: int = 1) -> Target:
+    """A catalog target, optionally capped to emulate a smaller card (the cap must be smaller), for a plan of
+    `devices` devices: host-bound devices (cpu) split the host's budget, which a cap replaces."""
+    target = _capped(name, memory_cap)
+    return target if target.host_bytes is None else split_host(target, devices)
+
+
+def split_host(target: Target, devices: int) -> Target:
+    """Host-bound devices share their host's budget evenly: each gets host_bytes // devices, so their planned
+    bytes together stay within the host's."""
+    if devices < 1:
+        raise InvalidInput(f"{devices} devices", "a plan has at least one device", "pass --gpus 1 or more")
+    each = target.host_bytes // devices
+    return target.model_copy(update={"memory_bytes": each, "memory_source": (
+        f"{target.memory_source}; split evenly over the host's {devices} device{'s' if devices > 1 else ''}: "
+        f"{target.host_bytes:,} B // {devices} = {each:,} B each")})
+
+
+def _capped(name: str, memory_cap: int | None) -> Target:
     key = name.lower()
     if key not in CATALOG:
         hint = closest(key, list(CATALOG))
@@ -69,6 +94,9 @@ def get_target(name: str, memory_cap: int | None = None) -> Target:
             f"--memory-cap {memory_cap / GiB:.2f} GiB is more than {name}'s {target.memory_bytes / GiB:.2f} GiB",
             "a cap emulates a smaller card; it cannot add memory",
             f"use a cap below {target.memory_bytes} bytes or a larger --gpu")
+    if target.host_bytes is not None:
+        return target.model_copy(update={"memory_bytes": memory_cap, "host_bytes": memory_cap, "memory_source": (
+            f"{target.name}: a host budget of {memory_cap / GiB:.2f} GiB set by --memory-cap")})
     return target.model_copy(update={
         "memory_bytes": memory_cap,
         "memory_source": f"capped by --memory-cap to {memory_cap / GiB:.2f} GiB ({target.memory_source})"})

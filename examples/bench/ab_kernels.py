@@ -5,7 +5,7 @@ graph prepared and timed as examples/bench/bench_steps.py does (its rung's input
 attention planned: bench_steps.prepare; --sampled: the talker's default sampling; CUDA events, median of
 replays after warm-up).
 
-    python examples/bench/ab_kernels.py OUT.json [--plan plans/qwen3_omni_2xh100.plan] [--without fused_norms ...]
+    python examples/bench/ab_kernels.py OUT.json [--plan plans/omni_2gpu.plan] [--without fused_norms ...]
         [--none] [--no-again] [--sampled] [--devices 1] [--graphs talker/decode:seqs/1 thinker/decode:seqs/1 ...]
 
 Without --graphs: each device's decode graphs at 1, 16 and the largest rung, and the thinker's prefill at
@@ -48,7 +48,7 @@ def default_graphs(order: list[str]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
-    ap.add_argument("--plan", default=str(ROOT / "plans" / "qwen3_omni_2xh100.plan"))
+    ap.add_argument("--plan", default=str(ROOT / "plans" / "omni_2gpu.plan"))
     ap.add_argument("--without", nargs="*", default=[], choices=KERNEL_KNOBS, help="a variant without each knob")
     ap.add_argument("--graphs", nargs="*", help="the captured graphs to time (default: see above)")
     ap.add_argument("--devices", nargs="*", type=int, help="the plan devices to boot (default: all)")

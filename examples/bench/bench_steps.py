@@ -2,7 +2,7 @@
 kernel launches per step and per layer (the compiler's simulation counts them; a layer is one block of
 the node's longest stack), and the step's memory-bandwidth floor.
 
-    python examples/bench/bench_steps.py plans/qwen3_omni_2xh100.plan --device 1 --emulate --json OUT.json
+    python examples/bench/bench_steps.py plans/omni_2gpu.plan --device 1 --emulate --json OUT.json
     python examples/bench/bench_steps.py PLAN --only thinker/decode:seqs --replays 30
 
 Each graph replays on the boot's synthetic layout of its rung (decode rows sit after a short history;

@@ -1,6 +1,6 @@
 """A multi-device plan served on its GPUs, end to end, as a user runs it:
 
-    python examples/bench/multi_gpu_run.py --out $OUT [--kernels .fimods] [--plan plans/qwen3_omni_2xh100.plan]
+    python examples/bench/multi_gpu_run.py --out $OUT [--kernels .fimods] [--plan plans/omni_2gpu.plan]
 
 1. `graphc run PLAN --random-weights --emulate --requests R --stats S` over a JSONL of a2t, i2t and t2s
    requests (examples/bench/make_requests.py; t2s speaks through the talker and Code2Wav on another device): every device boots in its own process, each checked against its
@@ -142,7 +142,7 @@ def graphc_run(plan: str, requests: Path, out: Path, name: str, timeout: float, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--plan", default="plans/qwen3_omni_2xh100.plan")
+    ap.add_argument("--plan", default="plans/omni_2gpu.plan")
     ap.add_argument("--kernels", help="FlashInfer modules exported by examples/tools/boot_plans.py --export-kernels")
     ap.add_argument("--requests", help="a JSONL to serve instead of making one of a2t and i2t requests")
     ap.add_argument("--a2t", type=int, default=32)

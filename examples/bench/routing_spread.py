@@ -2,7 +2,7 @@
 the MoE part of a decode step of many sequences reads only the experts its rows touch, so its time says
 as much about the routing as about the kernels.
 
-    python examples/bench/routing_spread.py OUT.json [--plan plans/qwen3_omni_2xh100.plan] [--device 1]
+    python examples/bench/routing_spread.py OUT.json [--plan plans/omni_2gpu.plan] [--device 1]
 
 Boots the thinker's plan device, then runs the decode step eagerly at 1, 16 and 64 sequences on the
 static inputs the captured graphs replay: first with the boot's token ids (zeros: every row the same
@@ -30,7 +30,7 @@ from models.components.moe import SparseMoE  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
-    ap.add_argument("--plan", default=str(ROOT / "plans" / "qwen3_omni_2xh100.plan"))
+    ap.add_argument("--plan", default=str(ROOT / "plans" / "omni_2gpu.plan"))
     ap.add_argument("--device", type=int, default=1)
     ap.add_argument("--node", default="thinker")
     ap.add_argument("--family", default="decode:seqs")

@@ -29,7 +29,7 @@ SHIPPED = {
     "tiny_h100": ("models/tiny_omni.py", "tiny", "h100", 1, {}),
     "tiny_small_2xh100": ("models/tiny_omni.py", "small", "h100", 2, {}),
     "qwen3_omni_tiny_cpu": ("models/qwen3_omni.py", "tiny", "cpu", 1, {}),
-    "qwen3_omni_2xh100": ("models/qwen3_omni.py", "30b-a3b", "h100", 2, {}),
+    "omni_2gpu": ("models/qwen3_omni.py", "30b-a3b", "h100", 2, {}),
     "qwen3_omni_h200": ("models/qwen3_omni.py", "30b-a3b", "h200", 1, {}),
     "qwen3_asr_1.7b_h100": ("models/qwen3_asr.py", "1.7b", "h100", 1, {}),
     # the seeds' 80 GB settings, trimmed by --fit until they fit one h100 (the trims are in the plan)

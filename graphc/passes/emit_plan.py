@@ -84,7 +84,7 @@ def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, tr
     requests = {r.name: [st if isinstance(st, str) else list(st) for st in r.stages] for r in ir.model.requests}
     target = PlanTarget(gpu=ir.target.name, count=ir.num_devices, arch=ir.target.arch,
                         capacity_bytes=ir.target.memory_bytes, memory_source=ir.target.memory_source,
-                        num_sms=ir.target.num_sms)
+                        num_sms=ir.target.num_sms, host_bytes=ir.target.host_bytes)
     body = dict(format=FORMAT, model=PlanModel(**source), target=target,
                 versions={"graphc": VERSION, "torch": memo.torch_version().split("+")[0],
                           "python": f"{sys.version_info.major}.{sys.version_info.minor}"},

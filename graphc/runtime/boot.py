@@ -82,10 +82,10 @@ def _plan_ir(plan: Plan) -> tuple[IR, object]:
     """The plan's IR, and the model file's module it was declared by."""
     src = load_model(plan.model.file, plan.model.preset, plan.model.config)
     model = apply_overrides(src.model, plan.overrides)
-    base = get_target(plan.target.gpu)
-    cap = None if plan.target.capacity_bytes == base.memory_bytes else plan.target.capacity_bytes
-    target = get_target(plan.target.gpu, cap)
-    return verify_graph(model, target, plan.target.count), src.module
+    t = plan.target
+    whole = t.host_bytes if t.host_bytes is not None else t.capacity_bytes
+    cap = None if whole == get_target(t.gpu).budget_bytes() else whole
+    return verify_graph(model, get_target(t.gpu, cap, t.count), t.count), src.module
 
 
 class Binder:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from graphc.errors import InvalidInput
+from graphc.hostmem import check_host_memory
 from graphc.plan import Plan, check_servable, load_plan
 from graphc.serving import Host, Media
 from graphc.runtime.boot import boot_plan
@@ -84,6 +85,8 @@ class Engine:
                                "pass --checkpoint DIR, or --random-weights to serve seeded weights (token ids only)")
         self.plan = plan if isinstance(plan, Plan) else load_plan(plan)
         check_servable(self.plan)
+        if links is None:                                  # devices in this host's memory fit what it has
+            check_host_memory(self.plan)
         check_checkpoint(self.plan, checkpoint)
         t0 = time.perf_counter()
         self.checkpoint = str(checkpoint) if checkpoint is not None else None

@@ -59,7 +59,7 @@ def resolve(items, engine):
 def test_placement_group_follows_the_plan(plans):
     plan = load_plan(plans[1])
     assert bundles(plan) == [{"CPU": 1}, {"CPU": 1}] and strategy(plan) == "PACK"      # gloo crosses hosts
-    gpu = load_plan("plans/qwen3_omni_2xh100.plan")
+    gpu = load_plan("plans/omni_2gpu.plan")
     assert bundles(gpu) == [{"GPU": 1, "CPU": 1}] * 2 and strategy(gpu) == "STRICT_PACK"
 
 

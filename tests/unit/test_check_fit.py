@@ -82,7 +82,7 @@ def test_a_change_that_cures_the_short_pool_is_offered_though_the_device_stays_o
 
 def test_a_short_pool_alone_is_one_problem_with_no_bytes_over():
     with pytest.raises(DoesNotFit) as e:
-        compile_model(load_model(MODEL), "cpu", 1, SHORT, remedies=False)      # 16 GiB: the device fits
+        compile_model(load_model(MODEL), "cpu", 1, SHORT, remedies=False)      # 8 GiB: the device fits
     assert [(p.device, p.over_bytes, p.text.split(";")[0]) for p in e.value.result.fit.problems] == [
         (0, 0, "KV pool 'cache' on device 0 holds 32 pages (512 tokens)")]
 

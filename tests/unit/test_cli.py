@@ -73,7 +73,7 @@ def test_explain_lists_each_nodes_kernel_choices_apart(capsys):
             assert f"{name} " + " ".join(f"{k}={v}" for k, v in node["kernels"].items()) in line, line
 
 
-@pytest.mark.parametrize("cmd", [["diff", "plans/qwen3_omni_h200.plan", "plans/qwen3_omni_2xh100.plan"],
+@pytest.mark.parametrize("cmd", [["diff", "plans/qwen3_omni_h200.plan", "plans/omni_2gpu.plan"],
                                  ["explain", "plans/tiny_cpu.plan"]])
 def test_a_reader_that_goes_away_ends_it_quietly(cmd):
     """`graphc diff A B | head -2`: a reader that closes before the output is written ends the command with

@@ -36,7 +36,7 @@ def graphc_ops(seen: list[str]) -> list[str]:
 
 
 def test_shipped_plans_record_the_choice_where_it_acts():
-    for path in ("plans/qwen3_omni_h200.plan", "plans/qwen3_omni_2xh100.plan"):
+    for path in ("plans/qwen3_omni_h200.plan", "plans/omni_2gpu.plan"):
         plan = load_plan(path)
         assert plan.target.arch == "sm_90"
         got = {n: p.kernels for n, p in plan.nodes.items()}

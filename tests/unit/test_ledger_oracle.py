@@ -50,7 +50,7 @@ BF16, FP32, I32 = 2, 4, 4
 # ------------------------------------------------------------------ the declaration, by hand
 
 H100_BYTES = round(79.18 * GiB)                   # torch reports 79.18 GiB total on an H100 SXM 80GB
-CPU_BYTES = 16 * GiB                              # the cpu target's default host budget
+CPU_BYTES = 8 * GiB                               # the cpu target's default host budget
 GPU_GRAPHS = [("prefill:tokens", 8), ("prefill:tokens", 16), ("prefill:tokens", 24),
               ("decode:seqs", 1), ("decode:seqs", 2), ("decode:seqs", 4)]
 
@@ -440,7 +440,7 @@ def test_cpu_plan(cpu):
     expect(dev.ledger["headroom"], 0, "cpu headroom", "no headroom on the cpu")
     pages = (CPU_BYTES - ARENA - WORKSPACE - peak(32)) // PAGE_BYTES
     assert dev.kv_pages["cache"] == pages, (
-        f"cpu kv pages: plan {dev.kv_pages['cache']:,}, by hand floor((16 GiB - arena {ARENA:,} - workspace "
+        f"cpu kv pages: plan {dev.kv_pages['cache']:,}, by hand floor((8 GiB - arena {ARENA:,} - workspace "
         f"{WORKSPACE:,} - activations {peak(32):,}) / {PAGE_BYTES}) = {pages:,} (no allocator on the cpu)")
     expect(dev.ledger["kv.cache"], pages * PAGE_BYTES, "cpu kv.cache", f"{pages:,} pages x {PAGE_BYTES} B")
     expect(dev.total_bytes, ARENA + WORKSPACE + peak(32) + pages * PAGE_BYTES, "cpu total", "the sum of the lines")

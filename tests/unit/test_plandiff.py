@@ -16,7 +16,7 @@ from graphc.plandiff import diff_plans
 from tests.conftest import ROOT
 
 # one small plan, one with two devices, one with trims and overrides
-PLANS = ["tiny_h100.plan", "qwen3_omni_2xh100.plan", "qwen3_omni_h100_seed80gb_fit.plan"]
+PLANS = ["tiny_h100.plan", "omni_2gpu.plan", "qwen3_omni_h100_seed80gb_fit.plan"]
 # collection names the diff spells as nouns ("node decoder walk decode"), so a line need not repeat them
 NOUNS = {"devices", "nodes", "resources", "walks", "requests", "trimmed", "buckets", "ledger"}
 TRIM = {"change": "x", "freed_bytes": 1, "why": "x"}

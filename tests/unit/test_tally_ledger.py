@@ -323,4 +323,4 @@ def test_cpu_ledger(cpu):
     assert tally_ledger(cpu, 0, ["a"], {}).get("activations") == 512
     assert tally_ledger(cpu, 0, [], {}).get("activations") == 0
     assert (led.get("headroom"), detail(led, "headroom")) == (0, "none on cpu")
-    assert led.capacity == 16 * GiB and led.capture_order == []
+    assert led.capacity == 8 * GiB and led.capture_order == []

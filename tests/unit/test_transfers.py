@@ -15,7 +15,7 @@ WAV = 16 * 100 * 1920 * 4
 
 
 def test_the_thinker_device_holds_a_buffer_per_encoder_output_at_its_largest_step():
-    plan = load_plan("plans/qwen3_omni_2xh100.plan")
+    plan = load_plan("plans/omni_2gpu.plan")
     thinker = next(d for d in plan.devices if "thinker" in d.nodes)
     others = [d for d in plan.devices if d is not thinker]
     audio = 16 * 104 * HIDDEN * BF16                      # 16 windows of 104 tokens (audio_prefill's budget)

@@ -1,0 +1,71 @@
+"""Host memory for plans whose devices live in it (the cpu target): what this host has available now, and
+the check `graphc run` and graphc.Engine make before a worker starts or a byte is loaded. Core: no torch."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from graphc.errors import InvalidInput
+from graphc.units import MiB, fmt_bytes
+
+MEMINFO = Path("/proc/meminfo")
+CGROUP = Path("/sys/fs/cgroup")
+CAP_SHARE = 0.9            # the cap a refusal suggests: this share of what is available, the rest for the processes
+
+
+def available_bytes() -> tuple[int, str] | None:
+    """(bytes, where from): the least of the kernel's MemAvailable and what this process's cgroup (v2) may
+    still charge; None where neither can be read (not Linux)."""
+    found = []
+    meminfo = _meminfo_available()
+    if meminfo is not None:
+        found.append((meminfo, "MemAvailable in /proc/meminfo"))
+    cgroup = _cgroup_room()
+    if cgroup is not None:
+        found.append((cgroup, "the cgroup's memory.max less its memory.current"))
+    return min(found) if found else None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _cgroup_room() -> int | None:
+    """memory.max - memory.current of this process's cgroup (v2), or None where it has no limit."""
+    try:
+        rel = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                   if line.startswith("0::"))
+        d = CGROUP / rel.lstrip("/")
+        limit = (d / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return int(limit) - int((d / "memory.current").read_text())
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def check_host_memory(plan, where: str = "the plan", have: tuple[int, str] | None = None) -> None:
+    """Refuse a plan whose host-bound devices together plan more bytes than this host has available now,
+    naming both numbers and the fix. GPU plans (no host budget) and hosts that report nothing pass."""
+    if plan.target.host_bytes is None:
+        return
+    have = have if have is not None else available_bytes()
+    if have is None:
+        return
+    need = sum(d.total_bytes for d in plan.devices)
+    free, source = have
+    if need <= free:
+        return
+    cap = max(int(free * CAP_SHARE) // MiB, 1)
+    raise InvalidInput(
+        f"{where} plans {need:,} B ({fmt_bytes(need)}) for its {len(plan.devices)} device(s) in this host's memory; "
+        f"this host has {free:,} B ({fmt_bytes(free)}) available ({source})",
+        f"the plan's host budget is {plan.target.host_bytes:,} B ({fmt_bytes(plan.target.host_bytes)}); its "
+        "devices would fill more memory than exists, and the kernel would kill a worker",
+        f"re-plan with --memory-cap {cap}MiB ({CAP_SHARE:.0%} of what is available, the rest for the processes "
+        f"themselves) or with fewer KV pages (--set resources.NAME.pages=N, NAME a paged KV resource of the model)")
