@@ -73,7 +73,8 @@ def _add_plan(sub) -> None:
                     help="override a setting, e.g. walks.prefill.budget.tokens=256 (repeatable)")
     pl.add_argument("--config", default=None, metavar="FILE.yaml", help="overrides from a YAML file (--set wins)")
     pl.add_argument("--fit", action="store_true", help="when over budget, apply trims until it fits and record them")
-    pl.add_argument("--memory-cap", type=_bytes, default=None, help="emulate a smaller card, e.g. 80GiB")
+    pl.add_argument("--memory-cap", type=_bytes, default=None,
+                    help="emulate a smaller card, e.g. 80GiB; for --gpu cpu, the host budget its devices split")
     pl.add_argument("--headroom", type=_bytes, default=None, help="bytes kept free per device (default 1%% of a GPU)")
     pl.add_argument("--no-remedies", action="store_true", help="refuse without re-planning remedies (faster)")
     pl.add_argument("--html", default=None, metavar="FILE", help="also write an HTML report")

@@ -95,10 +95,10 @@ def _budget_candidates(s, st) -> list:
     for new in sorted({below[-1], below[(len(below) - 1) // 2]} if below else set(), reverse=True):
         trim = TRIM_ENCODER_BUDGET if encoder else None
         if slot and new % slot == 0:
-            budget = {st.axis: new, "seqs": new // slot}
-            out.append((f"walks.{st.walk}.budget={{{st.axis}: {new}, seqs: {new // slot}}}",
-                        _set(f"walks.{st.walk}.budget", budget), {},
-                        f"lower {st.walk}'s slots from {walk.budget.seqs} to {new // slot} ({slot} {st.axis} "
+            seqs = new // slot
+            out.append((f"walks.{st.walk}.budget={{{st.axis}: {new}, seqs: {seqs}}}",
+                        _set(f"walks.{st.walk}.budget", {st.axis: new, "seqs": seqs}), {},
+                        f"lower {st.walk}'s slots from {walk.budget.seqs} to {seqs} ({slot} {st.axis} "
                         f"each); fewer chunks run in one step", trim))
         elif not slot:
             out.append((f"walks.{st.walk}.budget.{st.axis}={new}", _set(f"walks.{st.walk}.budget.{st.axis}", new), {},
