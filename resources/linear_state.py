@@ -1,0 +1,206 @@
+"""Linear-attention state slots: a fixed-size state per sequence for every Gated DeltaNet layer.
+
+Whatever a sequence's length, each linear-attention layer keeps for it
+    conv state       [conv_dim, kernel - 1]                     the last kernel-1 pre-conv rows of q|k|v
+    recurrent state  [value_heads, key_head_dim, value_head_dim]  the delta rule's S (K-major, as HF and FLA)
+with conv_dim = 2 * key_heads * key_head_dim + value_heads * value_head_dim. One allocation per group:
+conv [num_layers, slots, conv_dim, kernel - 1] in conv_dtype and recurrent [num_layers, slots, value_heads,
+key_head_dim, value_head_dim] in state_dtype (fp32 by default, as the checkpoints' mamba_ssm_dtype says).
+A request holds one slot from admission to its end (SlotAllocator); a step reads and writes its sequences'
+slots through a StateStep. A sequence's first chunk starts from zeros whatever the slot holds, so a freed
+slot is reused without clearing. torch is imported where tensors are made: the spec reads without it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from pydantic import Field, model_validator
+
+from resources.base import ResourceSpec, Sized
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+if TYPE_CHECKING:
+    import torch
+
+
+class LinearStateSpec(ResourceSpec):
+    """State slots for `num_layers` linear-attention layers; bytes are exact (see the *_bytes docstrings)."""
+
+    kind: ClassVar[str] = "linear_state"
+    num_layers: int = Field(ge=1)          # linear-attention layers (24 of Qwen3.5-9B's 32)
+    num_key_heads: int = Field(ge=1)
+    num_value_heads: int = Field(ge=1)
+    key_head_dim: int = Field(ge=1)
+    value_head_dim: int = Field(ge=1)
+    conv_kernel: int = Field(4, ge=2)      # the depthwise conv's width; its state keeps kernel - 1 rows
+    conv_dtype: str = "bfloat16"           # the model's dtype: the conv state holds projection outputs
+    state_dtype: str = "float32"           # the recurrent state's; fp32 even under bf16 weights
+    slots: int | None = Field(None, ge=1)  # None: fill what the device has left
+
+    @model_validator(mode="after")
+    def _check(self) -> "LinearStateSpec":
+        for field in ("conv_dtype", "state_dtype"):
+            if getattr(self, field) not in _DTYPE_BYTES:
+                raise ValueError(f"{field} '{getattr(self, field)}' is not one of {sorted(_DTYPE_BYTES)}")
+        if self.num_value_heads % self.num_key_heads:
+            raise ValueError(f"num_value_heads {self.num_value_heads} must be a multiple of num_key_heads "
+                             f"{self.num_key_heads}: each key head serves a whole group of value heads")
+        return self
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the conv: q, k and v side by side."""
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def conv_layer_bytes(self) -> int:
+        """One layer, one slot: (2 x key_dim + value_dim) x (kernel - 1) x conv_dtype bytes."""
+        return self.conv_dim * (self.conv_kernel - 1) * _DTYPE_BYTES[self.conv_dtype]
+
+    @property
+    def recurrent_layer_bytes(self) -> int:
+        """One layer, one slot: value_heads x key_head_dim x value_head_dim x state_dtype bytes."""
+        return self.num_value_heads * self.key_head_dim * self.value_head_dim * _DTYPE_BYTES[self.state_dtype]
+
+    @property
+    def slot_bytes(self) -> int:
+        """One sequence's state in every layer: num_layers x (conv_layer_bytes + recurrent_layer_bytes)."""
+        return self.num_layers * (self.conv_layer_bytes + self.recurrent_layer_bytes)
+
+    def conv_formula(self) -> str:
+        return (f"(2 x {self.num_key_heads} x {self.key_head_dim} + {self.num_value_heads} x {self.value_head_dim})"
+                f" channels x {self.conv_kernel - 1} rows x {_DTYPE_BYTES[self.conv_dtype]} B"
+                f" = {self.conv_layer_bytes} B per layer per slot")
+
+    def recurrent_formula(self) -> str:
+        return (f"{self.num_value_heads} value heads x {self.key_head_dim} x {self.value_head_dim}"
+                f" x {_DTYPE_BYTES[self.state_dtype]} B = {self.recurrent_layer_bytes} B per layer per slot")
+
+    def lines(self, slots: int) -> list[tuple[str, Sized]]:
+        """The ledger's lines for `slots` slots, one per layer group: (f"{name}.conv", ...), (f"{name}.recurrent", ...)."""
+        per = ((f"{self.name}.conv", self.conv_layer_bytes, self.conv_formula()),
+               (f"{self.name}.recurrent", self.recurrent_layer_bytes, self.recurrent_formula()))
+        return [(label, Sized(self.num_layers * slots * b, f"{self.num_layers} layers x {slots} slots x {formula}"))
+                for label, b, formula in per]
+
+    def bytes_for(self, slots: int) -> int:
+        """slots x slot_bytes: what the lines add up to."""
+        return slots * self.slot_bytes
+
+
+class SlotAllocator:
+    """One state slot per running sequence, with query/act pairs: can_allocate() before allocate().
+    A slot is given back once: freeing one that is not held is a bookkeeping bug and is refused."""
+
+    def __init__(self, num_slots: int):
+        if num_slots < 1:
+            raise ValueError(f"a slot pool needs at least 1 slot, got {num_slots}")
+        self.num_slots = num_slots
+        self._free = list(range(num_slots - 1, -1, -1))
+        self._held: set[int] = set()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def can_allocate(self) -> bool:
+        return bool(self._free)
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise RuntimeError(f"no free state slot: all {self.num_slots} slots are held by running sequences; "
+                               "call can_allocate() first and keep the request waiting until one finishes, "
+                               "or plan more slots")
+        slot = self._free.pop()
+        self._held.add(slot)
+        return slot
+
+    def free(self, slot: int) -> None:
+        if slot not in self._held:
+            raise RuntimeError(f"freeing state slot {slot} that is not held (never allocated, already freed or out "
+                               f"of range 0..{self.num_slots - 1}); {len(self._held)} of {self.num_slots} are held")
+        self._held.remove(slot)
+        self._free.append(slot)
+
+    def held(self) -> list[int]:
+        return sorted(self._held)
+
+    def all_free(self) -> bool:
+        """The leak check: an idle engine holds no slot."""
+        return not self._held
+
+
+@dataclass
+class LinearState:
+    """The slot tensors: conv [layers, slots, conv_dim, kernel - 1], recurrent [layers, slots, HV, dk, dv]."""
+
+    conv: torch.Tensor
+    recurrent: torch.Tensor
+
+    @property
+    def num_slots(self) -> int:
+        return self.conv.shape[1]
+
+
+def new_state(spec: LinearStateSpec, num_slots: int, device: str | torch.device = "cpu") -> LinearState:
+    import torch
+
+    conv = torch.zeros(spec.num_layers, num_slots, spec.conv_dim, spec.conv_kernel - 1,
+                       dtype=getattr(torch, spec.conv_dtype), device=device)
+    recurrent = torch.zeros(spec.num_layers, num_slots, spec.num_value_heads, spec.key_head_dim,
+                            spec.value_head_dim, dtype=getattr(torch, spec.state_dtype), device=device)
+    return LinearState(conv, recurrent)
+
+
+class StateStep:
+    """One step's sequences and their slots, bound to a linear-attention node's state role.
+
+    The step's rows are its sequences' new rows back to back: sequence i owns rows cu_seqlens[i]:cu_seqlens[i+1]
+    and slot slot_ids[i]. has_state[i] says whether that slot holds the sequence's state so far (False for
+    its first chunk: the layers start it from zeros and never read the slot).
+    """
+
+    def __init__(self, state: LinearState, slot_ids: list[int], seq_lens: list[int], has_state: list[bool]):
+        import torch
+
+        n = len(slot_ids)
+        if not n or len(seq_lens) != n or len(has_state) != n:
+            raise ValueError(f"a step needs one slot, one length and one has_state per sequence: got {n} slots, "
+                             f"{len(seq_lens)} lengths and {len(has_state)} has_state")
+        bad = [s for s in slot_ids if not 0 <= s < state.num_slots]
+        if bad or len(set(slot_ids)) != n:
+            raise ValueError(f"slot ids {slot_ids} must be distinct and within 0..{state.num_slots - 1} "
+                             f"(out of range: {bad}): two sequences of one step never share a slot")
+        if any(int(x) < 1 for x in seq_lens):
+            raise ValueError(f"every sequence of a step brings at least one row, got lengths {seq_lens}; "
+                             "leave a sequence with no new rows out of the step")
+        self.state = state
+        self.seq_lens = [int(x) for x in seq_lens]
+        self.cu_seqlens = [0]
+        for x in self.seq_lens:
+            self.cu_seqlens.append(self.cu_seqlens[-1] + x)
+        device = state.conv.device
+        self.slots = torch.tensor(slot_ids, dtype=torch.long, device=device)           # [N]
+        self.has_state = torch.tensor([bool(h) for h in has_state], device=device)      # [N]
+
+    @property
+    def num_rows(self) -> int:
+        return self.cu_seqlens[-1]
+
+    def conv(self, layer: int) -> torch.Tensor:
+        """Layer `layer`'s conv slots [slots, conv_dim, kernel - 1] (a view: writes land in the pool)."""
+        return self.state.conv[layer]
+
+    def recurrent(self, layer: int) -> torch.Tensor:
+        """Layer `layer`'s recurrent slots [slots, HV, dk, dv] (a view: writes land in the pool)."""
+        return self.state.recurrent[layer]
