@@ -1,0 +1,96 @@
+"""Gated DeltaNet linear attention (Qwen3.5's three of every four decoder layers) over packed sequences,
+each carrying its conv and recurrent state in a slot of a linear_state resource.
+
+One step holds any mix of prefill chunks (a first chunk, or one continuing from the slot's state) and
+decode rows; each sequence reads its slot and writes it back in place. Weight names follow the checkpoint
+(`...layers.{i}.linear_attn.`): in_proj_qkv [2 key_dim + value_dim, hidden] (rows q|k|v), in_proj_z
+[value_dim, hidden], in_proj_b and in_proj_a [HV, hidden], conv1d.weight [conv_dim, 1, K] (no bias), dt_bias
+and A_log [HV], norm.weight [dv] (plain, not 1 + w) and out_proj [hidden, value_dim]. The core runs in
+plain torch (delta_rule.py).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.components.delta_rule import causal_conv, gated_delta_rule, prepare_qk, read_slots
+from models.components.gated_deltanet_config import GatedDeltaNetConfig
+from models.components.layers import Linear
+
+if TYPE_CHECKING:
+    from resources.linear_state import StateStep
+
+
+class GatedRMSNorm(nn.Module):
+    """weight * rmsnorm(x) * silu(gate) over each head's last dim: normalised in fp32, scaled in x's dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * x32.to(dtype) * F.silu(gate.float())).to(dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    """[T, hidden] -> [T, hidden] for the sequences of one step (state: its StateStep).
+
+    layer: this layer's index among the linear-attention layers, i.e. into the state pool's layer axis.
+    """
+
+    def __init__(self, cfg: GatedDeltaNetConfig, layer: int):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        self.hk, self.hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.in_proj_qkv = Linear(cfg.hidden_size, cfg.conv_dim, bias=False)
+        self.in_proj_z = Linear(cfg.hidden_size, cfg.value_dim, bias=False)
+        self.in_proj_b = Linear(cfg.hidden_size, self.hv, bias=False)
+        self.in_proj_a = Linear(cfg.hidden_size, self.hv, bias=False)
+        self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.linear_conv_kernel_dim, groups=cfg.conv_dim,
+                                bias=False)   # holds the weight only: the conv runs in causal_conv
+        self.dt_bias = nn.Parameter(torch.ones(self.hv))
+        self.A_log = nn.Parameter(torch.zeros(self.hv))
+        self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
+        self.out_proj = Linear(cfg.value_dim, cfg.hidden_size, bias=False)
+
+    def conv(self, qkv: torch.Tensor, state: StateStep) -> torch.Tensor:
+        """The conv over q|k|v rows [T, conv_dim]; each sequence's window is read from and written to its slot."""
+        pool = state.conv(self.layer)                                        # [slots, conv_dim, K-1]
+        windows = read_slots(pool, state.slots, state.has_state)
+        y, new = causal_conv(qkv, self.conv1d.weight[:, 0], windows, state.cu_seqlens)
+        pool.index_copy_(0, state.slots, new.to(pool.dtype))
+        return y
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+             state: StateStep) -> torch.Tensor:
+        """The delta rule from each sequence's slot state, written back in place: o [T, HV, dv] fp32."""
+        pool = state.recurrent(self.layer)                                   # [slots, HV, dk, dv]
+        s0 = read_slots(pool, state.slots, state.has_state).float()
+        q, k = prepare_qk(q, k, self.hv // self.hk)
+        o, s1 = gated_delta_rule(q, k, v, g, beta, s0, state.cu_seqlens)
+        pool.index_copy_(0, state.slots, s1.to(pool.dtype))
+        return o
+
+    def forward(self, x: torch.Tensor, state: StateStep) -> torch.Tensor:
+        t = x.shape[0]
+        if t != state.num_rows:
+            raise ValueError(f"linear-attention layer {self.layer} got {t} rows for a step of {state.num_rows} "
+                             f"(sequence lengths {state.seq_lens}): the step's rows and its StateStep must agree")
+        qkv = self.conv(self.in_proj_qkv(x), state)                          # [T, conv_dim]
+        kd = self.hk * self.dk
+        q = qkv[:, :kd].view(t, self.hk, self.dk)
+        k = qkv[:, kd:2 * kd].view(t, self.hk, self.dk)
+        v = qkv[:, 2 * kd:].view(t, self.hv, self.dv)
+        beta = self.in_proj_b(x).sigmoid()                                   # [T, HV]
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())   # log decay
+        o = self.core(q, k, v, g, beta, state).to(x.dtype)                   # [T, HV, dv]
+        o = self.norm(o, self.in_proj_z(x).view(t, self.hv, self.dv))
+        return self.out_proj(o.reshape(t, self.hv * self.dv))
