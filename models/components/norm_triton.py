@@ -205,8 +205,8 @@ def _q_k_rope_f32(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, yq_ptr, yk_ptr, yv_ptr,
 # more (the same in both kernels, so that a head's row is reduced in the same order by either: tests hold the
 # two launches bit-equal). H200, us a call (examples/bench/bench_prefill_kernels.py; thinker's 32 + 4 heads):
 # 1 row (1, 1) 1.75, (4, 2) 2.02; 64 rows 2.97, 2.78; 2,048 rows 46.2, 27.3 (the best of seven choices). With
-# each head read as two halves (eleventh session, ten choices): 1 row (1, 1) 1.69; 16 rows (1, 1) 2.04; 512 rows
-# (4, 2) 7.00, (8, 4) 6.79; 2,048 rows (4, 2) 21.59, the best
+# each head read as two halves (ten choices; run rope-halves in docs/benchmarks.md): 1 row (1, 1) 1.69;
+# 16 rows (1, 1) 2.04; 512 rows (4, 2) 7.00, (8, 4) 6.79; 2,048 rows (4, 2) 21.59, the best
 ROPE_HEADS = {"few": (1, 1), "many": (4, 2)}
 ROPE_MANY_ROWS = 16
 # q_k_rope_f32's own (it reduces nothing, so need not match them), for the vision tower's 16 + 16 + 16 heads of
