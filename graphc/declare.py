@@ -11,6 +11,7 @@ from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
 from graphc.stages import Pipeline, problems, walk_table
 from graphc.strict import Strict
+from graphc.units import DTYPE_BYTES
 from resources.base import ResourceSpec
 
 AXES: tuple[str, ...] = ("tokens", "seqs", "windows", "patches", "frames")
@@ -19,7 +20,6 @@ DType = Literal["float32", "bfloat16", "float16", "int64", "int32", "bool", "uin
 FloatDType = Literal["float32", "bfloat16", "float16"]
 WalkKind = Literal["decode", "prefill", "mixed", "encode", "chunk"]
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "uint8": 1}
 
 _NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _DIM = re.compile(r"^(?P<axis>[a-z]+)((?P<op>[*/])(?P<k>[1-9][0-9]*))?$")

@@ -7,6 +7,9 @@ KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
 
+# bytes per element of every dtype a declaration, a port or a resource may name
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "uint8": 1}
+
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)

@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field, model_validator
 
+from graphc.units import DTYPE_BYTES
 from resources.base import ResourceSpec, Sized
+from resources.paged_kv import PageAllocator
 
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+STATE_DTYPES = ("bfloat16", "float16", "float32")
 
 if TYPE_CHECKING:
     import torch
@@ -42,8 +44,8 @@ class LinearStateSpec(ResourceSpec):
     @model_validator(mode="after")
     def _check(self) -> "LinearStateSpec":
         for field in ("conv_dtype", "state_dtype"):
-            if getattr(self, field) not in _DTYPE_BYTES:
-                raise ValueError(f"{field} '{getattr(self, field)}' is not one of {sorted(_DTYPE_BYTES)}")
+            if getattr(self, field) not in STATE_DTYPES:
+                raise ValueError(f"{field} '{getattr(self, field)}' is not one of {sorted(STATE_DTYPES)}")
         if self.num_value_heads % self.num_key_heads:
             raise ValueError(f"num_value_heads {self.num_value_heads} must be a multiple of num_key_heads "
                              f"{self.num_key_heads}: each key head serves a whole group of value heads")
@@ -65,12 +67,12 @@ class LinearStateSpec(ResourceSpec):
     @property
     def conv_layer_bytes(self) -> int:
         """One layer, one slot: (2 x key_dim + value_dim) x (kernel - 1) x conv_dtype bytes."""
-        return self.conv_dim * (self.conv_kernel - 1) * _DTYPE_BYTES[self.conv_dtype]
+        return self.conv_dim * (self.conv_kernel - 1) * DTYPE_BYTES[self.conv_dtype]
 
     @property
     def recurrent_layer_bytes(self) -> int:
         """One layer, one slot: value_heads x key_head_dim x value_head_dim x state_dtype bytes."""
-        return self.num_value_heads * self.key_head_dim * self.value_head_dim * _DTYPE_BYTES[self.state_dtype]
+        return self.num_value_heads * self.key_head_dim * self.value_head_dim * DTYPE_BYTES[self.state_dtype]
 
     @property
     def slot_bytes(self) -> int:
@@ -79,12 +81,12 @@ class LinearStateSpec(ResourceSpec):
 
     def conv_formula(self) -> str:
         return (f"(2 x {self.num_key_heads} x {self.key_head_dim} + {self.num_value_heads} x {self.value_head_dim})"
-                f" channels x {self.conv_kernel - 1} rows x {_DTYPE_BYTES[self.conv_dtype]} B"
+                f" channels x {self.conv_kernel - 1} rows x {DTYPE_BYTES[self.conv_dtype]} B"
                 f" = {self.conv_layer_bytes} B per layer per slot")
 
     def recurrent_formula(self) -> str:
         return (f"{self.num_value_heads} value heads x {self.key_head_dim} x {self.value_head_dim}"
-                f" x {_DTYPE_BYTES[self.state_dtype]} B = {self.recurrent_layer_bytes} B per layer per slot")
+                f" x {DTYPE_BYTES[self.state_dtype]} B = {self.recurrent_layer_bytes} B per layer per slot")
 
     def lines(self, slots: int) -> list[tuple[str, Sized]]:
         """The ledger's lines for `slots` slots, one per layer group: (f"{name}.conv", ...), (f"{name}.recurrent", ...)."""
@@ -99,45 +101,43 @@ class LinearStateSpec(ResourceSpec):
 
 
 class SlotAllocator:
-    """One state slot per running sequence, with query/act pairs: can_allocate() before allocate().
-    A slot is given back once: freeing one that is not held is a bookkeeping bug and is refused."""
+    """One state slot per running sequence: PageAllocator's free list, a slot at a time, with its refusals
+    (a slot is given back once) in terms of slots."""
 
     def __init__(self, num_slots: int):
         if num_slots < 1:
             raise ValueError(f"a slot pool needs at least 1 slot, got {num_slots}")
         self.num_slots = num_slots
-        self._free = list(range(num_slots - 1, -1, -1))
-        self._held: set[int] = set()
+        self._pool = PageAllocator(num_slots)
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self._pool.num_free
 
     def can_allocate(self) -> bool:
-        return bool(self._free)
+        return self._pool.can_allocate(1)
 
     def allocate(self) -> int:
-        if not self._free:
+        if not self.can_allocate():
             raise RuntimeError(f"no free state slot: all {self.num_slots} slots are held by running sequences; "
                                "call can_allocate() first and keep the request waiting until one finishes, "
                                "or plan more slots")
-        slot = self._free.pop()
-        self._held.add(slot)
-        return slot
+        return self._pool.allocate(1)[0]
 
     def free(self, slot: int) -> None:
-        if slot not in self._held:
+        try:
+            self._pool.free([slot])
+        except RuntimeError:
             raise RuntimeError(f"freeing state slot {slot} that is not held (never allocated, already freed or out "
-                               f"of range 0..{self.num_slots - 1}); {len(self._held)} of {self.num_slots} are held")
-        self._held.remove(slot)
-        self._free.append(slot)
+                               f"of range 0..{self.num_slots - 1}); {self.num_slots - self.num_free} of "
+                               f"{self.num_slots} are held") from None
 
     def held(self) -> list[int]:
-        return sorted(self._held)
+        return self._pool.held()
 
     def all_free(self) -> bool:
         """The leak check: an idle engine holds no slot."""
-        return not self._held
+        return self.num_free == self.num_slots
 
 
 @dataclass
