@@ -18,25 +18,17 @@ from torch import nn
 
 from models.components.delta_rule import causal_conv, gated_delta_rule, prepare_qk, read_slots
 from models.components.gated_deltanet_config import GatedDeltaNetConfig
-from models.components.layers import Linear
+from models.components.layers import Linear, RMSNorm
 
 if TYPE_CHECKING:
     from resources.linear_state import StateStep
 
 
-class GatedRMSNorm(nn.Module):
-    """weight * rmsnorm(x) * silu(gate) over each head's last dim: normalised in fp32, scaled in x's dtype."""
-
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+class GatedRMSNorm(RMSNorm):
+    """weight * rmsnorm(x) * silu(gate) over each head's last dim: RMSNorm's, then the gate, in x's dtype."""
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * x32.to(dtype) * F.silu(gate.float())).to(dtype)
+        return (super().forward(x) * F.silu(gate.float())).to(x.dtype)
 
 
 class GatedDeltaNet(nn.Module):
