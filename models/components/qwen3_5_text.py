@@ -1,0 +1,144 @@
+"""The Qwen3.5 dense text decoder as a serving node: Gated DeltaNet layers over state slots, gated full attention
+over paged KV, a dense SwiGLU MLP after each.
+
+Per layer (config.layer_types): "linear_attention" -> GatedDeltaNet (gated_deltanet.py) on ctx["state"] at its index
+among the linear layers; "full_attention" -> GatedAttention on ctx["kv"] at its index among the full layers. Every
+RMSNorm here is zero-centred (x_normed * (1 + w): input/post-attention layernorms, q_norm, k_norm, the final norm)
+except the GDN output norm, which is plain. Weight names are a checkpoint's text weights
+(model.language_model.{embed_tokens, layers.N.{linear_attn, self_attn, mlp, input_layernorm,
+post_attention_layernorm}, norm}, lm_head; lm_head absent when tied); mtp.* and model.visual.* are not this node's.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from graphc import NodeModule, StepContext
+from models.components.gated_deltanet import GatedDeltaNet
+from models.components.layers import Linear, RMSNorm, SwiGLU, apply_rope, rope_inv_freq
+from models.components.mrope import mrope_cos_sin, mrope_slots
+from models.components.qwen3_5_text_config import Qwen3_5TextConfig, qwen3_5_ports  # noqa: F401
+
+
+class ZeroCentredRMSNorm(RMSNorm):
+    """rmsnorm(x) * (1 + w) in fp32, cast to x's dtype (HF's Qwen3_5RMSNorm; the checkpoint stores w near 0).
+    Always the torch path: the fused norm kernels scale by w, not 1 + w."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__(dim, eps)
+        nn.init.zeros_(self.weight)
+
+    def fused(self, x: torch.Tensor) -> bool:
+        return False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]: rotate-half rotary on the first cos.shape[-1] dims of each head; the rest pass through."""
+    r = cos.shape[-1]
+    return torch.cat((apply_rope(x[..., :r], cos, sin), x[..., r:]), dim=-1)
+
+
+class GatedAttention(nn.Module):
+    """Softmax attention with a sigmoid output gate. q_proj's rows hold, per head, the query then its gate
+    ([H, 2D] viewed); the checkpoint's q_proj, k_proj and v_proj are stacked into qkv_proj at load.
+
+    layer: this layer's index among the full-attention layers, i.e. into the paged KV pool's layer axis.
+    """
+
+    def __init__(self, cfg: Qwen3_5TextConfig, layer: int):
+        super().__init__()
+        self.layer, self.h, self.kv, self.d = layer, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.qkv_proj = Linear(cfg.hidden_size, (2 * self.h + 2 * self.kv) * self.d, bias=False)
+        self.o_proj = Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        self.q_norm = ZeroCentredRMSNorm(self.d, cfg.rms_norm_eps)
+        self.k_norm = ZeroCentredRMSNorm(self.d, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> torch.Tensor:
+        t, h, d = x.shape[0], self.h, self.d
+        qkv = self.qkv_proj(x)
+        q_gate = qkv[:, :2 * h * d].view(t, h, 2 * d)
+        q, gate = q_gate[..., :d], q_gate[..., d:]                                     # [T, H, D] each
+        k = qkv[:, 2 * h * d:(2 * h + self.kv) * d].view(t, self.kv, d)
+        v = qkv[:, (2 * h + self.kv) * d:].view(t, self.kv, d)
+        q = apply_partial_rope(self.q_norm(q), cos, sin)
+        k = apply_partial_rope(self.k_norm(k), cos, sin)
+        o = kv(self.layer, q, k, v) * torch.sigmoid(gate)                              # [T, H, D]
+        return self.o_proj(o.reshape(t, h * d))
+
+
+class Qwen3_5DecoderLayer(nn.Module):
+    def __init__(self, cfg: Qwen3_5TextConfig, layer: int):
+        super().__init__()
+        self.is_linear = cfg.layer_types[layer] == "linear_attention"
+        if self.is_linear:
+            self.linear_attn = GatedDeltaNet(cfg.gdn, cfg.kind_index(layer))
+        else:
+            self.self_attn = GatedAttention(cfg, cfg.kind_index(layer))
+        self.input_layernorm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        mixed = self.linear_attn(h, ctx["state"]) if self.is_linear else self.self_attn(h, cos, sin, ctx["kv"])
+        x, h = self.post_attention_layernorm.add(x, mixed)
+        return x + self.mlp(h)
+
+
+class Qwen3_5TextBody(nn.Module):
+    def __init__(self, cfg: Qwen3_5TextConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Qwen3_5DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Qwen3_5LM(NodeModule):
+    """Node: token ids (+ optional spliced encoder rows) -> logits of the rows to sample.
+
+    Inputs: token_ids [T], positions [3, T] int64 (M-RoPE T, H, W rows; all equal for text), sample_rows [S];
+    optional group 'mm': mm_embeds [M, D] (an encoder's output rows) and mm_rows [T] (index into mm_embeds,
+    -1 for text rows). Output: logits [S, V] in fp32. ctx["kv"]: the full layers' paged KV (called
+    kv(layer, q, k, v)); ctx["state"]: the linear layers' StateStep (resources/linear_state.py), whose
+    sequences are this step's, in the same order and lengths as the rows.
+    """
+
+    ROLES = {"kv": "paged_kv", "state": "linear_state"}
+
+    def __init__(self, cfg: Qwen3_5TextConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = nn.Module()
+        self.model.language_model = Qwen3_5TextBody(cfg)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.body.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.rotary_dim, cfg.rope_theta), persistent=False)
+        self.register_buffer("mrope_slots", mrope_slots(cfg.rotary_dim, cfg.mrope_section), persistent=False)
+
+    @property
+    def body(self) -> Qwen3_5TextBody:
+        return self.model.language_model
+
+    def embed(self, token_ids: torch.Tensor, mm_embeds: torch.Tensor | None, mm_rows: torch.Tensor | None
+              ) -> torch.Tensor:
+        x = self.body.embed_tokens(token_ids)                         # [T, D]
+        if mm_embeds is None:
+            return x
+        spliced = mm_embeds.to(x.dtype).index_select(0, mm_rows.clamp(min=0))
+        return torch.where((mm_rows >= 0)[:, None], spliced, x)
+
+    def forward(self, ctx: StepContext, token_ids: torch.Tensor, positions: torch.Tensor,
+                sample_rows: torch.Tensor, mm_embeds: torch.Tensor | None = None,
+                mm_rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        x = self.embed(token_ids, mm_embeds, mm_rows)
+        cos, sin = mrope_cos_sin(positions, self.inv_freq, self.mrope_slots, x.dtype)   # [T, 1, rotary_dim]
+        for layer in self.body.layers:
+            x = layer(x, cos, sin, ctx)
+        x = self.body.norm(x.index_select(0, sample_rows))             # [S, D]
+        return {"logits": self.lm_head(x).float()}
