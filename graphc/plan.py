@@ -92,6 +92,8 @@ class PlanResource(Strict):
     workspace: str | None = None
     decode_backend: str | None = None
     run_head_dim: int | None = None     # set when the kernels run the head dim zero-padded
+    slots: int | None = None            # linear_state: slots on each of its devices (the padding slot included)
+    slot_bytes: int | None = None       # linear_state: one sequence's state in every layer
 
 
 class PlanWalk(Strict):
@@ -131,6 +133,9 @@ class Plan(Strict):
             del data["pipeline"]
         if data["target"]["host_bytes"] is None:      # GPU plans: each card has its own memory
             del data["target"]["host_bytes"]
+        for res in data["resources"].values():        # only linear_state resources have slots
+            if res["slots"] is None:
+                del res["slots"], res["slot_bytes"]
         for node in data["nodes"].values():           # nodes with no kernel choice say nothing (older plans too)
             if not node["kernels"]:
                 del node["kernels"]
@@ -192,6 +197,9 @@ def load_plan(path: str | Path) -> Plan:
     return plan
 
 
+UNSERVED_KINDS = ("linear_state",)     # planned, not yet bound by the engine
+
+
 def check_servable(plan: Plan, where: str = "this plan") -> None:
     """Refuse, before anything is loaded, a plan the engine cannot serve: one that records no pipeline, or
     whose walks and request kinds break what its pipeline's stages need (graphc/stages.py's rules, the
@@ -202,6 +210,12 @@ def check_servable(plan: Plan, where: str = "this plan") -> None:
         raise InvalidInput(f"{where} records no serving pipeline", f"model {plan.model.name} declares none, or the "
                            "plan was made before pipelines were recorded",
                            "declare a graphc.Pipeline in the model file and plan it again")
+    unserved = {name: r.kind for name, r in plan.resources.items() if r.kind in UNSERVED_KINDS}
+    if unserved:
+        raise InvalidInput(f"{where} holds {', '.join(f'{n} ({k})' for n, k in unserved.items())}, which the engine "
+                           "cannot serve yet", "`graphc plan` sizes linear-attention state slots; the engine does not "
+                           "yet allocate them or hand a request its slot", "plan it for explain and check only; "
+                           "serving such a model needs the engine's state-slot path")
     kinds = {k: [w for st in stages for w in ([st] if isinstance(st, str) else st)]
              for k, stages in plan.requests.items()}
     found = problems(plan.pipeline, walk_table(plan.walks.items()), kinds)

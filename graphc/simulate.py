@@ -180,7 +180,8 @@ class FakeNode:
                 where: str) -> tuple[Trace, bool]:
         """The step's trace, and whether reference cycles held some of its storages to its end."""
         inputs = self.inputs(ports, sizes)
-        rec = _Recorder(self.known + list(inputs.values()))
+        held = [t for b in bindings.values() for t in (b.persistent() if hasattr(b, "persistent") else ())]
+        rec = _Recorder(self.known + list(inputs.values()) + held)    # a binding's pools exist before the step
         blocks = Memo(rec)                        # repeated layers traced once (graphc/layer_memo.py)
         wrapped = blocks.install(self.module)
         collecting = gc.isenabled()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 from pydantic import Field, model_validator
 
 from graphc.units import DTYPE_BYTES
-from resources.base import ResourceSpec, Sized
+from resources.base import ResourceSpec, Sized, StepShape
 from resources.paged_kv import PageAllocator
 
 STATE_DTYPES = ("bfloat16", "float16", "float32")
@@ -98,6 +98,24 @@ class LinearStateSpec(ResourceSpec):
     def bytes_for(self, slots: int) -> int:
         """slots x slot_bytes: what the lines add up to."""
         return slots * self.slot_bytes
+
+    def step_shape(self, axis: str, sizes: dict[str, int], phase: str) -> StepShape:
+        """A step's rows and sequences (each sequence reads and writes its one slot; no key span)."""
+        rows = sizes.get("tokens", sizes[axis])
+        return StepShape(rows=rows, seqs=min(rows, sizes.get("seqs", 1)), kv_len=0, phase=phase)
+
+    def wrapper_allocs(self, backend: str | None, shape: StepShape) -> list[tuple[str, int]]:
+        """A captured step's fixed buffers: its sequences' slot ids (int64), has_state flags (bool) and row
+        offsets cu_seqlens (int64, one more than the sequences); the runtime refills them before each replay."""
+        return [("slot_ids", 8 * shape.seqs), ("has_state", shape.seqs), ("cu_seqlens", 8 * (shape.seqs + 1))]
+
+    def fake(self, shape: StepShape, run_head_dim: int | None = None) -> "StateStep":
+        """The simulation's binding: a StateStep over meta slots, the step's rows split evenly over its
+        sequences, each continuing from its slot (the costlier path: the slot's state is read)."""
+        state = new_state(self, shape.seqs + 1, device="meta")
+        base, extra = divmod(shape.rows, shape.seqs)
+        lens = [base + (i < extra) for i in range(shape.seqs)]
+        return StateStep(state, list(range(shape.seqs)), lens, [True] * shape.seqs)
 
 
 class SlotAllocator:
@@ -196,6 +214,11 @@ class StateStep:
     @property
     def num_rows(self) -> int:
         return self.cu_seqlens[-1]
+
+    def persistent(self) -> list[torch.Tensor]:
+        """Tensors that exist before the step runs (the pool and this step's index tensors): a trace of the
+        step does not count them as its allocations."""
+        return [self.state.conv, self.state.recurrent, self.slots, self.has_state]
 
     def conv(self, layer: int) -> torch.Tensor:
         """Layer `layer`'s conv slots [slots, conv_dim, kernel - 1] (a view: writes land in the pool)."""

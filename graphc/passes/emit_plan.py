@@ -10,6 +10,7 @@ from graphc.plan import FORMAT, Plan, PlanDevice, PlanModel, PlanNode, PlanResou
 from graphc.passes.place_nodes import Placement
 from graphc.passes.simulate_steps import fake_node
 from graphc.passes.tally_ledger import Sizing, device_convs
+from graphc.units import fmt_bytes
 from resources.paged_kv import PagedKVSpec
 
 VERSION = "0.1.0"
@@ -59,6 +60,26 @@ def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, tr
                                  resources=dict(n.resources), buckets=buckets,
                                  graphs={fam: rs for (nn, fam), rs in s.buckets.captured.items() if nn == n.name},
                                  kernels=_kernels(n, s.backends.kernels.get(n.name, {})))
+    resources = _resources(s, placement)
+    walks = {w.name: PlanWalk(kind=w.kind, path=list(w.path), budget=w.budget.axes(), capture=w.capture)
+             for w in ir.model.walks}
+    requests = {r.name: [st if isinstance(st, str) else list(st) for st in r.stages] for r in ir.model.requests}
+    target = PlanTarget(gpu=ir.target.name, count=ir.num_devices, arch=ir.target.arch,
+                        capacity_bytes=ir.target.memory_bytes, memory_source=ir.target.memory_source,
+                        num_sms=ir.target.num_sms, host_bytes=ir.target.host_bytes)
+    body = dict(format=FORMAT, model=PlanModel(**source), target=target,
+                versions={"graphc": VERSION, "torch": memo.torch_version().split("+")[0],
+                          "python": f"{sys.version_info.major}.{sys.version_info.minor}"},
+                overrides=overrides, trimmed=[PlanTrim(change=t.change, freed_bytes=t.freed, why=t.why) for t in trimmed],
+                placement=placement.why, devices=devices, nodes=nodes, resources=resources, walks=walks,
+                requests=requests, pipeline=ir.model.pipeline)
+    draft = Plan(**body, fingerprint="")
+    return draft.model_copy(update={"fingerprint": fingerprint(draft.body())})
+
+
+def _resources(s: Sizing, placement: Placement) -> dict[str, PlanResource]:
+    """Each resource: its kind, backend, devices and bytes, and why (pages, slots, workspaces)."""
+    ir, a = s.ir, placement.assignment
     resources = {}
     for r in ir.model.resources:
         users = ir.users.get(r.name, [])
@@ -74,22 +95,23 @@ def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, tr
             pages = {d.index: d.kv_pages[r.name] for d in placement.devices if r.name in d.kv_pages}
             entry.update(pages=pages, page_bytes=r.page_bytes, max_seq_len=r.max_seq_len, min_pages=r.min_pages,
                          bytes=sum(p * r.page_bytes for p in pages.values()))
+            if r.pages is None:
+                entry["why"] += _fill_note(placement, devs)
+        slots = s.resources.state.get(r.name)
+        if slots is not None:
+            entry.update(slots=slots.slots, slot_bytes=r.slot_bytes, bytes=r.bytes_for(slots.slots) * len(devs),
+                         why=f"state slots: {slots.why}")
         ws = s.resources.workspaces.get(r.name)
         if ws is not None:
             entry["bytes"] += ws.bytes * len(devs)
             entry["why"] = (entry["why"] + "; " if entry["why"] else "") + f"float workspace need: {ws.need.formula}"
         resources[r.name] = PlanResource(**entry)
-    walks = {w.name: PlanWalk(kind=w.kind, path=list(w.path), budget=w.budget.axes(), capture=w.capture)
-             for w in ir.model.walks}
-    requests = {r.name: [st if isinstance(st, str) else list(st) for st in r.stages] for r in ir.model.requests}
-    target = PlanTarget(gpu=ir.target.name, count=ir.num_devices, arch=ir.target.arch,
-                        capacity_bytes=ir.target.memory_bytes, memory_source=ir.target.memory_source,
-                        num_sms=ir.target.num_sms, host_bytes=ir.target.host_bytes)
-    body = dict(format=FORMAT, model=PlanModel(**source), target=target,
-                versions={"graphc": VERSION, "torch": memo.torch_version().split("+")[0],
-                          "python": f"{sys.version_info.major}.{sys.version_info.minor}"},
-                overrides=overrides, trimmed=[PlanTrim(change=t.change, freed_bytes=t.freed, why=t.why) for t in trimmed],
-                placement=placement.why, devices=devices, nodes=nodes, resources=resources, walks=walks,
-                requests=requests, pipeline=ir.model.pipeline)
-    draft = Plan(**body, fingerprint="")
-    return draft.model_copy(update={"fingerprint": fingerprint(draft.body())})
+    return resources
+
+def _fill_note(placement: Placement, devs: list[int]) -> str:
+    """Why a fill pool holds its pages: what its devices have left, after state slots among the rest."""
+    held = [f"{fmt_bytes(state)} on device {d.index}" for d in placement.devices if d.index in devs
+            for state in [sum(i.bytes for i in d.items if i.component.startswith("state."))] if state]
+    return (f"; its pages fill what each device has left after the other lines of its ledger, linear-attention "
+            f"state slots among them ({', '.join(held)}): fewer decode sequences hold fewer slots and leave more "
+            "pages" if held else "")

@@ -47,9 +47,14 @@ def bindings(ir: IR, step: Step, rung: int, backends: Backends | None = None) ->
     out = {}
     for role, res in node.resources.items():
         spec = ir.model.resource(res)
-        runs = backends.chosen[res].head_dim if backends is not None else None
-        out[role] = spec.fake(spec.step_shape(step.axis, sizes, step.phase), runs)
+        out[role] = spec.fake(spec.step_shape(step.axis, sizes, step.phase), _head_dim(backends, res))
     return out
+
+
+def _head_dim(backends: Backends | None, res: str) -> int | None:
+    """The head dim an attention resource's kernels run (None: no backend chosen, or not attention)."""
+    chosen = backends.chosen.get(res) if backends is not None else None
+    return chosen.head_dim if chosen is not None else None
 
 
 _FAKES: dict[tuple, FakeNode] = memo.table("simulate_steps.fakes")
@@ -70,8 +75,7 @@ def _trace_key(ir: IR, step: Step, rung: int, backends: Backends | None) -> tupl
     """Everything a step's trace depends on."""
     node = ir.node(step.node)
     ports = {p: node.inputs[p] for p in step.inputs}
-    specs = tuple((repr(ir.model.resource(r)), backends.chosen[r].head_dim if backends else None)
-                  for r in node.resources.values())
+    specs = tuple((repr(ir.model.resource(r)), _head_dim(backends, r)) for r in node.resources.values())
     arch = ir.target.arch if ir.target.is_gpu else None
     knobs = backends.kernels.get(step.node, {}) if backends else {}
     return (node_key(node), repr(ports), repr(node.outputs), tuple(sorted(step.sizes_at(rung).items())), step.phase,

@@ -1,8 +1,10 @@
 """Size what resources hold: float workspaces (formula per backend, checked against declared
-ones) and the fixed buffers of every captured wrapper. KV pools are sized at placement."""
+ones), the fixed buffers of every captured wrapper, and the slots of linear-attention state (one per
+sequence the node's decode walk runs at once, and one for a captured step's padding rows). KV pools are
+sized at placement, from what these leave."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from graphc.errors import InvalidInput
 from graphc.ir import IR
@@ -10,6 +12,7 @@ from graphc.passes.choose_buckets import Buckets
 from graphc.passes.select_backends import Backends
 from graphc.units import MiB, fmt_bytes, round_up
 from resources.base import Sized
+from resources.linear_state import LinearStateSpec
 from resources.workspace import WorkspaceSpec
 
 
@@ -23,9 +26,18 @@ class Workspace:
 
 
 @dataclass(frozen=True)
+class StateSlots:
+    slots: int           # slots allocated, the padding slot included
+    streams: int         # sequences that hold one at once
+    walk: str            # the walk whose seqs budget sets streams
+    why: str
+
+
+@dataclass(frozen=True)
 class ResourceSizes:
     workspaces: dict[str, Workspace]
     wrappers: dict[tuple[str, str, int], list[tuple[str, str, int]]]   # graph -> [(resource, buffer, bytes)]
+    state: dict[str, StateSlots] = field(default_factory=dict)        # linear_state resource -> its slots
 
     def check(self, ir: IR) -> None:
         for ws in self.workspaces.values():
@@ -68,7 +80,8 @@ def size_resources(ir: IR, backends: Backends, buckets: Buckets) -> ResourceSize
         for role, res in ir.node(node).resources.items():
             spec = ir.model.resource(res)
             shape = spec.step_shape(step.axis, step.sizes_at(rung), step.phase)
-            for name, n in spec.wrapper_allocs(backends.backend(res, step.phase), shape):
+            backend = backends.backend(res, step.phase) if res in backends.chosen else None   # attention's
+            for name, n in spec.wrapper_allocs(backend, shape):
                 # a resource's captured wrappers share one int workspace (each replay is planned right
                 # before it, one step at a time): counted once, with its first graph
                 if name == "int_workspace":
@@ -77,9 +90,35 @@ def size_resources(ir: IR, backends: Backends, buckets: Buckets) -> ResourceSize
                     shared.add(res)
                 bufs.append((res, name, n))
         wrappers[(node, fam, rung)] = bufs
-    out = ResourceSizes(workspaces, wrappers)
+    out = ResourceSizes(workspaces, wrappers, {r.name: state_slots(ir, r) for r in ir.model.resources
+                                               if isinstance(r, LinearStateSpec)})
     out.check(ir)
     return out
+
+
+def state_slots(ir: IR, spec: LinearStateSpec) -> StateSlots:
+    """A sequence holds its slot from admission to its end, and the engine runs at most its decode walk's
+    seqs budget at once: that many slots, plus one that a captured step's padding rows read and write.
+    Declared slots must hold as many."""
+    users = {n for n, _ in ir.users.get(spec.name, [])}
+    walks = [w for w in ir.model.walks if users & set(w.path) and w.budget.seqs]
+    decode = [w for w in walks if w.kind == "decode"] or walks
+    if not decode:
+        raise InvalidInput(f"linear_state resource '{spec.name}' is bound to {sorted(users) or 'no node'}, and no walk "
+                           "through them has a seqs budget", "its slots are one per sequence running at once",
+                           "give the node's decode walk a seqs budget, or bind the resource to the node it runs")
+    walk = max(decode, key=lambda w: w.budget.seqs)
+    streams, pad = walk.budget.seqs, int(ir.target.capture and walk.capture)
+    why = (f"{streams} sequences at once ({walk.name}'s seqs budget)"
+           + (" + 1 for a captured step's padding rows" if pad else "")
+           + f", {fmt_bytes(spec.slot_bytes)} each ({spec.num_layers} layers)")
+    if spec.slots is None:
+        return StateSlots(streams + pad, streams, walk.name, why)
+    if spec.slots < streams + pad:
+        raise InvalidInput(f"linear_state resource '{spec.name}' declares {spec.slots} slots; {streams + pad} are needed",
+                           why, f"--set resources.{spec.name}.slots={streams + pad} (or null: sized by the compiler), "
+                                f"or --set walks.{walk.name}.budget.seqs={max(spec.slots - pad, 1)}")
+    return StateSlots(spec.slots, streams, walk.name, f"declared {spec.slots}; needs {why}")
 
 
 def _workspaces(ir: IR, backends: Backends, needs: dict) -> dict[str, Workspace]:

@@ -103,8 +103,17 @@ def _budget_candidates(s, st) -> list:
         elif not slot:
             out.append((f"walks.{st.walk}.budget.{st.axis}={new}", _set(f"walks.{st.walk}.budget.{st.axis}", new), {},
                         f"lower {st.walk}'s {st.axis} budget from {st.budget} to {new}"
-                        + ("; larger inputs are refused" if encoder else "; steps are cut smaller"), trim))
+                        + ("; larger inputs are refused" if encoder else "; steps are cut smaller")
+                        + _state_note(s, st.walk, st.axis, new), trim))
     return out
+
+
+def _state_note(s, walk: str, axis: str, new: int) -> str:
+    """What fewer streams free in the linear_state slots that this walk's seqs budget sizes."""
+    notes = [f"{st.streams - new} fewer {res} slots, -{fmt_bytes((st.streams - new) * s.ir.model.resource(res).slot_bytes)}"
+             " of state" for res, st in s.resources.state.items()
+             if axis == "seqs" and st.walk == walk and new < st.streams and s.ir.model.resource(res).slots is None]
+    return "; fewer streams: " + ", ".join(notes) if notes else ""
 
 
 def _pool_candidates(s, d) -> list:

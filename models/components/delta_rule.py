@@ -29,18 +29,17 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, windows: torch.Tensor, cu
     x [T, C] (sequence i owns rows cu[i]:cu[i+1]), weight [C, K], windows [N, C, K-1] (oldest row first).
     Returns (y [T, C] in x's dtype, the new windows [N, C, K-1]: the last K-1 rows each sequence has seen).
     """
-    taps = weight.shape[1]
+    taps, dev = weight.shape[1], x.device
     pieces, index, ends = [], [], []
     base = 0
     for i, (a, b) in enumerate(zip(cu, cu[1:])):
         pieces += [windows[i].transpose(0, 1).to(x.dtype), x[a:b]]                  # [K-1 + n, C]
-        index.append(base + torch.arange(b - a)[:, None] + torch.arange(taps)[None, :])   # [n, K]: row j's taps
-        ends.append(base + (b - a) + torch.arange(taps - 1))                           # its last K-1 rows
+        index.append(base + torch.arange(b - a, device=dev)[:, None] + torch.arange(taps, device=dev)[None, :])
+        ends.append(base + (b - a) + torch.arange(taps - 1, device=dev))              # its last K-1 rows
         base += taps - 1 + b - a
     ext = torch.cat(pieces).float()                                                    # [T + N(K-1), C]
-    index = torch.cat(index).to(x.device)
-    y = (ext[index] * weight.float().transpose(0, 1)).sum(1)                          # [T, K, C] -> [T, C]
-    new = ext[torch.cat(ends).to(x.device)].view(len(cu) - 1, taps - 1, -1).transpose(1, 2)
+    y = (ext[torch.cat(index)] * weight.float().transpose(0, 1)).sum(1)               # [T, K, C] -> [T, C]
+    new = ext[torch.cat(ends)].view(len(cu) - 1, taps - 1, -1).transpose(1, 2)
     return F.silu(y).to(x.dtype), new.to(x.dtype)
 
 

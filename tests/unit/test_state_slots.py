@@ -1,0 +1,129 @@
+"""The compiler plans linear-attention state (resources/linear_state.py) as slots: one per sequence the decode
+walk runs at once, plus one for a captured step's padding rows; exact ledger lines; KV pages fill what the
+slots leave; explain and the remedies say so; `graphc run` refuses such a plan until the engine serves it.
+
+The model is tests/shapes/hybrid_lm.py: 3 Gated DeltaNet layers then one attention layer, twice. Expected
+bytes are worked by hand from its presets' numbers below, not from LinearStateSpec."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from graphc.errors import DoesNotFit, InvalidInput
+from graphc.pipeline import compile_model
+from graphc.report import explain
+from graphc.source import load_model
+from graphc.units import fmt_bytes
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = str(ROOT / "tests" / "shapes" / "hybrid_lm.py")
+
+# tiny: hidden 32, 2 key heads and 4 value heads of 16, kernel 4, 6 linear layers, fp32 everywhere
+TINY_CONV = (2 * 2 * 16 + 4 * 16) * 3 * 4           # channels x (kernel - 1) rows x 4 B = 1,536 B a layer a slot
+TINY_RECURRENT = 4 * 16 * 16 * 4                     # value heads x dk x dv x 4 B = 4,096 B
+# wide: hidden 1024, 8 key and 16 value heads of 128; conv state bf16, recurrent fp32; 6 linear layers
+WIDE_SLOT = 6 * ((2 * 8 * 128 + 16 * 128) * 3 * 2 + 16 * 128 * 128 * 4)     # 6,438,912 B
+
+
+def plan(preset: str = "tiny", gpu: str = "cpu", overrides: dict | None = None, **kw):
+    return compile_model(load_model(MODEL, preset), gpu, 1, overrides or {}, **kw)
+
+
+def ledger(compiled) -> dict[str, int]:
+    return {i.component: i.bytes for i in compiled.result.placement.devices[0].items}
+
+
+def test_cpu_plan_holds_one_slot_per_decode_sequence():
+    """CPU: nothing is captured, so no padding slot: 8 slots for decode's 8 sequences."""
+    c = plan()
+    lines = ledger(c)
+    assert lines["state.lm_state.conv"] == 6 * 8 * TINY_CONV == 73_728
+    assert lines["state.lm_state.recurrent"] == 6 * 8 * TINY_RECURRENT == 196_608
+    r = c.plan.resources["lm_state"]
+    assert (r.slots, r.slot_bytes, r.bytes) == (8, 6 * (TINY_CONV + TINY_RECURRENT), 73_728 + 196_608)
+    assert c.plan.resources["lm_kv"].slots is None and "slots" not in c.plan.dump()["resources"]["lm_kv"]
+
+
+def test_captured_decode_adds_a_padding_slot():
+    c = plan("wide", "h100")
+    assert c.plan.resources["lm_state"].slots == 65
+    assert sum(b for k, b in ledger(c).items() if k.startswith("state.")) == 65 * WIDE_SLOT
+    eager = plan("wide", "h100", {"walks": {"decode": {"capture": False}}})
+    assert eager.plan.resources["lm_state"].slots == 64
+
+
+def test_state_slots_are_taken_from_the_kv_pages():
+    """100 slots more (declared) hold 100 x WIDE_SLOT bytes more, and the fill pool gives them up: its bytes and
+    the allocator model's rounding slack of the persistent buffers (a simulated line) pay for them, to a page."""
+    base, more = plan("wide", "h100"), plan("wide", "h100", {"resources": {"lm_state": {"slots": 165}}})
+    a, b = ledger(base), ledger(more)
+    state = sum(b[k] - a[k] for k in a if k.startswith("state."))
+    assert state == 100 * WIDE_SLOT
+    page = base.plan.resources["lm_kv"].page_bytes
+    paid = (a["kv.lm_kv"] - b["kv.lm_kv"]) + (a["allocator"] - b["allocator"])
+    assert 0 <= paid - state < page, (paid, state)
+    assert a["kv.lm_kv"] - b["kv.lm_kv"] > 0.95 * state
+    assert {k for k in a if a[k] != b[k]} <= {"kv.lm_kv", "allocator", "state.lm_state.conv", "state.lm_state.recurrent"}
+
+
+def test_declared_slots_fewer_than_the_streams_are_refused():
+    with pytest.raises(InvalidInput) as e:
+        plan("wide", "h100", {"resources": {"lm_state": {"slots": 10}}})
+    text = str(e.value)
+    assert "declares 10 slots; 65 are needed" in text
+    assert "64 sequences at once (decode's seqs budget) + 1 for a captured step's padding rows" in text
+    assert "--set resources.lm_state.slots=65" in text and "--set walks.decode.budget.seqs=9" in text
+
+
+def test_explain_says_what_the_slots_hold_and_what_they_take_from_the_pages():
+    text = explain(plan("wide", "h100").plan)
+    assert f"lm_state (linear_state) on devices [0]: {fmt_bytes(65 * WIDE_SLOT)}; 65 slots x {WIDE_SLOT:,} B" in text
+    assert "state slots: 64 sequences at once (decode's seqs budget) + 1 for a captured step's padding rows" in text
+    assert f"state slots among them ({fmt_bytes(65 * WIDE_SLOT)} on device 0)" in text     # the KV pool's why
+    assert "state.lm_state.recurrent" in text and "65 slots x 16 value heads x 128 x 128 x 4 B" in text.replace(
+        "6 layers x ", "")
+
+
+def test_remedies_count_the_state_fewer_streams_free():
+    with pytest.raises(DoesNotFit) as e:
+        plan("wide", "h100", memory_cap=1700 << 20)
+    mine = [r for r in e.value.remedies if r.change.startswith("walks.decode.budget.seqs=")]
+    assert mine, [r.change for r in e.value.remedies]
+    for r in mine:
+        seqs = int(r.change.rsplit("=", 1)[1])
+        assert f"{64 - seqs} fewer lm_state slots, -{fmt_bytes((64 - seqs) * WIDE_SLOT)} of state" in r.why
+        assert r.freed >= (64 - seqs) * WIDE_SLOT        # the re-plan frees at least the slots
+
+
+def test_a_step_trace_does_not_count_the_slots_it_writes_as_its_own():
+    """The pool exists before the step: a decode step at 64 sequences writes 65 slots' worth of pool in place,
+    and its trace must not see that as an allocation."""
+    from graphc.simulate import FakeNode
+    from resources.base import StepShape
+
+    model = load_model(MODEL, "wide").model
+    node = model.node("lm")
+    shape = StepShape(rows=64, seqs=64, kv_len=0, phase="decode")
+    binds = {"kv": model.resource("lm_kv").fake(shape), "state": model.resource("lm_state").fake(shape)}
+    trace = FakeNode(node).trace(node.inputs, {"seqs": 64, "tokens": 64}, binds, "decode at 64")
+    assert 0 < trace.peak_bytes < 65 * WIDE_SLOT, (trace.peak_bytes, 65 * WIDE_SLOT)
+
+
+def test_graphc_run_refuses_a_plan_with_state_in_under_a_second(tmp_path):
+    out = tmp_path / "h.plan"
+    plan().plan.save(out)
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "graphc.cli", "run", str(out), "--random-weights"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert "holds lm_state (linear_state), which the engine cannot serve yet" in p.stderr
+    from graphc.plan import check_servable, load_plan
+
+    t = time.perf_counter()
+    with pytest.raises(InvalidInput):
+        check_servable(load_plan(out))
+    assert time.perf_counter() - t < 1.0
