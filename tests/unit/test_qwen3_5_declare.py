@@ -1,0 +1,44 @@
+"""models/qwen3_5.py declares Qwen3.5's hybrid decoder for the compiler: state slots for its Gated DeltaNet
+layers, paged KV for its full-attention layers only. Expected bytes are worked by hand from the real configs
+(../shared/reference/qwen3_5.md section 2.1) and the tiny preset's numbers."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from graphc.errors import InvalidInput
+from graphc.pipeline import compile_model
+from graphc.source import load_model
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = str(ROOT / "models" / "qwen3_5.py")
+
+
+def test_9b_state_slot_and_kv_page_are_the_real_models():
+    """9B: 24 linear layers, conv (2 x 16 x 128 + 32 x 128) channels x 3 rows x 2 B (bf16), recurrent 32 x 128 x
+    128 x 4 B (fp32, mamba_ssm_dtype); 8 full layers of 4 KV heads of 256 (bf16, 16-token pages)."""
+    model = load_model(MODEL, "9b").model
+    state, kv = model.resource("llm_state"), model.resource("llm_kv")
+    assert state.slot_bytes == 24 * ((2 * 16 * 128 + 32 * 128) * 3 * 2 + 32 * 128 * 128 * 4) == 51_511_296
+    assert kv.page_bytes == 2 * 8 * 16 * 4 * 256 * 2                    # 32 KiB a token
+    assert (state.num_layers, kv.num_layers) == (24, 8)
+
+
+def test_0_8b_state_slot():
+    state = load_model(MODEL, "0.8b").model.resource("llm_state")
+    assert state.slot_bytes == 18 * ((2 * 16 * 128 + 16 * 128) * 3 * 2 + 16 * 128 * 128 * 4)      # 18.63 MiB
+
+
+def test_tiny_plan_holds_a_slot_per_decode_sequence():
+    c = compile_model(load_model(MODEL, "tiny"), "cpu")
+    lines = {i.component: i.bytes for i in c.result.placement.devices[0].items}
+    # 6 linear layers x 8 decode sequences (no capture on a CPU)
+    assert lines["state.llm_state.conv"] == 6 * 8 * (2 * 2 * 16 + 4 * 16) * 3 * 2
+    assert lines["state.llm_state.recurrent"] == 6 * 8 * 4 * 16 * 16 * 4
+    assert lines["kv.llm_kv"] == 256 * 2 * 2 * 16 * 2 * 32 * 2             # 256 pages of 2 full layers
+
+
+def test_a_checkpoint_config_of_another_family_is_refused():
+    with pytest.raises(InvalidInput, match="model_type is 'qwen3_5_moe'"):
+        load_model(MODEL, "tiny", config={"model_type": "qwen3_5_moe", "text_config": {}})
