@@ -9,8 +9,8 @@ Nodes, walks and resources:
 
 Shapes are the real ones (../shared/reference/qwen3_5.md section 2.1); `config` (a checkpoint's config.json)
 declares the nodes from its text_config instead. The MoE sizes (qwen3_5_moe) are refused by name. The engine
-does not serve linear_state resources yet: `graphc plan`, `explain` and `check` work on these plans, `graphc
-run` refuses them.
+binds the state slots on eager steps only: `graphc run` serves cpu plans; GPU plans are for plan, explain and
+check until captured steps carry their slot ids.
 """
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import graphc as gc
 from models.components.qwen3_5_text_config import QWEN3_5_0_8B, QWEN3_5_9B, Qwen3_5TextConfig, qwen3_5_ports
 
 LLM = "models.components.qwen3_5_text:Qwen3_5LM"
+# the real checkpoints' media ids (config.json: image_token_id, video_token_id, vision_start_token_id)
+IMAGE_TOKEN, VIDEO_TOKEN, VISION_START = 248056, 248057, 248053
 
 TINY = Qwen3_5TextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
@@ -75,3 +77,18 @@ def declare(preset: str = "9b", config: dict | None = None) -> gc.Model:
         pipeline=gc.Pipeline(stages=(gc.LLMStage(name="text", node="llm", decode="llm_decode",
                                                  prefill=("llm_prefill", "llm_mixed")),)),
     )
+
+
+def host(model: gc.Model, checkpoint: str | None = None):
+    """The serving host (graphc.Host): text in, 3-row M-RoPE positions (equal rows for text), the checkpoint's
+    end-of-sequence ids (none with seeded weights: greedy runs to max_tokens)."""
+    from models.components.hosting import AudioVisualHost, Encoders, checkpoint_config, generation_eos, \
+        random_media_tokens
+    from models.components.mrope import MediaTokens
+
+    vocab = model.node("llm").config.vocab_size
+    cfg = checkpoint_config(checkpoint)
+    media = MediaTokens(image_token_id=IMAGE_TOKEN, video_token_id=VIDEO_TOKEN, vision_start_token_id=VISION_START,
+                        audio_token_id=-1, audio_start_token_id=-2) if vocab > VIDEO_TOKEN else random_media_tokens(vocab)
+    eos = generation_eos(checkpoint, cfg.get("text_config", cfg)) if cfg is not None else ()
+    return AudioVisualHost(model, "llm", Encoders(), media, mrope=True, eos_token_ids=eos)

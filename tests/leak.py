@@ -14,8 +14,11 @@ def held(engine) -> list[str]:
         out.append(f"requests still registered: {sorted(engine.requests)[:5]}")
     if s.waiting or s.running:
         out.append(f"scheduler holds {len(s.waiting)} waiting and {len(s.running)} running requests")
-    if not s.pool_full():
+    if s.pages.num_free != s.capacity:
         out.append(f"{s.capacity - s.pages.num_free} of {s.capacity} pages of the LLM stage not free")
+    for res, slots in s.slots.items():
+        if not slots.all_free():
+            out.append(f"{slots.num_slots - slots.num_free} of {slots.num_slots} {res} state slots not free")
     lane = getattr(engine, "speech", None)
     if engine.talking:
         out.append(f"{len(engine.talking)} speaking requests open")

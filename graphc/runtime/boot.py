@@ -28,6 +28,7 @@ from graphc.source import load_model
 from graphc.step import StepContext
 from graphc.targets import get_target
 from graphc.verify import verify_graph
+from resources.linear_state import LinearStateSpec, StateStep
 from resources.paged_kv import PagedTorch
 from resources.ragged_attention import RaggedAttentionSpec, RaggedTorch
 
@@ -88,6 +89,15 @@ def _plan_ir(plan: Plan) -> tuple[IR, object]:
     return verify_graph(model, get_target(t.gpu, cap, t.count), t.count), src.module
 
 
+def torch_binding(boot: DeviceBoot, spec, args: tuple):
+    """A resource's torch binding for one step on this device: its layout's args over the booted pools."""
+    if isinstance(spec, RaggedAttentionSpec):
+        return RaggedTorch(spec, *args)
+    if isinstance(spec, LinearStateSpec):
+        return StateStep(boot.states[spec.name], *args)
+    return PagedTorch(spec, boot.caches[spec.name], *args)
+
+
 class Binder:
     """Resource bindings for one synthetic step on the CPU: the torch backends (runtime/gpu.py plans
     FlashInfer's with the same layouts)."""
@@ -98,9 +108,9 @@ class Binder:
 
     def bind(self, step: Step, rung: int) -> dict:
         kv_pages = self.boot.plan.devices[self.boot.index].kv_pages
-        out = {role: RaggedTorch(spec, *lay.args()) if isinstance(spec, RaggedAttentionSpec)
-               else PagedTorch(spec, self.boot.caches[spec.name], *lay.args())
-               for role, (spec, lay) in layouts(self.boot.ir, kv_pages, step, rung).items()}
+        slots = {res: a.num_slots for res, a in self.boot.slots.items()}
+        out = {role: torch_binding(self.boot, spec, lay.args())
+               for role, (spec, lay) in layouts(self.boot.ir, kv_pages, step, rung, slots).items()}
         for b in out.values():
             if isinstance(b, PagedTorch):
                 self.kv.setdefault(b.spec.name, []).append(b.cache)

@@ -14,6 +14,7 @@ from graphc.plan import Plan
 from graphc.runtime.build import fill_seeded, materialize
 from graphc.runtime.checkpoint import Shards, load_weights
 from graphc.step import TORCH_DTYPES
+from resources.linear_state import LinearState, SlotAllocator, new_state
 from resources.paged_kv import PageAllocator, new_cache
 from resources.workspace import WorkspaceSpec
 
@@ -30,6 +31,8 @@ class DeviceBoot:
     arenas: dict[str, torch.Tensor] = field(default_factory=dict)
     caches: dict[str, torch.Tensor] = field(default_factory=dict)
     pages: dict[str, PageAllocator] = field(default_factory=dict)
+    states: dict[str, LinearState] = field(default_factory=dict)       # linear_state resources' slot tensors
+    slots: dict[str, SlotAllocator] = field(default_factory=dict)
     workspaces: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     transfers: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)   # (node, port) sent here
     measured: dict[str, int] = field(default_factory=dict)
@@ -69,6 +72,19 @@ def check_unused(shards: Shards, used: set[str], boot: DeviceBoot) -> None:
                            "check the checkpoint against the model's preset and the nodes' weight_prefix")
 
 
+def allocate_states(boot: DeviceBoot) -> None:
+    """The slots of each linear_state resource this device's nodes bind, as many as the plan gives it."""
+    used = {res for n in boot.nodes for res in boot.ir.node(n).resources.values()}
+    for res, planned in boot.plan.resources.items():
+        if planned.slots is None or res not in used:
+            continue
+        spec = boot.ir.model.resource(res)
+        boot.states[res] = new_state(spec, planned.slots, boot.device)
+        boot.slots[res] = SlotAllocator(planned.slots)
+        for part, t in (("conv", boot.states[res].conv), ("recurrent", boot.states[res].recurrent)):
+            boot.measured[f"state.{res}.{part}"] = t.untyped_storage().nbytes()
+
+
 def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
     """Weights, KV pools and workspaces in the ledger's order."""
     shards = Shards(checkpoint) if checkpoint else None
@@ -94,6 +110,7 @@ def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
         boot.caches[res] = new_cache(spec, pages, boot.device)
         boot.pages[res] = PageAllocator(pages)
         boot.measured[f"kv.{res}"] = boot.caches[res].untyped_storage().nbytes()
+    allocate_states(boot)
     for comp, nbytes in dev_plan.ledger.items():
         if comp.startswith("workspace."):
             name = comp.split(".", 1)[1]

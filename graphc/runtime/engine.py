@@ -104,7 +104,9 @@ class Engine:
         # a captured paged rung runs exactly its sequences and rows: padding sits on one scratch page of each pool
         self.executor = Executor(self.boot, self.host, self.llm, scratch_pages(self.boot), self.workers)
         self.scheduler = Scheduler(self.plan, self.model, self.llm, self.executor.kv_spec, self.boot.pages[kv_res],
-                                   reserved=self.executor.reserved.get(kv_res, 0))
+                                   reserved=self.executor.reserved.get(kv_res, 0),
+                                   slots={r: self.boot.slots[r] for r in self.model.node(self.llm).resources.values()
+                                          if r in self.boot.slots})
         self.speech, self.speech_refused = self._speech_lane(seed)
         self.talking: list[Request] = []          # speaking requests not closed, in arrival order
         self._lane = 0

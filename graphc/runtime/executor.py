@@ -16,12 +16,13 @@ from graphc.declare import Node
 from graphc.errors import InvalidInput
 from graphc.ir import Step
 from graphc.plan import Plan
-from graphc.runtime.boot import DeviceBoot
+from graphc.runtime.boot import DeviceBoot, torch_binding
 from graphc.serving import Host
 from graphc.runtime.scheduler import StepPlan
 from graphc.step import TORCH_DTYPES, StepContext
-from resources.paged_kv import PagedKVSpec, PagedTorch
-from resources.ragged_attention import RaggedAttentionSpec, RaggedTorch
+from resources.linear_state import LinearStateSpec
+from resources.paged_kv import PagedKVSpec
+from resources.ragged_attention import RaggedAttentionSpec
 
 
 def text_kind(stages: list) -> bool:
@@ -79,10 +80,8 @@ class NodeRunner:
         binds = {}
         for role, res in decl.resources.items():
             spec = self.model.resource(res)
-            if isinstance(spec, RaggedAttentionSpec):
-                binds[role] = RaggedTorch(spec, layouts[role])
-            else:
-                binds[role] = PagedTorch(spec, self.boot.caches[res], *layouts[role])
+            lay = layouts[role]
+            binds[role] = torch_binding(self.boot, spec, (lay,) if isinstance(spec, RaggedAttentionSpec) else lay)
         with torch.inference_mode():
             return self.boot.modules[node](StepContext(binds), **inputs)
 
@@ -178,6 +177,8 @@ class Executor:
                 port = decl.inputs[dport]
                 inputs[dport] = torch.zeros(port.concrete(sizes), dtype=TORCH_DTYPES[port.dtype])
                 inputs[rport] = torch.full((len(ids),), -1, dtype=torch.int64)
+        states = {role: ([c.req.slots[res] for c in plan.chunks], qo, [c.start > 0 for c in plan.chunks])
+                  for role, res in decl.resources.items() if isinstance(self.model.resource(res), LinearStateSpec)}
         out = self.run_node(self.llm, plan.walk, plan.rungs.get(self.llm), plan.sizes[self.llm], inputs,
-                            {self.kv_role: (qo, kv, tables)})
+                            {self.kv_role: (qo, kv, tables), **states})
         return StepResult(out["logits"][:len(sample)], out, order)

@@ -35,6 +35,7 @@ class Request:
     output: list[int] = field(default_factory=list)
     computed: int = 0
     pages: list[int] = field(default_factory=list)
+    slots: dict[str, int] = field(default_factory=dict)   # linear_state resource -> its slot
     status: Status = Status.WAITING
     finish_reason: str | None = None   # stop, length, abort, error
     error: str | None = None

@@ -25,6 +25,7 @@ from graphc.errors import InvalidInput
 from graphc.plan import Plan
 from graphc.serving import Piece
 from graphc.runtime.request import Request, Status
+from resources.linear_state import SlotAllocator
 from resources.paged_kv import PageAllocator, PagedKVSpec
 from resources.ragged_attention import RaggedAttentionSpec
 
@@ -74,8 +75,11 @@ def _limits(model: Model, walk: str, units_axes: dict[str, str]) -> tuple[int, i
 
 
 class Scheduler:
-    def __init__(self, plan: Plan, model: Model, llm: str, kv: PagedKVSpec, pages: PageAllocator, reserved: int = 0):
+    def __init__(self, plan: Plan, model: Model, llm: str, kv: PagedKVSpec, pages: PageAllocator, reserved: int = 0,
+                 slots: dict[str, SlotAllocator] | None = None):
+        """slots: the LLM's linear_state resources' slots; a running request holds one of each."""
         self.plan, self.model, self.llm, self.kv, self.pages = plan, model, llm, kv, pages
+        self.slots = slots or {}
         self.capacity = pages.num_pages - reserved        # pages requests may hold (the rest: the scratch page)
         llm_walks = [w for w in model.walks if w.path == (llm,)]
         self.decode_walk = next(w.name for w in llm_walks if w.kind == "decode")
@@ -134,6 +138,7 @@ class Scheduler:
         if req.pages:
             self.pages.free(req.pages)
             req.pages = []
+        self._free_slots(req)
         if req in self.running:
             self.running.remove(req)
         if req in self.waiting:
@@ -145,23 +150,30 @@ class Scheduler:
 
     def pool_full(self) -> bool:
         """Every page requests may hold is free (what an idle engine must show)."""
-        return self.pages.num_free == self.capacity
+        return self.pages.num_free == self.capacity and all(a.all_free() for a in self.slots.values())
+
+    def _free_slots(self, req: Request) -> None:
+        for res, slot in req.slots.items():
+            self.slots[res].free(slot)
+        req.slots = {}
 
     # ---- one step
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_running:
             req = self.waiting[0]
             need = self.kv.pages_for(req.target)
-            if not self.pages.can_allocate(need):
+            if not self.pages.can_allocate(need) or not all(a.can_allocate() for a in self.slots.values()):
                 break
             self.waiting.popleft()
             req.pages = self.pages.allocate(need)
+            req.slots = {res: a.allocate() for res, a in self.slots.items()}
             req.status = Status.RUNNING
             self.running.append(req)
             self.running.sort(key=lambda r: r.arrival)
 
     def _preempt(self, victim: Request, step: list[Request]) -> None:
         self.pages.free(victim.pages)
+        self._free_slots(victim)             # recomputed from its first row: its state starts again from zeros
         victim.pages, victim.computed, victim.status = [], 0, Status.WAITING
         victim.preemptions += 1
         self.stats.preemptions += 1

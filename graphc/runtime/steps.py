@@ -9,6 +9,7 @@ import torch
 from graphc.declare import Node
 from graphc.ir import Step
 from graphc.step import TORCH_DTYPES
+from resources.linear_state import LinearStateSpec
 from resources.paged_kv import PagedKVSpec
 from resources.ragged_attention import RaggedAttentionSpec
 
@@ -32,6 +33,17 @@ class PagedLayout:
     def args(self) -> tuple:
         """What PagedTorch takes after its spec and cache and a FlashInfer paged backend's plan() takes."""
         return self.qo_lens, self.kv_lens, self.page_tables
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    slot_ids: list[int]          # each sequence's slot, distinct within a step
+    seq_lens: list[int]          # each sequence's rows in the step
+    has_state: list[bool]        # whether its slot holds the sequence's earlier rows (False: its first chunk)
+
+    def args(self) -> tuple:
+        """What StateStep takes after the state."""
+        return self.slot_ids, self.seq_lens, self.has_state
 
 
 def split(rows: int, parts: int, most: int | None = None) -> list[int]:
@@ -74,8 +86,21 @@ def paged_layout(spec: PagedKVSpec, step: Step, rung: int, num_pages: int, histo
     return PagedLayout(qo, kv, tables)
 
 
-def layouts(ir, kv_pages: dict[str, int], step: Step, rung: int) -> dict[str, tuple]:
-    """role -> (spec, layout) of every resource a node calls, for one synthetic step."""
+def state_layout(spec: LinearStateSpec, step: Step, rung: int, num_slots: int) -> StateLayout:
+    """Rows spread over the step's sequences, each in a slot of its own; decode rows continue a state, prefill
+    rows start one."""
+    shape = spec.step_shape(step.axis, step.sizes_at(rung), step.phase)
+    lens = split(shape.rows, shape.seqs)
+    if len(lens) > num_slots:
+        raise ValueError(f"{step.node} on {step.walk} at {step.axis}={rung} runs {len(lens)} sequences; "
+                         f"{spec.name} has {num_slots} slots")
+    return StateLayout(list(range(len(lens))), lens, [step.phase == "decode"] * len(lens))
+
+
+def layouts(ir, kv_pages: dict[str, int], step: Step, rung: int, slots: dict[str, int] | None = None
+            ) -> dict[str, tuple]:
+    """role -> (spec, layout) of every resource a node calls, for one synthetic step (slots: each
+    linear_state resource's slot count)."""
     out = {}
     for role, res in ir.node(step.node).resources.items():
         spec = ir.model.resource(res)
@@ -83,6 +108,8 @@ def layouts(ir, kv_pages: dict[str, int], step: Step, rung: int) -> dict[str, tu
             out[role] = spec, ragged_layout(spec, step, rung)
         elif isinstance(spec, PagedKVSpec):
             out[role] = spec, paged_layout(spec, step, rung, kv_pages[res])
+        elif isinstance(spec, LinearStateSpec):
+            out[role] = spec, state_layout(spec, step, rung, (slots or {})[res])
         else:
             raise TypeError(f"resource kind {spec.kind} has no synthetic layout")
     return out

@@ -39,8 +39,8 @@ def _config(hidden: int, heads: int, vocab: int, blocks: int) -> HybridConfig:
 
 
 PRESETS = {
-    "tiny": dict(config=_config(32, 2, 64, 2), page_size=8, prefill_tokens=64, prefill_seqs=4, decode_seqs=8,
-                 dtype="float32", state_dtype="float32"),
+    "tiny": dict(config=_config(32, 2, 64, 2), page_size=8, pages=128, prefill_tokens=64, prefill_seqs=4,
+                 decode_seqs=8, dtype="float32", state_dtype="float32"),
     "wide": dict(config=_config(1024, 8, 4096, 2), page_size=16, prefill_tokens=512, prefill_seqs=8, decode_seqs=64,
                  dtype="bfloat16", state_dtype="float32"),
 }
@@ -85,7 +85,8 @@ def declare(preset: str = "tiny") -> gc.Model:
                            "sample_rows": port(shape=("seqs",), dtype="int64")},
                    outputs={"logits": port(shape=("seqs", c.vocab), dtype="float32")})
     kv = PagedKVSpec(name="lm_kv", num_layers=c.blocks, num_qo_heads=c.heads, num_kv_heads=c.kv_heads,
-                     head_dim=c.head_dim, page_size=p["page_size"], max_seq_len=c.max_seq_len, dtype=p["dtype"])
+                     head_dim=c.head_dim, page_size=p["page_size"], max_seq_len=c.max_seq_len, dtype=p["dtype"],
+                     pages=p.get("pages"))
     state = state_spec(c.linear, "lm_state", 3 * c.blocks, conv_dtype=p["dtype"], state_dtype=p["state_dtype"])
     return gc.Model(
         name=f"hybrid-{preset}", nodes=[node], resources=[kv, state],
@@ -95,3 +96,11 @@ def declare(preset: str = "tiny") -> gc.Model:
         requests=[gc.RequestKind(name="t2t", stages=("prefill", "decode"))],
         pipeline=gc.Pipeline(stages=(gc.LLMStage(name="write", node="lm", decode="decode", prefill=("prefill",)),)),
     )
+
+
+def host(model: gc.Model, checkpoint: str | None = None):
+    """Text only: 1-D positions, no encoders, no end-of-turn id (greedy runs to max_tokens)."""
+    from models.components.hosting import AudioVisualHost, Encoders, random_media_tokens
+
+    vocab = model.node("lm").config.vocab
+    return AudioVisualHost(model, "lm", Encoders(), random_media_tokens(vocab), mrope=False, eos_token_ids=())

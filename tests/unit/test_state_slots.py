@@ -1,6 +1,7 @@
 """The compiler plans linear-attention state (resources/linear_state.py) as slots: one per sequence the decode
 walk runs at once, plus one for a captured step's padding rows; exact ledger lines; KV pages fill what the
-slots leave; explain and the remedies say so; `graphc run` refuses such a plan until the engine serves it.
+slots leave; explain and the remedies say so; `graphc run` refuses a GPU plan with state (captured steps do
+not carry slot ids yet).
 
 The model is tests/shapes/hybrid_lm.py: 3 Gated DeltaNet layers then one attention layer, twice. Expected
 bytes are worked by hand from its presets' numbers below, not from LinearStateSpec."""
@@ -113,17 +114,19 @@ def test_a_step_trace_does_not_count_the_slots_it_writes_as_its_own():
     assert 0 < trace.peak_bytes < 65 * WIDE_SLOT, (trace.peak_bytes, 65 * WIDE_SLOT)
 
 
-def test_graphc_run_refuses_a_plan_with_state_in_under_a_second(tmp_path):
+def test_graphc_run_refuses_a_gpu_plan_with_state_in_under_a_second(tmp_path):
+    """The engine binds state slots on eager steps only: a GPU plan (captured steps) is refused before anything
+    loads; a cpu plan is served (tests/parity/test_qwen3_5_serve.py)."""
     out = tmp_path / "h.plan"
-    plan().plan.save(out)
-    t = time.perf_counter()
+    plan("wide", "h100").plan.save(out)
     p = subprocess.run([sys.executable, "-m", "graphc.cli", "run", str(out), "--random-weights"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stderr
-    assert "holds lm_state (linear_state), which the engine cannot serve yet" in p.stderr
+    assert "holds lm_state (linear_state), which the engine cannot serve on h100 yet" in p.stderr
     from graphc.plan import check_servable, load_plan
 
     t = time.perf_counter()
     with pytest.raises(InvalidInput):
         check_servable(load_plan(out))
     assert time.perf_counter() - t < 1.0
+    check_servable(plan().plan)                    # cpu: served
