@@ -49,7 +49,7 @@ def served(tmp_path_factory):
                  "-q"]) == 0
     engine = Engine(plan, str(ckpt))
     server, port = serve(engine)
-    yield hf, engine, port
+    yield hf, engine, port, ckpt
     server.should_exit = True
 
 
@@ -72,7 +72,7 @@ def complete(port: int, ids: list[int], n: int) -> list[int]:
 
 
 def test_greedy_over_http_equals_hf_generate(served, leak_oracle):
-    hf, engine, port = served
+    hf, engine, port, _ = served
     leak_oracle.watch(engine)
     with ThreadPoolExecutor(len(REQUESTS)) as pool:
         got = list(pool.map(lambda a: complete(port, prompt(a[0], a[1][0]), a[1][1]), enumerate(REQUESTS)))
@@ -81,3 +81,24 @@ def test_greedy_over_http_equals_hf_generate(served, leak_oracle):
     steps = engine.stats()["steps"]
     assert steps.get("llm_mixed", 0) > 0 and steps.get("llm_decode", 0) > 0, steps
     assert engine.scheduler.pool_full()
+
+
+def test_preempted_requests_start_their_state_again(served, tmp_path, leak_oracle):
+    """A pool of 18 pages cannot hold the requests' rows at once: decode preempts the youngest, which frees its
+    slot and is recomputed from its first row (its state from zeros); the tokens are still HF's."""
+    from graphc.runtime.sampler import SamplingParams
+
+    hf, _, _, ckpt = served
+    plan = tmp_path / "small.plan"
+    assert main(["plan", MODEL, "--preset", "tiny", "--checkpoint", str(ckpt), "--gpu", "cpu", "-o", str(plan), "-q",
+                 "--set", "resources.llm_kv.pages=18", "--set", "resources.llm_kv.max_seq_len=256"]) == 0
+    engine = leak_oracle.watch(Engine(plan, str(ckpt)))
+    long = [(5, 40), (100, 30), (33, 40), (1, 40), (70, 30), (12, 40)]
+    reqs = [engine.add(prompt_token_ids=prompt(i, n), params=SamplingParams(temperature=0, max_tokens=k,
+                                                                              ignore_eos=True))
+            for i, (n, k) in enumerate(long)]
+    while engine.has_work():
+        engine.step()
+    assert engine.stats()["preemptions"] > 0
+    for i, (r, (n, k)) in enumerate(zip(reqs, long)):
+        assert list(r.output) == hf_greedy(hf, prompt(i, n), k), f"request {i}"
