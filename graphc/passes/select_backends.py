@@ -24,7 +24,9 @@ rows); and an in-step sampler of codes in one launch per code (select_ops.py, th
 the vision tower's fp32 rotary of q and k in one launch that also writes the zero-padded q, k and v its
 attention kernel runs (norm_ops.q_k_rope_f32, the fused_rope knob), its LayerNorms with the residual add
 before them (layers.LayerNorm under fused_norms) and its MLP's bias and GELU in cuBLASLt's GEMM epilogue (the
-fused_gelu knob). Measured on the H200 (docs/benchmarks.md), not on other archs.
+fused_gelu knob). Measured on the H200 (docs/benchmarks.md), not on other archs. Their Gated DeltaNet layers
+run the delta rule on flash-linear-attention's Triton kernels (delta_rule.fla_rule, the fla_gdn knob; its
+parity at real shapes: tests/gpu/test_gated_deltanet_gpu.py); the compiler traces the torch rule in their place.
 """
 from __future__ import annotations
 
@@ -90,7 +92,7 @@ def select_backends(ir: IR) -> Backends:
         if runs is not None and runs != head_dim:
             why += f"; {prefill} takes no head_dim {head_dim}: runs zero-padded to {runs}"
         chosen[r.name] = Choice(prefill, decode, runs, why)
-    knobs = {"fused_gelu": 1, "fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_rope": 1,
+    knobs = {"fla_gdn": 1, "fused_gelu": 1, "fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_rope": 1,
              "fused_router": 1, "fused_sampler": 1, "gemv": 1, "moe_sm90_from": SM90_FROM}
     kernels = {n.name: dict(knobs) for n in ir.model.nodes if arch in FUSED_ARCHS and n.dtype == "bfloat16"}
     out = Backends(chosen, kernels)

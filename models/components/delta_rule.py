@@ -129,3 +129,19 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         if b - a > 1:
             o[a:b], new[i] = chunked_rule(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], states[i])
     return o, new
+
+
+def fla_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+             states: torch.Tensor, cu: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """gated_delta_rule on flash-linear-attention's Triton kernels (fla-core), CUDA only: q, k [T, HK, dk] raw
+    (FLA normalises them and scales q by dk^-0.5 in the kernel, and serves HV = group x HK value heads), v [T, HV,
+    dv], g (log decay, fp32), beta [T, HV]; states [N, HV, dk, dv] fp32. A step of one-row sequences (decode)
+    runs the fused recurrent kernel, any other the chunked one. Returns (o [T, HV, dv] fp32, new states fp32)."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+    decode = len(cu) - 1 == cu[-1]
+    rule = fused_recurrent_gated_delta_rule if decode else chunk_gated_delta_rule
+    cu_t = torch.tensor(cu, dtype=torch.long, device=q.device)
+    o, s = rule(q[None], k[None], v[None], g=g[None].float(), beta=beta[None], initial_state=states,
+                output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t)   # by name: the two differ
+    return o[0].float(), s.float()

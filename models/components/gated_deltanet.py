@@ -6,7 +6,8 @@ decode rows; each sequence reads its slot and writes it back in place. Weight na
 (`...layers.{i}.linear_attn.`): in_proj_qkv [2 key_dim + value_dim, hidden] (rows q|k|v), in_proj_z
 [value_dim, hidden], in_proj_b and in_proj_a [HV, hidden], conv1d.weight [conv_dim, 1, K] (no bias), dt_bias
 and A_log [HV], norm.weight [dv] (plain, not 1 + w) and out_proj [hidden, value_dim]. The core runs in
-plain torch (delta_rule.py).
+plain torch (delta_rule.py), or on flash-linear-attention's kernels on CUDA where the plan's fla_gdn knob
+says so (delta_rule.fla_rule).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.components.delta_rule import causal_conv, gated_delta_rule, prepare_qk, read_slots
+from models.components.delta_rule import causal_conv, fla_rule, gated_delta_rule, prepare_qk, read_slots
 from models.components.gated_deltanet_config import GatedDeltaNetConfig
 from models.components.layers import Linear, RMSNorm
 
@@ -36,6 +37,8 @@ class GatedDeltaNet(nn.Module):
 
     layer: this layer's index among the linear-attention layers, i.e. into the state pool's layer axis.
     """
+
+    fla_gdn: int = 0          # the plan's knob: the delta rule on fla-core's kernels (CUDA)
 
     def __init__(self, cfg: GatedDeltaNetConfig, layer: int):
         super().__init__()
@@ -66,8 +69,11 @@ class GatedDeltaNet(nn.Module):
         """The delta rule from each sequence's slot state, written back in place: o [T, HV, dv] fp32."""
         pool = state.recurrent(self.layer)                                   # [slots, HV, dk, dv]
         s0 = read_slots(pool, state.slots, state.has_state).float()
-        q, k = prepare_qk(q, k, self.hv // self.hk)
-        o, s1 = gated_delta_rule(q, k, v, g, beta, s0, state.cu_seqlens)
+        if self.fla_gdn and q.is_cuda:
+            o, s1 = fla_rule(q, k, v, g, beta, s0, state.cu_seqlens)
+        else:
+            q, k = prepare_qk(q, k, self.hv // self.hk)
+            o, s1 = gated_delta_rule(q, k, v, g, beta, s0, state.cu_seqlens)
         pool.index_copy_(0, state.slots, s1.to(pool.dtype))
         return o
 

@@ -1,0 +1,69 @@
+"""The Gated DeltaNet layer on flash-linear-attention's kernels (the fla_gdn knob) at Qwen3.5-9B's shapes (hidden
+4096, 16 key and 32 value heads of 128), against the same layer in fp32 on the torch rule (delta_rule.py,
+HF-equal on CPU: tests/parity/test_gated_deltanet.py). One step packs decode rows, a first chunk and chunks that
+continue their slot's state, over 1,000 rows; a second step decodes every sequence. In bf16 the FLA path's
+error against fp32 must be at most the torch rule's own bf16 error (with a 25% margin: both round the same
+bf16 projections). Prints both errors. Skipped without CUDA or fla-core."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from models.components.gated_deltanet import GatedDeltaNet
+from models.components.gated_deltanet_config import GatedDeltaNetConfig, state_spec
+from resources.linear_state import StateStep, new_state
+
+pytestmark = pytest.mark.gpu
+
+CFG = GatedDeltaNetConfig(hidden_size=4096, linear_num_key_heads=16, linear_num_value_heads=32,
+                          linear_key_head_dim=128, linear_value_head_dim=128)
+LENS = [1, 300, 1, 77, 1, 620]            # decode, a continued chunk, decode, a continued chunk, decode, a first chunk
+HAS = [True, True, True, True, True, False]
+
+
+def layer(dtype: torch.dtype, fla: bool) -> GatedDeltaNet:
+    torch.manual_seed(0)
+    m = GatedDeltaNet(CFG, 0)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.02 if p.dim() > 1 else 0.1))
+        m.A_log.copy_(torch.empty_like(m.A_log).uniform_(0.01, 0.3).log())
+        m.norm.weight.fill_(1.0)
+        m.conv1d.weight.mul_(10)
+    m.fla_gdn = int(fla)
+    return m.to("cuda", dtype)
+
+
+def run(m: GatedDeltaNet, x: torch.Tensor, state, lens: list[int], has: list[bool]) -> torch.Tensor:
+    with torch.no_grad():
+        return m(x.to(m.in_proj_qkv.weight.dtype), StateStep(state, list(range(len(lens))), lens, has)).float()
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def test_fla_kernels_hold_the_torch_rule_bf16_error():
+    pytest.importorskip("fla")
+    spec = state_spec(CFG, "s", 1, conv_dtype="float32", state_dtype="float32")
+    torch.manual_seed(1)
+    start = new_state(spec, len(LENS), "cuda")
+    start.conv.normal_(0, 0.5)
+    start.recurrent.normal_(0, 0.05)
+    x = torch.randn(sum(LENS), CFG.hidden_size, device="cuda")
+    xd = torch.randn(len(LENS), CFG.hidden_size, device="cuda")
+    results = {}
+    for name, dtype, fla in (("ref32", torch.float32, False), ("ref16", torch.bfloat16, False),
+                             ("fla16", torch.bfloat16, True)):
+        m, state = layer(dtype, fla), copy.deepcopy(start)
+        y1 = run(m, x, state, LENS, HAS)
+        y2 = run(m, xd, state, [1] * len(LENS), [True] * len(LENS))            # every sequence decodes once more
+        results[name] = (y1, y2, state.recurrent.clone())
+    ref = results["ref32"]
+    errs = {name: [rel(a, b) for a, b in zip(results[name], ref)] for name in ("ref16", "fla16")}
+    print(f"\nrelative error against fp32 (step 1 out, step 2 out, state): torch bf16 {errs['ref16']}, "
+          f"FLA bf16 {errs['fla16']}")
+    for got, base in zip(errs["fla16"], errs["ref16"]):
+        assert got <= 1.25 * base + 1e-4, errs
