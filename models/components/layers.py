@@ -175,3 +175,15 @@ class SwiGLU(nn.Module):
             return self.down_proj(silu_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
+
+
+def splice(x: torch.Tensor, embeds: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x [T, H] with the rows where rows >= 0 replaced by embeds[rows] (embeds [N, H], N >= 1)."""
+    picked = embeds.to(x.dtype).index_select(0, rows.clamp(min=0))        # [T, H]
+    return torch.where((rows >= 0)[:, None], picked, x)
+
+
+def add_at(x: torch.Tensor, embeds: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x [T, H] plus embeds[rows] where rows >= 0 (the deepstack addition)."""
+    picked = embeds.to(x.dtype).index_select(0, rows.clamp(min=0))
+    return x + torch.where((rows >= 0)[:, None], picked, 0.0)

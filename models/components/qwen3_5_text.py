@@ -15,7 +15,7 @@ from torch import nn
 
 from graphc import NodeModule, StepContext
 from models.components.gated_deltanet import GatedDeltaNet
-from models.components.layers import Linear, RMSNorm, SwiGLU, apply_rope, rope_inv_freq
+from models.components.layers import Linear, RMSNorm, SwiGLU, apply_rope, rope_inv_freq, splice
 from models.components.mrope import mrope_cos_sin, mrope_slots
 from models.components.qwen3_5_text_config import Qwen3_5TextConfig, qwen3_5_ports  # noqa: F401
 
@@ -128,10 +128,7 @@ class Qwen3_5LM(NodeModule):
     def embed(self, token_ids: torch.Tensor, mm_embeds: torch.Tensor | None, mm_rows: torch.Tensor | None
               ) -> torch.Tensor:
         x = self.body.embed_tokens(token_ids)                         # [T, D]
-        if mm_embeds is None:
-            return x
-        spliced = mm_embeds.to(x.dtype).index_select(0, mm_rows.clamp(min=0))
-        return torch.where((mm_rows >= 0)[:, None], spliced, x)
+        return x if mm_embeds is None else splice(x, mm_embeds, mm_rows)
 
     def forward(self, ctx: StepContext, token_ids: torch.Tensor, positions: torch.Tensor,
                 sample_rows: torch.Tensor, mm_embeds: torch.Tensor | None = None,

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from graphc import NodeModule, StepContext
-from models.components.layers import Linear, RMSNorm, SwiGLU, norm_rope_qk, rope_cos_sin, rope_inv_freq, split_qkv
+from models.components.layers import Linear, RMSNorm, SwiGLU, norm_rope_qk, rope_cos_sin, rope_inv_freq, splice, \
+    split_qkv
 from models.components.qwen3_dense_config import Qwen3Config, lm_ports  # noqa: F401
 
 
@@ -79,10 +80,7 @@ class Qwen3LM(NodeModule):
     def embed(self, token_ids: torch.Tensor, mm_embeds: torch.Tensor | None, mm_rows: torch.Tensor | None
               ) -> torch.Tensor:
         x = self.body.embed_tokens(token_ids)                         # [T, D]
-        if mm_embeds is None:
-            return x
-        spliced = mm_embeds.to(x.dtype).index_select(0, mm_rows.clamp(min=0))
-        return torch.where((mm_rows >= 0)[:, None], spliced, x)
+        return x if mm_embeds is None else splice(x, mm_embeds, mm_rows)
 
     def forward(self, ctx: StepContext, token_ids: torch.Tensor, positions: torch.Tensor,
                 sample_rows: torch.Tensor, mm_embeds: torch.Tensor | None = None,

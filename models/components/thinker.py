@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from graphc import NodeModule, StepContext
-from models.components.layers import Linear, RMSNorm, norm_rope_qk, rope_inv_freq, split_qkv
+from models.components.layers import Linear, RMSNorm, add_at, norm_rope_qk, rope_inv_freq, splice, split_qkv
 from models.components.moe import SparseMoE
 from models.components.mrope import mrope_cos_sin, mrope_slots
 from models.components.thinker_config import THINKER_30B_A3B, MoETextConfig, ThinkerConfig, thinker_ports  # noqa: F401
@@ -95,18 +95,6 @@ def moe_layer(cfg: MoETextConfig, shared_intermediate: int = 0) -> DecoderLayer:
     mlp = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
                     cfg.norm_topk_prob, shared_intermediate)
     return DecoderLayer(cfg.hidden_size, attn, mlp, cfg.rms_norm_eps)
-
-
-def splice(x: torch.Tensor, embeds: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """x [T, H] with the rows where rows >= 0 replaced by embeds[rows] (embeds [N, H], N >= 1)."""
-    picked = embeds.to(x.dtype).index_select(0, rows.clamp(min=0))        # [T, H]
-    return torch.where((rows >= 0)[:, None], picked, x)
-
-
-def add_at(x: torch.Tensor, embeds: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """x [T, H] plus embeds[rows] where rows >= 0 (the deepstack addition)."""
-    picked = embeds.to(x.dtype).index_select(0, rows.clamp(min=0))
-    return x + torch.where((rows >= 0)[:, None], picked, 0.0)
 
 
 class MRope(nn.Module):
