@@ -1,15 +1,21 @@
-"""Qwen3-Omni's vision tower (thinker.visual) as a serving node over packed patches.
+"""Qwen3-Omni's vision tower (thinker.visual) as a serving node over packed patches; the same tower serves
+Qwen3-VL and Qwen3.5 (model.visual, Qwen3.5 without deepstack) under their weight names.
 
 A step carries P patches of several images / video slices, packed in HF's 2x2 merge-block order
 (models/components/vision_inputs.py builds them). Everything that depends on the image grids
 (pos-embed interpolation taps, rotary positions, attention segments) arrives as tensors or is bound
 into the attention resource, so the forward has static shapes for a given P and can be captured.
 
-Weight names are the checkpoint's minus 'thinker.visual.': patch_embed.proj (Conv3d-shaped),
-pos_embed, blocks.N.{norm1, attn.qkv, attn.proj, norm2, mlp.linear_fc1, mlp.linear_fc2},
-merger.{ln_q, mlp.0, mlp.2}, merger_list.K.{ln_q, mlp.0, mlp.2}.
+Weight names are the checkpoint's minus its prefix: patch_embed.proj (Conv3d-shaped), pos_embed,
+blocks.N.{norm1, attn.qkv, attn.proj, norm2, mlp.linear_fc1, mlp.linear_fc2}, then the mergers, named by layout:
+  VisionEncoder (Qwen3-Omni, 'thinker.visual.'): merger.{ln_q, mlp.0, mlp.2}, merger_list.K.{ln_q, mlp.0, mlp.2}
+  Qwen3VLVisionEncoder (Qwen3-VL, Qwen3.5, 'model.visual.'): merger.{norm, linear_fc1, linear_fc2},
+    deepstack_merger_list.K.{norm, linear_fc1, linear_fc2}
+The arithmetic is one (HF's Qwen3OmniMoeVisionEncoder, Qwen3VLVisionModel and Qwen3_5VisionModel agree).
 """
 from __future__ import annotations
+
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -110,22 +116,35 @@ class VisionBlock(nn.Module):
 
 class PatchMerger(nn.Module):
     """m x m neighbouring patches -> one LLM token. The final merger normalises each patch before
-    grouping (ln_q over hidden); the deepstack mergers group first (ln_q over m*m*hidden)."""
+    grouping (norm over hidden); the deepstack mergers group first (norm over m*m*hidden). The norm,
+    then Linear, erf GELU, Linear: under Qwen3-Omni's names (ln_q, mlp.0, mlp.2) or, with
+    qwen3_vl_names, Qwen3-VL's (norm, linear_fc1, linear_fc2)."""
 
-    def __init__(self, cfg: VisionConfig, postshuffle_norm: bool):
+    def __init__(self, cfg: VisionConfig, postshuffle_norm: bool, qwen3_vl_names: bool = False):
         super().__init__()
         self.grouped = cfg.hidden_size * cfg.merge_unit
         self.postshuffle_norm = postshuffle_norm
-        self.ln_q = nn.LayerNorm(self.grouped if postshuffle_norm else cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.mlp = nn.Sequential(nn.Linear(self.grouped, self.grouped), nn.GELU(),
-                                 nn.Linear(self.grouped, cfg.out_hidden_size))
+        self.qwen3_vl_names = qwen3_vl_names
+        norm = nn.LayerNorm(self.grouped if postshuffle_norm else cfg.hidden_size, eps=cfg.layer_norm_eps)
+        fc1, fc2 = nn.Linear(self.grouped, self.grouped), nn.Linear(self.grouped, cfg.out_hidden_size)
+        if qwen3_vl_names:
+            self.norm, self.linear_fc1, self.linear_fc2 = norm, fc1, fc2
+        else:
+            self.ln_q, self.mlp = norm, nn.Sequential(fc1, nn.GELU(), fc2)
+
+    def parts(self) -> tuple[nn.LayerNorm, nn.Linear, nn.Linear]:
+        """The norm and the two projections, whatever their names."""
+        if self.qwen3_vl_names:
+            return self.norm, self.linear_fc1, self.linear_fc2
+        return self.ln_q, self.mlp[0], self.mlp[2]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norm, fc1, fc2 = self.parts()
         if self.postshuffle_norm:
-            x = self.ln_q(x.view(-1, self.grouped))           # [P/4, 4D]
+            x = norm(x.view(-1, self.grouped))                # [P/4, 4D]
         else:
-            x = self.ln_q(x).view(-1, self.grouped)
-        return self.mlp(x)                                    # [P/4, out]
+            x = norm(x).view(-1, self.grouped)
+        return fc2(F.gelu(fc1(x)))                            # [P/4, out]
 
 
 class VisionEncoder(NodeModule):
@@ -139,10 +158,12 @@ class VisionEncoder(NodeModule):
     Attention segments (one per image / per temporal slice of a video) are bound into role 'attn'.
     Outputs: embeds [ceil(P/4), out_hidden_size]; deepstack [len(deepstack_visual_indexes),
     ceil(P/4), out_hidden_size], level k taken after block deepstack_visual_indexes[k] (the thinker
-    adds level k after its decoder layer k). Merged row r comes from patches 4r..4r+3.
+    adds level k after its decoder layer k), and only where the config has levels (vision_node declares
+    it so). Merged row r comes from patches 4r..4r+3. Weights under Qwen3-Omni's names.
     """
 
     ROLES = {"attn": "ragged_attention"}
+    QWEN3_VL_NAMES: ClassVar[bool] = False
 
     def __init__(self, cfg: VisionConfig):
         super().__init__()
@@ -150,11 +171,19 @@ class VisionEncoder(NodeModule):
         self.patch_embed = PatchEmbed(cfg)
         self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size)
         self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
-        self.merger = PatchMerger(cfg, postshuffle_norm=False)
-        self.merger_list = nn.ModuleList(PatchMerger(cfg, postshuffle_norm=True)
-                                         for _ in cfg.deepstack_visual_indexes)
+        vl = self.QWEN3_VL_NAMES
+        self.merger = PatchMerger(cfg, postshuffle_norm=False, qwen3_vl_names=vl)
+        mergers = nn.ModuleList(PatchMerger(cfg, postshuffle_norm=True, qwen3_vl_names=vl)
+                                for _ in cfg.deepstack_visual_indexes)
+        if vl:
+            self.deepstack_merger_list = mergers
+        else:
+            self.merger_list = mergers
         # Each spatial axis rotates a quarter of the head's dims: head_dim/4 frequencies over head_dim/2.
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim // 2, cfg.rope_theta), persistent=False)
+
+    def deepstack_mergers(self) -> nn.ModuleList:
+        return self.deepstack_merger_list if self.QWEN3_VL_NAMES else self.merger_list
 
     def rotary(self, rope_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """rope_pos [P, 2] -> cos, sin [P, 1, head_dim] fp32: (row freqs | col freqs) twice."""
@@ -178,16 +207,27 @@ class VisionEncoder(NodeModule):
         attn = ctx["attn"]
         x = self.embed(pixel_patches, pos_index, pos_weight)
         cos, sin = self.rotary(rope_pos)
-        levels = self.cfg.deepstack_visual_indexes
+        levels, mergers = self.cfg.deepstack_visual_indexes, self.deepstack_mergers()
         rows = -(-x.shape[0] // self.cfg.merge_unit)
-        deepstack = x.new_empty(len(levels), rows, self.cfg.out_hidden_size)   # filled level by level
+        deepstack = x.new_empty(len(levels), rows, self.cfg.out_hidden_size) if levels else None   # level by level
         delta = None
         for i, block in enumerate(self.blocks):
             x, delta = block(x, delta, cos, sin, attn)
             if i in levels:                                   # the block's whole output: its delta added
                 x, delta = x + delta, None
                 k = levels.index(i)
-                deepstack[k] = self.merger_list[k](self.grouped(x))
+                deepstack[k] = mergers[k](self.grouped(x))
         if delta is not None:
             x = x + delta
-        return {"embeds": self.merger(self.grouped(x)), "deepstack": deepstack}
+        out = {"embeds": self.merger(self.grouped(x))}
+        if deepstack is not None:                             # no port for zero levels (vision_node)
+            out["deepstack"] = deepstack
+        return out
+
+
+class Qwen3VLVisionEncoder(VisionEncoder):
+    """The same node under Qwen3-VL's weight names, which Qwen3.5 keeps (checkpoint prefix 'model.visual.'):
+    merger.{norm, linear_fc1, linear_fc2}, deepstack_merger_list.K.{...}. Qwen3.5's configs have no deepstack
+    levels: no deepstack mergers, no 'deepstack' output. Declared by vision_node(cfg, layout="qwen3_vl")."""
+
+    QWEN3_VL_NAMES = True
