@@ -2,10 +2,15 @@
 layers (state in a linear_state resource's slots) and gated full-attention layers (paged KV), 3 to 1.
 
 Nodes, walks and resources:
+  vision_encoder   models/components/vision.py in Qwen3-VL's layout (Qwen3-Omni's tower, no deepstack), at
+                   model.visual.*; its rows spliced into the LLM's embeddings
   llm              models/components/qwen3_5_text.py: Qwen3_5LM, weights at model.language_model.* and lm_head
   llm_state        the Gated DeltaNet layers' conv and recurrent state: one slot per decode sequence
   llm_kv           paged K and V of the full-attention layers only (a quarter of the layers)
-  llm_prefill      prompt chunks, llm_mixed: decode rows with a prompt chunk, llm_decode: one row a sequence
+  llm_prefill      prompt chunks, llm_mixed: decode rows with a prompt chunk, llm_decode: one row a sequence,
+  image_prefill    the tower and the LLM: patches (4 per LLM token), images per step
+Request kinds t2t and i2t. Video is not declared yet: Qwen3.5's video processor spends one pixel budget over
+all of a clip's frames, which the host's per-frame resize does not do.
 
 Shapes are the real ones (../shared/reference/qwen3_5.md section 2.1); `config` (a checkpoint's config.json)
 declares the nodes from its text_config instead. The MoE sizes (qwen3_5_moe) are refused by name. The engine
@@ -16,6 +21,8 @@ from __future__ import annotations
 
 import graphc as gc
 from models.components.qwen3_5_text_config import QWEN3_5_0_8B, QWEN3_5_9B, Qwen3_5TextConfig, qwen3_5_ports
+from models.components.vision_config import VISION_QWEN3_5_0_8B, VISION_QWEN3_5_9B, VisionConfig, vision_node
+from resources import RaggedAttentionSpec, WorkspaceSpec
 
 LLM = "models.components.qwen3_5_text:Qwen3_5LM"
 # the real checkpoints' media ids (config.json: image_token_id, video_token_id, vision_start_token_id)
@@ -25,15 +32,18 @@ TINY = Qwen3_5TextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, 
                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
                          linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
                          mrope_section=(2, 1, 1), tie_word_embeddings=True)
+TINY_VISION = VisionConfig(depth=2, hidden_size=32, num_heads=4, intermediate_size=48, out_hidden_size=64,
+                           num_position_embeddings=16)
 
 PRESETS = {
     # text config, per-step budgets, the longest request
-    "9b": dict(text=QWEN3_5_9B, decode_seqs=64, prefill_tokens=8192, prefill_seqs=16, mixed_tokens=2048,
-               max_seq_len=32768, page_size=16),
-    "0.8b": dict(text=QWEN3_5_0_8B, decode_seqs=128, prefill_tokens=8192, prefill_seqs=16, mixed_tokens=2048,
-                 max_seq_len=32768, page_size=16),
-    "tiny": dict(text=TINY, decode_seqs=8, prefill_tokens=128, prefill_seqs=4, mixed_tokens=64, max_seq_len=1024,
-                 page_size=16, pages=256),
+    # (patches: an image's patches at most, 16 x 16 px each, 4 to an LLM token; images: per step)
+    "9b": dict(text=QWEN3_5_9B, vision=VISION_QWEN3_5_9B, decode_seqs=64, prefill_tokens=8192, prefill_seqs=16,
+               mixed_tokens=2048, patches=16384, images=8, max_seq_len=32768, page_size=16),
+    "0.8b": dict(text=QWEN3_5_0_8B, vision=VISION_QWEN3_5_0_8B, decode_seqs=128, prefill_tokens=8192, prefill_seqs=16,
+                 mixed_tokens=2048, patches=16384, images=8, max_seq_len=32768, page_size=16),
+    "tiny": dict(text=TINY, vision=TINY_VISION, decode_seqs=8, prefill_tokens=128, prefill_seqs=4, mixed_tokens=64,
+                 patches=256, images=2, max_seq_len=1024, page_size=16, pages=256),
 }
 
 
@@ -44,17 +54,35 @@ def from_config(p: dict, config: dict) -> dict:
                               "dense Qwen3.5 models (model_type qwen3_5)", "pass a Qwen3.5 dense checkpoint")
     text = config.get("text_config", config)
     dtype = text.get("dtype", config.get("dtype", "bfloat16"))
-    return dict(p, text=Qwen3_5TextConfig.from_text_config(text), dtype=dtype)
+    out = dict(p, text=Qwen3_5TextConfig.from_text_config(text), dtype=dtype)
+    return out | ({"vision": VisionConfig.from_hf(config["vision_config"])} if "vision_config" in config
+                  else {"vision": None})
 
 
 def walks(p: dict) -> list[gc.Walk]:
-    return [
+    out = [
         gc.Walk(name="llm_decode", kind="decode", path=("llm",), budget=gc.Budget(seqs=p["decode_seqs"])),
         gc.Walk(name="llm_prefill", kind="prefill", path=("llm",),
                 budget=gc.Budget(tokens=p["prefill_tokens"], seqs=p["prefill_seqs"])),
         gc.Walk(name="llm_mixed", kind="mixed", path=("llm",),
                 budget=gc.Budget(tokens=p["mixed_tokens"], seqs=p["decode_seqs"])),
     ]
+    if p["vision"] is not None:
+        out.append(gc.Walk(name="image_prefill", kind="prefill", path=("vision_encoder", "llm"),
+                           budget=gc.Budget(patches=p["patches"], tokens=p["prefill_tokens"], seqs=p["images"])))
+    return out
+
+
+def vision(p: dict, dt: str) -> tuple[list, list, list]:
+    """The tower's (nodes, resources, edges), none for a checkpoint without a vision_config."""
+    v: VisionConfig | None = p["vision"]
+    if v is None:
+        return [], [], []
+    return ([vision_node(v, name="vision_encoder", attn="vision_attn", dtype=dt, layout="qwen3_vl")],
+            [WorkspaceSpec(name="vision_ws"),
+             RaggedAttentionSpec(name="vision_attn", num_heads=v.num_heads, head_dim=v.head_dim,
+                                 max_segment=p["patches"], workspace="vision_ws")],
+            [gc.Edge(src="vision_encoder.embeds", dst="llm.mm_embeds")])
 
 
 def declare(preset: str = "9b", config: dict | None = None) -> gc.Model:
@@ -64,31 +92,41 @@ def declare(preset: str = "9b", config: dict | None = None) -> gc.Model:
     p = PRESETS[preset] if config is None else from_config(PRESETS[preset], config)
     text: Qwen3_5TextConfig = p["text"]
     dt = p.get("dtype", "bfloat16")
-    inputs, outputs = qwen3_5_ports(text, "tokens", dt)
+    rows = f"patches/{p['vision'].merge_unit}" if p["vision"] is not None else "tokens"
+    inputs, outputs = qwen3_5_ports(text, rows, dt)
     llm = gc.Node(name="llm", module=LLM, config=text, weight_prefix="", dtype=dt, inputs=inputs, outputs=outputs,
                   resources={"kv": "llm_kv", "state": "llm_state"})
+    enc_nodes, enc_resources, edges = vision(p, dt)
+    stages = [gc.LLMStage(name="text", node="llm", decode="llm_decode", prefill=("llm_prefill", "llm_mixed"))]
+    requests = [gc.RequestKind(name="t2t", stages=("llm_prefill", "llm_decode"))]
+    if enc_nodes:
+        stages.append(gc.EncoderStage(name="see", node="vision_encoder", media=("image",), walks=("image_prefill",)))
+        requests.append(gc.RequestKind(name="i2t", stages=("image_prefill", "llm_decode")))
     return gc.Model(
         name=f"qwen3_5-{preset}" if config is None else f"qwen3_5-{preset}-checkpoint",
-        nodes=[llm],
-        resources=[text.kv_spec("llm_kv", p["max_seq_len"], dtype=dt, page_size=p["page_size"], pages=p.get("pages")),
-                   text.state_spec("llm_state", conv_dtype=dt)],
-        walks=walks(p),
-        requests=[gc.RequestKind(name="t2t", stages=("llm_prefill", "llm_decode"))],
-        pipeline=gc.Pipeline(stages=(gc.LLMStage(name="text", node="llm", decode="llm_decode",
-                                                 prefill=("llm_prefill", "llm_mixed")),)),
+        nodes=enc_nodes + [llm],
+        resources=enc_resources + [
+            text.kv_spec("llm_kv", p["max_seq_len"], dtype=dt, page_size=p["page_size"], pages=p.get("pages")),
+            text.state_spec("llm_state", conv_dtype=dt)],
+        edges=edges, walks=walks(p), requests=requests, pipeline=gc.Pipeline(stages=tuple(stages)),
     )
 
-
 def host(model: gc.Model, checkpoint: str | None = None):
-    """The serving host (graphc.Host): text in, 3-row M-RoPE positions (equal rows for text), the checkpoint's
-    end-of-sequence ids (none with seeded weights: greedy runs to max_tokens)."""
+    """The serving host (graphc.Host): text and images in, 3-row M-RoPE positions (equal rows for text); the
+    media ids and end-of-sequence ids from the checkpoint's config.json (the real ids, or the vocabulary's last
+    ones, with seeded weights; then no end of sequence: greedy runs to max_tokens)."""
     from models.components.hosting import AudioVisualHost, Encoders, checkpoint_config, generation_eos, \
-        random_media_tokens
+        random_media_tokens, vision_processing
     from models.components.mrope import MediaTokens
 
     vocab = model.node("llm").config.vocab_size
     cfg = checkpoint_config(checkpoint)
-    media = MediaTokens(image_token_id=IMAGE_TOKEN, video_token_id=VIDEO_TOKEN, vision_start_token_id=VISION_START,
-                        audio_token_id=-1, audio_start_token_id=-2) if vocab > VIDEO_TOKEN else random_media_tokens(vocab)
+    ids = {"image_token_id": IMAGE_TOKEN, "video_token_id": VIDEO_TOKEN, "vision_start_token_id": VISION_START}
+    if cfg is not None:
+        ids = {k: cfg.get(k, v) for k, v in ids.items()}
+    media = (MediaTokens(**ids, audio_token_id=-1, audio_start_token_id=-2) if max(ids.values()) < vocab
+             else random_media_tokens(vocab))
     eos = generation_eos(checkpoint, cfg.get("text_config", cfg)) if cfg is not None else ()
-    return AudioVisualHost(model, "llm", Encoders(), media, mrope=True, eos_token_ids=eos)
+    seen = ("vision_encoder", "image_prefill") if "vision_encoder" in {n.name for n in model.nodes} else None
+    return AudioVisualHost(model, "llm", Encoders(image=seen), media, mrope=True, eos_token_ids=eos,
+                           vision=vision_processing(checkpoint) if checkpoint else None)

@@ -3,8 +3,9 @@ served by `graphc run`'s HTTP server, and its greedy tokens equal HF's generate,
 several requests of different lengths in flight at once (prefill chunks, mixed and batched decode steps,
 state slots reused after requests end). Once idle, every page and every state slot is free (the leak oracle).
 
-The checkpoint's text weights are HF Qwen3_5ForCausalLM's, saved under a Qwen3.5 checkpoint's names
-(model.language_model.*, as tests/parity/test_qwen3_5_text.py does); the vision tower is not in it yet.
+The text checkpoint's weights are HF Qwen3_5ForCausalLM's, saved under a Qwen3.5 checkpoint's names
+(model.language_model.*, as tests/parity/test_qwen3_5_text.py does), without a tower. The image test's checkpoint
+is HF's Qwen3_5ForConditionalGeneration saved by HF itself (model.visual.* too).
 """
 from __future__ import annotations
 
@@ -102,3 +103,68 @@ def test_preempted_requests_start_their_state_again(served, tmp_path, leak_oracl
     assert engine.stats()["preemptions"] > 0
     for i, (r, (n, k)) in enumerate(zip(reqs, long)):
         assert list(r.output) == hf_greedy(hf, prompt(i, n), k), f"request {i}"
+
+
+# ---- an image in: the tower's rows spliced into the prompt, M-RoPE's image positions
+VISION = dict(depth=2, hidden_size=32, num_heads=4, intermediate_size=48, out_hidden_size=64,
+              num_position_embeddings=16)
+IDS = dict(image_token_id=500, video_token_id=501, vision_start_token_id=502, vision_end_token_id=503)
+
+
+@pytest.fixture(scope="module")
+def with_vision(tmp_path_factory):
+    """HF's tiny Qwen3_5ForConditionalGeneration (text as above, a 2-block tower), saved by HF under its own
+    names (model.language_model.*, model.visual.*, lm_head), planned for cpu: (HF's model, the engine)."""
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForConditionalGeneration
+
+    d = tmp_path_factory.mktemp("qwen3_5_vl")
+    text = hf_config("untied").to_dict() | {"vocab_size": 512, "dtype": "float32"}
+    torch.manual_seed(0)
+    hf = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=VISION,
+                                                       tie_word_embeddings=False, **IDS)).eval()
+    draw(hf, seed=7)
+    hf.save_pretrained(d / "ckpt")
+    plan = d / "p.plan"
+    assert main(["plan", MODEL, "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu", "-o", str(plan),
+                 "-q"]) == 0
+    return hf, Engine(plan, str(d / "ckpt"))
+
+
+def test_an_image_prompt_equals_hf_generate(with_vision, leak_oracle):
+    """Two image requests (64 x 96 and 160 x 64 after resizing) and a text one at once; each one's greedy tokens
+    equal HF's generate given the same patches (the host's preprocessing: HF's image processor needs
+    torchvision, which the CPU test machine does not have)."""
+    from graphc import Media
+    from graphc.runtime.sampler import SamplingParams
+    from models.components.vision_inputs import process_image
+
+    hf, engine = with_vision
+    leak_oracle.watch(engine)
+    g = torch.Generator().manual_seed(1)
+    images = [torch.randint(0, 256, (3, 70, 100), dtype=torch.uint8, generator=g),
+              torch.randint(0, 256, (3, 150, 60), dtype=torch.uint8, generator=g)]
+    start, image, end = IDS["vision_start_token_id"], IDS["image_token_id"], IDS["vision_end_token_id"]
+    prompts = [prompt(1, 9) + [start, image, end] + prompt(2, 5), prompt(3, 4) + [start, image, end], prompt(4, 20)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    reqs = [engine.add(prompt_token_ids=ids, media=[Media("image", img)] if i < 2 else [], params=params)
+            for i, (ids, img) in enumerate(zip(prompts, images + [None]))]
+    while engine.has_work():
+        engine.step()
+    assert [r.kind for r in reqs] == ["i2t", "i2t", "t2t"]
+    got = []
+    for i, (r, ids) in enumerate(zip(reqs, prompts)):
+        kw = {}
+        if i < 2:
+            item = process_image(images[i], engine.host.vision)
+            n = item.num_patches // 4
+            k = ids.index(image)
+            ids = ids[:k] + [image] * n + ids[k + 1:]
+            kw = dict(pixel_values=item.patches, image_grid_thw=torch.tensor([item.grid_thw]))
+        kw["mm_token_type_ids"] = torch.tensor([[int(t == image) for t in ids]])     # what HF's processor returns
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([ids]), max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                              eos_token_id=None, pad_token_id=0, **kw)
+        got.append((list(r.output), out[0, len(ids):].tolist()))
+    assert all(a == b for a, b in got), got
+    assert engine.stats()["steps"].get("image_prefill", 0) > 0
