@@ -1,10 +1,11 @@
-"""The Qwen3.5 dense text decoder's declaration half (models/components/qwen3_5_text.py): its config, read from a
-checkpoint's config.json `text_config` (HF's Qwen3_5TextConfig field names), the two resources its layers share
-(paged KV for the full-attention layers, state slots for the Gated DeltaNet layers) and the node's ports. No torch.
+"""The Qwen3.5 text decoder's declaration half (models/components/qwen3_5_text.py): its config, read from a
+checkpoint's config.json `text_config` (HF's Qwen3_5TextConfig field names; Qwen3_5MoeTextConfig for the MoE sizes,
+HF's qwen3_5_moe_text), the two resources its layers share (paged KV for the full-attention layers, state slots
+for the Gated DeltaNet layers) and the node's ports. No torch.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -16,9 +17,10 @@ from resources.paged_kv import PagedKVSpec
 
 LayerType = Literal["linear_attention", "full_attention"]
 
-# text_config keys that change the computation in ways this node does not implement, and why they are refused
-REFUSED = {"num_experts": "a MoE text config (qwen3_5_moe_text): the dense node runs a dense SwiGLU MLP",
-           "mlp_only_layers": "a MoE layer list: the dense node has no sparse layers"}
+# text_config keys that change the dense config's computation, and why Qwen3_5TextConfig refuses them
+REFUSED = {"num_experts": "a MoE text config (qwen3_5_moe_text): read it with Qwen3_5MoeTextConfig (model_type "
+                          "qwen3_5_moe), not the dense config",
+           "mlp_only_layers": "a MoE layer list: the dense config has no sparse layers"}
 
 
 class Qwen3_5TextConfig(Strict):
@@ -49,6 +51,9 @@ class Qwen3_5TextConfig(Strict):
     mrope_section: tuple[int, int, int] = (11, 11, 10)
     mrope_interleaved: bool = True
     mamba_ssm_dtype: str = "float32"                      # the recurrent state's dtype
+
+    REFUSED: ClassVar[dict[str, str]] = REFUSED
+    is_moe: ClassVar[bool] = False                        # every layer's MLP: dense SwiGLU here, SparseMoE in the MoE
 
     @model_validator(mode="before")
     @classmethod
@@ -86,8 +91,9 @@ class Qwen3_5TextConfig(Strict):
     @classmethod
     def from_text_config(cls, text_config: dict) -> "Qwen3_5TextConfig":
         """The fields this node reads from a checkpoint's text_config (which holds many more: dtype, eos ids,
-        mtp_* for the speculative head HF and graphc ignore); rope from rope_parameters (or rope_scaling)."""
-        for key, why in REFUSED.items():
+        mtp_* for the speculative head HF and graphc ignore); rope from rope_parameters (or rope_scaling). A MoE
+        text_config (num_experts set) is refused here: Qwen3_5MoeTextConfig.from_text_config reads it."""
+        for key, why in cls.REFUSED.items():
             if text_config.get(key):
                 raise ValueError(f"text_config has {key} {text_config[key]!r}: {why}")
         params = text_config.get("rope_parameters") or text_config.get("rope_scaling") or {}
@@ -145,6 +151,44 @@ class Qwen3_5TextConfig(Strict):
                            dtype=dtype, **kw)
 
 
+class Qwen3_5MoeTextConfig(Qwen3_5TextConfig):
+    """The MoE sizes (HF's Qwen3_5MoeTextConfig, model_type qwen3_5_moe_text): the same hybrid decoder with every
+    layer's MLP a sparse MoE block (HF's Qwen3_5MoeSparseMoeBlock): a softmax router over num_experts, the top
+    num_experts_per_tok renormalised, experts of moe_intermediate_size, plus one shared SwiGLU expert of
+    shared_expert_intermediate_size scaled by sigmoid(shared_expert_gate). Qwen3.5-35B-A3B: QWEN3_5_35B_A3B below.
+
+    intermediate_size (a dense MLP's width) is read where a config.json carries it and unused: HF builds no dense
+    MLP in a qwen3_5_moe decoder. Refused, with the reason: a router that does not renormalise, dense layers
+    (mlp_only_layers, decoder_sparse_step): HF's qwen3_5_moe runs neither (it ignores those keys), so a checkpoint
+    that sets them has no reference to match and its meaning depends on the runtime that reads it."""
+
+    REFUSED: ClassVar[dict[str, str]] = {}
+    is_moe: ClassVar[bool] = True
+
+    intermediate_size: int | None = Field(None, ge=1)
+    num_experts: int = Field(ge=1)
+    num_experts_per_tok: int = Field(ge=1)
+    moe_intermediate_size: int = Field(ge=1)
+    shared_expert_intermediate_size: int = Field(ge=1)
+    norm_topk_prob: bool = True
+    mlp_only_layers: tuple[int, ...] = ()
+    decoder_sparse_step: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _check_moe(self) -> "Qwen3_5MoeTextConfig":
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"num_experts_per_tok {self.num_experts_per_tok} > num_experts {self.num_experts}")
+        hf = "HF's Qwen3_5Moe (transformers.models.qwen3_5_moe)"
+        for name, want, why in (
+                ("norm_topk_prob", True, f"{hf} always renormalises the top-k router weights"),
+                ("mlp_only_layers", (), f"{hf} runs the sparse MoE block on every layer and its checkpoints hold "
+                                        "no dense MLP weights"),
+                ("decoder_sparse_step", 1, f"{hf} runs the sparse MoE block on every layer")):
+            if getattr(self, name) != want:
+                raise ValueError(f"{name} {getattr(self, name)!r} is not supported: {why}")
+        return self
+
+
 def qwen3_5_ports(cfg: Qwen3_5TextConfig, mm_rows: str, dtype: str = "bfloat16"
                   ) -> tuple[dict[str, Port], dict[str, Port]]:
     """Qwen3_5LM's (inputs, outputs): tokens of a step with their M-RoPE positions [3, tokens] (T, H, W rows; equal
@@ -166,3 +210,10 @@ QWEN3_5_0_8B = Qwen3_5TextConfig(vocab_size=248320, hidden_size=1024, intermedia
 QWEN3_5_9B = Qwen3_5TextConfig(vocab_size=248320, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
                                num_attention_heads=16, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
                                linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128)
+# Qwen/Qwen3.5-35B-A3B's text_config (the reference's section 1 table; HF's Qwen3_5MoeTextConfig defaults, and the
+# published config.json as several independent fixtures copy it): 40 layers (30 + 10), 256 experts of 512, top 8
+QWEN3_5_35B_A3B = Qwen3_5MoeTextConfig(vocab_size=248320, hidden_size=2048, num_hidden_layers=40,
+                                       num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                                       linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                                       linear_value_head_dim=128, num_experts=256, num_experts_per_tok=8,
+                                       moe_intermediate_size=512, shared_expert_intermediate_size=512)
