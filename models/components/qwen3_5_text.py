@@ -1,5 +1,6 @@
-"""The Qwen3.5 dense text decoder as a serving node: Gated DeltaNet layers over state slots, gated full attention
-over paged KV, a dense SwiGLU MLP after each.
+"""The Qwen3.5 text decoder as a serving node: Gated DeltaNet layers over state slots, gated full attention over
+paged KV, after each a dense SwiGLU MLP (qwen3_5) or a sparse MoE block with a gated shared expert (qwen3_5_moe:
+models/components/moe.py's SparseMoE, HF's Qwen3_5MoeSparseMoeBlock).
 
 Per layer (config.layer_types): "linear_attention" -> GatedDeltaNet (gated_deltanet.py) on ctx["state"] at its index
 among the linear layers; "full_attention" -> GatedAttention on ctx["kv"] at its index among the full layers. Every
@@ -7,6 +8,9 @@ RMSNorm here is zero-centred (x_normed * (1 + w): input/post-attention layernorm
 except the GDN output norm, which is plain. Weight names are a checkpoint's text weights
 (model.language_model.{embed_tokens, layers.N.{linear_attn, self_attn, mlp, input_layernorm,
 post_attention_layernorm}, norm}, lm_head; lm_head absent when tied); mtp.* and model.visual.* are not this node's.
+A MoE layer's mlp is {gate (the router), experts.{gate_up_proj [E, 2I, H], down_proj [E, H, I]}, shared_expert.
+{gate,up,down}_proj, shared_expert_gate}: the experts load fused as the published checkpoints store them, or per
+expert (experts.N.{gate,up,down}_proj, as HF's Qwen3_5MoeForCausalLM saves them), graphc/runtime/checkpoint.py.
 """
 from __future__ import annotations
 
@@ -16,8 +20,9 @@ from torch import nn
 from graphc import NodeModule, StepContext
 from models.components.gated_deltanet import GatedDeltaNet
 from models.components.layers import Linear, RMSNorm, SwiGLU, apply_rope, rope_inv_freq, splice
+from models.components.moe import SparseMoE
 from models.components.mrope import mrope_cos_sin, mrope_slots
-from models.components.qwen3_5_text_config import Qwen3_5TextConfig, qwen3_5_ports  # noqa: F401
+from models.components.qwen3_5_text_config import Qwen3_5MoeTextConfig, Qwen3_5TextConfig, qwen3_5_ports  # noqa: F401
 
 
 class ZeroCentredRMSNorm(RMSNorm):
@@ -71,6 +76,14 @@ class GatedAttention(nn.Module):
         return self.o_proj(o.reshape(t, h * d))
 
 
+def feed_forward(cfg: Qwen3_5TextConfig) -> nn.Module:
+    """A layer's MLP: dense SwiGLU, or (a MoE config) the router, routed experts and gated shared expert."""
+    if not cfg.is_moe:
+        return SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+    return SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
+                     cfg.norm_topk_prob, cfg.shared_expert_intermediate_size)
+
+
 class Qwen3_5DecoderLayer(nn.Module):
     def __init__(self, cfg: Qwen3_5TextConfig, layer: int):
         super().__init__()
@@ -81,12 +94,14 @@ class Qwen3_5DecoderLayer(nn.Module):
             self.self_attn = GatedAttention(cfg, cfg.kind_index(layer))
         self.input_layernorm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = feed_forward(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         h = self.input_layernorm(x)
         mixed = self.linear_attn(h, ctx["state"]) if self.is_linear else self.self_attn(h, cos, sin, ctx["kv"])
         x, h = self.post_attention_layernorm.add(x, mixed)
+        if isinstance(self.mlp, SparseMoE):
+            return self.mlp(h, residual=x)          # the residual add in the block's last sum (HF's order of adds)
         return x + self.mlp(h)
 
 
