@@ -1,5 +1,6 @@
-"""Qwen3.5 (dense: 0.8B, 9B, and a tiny preset) as a graphc model: a hybrid decoder of Gated DeltaNet
-layers (state in a linear_state resource's slots) and gated full-attention layers (paged KV), 3 to 1.
+"""Qwen3.5 (dense: 0.8B, 9B; MoE: 35B-A3B; and tiny presets of each) as a graphc model: a hybrid decoder of Gated
+DeltaNet layers (state in a linear_state resource's slots) and gated full-attention layers (paged KV), 3 to 1, each
+followed by a dense SwiGLU MLP (qwen3_5) or a sparse MoE block with a gated shared expert (qwen3_5_moe).
 
 Nodes, walks and resources:
   vision_encoder   models/components/vision.py in Qwen3-VL's layout (Qwen3-Omni's tower, no deepstack), at
@@ -13,14 +14,15 @@ Request kinds t2t and i2t. Video is not declared yet: Qwen3.5's video processor 
 all of a clip's frames, which the host's per-frame resize does not do.
 
 Shapes are the real ones (../shared/reference/qwen3_5.md section 2.1); `config` (a checkpoint's config.json)
-declares the nodes from its text_config instead. The MoE sizes (qwen3_5_moe) are refused by name. The engine
+declares the nodes from its text_config instead (model_type qwen3_5 or qwen3_5_moe). The engine
 binds the state slots on eager steps only: `graphc run` serves cpu plans; GPU plans are for plan, explain and
 check until captured steps carry their slot ids.
 """
 from __future__ import annotations
 
 import graphc as gc
-from models.components.qwen3_5_text_config import QWEN3_5_0_8B, QWEN3_5_9B, Qwen3_5TextConfig, qwen3_5_ports
+from models.components.qwen3_5_text_config import (QWEN3_5_0_8B, QWEN3_5_9B, QWEN3_5_35B_A3B, Qwen3_5MoeTextConfig,
+                                                    Qwen3_5TextConfig, qwen3_5_ports)
 from models.components.vision_config import VISION_QWEN3_5_0_8B, VISION_QWEN3_5_9B, VisionConfig, vision_node
 from resources import RaggedAttentionSpec, WorkspaceSpec
 
@@ -34,6 +36,14 @@ TINY = Qwen3_5TextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, 
                          mrope_section=(2, 1, 1), tie_word_embeddings=True)
 TINY_VISION = VisionConfig(depth=2, hidden_size=32, num_heads=4, intermediate_size=48, out_hidden_size=64,
                            num_position_embeddings=16)
+TINY_MOE = Qwen3_5MoeTextConfig(**TINY.model_dump(exclude={"intermediate_size"}), num_experts=8, num_experts_per_tok=3,
+                                moe_intermediate_size=32, shared_expert_intermediate_size=48)
+# 35B-A3B's tower: 9B's (Qwen3-VL's layout, no deepstack) projecting to the LLM's hidden size 2048 (the reference's
+# section 1 table: depth 27, width 1152)
+VISION_QWEN3_5_35B_A3B = VISION_QWEN3_5_9B.model_copy(update={"out_hidden_size": 2048})
+# model_type -> the text config class that reads its text_config
+TEXT_CONFIGS = {"qwen3_5": Qwen3_5TextConfig, "qwen3_5_text": Qwen3_5TextConfig,
+                "qwen3_5_moe": Qwen3_5MoeTextConfig, "qwen3_5_moe_text": Qwen3_5MoeTextConfig}
 
 PRESETS = {
     # text config, per-step budgets, the longest request
@@ -42,19 +52,24 @@ PRESETS = {
                mixed_tokens=2048, patches=16384, images=8, max_seq_len=32768, page_size=16),
     "0.8b": dict(text=QWEN3_5_0_8B, vision=VISION_QWEN3_5_0_8B, decode_seqs=128, prefill_tokens=8192, prefill_seqs=16,
                  mixed_tokens=2048, patches=16384, images=8, max_seq_len=32768, page_size=16),
+    "35b-a3b": dict(text=QWEN3_5_35B_A3B, vision=VISION_QWEN3_5_35B_A3B, decode_seqs=64, prefill_tokens=8192,
+                    prefill_seqs=16, mixed_tokens=2048, patches=16384, images=8, max_seq_len=32768, page_size=16),
     "tiny": dict(text=TINY, vision=TINY_VISION, decode_seqs=8, prefill_tokens=128, prefill_seqs=4, mixed_tokens=64,
                  patches=256, images=2, max_seq_len=1024, page_size=16, pages=256),
+    "tiny-moe": dict(text=TINY_MOE, vision=TINY_VISION, decode_seqs=8, prefill_tokens=128, prefill_seqs=4,
+                     mixed_tokens=64, patches=256, images=2, max_seq_len=1024, page_size=16, pages=256),
 }
 
 
 def from_config(p: dict, config: dict) -> dict:
     """The preset's budgets with the text config and dtype from a checkpoint's config.json."""
-    if config.get("model_type") not in ("qwen3_5", "qwen3_5_text"):
+    kind = TEXT_CONFIGS.get(config.get("model_type"))
+    if kind is None:
         raise gc.InvalidInput(f"config.json's model_type is {config.get('model_type')!r}", "this file declares the "
-                              "dense Qwen3.5 models (model_type qwen3_5)", "pass a Qwen3.5 dense checkpoint")
+                              "Qwen3.5 models (model_type qwen3_5 or qwen3_5_moe)", "pass a Qwen3.5 checkpoint")
     text = config.get("text_config", config)
     dtype = text.get("dtype", config.get("dtype", "bfloat16"))
-    out = dict(p, text=Qwen3_5TextConfig.from_text_config(text), dtype=dtype)
+    out = dict(p, text=kind.from_text_config(text), dtype=dtype)
     return out | ({"vision": VisionConfig.from_hf(config["vision_config"])} if "vision_config" in config
                   else {"vision": None})
 

@@ -39,6 +39,18 @@ def test_tiny_plan_holds_a_slot_per_decode_sequence():
     assert lines["kv.llm_kv"] == 256 * 2 * 2 * 16 * 2 * 32 * 2             # 256 pages of 2 full layers
 
 
+def test_a_qwen3_5_moe_checkpoint_config_declares_the_moe_node():
+    """A qwen3_5_moe config.json (text_config of HF's Qwen3_5MoeTextConfig names) declares the MoE text config;
+    the tiny-moe preset's shapes are the tiny dense preset's with 8 experts, top 3, and a shared expert."""
+    tiny_moe = load_model(MODEL, "tiny-moe").model.node("llm").config
+    text = {k: v for k, v in tiny_moe.model_dump().items() if v is not None}
+    config = {"model_type": "qwen3_5_moe", "text_config": {**text, "model_type": "qwen3_5_moe_text"}}
+    model = load_model(MODEL, "tiny-moe", config=config).model
+    assert model.node("llm").config == tiny_moe and model.name == "qwen3_5-tiny-moe-checkpoint"
+    with pytest.raises(InvalidInput, match="read it with Qwen3_5MoeTextConfig"):
+        load_model(MODEL, "tiny", config={**config, "model_type": "qwen3_5"})
+
+
 def test_a_checkpoint_config_of_another_family_is_refused():
-    with pytest.raises(InvalidInput, match="model_type is 'qwen3_5_moe'"):
-        load_model(MODEL, "tiny", config={"model_type": "qwen3_5_moe", "text_config": {}})
+    with pytest.raises(InvalidInput, match="model_type is 'qwen3_moe'"):
+        load_model(MODEL, "tiny", config={"model_type": "qwen3_moe", "text_config": {}})
