@@ -161,6 +161,9 @@ class Node(Strict):
     resources: dict[str, str] = {}
     dtype: FloatDType = "bfloat16"
     weight_prefix: str = ""
+    # checkpoint tensors under these prefixes are not loaded and not refused (a speculative head the engine does
+    # not run, a tower the model is declared without)
+    ignore_weights: tuple[str, ...] = ()
     device: int | None = Field(None, ge=0)
 
     @field_validator("module")

@@ -109,8 +109,10 @@ def declare(preset: str = "9b", config: dict | None = None) -> gc.Model:
     dt = p.get("dtype", "bfloat16")
     rows = f"patches/{p['vision'].merge_unit}" if p["vision"] is not None else "tokens"
     inputs, outputs = qwen3_5_ports(text, rows, dt)
+    # the checkpoints' multi-token-prediction head (mtp.*) is not run; nor is a tower the config declares none of
+    ignore = ("mtp.",) + (("model.visual.",) if p["vision"] is None else ())
     llm = gc.Node(name="llm", module=LLM, config=text, weight_prefix="", dtype=dt, inputs=inputs, outputs=outputs,
-                  resources={"kv": "llm_kv", "state": "llm_state"})
+                  resources={"kv": "llm_kv", "state": "llm_state"}, ignore_weights=ignore)
     enc_nodes, enc_resources, edges = vision(p, dt)
     stages = [gc.LLMStage(name="text", node="llm", decode="llm_decode", prefill=("llm_prefill", "llm_mixed"))]
     requests = [gc.RequestKind(name="t2t", stages=("llm_prefill", "llm_decode"))]

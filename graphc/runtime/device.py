@@ -63,9 +63,12 @@ def owner(name: str, prefixes: dict[str, str]) -> str | None:
 
 def check_unused(shards: Shards, used: set[str], boot: DeviceBoot) -> None:
     """Nodes may share a prefix (an encoder's `llm.encoder.` inside the LLM node's `llm.`), so each node loads
-    leniently and what nobody on this device used is refused here, by owner."""
+    leniently and what nobody on this device used is refused here, by owner, but for what a node declares it
+    ignores (Node.ignore_weights)."""
     prefixes = {n.name: n.weight_prefix for n in boot.ir.model.nodes}
-    stray = sorted(n for n in shards.where if n not in used and owner(n, prefixes) in boot.nodes)
+    ignored = tuple(p for n in boot.ir.model.nodes for p in n.ignore_weights)
+    stray = sorted(n for n in shards.where
+                   if n not in used and owner(n, prefixes) in boot.nodes and not n.startswith(ignored))
     if stray:
         raise InvalidInput(f"checkpoint has {len(stray)} tensor(s) under this device's nodes that nothing loads",
                            "\n".join(f"  unexpected: {n}" for n in stray[:8]),

@@ -4,7 +4,8 @@ several requests of different lengths in flight at once (prefill chunks, mixed a
 state slots reused after requests end). Once idle, every page and every state slot is free (the leak oracle).
 
 The text checkpoint's weights are HF Qwen3_5ForCausalLM's, saved under a Qwen3.5 checkpoint's names
-(model.language_model.*, as tests/parity/test_qwen3_5_text.py does), without a tower. The image test's checkpoint
+(model.language_model.*, as tests/parity/test_qwen3_5_text.py does), without a tower, and with mtp.* tensors as
+the real checkpoints have (a head the engine does not run: the model declares them ignored). The image test's checkpoint
 is HF's Qwen3_5ForConditionalGeneration saved by HF itself (model.visual.* too).
 """
 from __future__ import annotations
@@ -40,8 +41,10 @@ def served(tmp_path_factory):
     tensors = load_file(str(d / "hf" / "model.safetensors"))
     ckpt = d / "ckpt"
     ckpt.mkdir()
-    save_file({("model.language_model." + k[6:] if k.startswith("model.") else k): v.contiguous()
-               for k, v in tensors.items()}, str(ckpt / "model.safetensors"))
+    renamed = {("model.language_model." + k[6:] if k.startswith("model.") else k): v.contiguous()
+               for k, v in tensors.items()}
+    mtp = {"mtp.fc.weight": torch.zeros(8, 8), "mtp.norm.weight": torch.ones(8)}     # the real ones carry this head
+    save_file(renamed | mtp, str(ckpt / "model.safetensors"))
     text = json.loads((d / "hf" / "config.json").read_text()) | {"model_type": "qwen3_5_text", "dtype": "float32"}
     (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": text,
                                                   "tie_word_embeddings": False}))
