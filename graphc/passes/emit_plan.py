@@ -99,7 +99,7 @@ def _resources(s: Sizing, placement: Placement) -> dict[str, PlanResource]:
                 entry["why"] += _fill_note(placement, devs)
         slots = s.resources.state.get(r.name)
         if slots is not None:
-            entry.update(slots=slots.slots, slot_bytes=r.slot_bytes, bytes=r.bytes_for(slots.slots) * len(devs),
+            entry.update(slots=slots.slots, slot_bytes=r.slot_bytes, bytes=r.bytes_for(slots.slots),   # its node's device
                          why=f"state slots: {slots.why}")
         ws = s.resources.workspaces.get(r.name)
         if ws is not None:

@@ -112,7 +112,7 @@ def _state_note(s, walk: str, axis: str, new: int) -> str:
     """What fewer streams free in the linear_state slots that this walk's seqs budget sizes."""
     notes = [f"{st.streams - new} fewer {res} slots, -{fmt_bytes((st.streams - new) * s.ir.model.resource(res).slot_bytes)}"
              " of state" for res, st in s.resources.state.items()
-             if axis == "seqs" and st.walk == walk and new < st.streams and s.ir.model.resource(res).slots is None]
+             if axis == "seqs" and st.walk == walk and s.ir.model.resource(res).slots is None]   # new: a rung below
     return "; fewer streams: " + ", ".join(notes) if notes else ""
 
 

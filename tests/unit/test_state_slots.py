@@ -73,11 +73,12 @@ def test_state_slots_are_taken_from_the_kv_pages():
 
 def test_declared_slots_fewer_than_the_streams_are_refused():
     with pytest.raises(InvalidInput) as e:
-        plan("wide", "h100", {"resources": {"lm_state": {"slots": 10}}})
+        plan("wide", "h100", {"resources": {"lm_state": {"slots": 64}}})
     text = str(e.value)
-    assert "declares 10 slots; 65 are needed" in text
+    assert "declares 64 slots; 65 are needed" in text
     assert "64 sequences at once (decode's seqs budget) + 1 for a captured step's padding rows" in text
-    assert "--set resources.lm_state.slots=65" in text and "--set walks.decode.budget.seqs=9" in text
+    assert "--set resources.lm_state.slots=65" in text and "--set walks.decode.budget.seqs=63" in text
+    assert plan("wide", "h100", {"resources": {"lm_state": {"slots": 65}}}).plan.resources["lm_state"].slots == 65
 
 
 def test_explain_says_what_the_slots_hold_and_what_they_take_from_the_pages():
@@ -94,6 +95,7 @@ def test_remedies_count_the_state_fewer_streams_free():
         plan("wide", "h100", memory_cap=1700 << 20)
     mine = [r for r in e.value.remedies if r.change.startswith("walks.decode.budget.seqs=")]
     assert mine, [r.change for r in e.value.remedies]
+    assert not [r.why for r in e.value.remedies if r not in mine and "state" in r.why]       # prefill's budget: none
     for r in mine:
         seqs = int(r.change.rsplit("=", 1)[1])
         assert f"{64 - seqs} fewer lm_state slots, -{fmt_bytes((64 - seqs) * WIDE_SLOT)} of state" in r.why
@@ -130,3 +132,31 @@ def test_graphc_run_refuses_a_gpu_plan_with_state_in_under_a_second(tmp_path):
         check_servable(load_plan(out))
     assert time.perf_counter() - t < 1.0
     check_servable(plan().plan)                    # cpu: served
+
+
+def test_slots_follow_the_decode_walk_through_the_resource_node_only():
+    """Another node's larger decode budget does not size this resource; a resource no walk with a seqs budget runs
+    through is refused."""
+    from types import SimpleNamespace
+
+    import graphc as gc
+    from graphc.passes.size_resources import state_slots
+    from resources import LinearStateSpec
+
+    spec = LinearStateSpec(name="st", num_layers=1, num_key_heads=1, num_value_heads=1, key_head_dim=2,
+                           value_head_dim=2)
+    walks = [gc.Walk(name="mine", kind="decode", path=("a",), budget=gc.Budget(seqs=4)),
+             gc.Walk(name="theirs", kind="decode", path=("b",), budget=gc.Budget(seqs=16)),
+             gc.Walk(name="fill", kind="prefill", path=("a",), budget=gc.Budget(tokens=64, seqs=8)),
+             gc.Walk(name="wide", kind="decode", path=("c", "a"), budget=gc.Budget(seqs=6))]
+    ir = SimpleNamespace(users={"st": [("a", "state")]}, model=SimpleNamespace(walks=walks),
+                         target=SimpleNamespace(capture=True))
+    got = state_slots(ir, spec)
+    assert (got.slots, got.streams, got.walk) == (7, 6, "wide")        # the largest decode walk through 'a'
+    ir.model.walks = walks[:3]
+    assert state_slots(ir, spec).streams == 4                          # decode walks only, though prefill's is larger
+    ir.model.walks = [walks[2]]
+    assert state_slots(ir, spec).streams == 8                          # no decode walk: the largest seqs budget
+    ir.model.walks = walks[1:2]
+    with pytest.raises(InvalidInput, match="no walk through them has a seqs budget"):
+        state_slots(ir, spec)
