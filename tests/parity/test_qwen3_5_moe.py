@@ -133,62 +133,12 @@ def test_routing_is_not_trivial(pair):
     assert g.min() < 0.35 and g.max() > 0.65, (float(g.min()), float(g.max()))
 
 
-def test_several_sequences_packed_in_one_prefill_step(pair):
-    hf, ours = pair
-    seqs = [tokens(n, seed=n) for n in (5, 33, 70, 1)]
-    got = Engine(ours).step(dict(enumerate(seqs)))
-    want = torch.cat([hf_logits(hf, s) for s in seqs])
-    assert_close(got, want, "packed")
-
-
-@pytest.mark.parametrize("cuts", [[63, 2, 65], [1, 1, 70]], ids=str)
-def test_a_prompt_prefilled_in_chunks_equals_the_whole_prompt(pair, cuts):
-    hf, ours = pair
-    prompt, eng, a, got = tokens(sum(cuts), seed=sum(cuts) + len(cuts)), Engine(ours), 0, []
-    for n in cuts:
-        got.append(eng.step({0: prompt[a:a + n]}))
-        a += n
-    assert_close(torch.cat(got), hf_logits(hf, prompt), str(cuts))
-
-
-def test_decode_steps_carry_state_and_kv(pair):
-    """A 37-token prefill in two chunks, then 8 decode steps, each against HF's whole sequence up to it."""
-    hf, ours = pair
-    seq, eng = tokens(45, seed=7), Engine(ours)
-    got = [eng.step({0: seq[:20]}), eng.step({0: seq[20:37]})] + [eng.step({0: [t]}) for t in seq[37:]]
-    got, want = torch.cat(got), hf_logits(hf, seq)
-    for t in range(37, 45):
-        assert_close(got[t], want[t], f"decode step {t - 36}")
-    assert_close(got, want, "prefill and decode")
-
-
-def test_a_mixed_step_of_decode_rows_and_prefill_chunks(pair):
-    """A decode row, a first chunk and a continued chunk of three sequences in one step (the experts sort every
-    row of the step together), then the first sequence's next chunk with a decode row."""
-    hf, ours = pair
-    dec, cont, fresh, eng = tokens(31, seed=1), tokens(60, seed=2), tokens(40, seed=3), Engine(ours)
-    eng.step({0: dec[:30], 1: cont[:25]})
-    mixed = eng.step({0: dec[30:], 2: fresh[:17], 1: cont[25:]})
-    rest = eng.step({2: fresh[17:], 0: [5]})
-    checks = {"decode row": (mixed[:1], hf_logits(hf, dec)[30:]),
-              "first chunk": (torch.cat([mixed[1:18], rest[:23]]), hf_logits(hf, fresh)),
-              "continued chunk": (mixed[18:], hf_logits(hf, cont)[25:]),
-              "decode after it": (rest[23:], hf_logits(hf, dec + [5])[31:])}
-    for what, (got, want) in checks.items():
-        assert_close(got, want, what)
-
-
-def test_greedy_tokens_match_hf_generate(pair):
-    hf, ours = pair
-    prompt, eng = tokens(11, seed=11), Engine(ours)
-    with torch.no_grad():
-        want = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt):].tolist()
-    got, logits = [], eng.step({0: prompt}, every_row=False)
-    for _ in range(8):
-        got.append(int(logits[0].argmax()))
-        logits = eng.step({0: [got[-1]]}, every_row=False)
-    print("greedy", got)
-    assert got == want
+# the dense node's parity cases, run here on this module's MoE pair (packed prefill, chunked prompts, decode,
+# a mixed step with a reused slot, greedy tokens against HF generate)
+from tests.parity.test_qwen3_5_text import (  # noqa: E402,F401
+    test_a_mixed_step_of_decode_rows_and_prefill_chunks, test_a_prompt_prefilled_in_chunks_equals_the_whole_prompt,
+    test_decode_steps_carry_state_and_kv, test_greedy_tokens_match_hf_generate,
+    test_several_sequences_packed_in_one_prefill_step)
 
 
 # ---------------------------------------------------------------- the config
