@@ -54,3 +54,37 @@ def test_a_qwen3_5_moe_checkpoint_config_declares_the_moe_node():
 def test_a_checkpoint_config_of_another_family_is_refused():
     with pytest.raises(InvalidInput, match="model_type is 'qwen3_moe'"):
         load_model(MODEL, "tiny", config={"model_type": "qwen3_moe", "text_config": {}})
+
+
+def test_the_real_0_8b_config_json_declares_the_real_model(tmp_path):
+    """Qwen/Qwen3.5-0.8B's config.json (its text_config and vision_config verbatim, the reference sheet's 2.1)
+    through `graphc plan --checkpoint`: the nodes' configs are the 0.8B ones, the media ids its own, and the
+    checkpoint's mtp.* head is declared ignored."""
+    import json
+
+    from graphc.cli import main
+    from graphc.plan import load_plan
+    from models.components.qwen3_5_text_config import QWEN3_5_0_8B
+    from models.components.vision_config import VISION_QWEN3_5_0_8B
+    from tests.parity.test_qwen3_5_text import REAL_0_8B_TEXT_CONFIG
+    from tests.parity.test_qwen3_5_vision import REAL_0_8B
+
+    config = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+              "image_token_id": 248056, "video_token_id": 248057, "vision_start_token_id": 248053,
+              "vision_end_token_id": 248054, "tie_word_embeddings": True, "text_config": REAL_0_8B_TEXT_CONFIG,
+              "vision_config": REAL_0_8B}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = load_model(MODEL, "0.8b", config=config).model
+    assert model.node("llm").config == QWEN3_5_0_8B and model.node("vision_encoder").config == VISION_QWEN3_5_0_8B
+    assert model.node("llm").ignore_weights == ("mtp.",) and model.node("llm").dtype == "bfloat16"
+    host = load_model(MODEL, "0.8b", config=config).module.host(model, str(tmp_path))
+    assert (host.media.image_token_id, host.media.vision_start_token_id, host.eos_token_ids) == (248056, 248053,
+                                                                                                (248044,))
+    out = tmp_path / "p.plan"
+    assert main(["plan", MODEL, "--preset", "0.8b", "--checkpoint", str(tmp_path), "--gpu", "cpu", "--memory-cap",
+                 "16GiB", "-o", str(out), "-q", "--set", "walks.llm_prefill.budget.tokens=512",
+                 "--set", "walks.image_prefill.budget.tokens=512", "--set", "walks.image_prefill.budget.patches=512",
+                 "--set", "walks.llm_mixed.budget.tokens=256"]) == 0
+    plan = load_plan(out)
+    assert plan.resources["llm_state"].slot_bytes == 18 * ((2 * 16 * 128 + 16 * 128) * 3 * 2 + 16 * 128 * 128 * 4)
+    assert sorted(plan.requests) == ["i2t", "t2t"]
