@@ -397,6 +397,7 @@ def cmd_diff(args) -> int:
 
 
 EXIT_BROKEN_PIPE = 141      # 128 + SIGPIPE, as a shell reports a writer whose reader closed
+EXIT_INTERRUPTED = 130      # 128 + SIGINT, as a shell reports a process Ctrl-C ended
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -412,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     except GraphcError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except KeyboardInterrupt:
+        # Ctrl-C: the command's own cleanup (finally blocks: a server, worker processes) has run; say so, no traceback
+        print("graphc: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # the reader went away (`graphc diff A B | head -2`): stop quietly with the shell's code for a
         # process that SIGPIPE ended, and point stdout at /dev/null so that its flush at exit cannot raise

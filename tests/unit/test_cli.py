@@ -105,3 +105,29 @@ def test_the_console_script_leaves_with_every_byte_and_the_code(cmd, code, capsy
     assert main(cmd) == code == done.returncode
     here = capsys.readouterr()
     assert (done.stdout, done.stderr) == (here.out, here.err) and (here.out or here.err)
+
+
+def test_ctrl_c_ends_graphc_run_with_130_and_no_traceback(tmp_path):
+    """Ctrl-C while `graphc run` works through a batch: the engine's cleanup runs, it says it was interrupted
+    and exits with the shell's code for SIGINT (130), without a KeyboardInterrupt traceback."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    reqs = tmp_path / "r.jsonl"
+    reqs.write_text("".join(json.dumps({"prompt_token_ids": [1, 2, 3], "max_tokens": 200, "ignore_eos": True})
+                            + "\n" for _ in range(400)))
+    p = subprocess.Popen([sys.executable, "-m", "graphc.cli", "run", "plans/tiny_cpu.plan", "--random-weights",
+                          "--requests", str(reqs)], cwd=root, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    seen = b""
+    while b"requests:" not in seen and p.poll() is None:         # the batch has started (its progress bar)
+        seen += p.stderr.read1(4096)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    err = (seen + p.stderr.read()).decode()
+    assert p.wait(timeout=60) == 130, err
+    assert "graphc: interrupted" in err and "Traceback" not in err, err
