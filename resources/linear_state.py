@@ -39,7 +39,7 @@ class LinearStateSpec(ResourceSpec):
     conv_kernel: int = Field(4, ge=2)      # the depthwise conv's width; its state keeps kernel - 1 rows
     conv_dtype: str = "bfloat16"           # the model's dtype: the conv state holds projection outputs
     state_dtype: str = "float32"           # the recurrent state's; fp32 even under bf16 weights
-    slots: int | None = Field(None, ge=1)  # None: fill what the device has left
+    slots: int | None = Field(None, ge=1)  # None: the compiler's count (graphc/passes/size_resources.py)
 
     @model_validator(mode="after")
     def _check(self) -> "LinearStateSpec":
@@ -104,11 +104,6 @@ class LinearStateSpec(ResourceSpec):
         rows = sizes.get("tokens", sizes[axis])
         return StepShape(rows=rows, seqs=min(rows, sizes.get("seqs", 1)), kv_len=0, phase=phase)
 
-    def wrapper_allocs(self, backend: str | None, shape: StepShape) -> list[tuple[str, int]]:
-        """A captured step's fixed buffers: its sequences' slot ids (int64), has_state flags (bool) and row
-        offsets cu_seqlens (int64, one more than the sequences); the runtime refills them before each replay."""
-        return [("slot_ids", 8 * shape.seqs), ("has_state", shape.seqs), ("cu_seqlens", 8 * (shape.seqs + 1))]
-
     def fake(self, shape: StepShape, run_head_dim: int | None = None) -> "StateStep":
         """The simulation's binding: a StateStep over meta slots, the step's rows split evenly over its
         sequences, each continuing from its slot (the costlier path: the slot's state is read)."""
@@ -149,9 +144,6 @@ class SlotAllocator:
             raise RuntimeError(f"freeing state slot {slot} that is not held (never allocated, already freed or out "
                                f"of range 0..{self.num_slots - 1}); {self.num_slots - self.num_free} of "
                                f"{self.num_slots} are held") from None
-
-    def held(self) -> list[int]:
-        return self._pool.held()
 
     def all_free(self) -> bool:
         """The leak check: an idle engine holds no slot."""

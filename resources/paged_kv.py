@@ -136,10 +136,6 @@ class PageAllocator:
         self._held.difference_update(pages)
         self._free.extend(reversed(pages))
 
-    def held(self) -> list[int]:
-        """The pages handed out and not yet given back, in order."""
-        return sorted(self._held)
-
 
 def new_cache(spec: PagedKVSpec, num_pages: int, device: str | torch.device = "cpu") -> torch.Tensor:
     import torch

@@ -108,10 +108,13 @@ def _resources(s: Sizing, placement: Placement) -> dict[str, PlanResource]:
         resources[r.name] = PlanResource(**entry)
     return resources
 
+
 def _fill_note(placement: Placement, devs: list[int]) -> str:
     """Why a fill pool holds its pages: what its devices have left, after state slots among the rest."""
-    held = [f"{fmt_bytes(state)} on device {d.index}" for d in placement.devices if d.index in devs
-            for state in [sum(i.bytes for i in d.items if i.component.startswith("state."))] if state]
+    state = {d.index: sum(i.bytes for i in d.items if i.component.startswith("state.")) for d in placement.devices
+             if d.index in devs}
+    held = [f"{fmt_bytes(b)} on device {i}" for i, b in state.items() if b]
+    if not held:
+        return ""
     return (f"; its pages fill what each device has left after the other lines of its ledger, linear-attention "
-            f"state slots among them ({', '.join(held)}): fewer decode sequences hold fewer slots and leave more "
-            "pages" if held else "")
+            f"state slots among them ({', '.join(held)}): fewer decode sequences hold fewer slots and leave more pages")

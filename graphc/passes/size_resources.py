@@ -78,10 +78,11 @@ def size_resources(ir: IR, backends: Backends, buckets: Buckets) -> ResourceSize
         step = ir.family(node, fam)        # the runtime sizes a graph's wrapper at its family's step
         bufs = []
         for role, res in ir.node(node).resources.items():
+            if res not in backends.chosen:         # only attention resources run captured wrappers
+                continue
             spec = ir.model.resource(res)
             shape = spec.step_shape(step.axis, step.sizes_at(rung), step.phase)
-            backend = backends.backend(res, step.phase) if res in backends.chosen else None   # attention's
-            for name, n in spec.wrapper_allocs(backend, shape):
+            for name, n in spec.wrapper_allocs(backends.backend(res, step.phase), shape):
                 # a resource's captured wrappers share one int workspace (each replay is planned right
                 # before it, one step at a time): counted once, with its first graph
                 if name == "int_workspace":

@@ -1,8 +1,8 @@
 """Tally every byte one device will hold, component by component, with where each came from.
 
 The runtime allocates in the order listed here (weight arenas, KV pools, linear-attention state slots,
-workspaces, static graph buffers, captured wrappers' buffers), warms eager steps, then captures graphs largest first into
-one private pool; the allocator model replays exactly that order.
+workspaces, static graph buffers, captured wrappers' buffers), warms eager steps, then captures graphs
+largest first into one private pool; the allocator model replays exactly that order.
 """
 from __future__ import annotations
 
@@ -103,9 +103,9 @@ def persistent_allocs(s: Sizing, nodes: list[str], kv_pages: dict[str, int]) -> 
         spec = s.ir.model.resource(res)
         if isinstance(spec, PagedKVSpec) and kv_pages.get(res):
             out.append((f"kv.{res}", "pool", kv_pages[res] * spec.page_bytes, "exact"))
-        slots = s.resources.state.get(res)
-        if slots is not None:
-            out += [(f"state.{label}", "slots", sized.bytes, "exact") for label, sized in spec.lines(slots.slots)]
+        state = s.resources.state.get(res)
+        if state is not None:
+            out += [(f"state.{label}", "slots", sized.bytes, "exact") for label, sized in spec.lines(state.slots)]
         ws = s.resources.workspaces.get(res)
         if ws is not None and ws.bytes:
             slots = getattr(spec, "slots", 1)
@@ -290,10 +290,9 @@ def _detail(s: Sizing, comp: str, nbytes: int, count: int, kv_pages: dict[str, i
         spec = s.ir.model.resource(name)
         return f"{kv_pages[name]} pages x {spec.page_bytes:,} B ({spec.page_formula()})"
     if kind == "state":
-        res, _, part = name.partition(".")
-        spec, slots = s.ir.model.resource(res), s.resources.state[res]
-        sized = dict(spec.lines(slots.slots))[name]
-        return f"{sized.formula}; {slots.slots} slots: {slots.why}"
+        res = name.split(".")[0]
+        state = s.resources.state[res]
+        return f"{dict(s.ir.model.resource(res).lines(state.slots))[name].formula}; {state.slots} slots: {state.why}"
     if kind == "workspace":
         ws = s.resources.workspaces[name]
         src = "declared" if ws.declared else "sized by formula"
