@@ -197,9 +197,6 @@ def load_plan(path: str | Path) -> Plan:
     return plan
 
 
-GPU_UNSERVED_KINDS = ("linear_state",)     # bound by the engine on eager (cpu) plans only
-
-
 def check_servable(plan: Plan, where: str = "this plan") -> None:
     """Refuse, before anything is loaded, a plan the engine cannot serve: one that records no pipeline, or
     whose walks and request kinds break what its pipeline's stages need (graphc/stages.py's rules, the
@@ -210,12 +207,6 @@ def check_servable(plan: Plan, where: str = "this plan") -> None:
         raise InvalidInput(f"{where} records no serving pipeline", f"model {plan.model.name} declares none, or the "
                            "plan was made before pipelines were recorded",
                            "declare a graphc.Pipeline in the model file and plan it again")
-    unserved = {name: r.kind for name, r in plan.resources.items() if r.kind in GPU_UNSERVED_KINDS}
-    if unserved and plan.target.arch != "cpu":
-        raise InvalidInput(f"{where} holds {', '.join(f'{n} ({k})' for n, k in unserved.items())}, which the engine "
-                           f"cannot serve on {plan.target.gpu} yet", "the engine binds linear-attention state slots "
-                           "to eager steps only; captured GPU steps do not yet carry their slot ids",
-                           "plan it for a cpu target to serve it, or use this plan for explain and check")
     kinds = {k: [w for st in stages for w in ([st] if isinstance(st, str) else st)]
              for k, stages in plan.requests.items()}
     found = problems(plan.pipeline, walk_table(plan.walks.items()), kinds)

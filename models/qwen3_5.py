@@ -14,9 +14,8 @@ Request kinds t2t and i2t. Video is not declared yet: Qwen3.5's video processor 
 all of a clip's frames, which the host's per-frame resize does not do.
 
 Shapes are the real ones (../shared/reference/qwen3_5.md section 2.1); `config` (a checkpoint's config.json)
-declares the nodes from its text_config instead (model_type qwen3_5 or qwen3_5_moe). The engine
-binds the state slots on eager steps only: `graphc run` serves cpu plans; GPU plans are for plan, explain and
-check until captured steps carry their slot ids.
+declares the nodes from its text_config instead (model_type qwen3_5 or qwen3_5_moe). On a GPU, decode steps
+replay captured graphs that read their sequences' slot ids from static buffers; prompt rows run eagerly.
 """
 from __future__ import annotations
 
@@ -75,15 +74,18 @@ def from_config(p: dict, config: dict) -> dict:
 
 
 def walks(p: dict) -> list[gc.Walk]:
+    """Decode is captured; prompt rows run eagerly (capture=False, and no LLM rung on image_prefill), as the
+    compiler requires of a node on state slots: the chunked delta rule sizes its kernels on the host."""
     out = [
         gc.Walk(name="llm_decode", kind="decode", path=("llm",), budget=gc.Budget(seqs=p["decode_seqs"])),
-        gc.Walk(name="llm_prefill", kind="prefill", path=("llm",),
+        gc.Walk(name="llm_prefill", kind="prefill", path=("llm",), capture=False,
                 budget=gc.Budget(tokens=p["prefill_tokens"], seqs=p["prefill_seqs"])),
-        gc.Walk(name="llm_mixed", kind="mixed", path=("llm",),
+        gc.Walk(name="llm_mixed", kind="mixed", path=("llm",), capture=False,
                 budget=gc.Budget(tokens=p["mixed_tokens"], seqs=p["decode_seqs"])),
     ]
     if p["vision"] is not None:
         out.append(gc.Walk(name="image_prefill", kind="prefill", path=("vision_encoder", "llm"),
+                           capture_limit={"llm": 0},
                            budget=gc.Budget(patches=p["patches"], tokens=p["prefill_tokens"], seqs=p["images"])))
     return out
 

@@ -104,6 +104,11 @@ class LinearStateSpec(ResourceSpec):
         rows = sizes.get("tokens", sizes[axis])
         return StepShape(rows=rows, seqs=min(rows, sizes.get("seqs", 1)), kv_len=0, phase=phase)
 
+    def wrapper_allocs(self, backend: str | None, shape: StepShape) -> list[tuple[str, int]]:
+        """Fixed buffers of one captured rung's binding (CapturedState): its slot ids (int64) and has_state
+        (bool), one of each per sequence."""
+        return [("slot_ids", 8 * shape.seqs), ("has_state", shape.seqs)]
+
     def fake(self, shape: StepShape, run_head_dim: int | None = None) -> "StateStep":
         """The simulation's binding: a StateStep over meta slots, the step's rows split evenly over its
         sequences, each continuing from its slot (the costlier path: the slot's state is read)."""
@@ -121,7 +126,14 @@ class SlotAllocator:
         if num_slots < 1:
             raise ValueError(f"a slot pool needs at least 1 slot, got {num_slots}")
         self.num_slots = num_slots
+        self.reserved = 0                  # slots taken for good (a captured rung's padding slot)
         self._pool = PageAllocator(num_slots)
+
+    def reserve(self) -> int:
+        """A slot no request will hold (the plan's padding slot, which captured rungs' padding rows write)."""
+        slot = self.allocate()
+        self.reserved += 1
+        return slot
 
     @property
     def num_free(self) -> int:
@@ -146,8 +158,8 @@ class SlotAllocator:
                                f"{self.num_slots} are held") from None
 
     def all_free(self) -> bool:
-        """The leak check: an idle engine holds no slot."""
-        return self.num_free == self.num_slots
+        """The leak check: an idle engine holds no slot (but the reserved ones)."""
+        return self.num_free == self.num_slots - self.reserved
 
 
 @dataclass
@@ -177,31 +189,34 @@ class StateStep:
 
     The step's rows are its sequences' new rows back to back: sequence i owns rows cu_seqlens[i]:cu_seqlens[i+1]
     and slot slot_ids[i]. has_state[i] says whether that slot holds the sequence's state so far (False for
-    its first chunk: the layers start it from zeros and never read the slot).
+    its first chunk: the layers start it from zeros and never read the slot). decode: every sequence brings
+    one row (the layers take their one-row paths, with no per-sequence work on the host).
+    StateStep(state) is unplanned until plan() (an eager GPU step's binding, planned before each step).
     """
 
-    def __init__(self, state: LinearState, slot_ids: list[int], seq_lens: list[int], has_state: list[bool]):
+    def __init__(self, state: LinearState, slot_ids: list[int] | None = None, seq_lens: list[int] | None = None,
+                 has_state: list[bool] | None = None):
+        self.state = state
+        if slot_ids is not None:
+            self.plan(slot_ids, seq_lens, has_state)
+
+    def plan(self, slot_ids: list[int], seq_lens: list[int], has_state: list[bool]) -> None:
         import torch
 
-        n = len(slot_ids)
-        if not n or len(seq_lens) != n or len(has_state) != n:
-            raise ValueError(f"a step needs one slot, one length and one has_state per sequence: got {n} slots, "
-                             f"{len(seq_lens)} lengths and {len(has_state)} has_state")
-        bad = [s for s in slot_ids if not 0 <= s < state.num_slots]
-        if bad or len(set(slot_ids)) != n:
-            raise ValueError(f"slot ids {slot_ids} must be distinct and within 0..{state.num_slots - 1} "
-                             f"(out of range: {bad}): two sequences of one step never share a slot")
-        if any(int(x) < 1 for x in seq_lens):
-            raise ValueError(f"every sequence of a step brings at least one row, got lengths {seq_lens}; "
-                             "leave a sequence with no new rows out of the step")
-        self.state = state
+        check_layout(slot_ids, seq_lens, has_state, self.state.num_slots)
+        if len(set(slot_ids)) != len(slot_ids):
+            raise ValueError(f"slot ids {slot_ids} must be distinct: two sequences of one step never share a slot")
+        self._lens(seq_lens)
+        device = self.state.conv.device
+        self.slots = torch.tensor(slot_ids, dtype=torch.long, device=device)           # [N]
+        self.has_state = torch.tensor([bool(h) for h in has_state], device=device)      # [N]
+
+    def _lens(self, seq_lens: list[int]) -> None:
         self.seq_lens = [int(x) for x in seq_lens]
         self.cu_seqlens = [0]
         for x in self.seq_lens:
             self.cu_seqlens.append(self.cu_seqlens[-1] + x)
-        device = state.conv.device
-        self.slots = torch.tensor(slot_ids, dtype=torch.long, device=device)           # [N]
-        self.has_state = torch.tensor([bool(h) for h in has_state], device=device)      # [N]
+        self.decode = self.cu_seqlens[-1] == len(self.seq_lens)
 
     @property
     def num_rows(self) -> int:
@@ -219,3 +234,57 @@ class StateStep:
     def recurrent(self, layer: int) -> torch.Tensor:
         """Layer `layer`'s recurrent slots [slots, HV, dk, dv] (a view: writes land in the pool)."""
         return self.state.recurrent[layer]
+
+
+def check_layout(slot_ids: list[int], seq_lens: list[int], has_state: list[bool], num_slots: int) -> None:
+    """One slot, one length (at least 1) and one has_state per sequence, every slot within the pool."""
+    n = len(slot_ids)
+    if not n or len(seq_lens) != n or len(has_state) != n:
+        raise ValueError(f"a step needs one slot, one length and one has_state per sequence: got {n} slots, "
+                         f"{len(seq_lens)} lengths and {len(has_state)} has_state")
+    bad = [s for s in slot_ids if not 0 <= s < num_slots]
+    if bad:
+        raise ValueError(f"slot ids {slot_ids} must lie within 0..{num_slots - 1} (out of range: {bad})")
+    if any(int(x) < 1 for x in seq_lens):
+        raise ValueError(f"every sequence of a step brings at least one row, got lengths {seq_lens}; "
+                         "leave a sequence with no new rows out of the step")
+
+
+def pad_state(slot_ids: list[int], seq_lens: list[int], has_state: list[bool], seqs: int, pad: int
+              ) -> tuple[list[int], list[int], list[bool]]:
+    """A decode layout padded to exactly `seqs` one-row sequences: the padding ones on slot `pad` (the plan's
+    padding slot, which no request holds), from zeros. Their rows compute garbage into that slot only."""
+    if len(slot_ids) > seqs:
+        raise ValueError(f"{len(slot_ids)} sequences do not fit a captured rung of {seqs}")
+    if pad in slot_ids:
+        raise ValueError(f"slot {pad} is the padding slot; a running sequence holds it (slots {slot_ids})")
+    spare = seqs - len(slot_ids)
+    return list(slot_ids) + [pad] * spare, list(seq_lens) + [1] * spare, list(has_state) + [False] * spare
+
+
+class CapturedState(StateStep):
+    """A captured decode rung's binding: `seqs` one-row sequences whose slot ids and has_state live in static
+    tensors, rewritten by plan() before each replay (pad_state pads a smaller step to the rung). The padding
+    slot may repeat; every real slot is distinct."""
+
+    def __init__(self, state: LinearState, shape: StepShape):
+        import torch
+
+        if shape.rows != shape.seqs:
+            raise ValueError(f"a captured state step runs one row per sequence (decode); this rung has {shape.rows} "
+                             f"rows for {shape.seqs} sequences")
+        super().__init__(state)
+        device = state.conv.device
+        self.slots = torch.zeros(shape.seqs, dtype=torch.long, device=device)
+        self.has_state = torch.zeros(shape.seqs, dtype=torch.bool, device=device)
+        self._lens([1] * shape.seqs)
+
+    def plan(self, slot_ids: list[int], seq_lens: list[int], has_state: list[bool]) -> None:
+        import torch
+
+        check_layout(slot_ids, seq_lens, has_state, self.state.num_slots)
+        if len(slot_ids) != len(self.seq_lens) or any(int(x) != 1 for x in seq_lens):
+            raise ValueError(f"a captured decode rung of {len(self.seq_lens)} sequences takes exactly that many "
+                             f"one-row sequences (pad_state pads); got lengths {seq_lens}")
+        self.slots.copy_(torch.tensor(slot_ids, dtype=torch.long), non_blocking=True)
+        self.has_state.copy_(torch.tensor([bool(h) for h in has_state]), non_blocking=True)

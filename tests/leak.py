@@ -18,7 +18,8 @@ def held(engine) -> list[str]:
         out.append(f"{s.capacity - s.pages.num_free} of {s.capacity} pages of the LLM stage not free")
     for res, slots in s.slots.items():
         if not slots.all_free():
-            out.append(f"{slots.num_slots - slots.num_free} of {slots.num_slots} {res} state slots not free")
+            held_slots, usable = slots.num_slots - slots.reserved - slots.num_free, slots.num_slots - slots.reserved
+            out.append(f"{held_slots} of {usable} {res} state slots not free")
     lane = getattr(engine, "speech", None)
     if engine.talking:
         out.append(f"{len(engine.talking)} speaking requests open")

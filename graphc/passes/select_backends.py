@@ -26,7 +26,8 @@ attention kernel runs (norm_ops.q_k_rope_f32, the fused_rope knob), its LayerNor
 before them (layers.LayerNorm under fused_norms) and its MLP's bias and GELU in cuBLASLt's GEMM epilogue (the
 fused_gelu knob). Measured on the H200 (docs/benchmarks.md), not on other archs. Their Gated DeltaNet layers
 run the delta rule on flash-linear-attention's Triton kernels (delta_rule.fla_rule, the fla_gdn knob; its
-parity at real shapes: tests/gpu/test_gated_deltanet_gpu.py); the compiler traces the torch rule in their place.
+parity at real shapes: tests/gpu/test_gated_deltanet_gpu.py); the compiler traces what those kernels allocate
+(delta_rule.fla_allocations).
 """
 from __future__ import annotations
 

@@ -78,11 +78,14 @@ def size_resources(ir: IR, backends: Backends, buckets: Buckets) -> ResourceSize
         step = ir.family(node, fam)        # the runtime sizes a graph's wrapper at its family's step
         bufs = []
         for role, res in ir.node(node).resources.items():
-            if res not in backends.chosen:         # only attention resources run captured wrappers
-                continue
             spec = ir.model.resource(res)
+            if res not in backends.chosen and not isinstance(spec, LinearStateSpec):
+                continue                           # attention wrappers and state bindings are captured
             shape = spec.step_shape(step.axis, step.sizes_at(rung), step.phase)
-            for name, n in spec.wrapper_allocs(backends.backend(res, step.phase), shape):
+            if isinstance(spec, LinearStateSpec):
+                _captured_state(ir, spec, node, fam, rung, shape)
+            backend = backends.backend(res, step.phase) if res in backends.chosen else None
+            for name, n in spec.wrapper_allocs(backend, shape):
                 # a resource's captured wrappers share one int workspace (each replay is planned right
                 # before it, one step at a time): counted once, with its first graph
                 if name == "int_workspace":
@@ -95,6 +98,20 @@ def size_resources(ir: IR, backends: Backends, buckets: Buckets) -> ResourceSize
                                                if isinstance(r, LinearStateSpec)})
     out.check(ir)
     return out
+
+
+def _captured_state(ir: IR, spec: LinearStateSpec, node: str, fam: str, rung: int, shape) -> None:
+    """A captured rung of a node on state slots runs one row per sequence: the prompt rows of linear attention
+    run eagerly (the chunked delta rule's kernels size their grid on the host from the step's lengths)."""
+    if shape.rows == shape.seqs:
+        return
+    walks = sorted(s.walk for s in ir.steps if s.node == node and s.family == fam)
+    raise InvalidInput(f"{node} would capture {fam} at {rung} ({shape.rows} rows for {shape.seqs} sequences) on "
+                       f"'{spec.name}', a linear_state resource",
+                       "a captured step on state slots runs one row per sequence (decode); prompt chunks of "
+                       "linear attention run eagerly",
+                       " or ".join(f"--set walks.{w}.capture=false" for w in walks)
+                       + ", or declare those walks with capture=False")
 
 
 def state_slots(ir: IR, spec: LinearStateSpec) -> StateSlots:

@@ -53,8 +53,12 @@ class StepResult:
 
 
 def scratch_pages(boot: DeviceBoot) -> dict[str, int]:
-    """A page of each paged pool that padding rows of a captured rung write (GPU; the CPU pads nothing)."""
-    return {res: alloc.allocate(1)[0] for res, alloc in boot.pages.items()} if boot.device.type == "cuda" else {}
+    """A page of each paged pool and a slot of each state pool (the plan's padding slot) that padding rows of a
+    captured rung write (GPU; the CPU pads nothing)."""
+    if boot.device.type != "cuda":
+        return {}
+    return ({res: alloc.allocate(1)[0] for res, alloc in boot.pages.items()}
+            | {res: alloc.reserve() for res, alloc in boot.slots.items()})
 
 
 class NodeRunner:

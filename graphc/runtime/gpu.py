@@ -17,6 +17,7 @@ from graphc.runtime.device import DeviceBoot, allocate
 from graphc.runtime.steps import layouts, synthetic_inputs
 from graphc.step import TORCH_DTYPES, StepContext
 from resources.flashinfer_backend import int_workspace, make_backend
+from resources.linear_state import CapturedState, LinearStateSpec, StateStep
 
 
 def _mem() -> tuple[int, int]:
@@ -82,6 +83,10 @@ class Graphs:
 
     def backend_for(self, res: str, step: Step, rung: int | None, captured: bool):
         spec = self.boot.ir.model.resource(res)
+        if isinstance(spec, LinearStateSpec):       # slots, not a kernel: planned with each step's slot ids
+            if not captured:
+                return StateStep(self.boot.states[res])
+            return CapturedState(self.boot.states[res], spec.step_shape(step.axis, step.sizes_at(rung), step.phase))
         plan_res = self.boot.plan.resources[res]
         backend = plan_res.decode_backend if step.phase == "decode" and plan_res.decode_backend else plan_res.backend
         shape = spec.step_shape(step.axis, step.sizes_at(rung), step.phase) if rung is not None else None
@@ -109,7 +114,8 @@ class Graphs:
     # ---- one synthetic step
     def plan_step(self, binds: dict, step: Step, rung: int) -> None:
         kv_pages = self.boot.plan.devices[self.boot.index].kv_pages
-        for role, (_, lay) in layouts(self.boot.ir, kv_pages, step, rung).items():
+        slots = {res: a.num_slots for res, a in self.boot.slots.items()}
+        for role, (_, lay) in layouts(self.boot.ir, kv_pages, step, rung, slots).items():
             binds[role].plan(*lay.args())
 
     def static_inputs(self, node: str, family: str, step: Step, rung: int) -> dict[str, torch.Tensor]:

@@ -4,7 +4,8 @@ captured rungs.
 Replay: the step's inputs are copied into the family's static input buffers at the rung's shapes (each
 dim padded at its end with zeros), the rung's backends are planned on the real layout padded to the
 rung (a paged rung takes exactly rung.seqs sequences and rung.rows rows: padding rows join the last
-sequence, or padding sequences of one row sit on the scratch page), the graph replays, and the outputs
+sequence, or padding sequences of one row sit on the scratch page; a state rung's padding sequences sit
+on the padding slot), the graph replays, and the outputs
 are views of the static output buffers. Padding rows compute garbage that nothing reads: no real row
 attends to a later row, padding K/V lands on the scratch page or past a sequence's length (rewritten
 before it is read), and only real rows are sampled or spliced.
@@ -17,6 +18,7 @@ import torch
 
 from graphc.runtime.boot import DeviceBoot
 from graphc.step import StepContext
+from resources.linear_state import LinearStateSpec, pad_state
 from resources.paged_kv import PagedKVSpec
 from resources.ragged_attention import RaggedAttentionSpec
 
@@ -77,6 +79,8 @@ class GpuSteps:
             spec = ir.model.resource(res)
             if isinstance(spec, RaggedAttentionSpec):
                 binds[role].plan(layouts[role], layouts[role])
+            elif isinstance(spec, LinearStateSpec):
+                binds[role].plan(*pad_state(*layouts[role], len(binds[role].seq_lens), self.scratch[res]))
             else:
                 shape = binds[role].rung
                 binds[role].plan(*pad_paged(*layouts[role], shape.rows, shape.seqs, spec.page_size,
@@ -97,7 +101,9 @@ class GpuSteps:
         binds = self._eager[key]
         for role, res in decl.resources.items():
             spec = ir.model.resource(res)
-            if isinstance(spec, RaggedAttentionSpec):
+            if isinstance(spec, LinearStateSpec):
+                binds[role].plan(*layouts[role])
+            elif isinstance(spec, RaggedAttentionSpec):
                 binds[role].plan(layouts[role], layouts[role])
             elif isinstance(spec, PagedKVSpec):
                 binds[role].plan(*layouts[role])

@@ -29,6 +29,9 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, windows: torch.Tensor, cu
     x [T, C] (sequence i owns rows cu[i]:cu[i+1]), weight [C, K], windows [N, C, K-1] (oldest row first).
     Returns (y [T, C] in x's dtype, the new windows [N, C, K-1]: the last K-1 rows each sequence has seen).
     """
+    if len(cu) - 1 == cu[-1]:                   # decode: one row a sequence, no per-sequence work on the host
+        ext = torch.cat([windows.to(x.dtype), x[:, :, None]], -1).float()            # [N, C, K]
+        return F.silu((ext * weight.float()).sum(-1)).to(x.dtype), ext[:, :, 1:].to(x.dtype)
     taps, dev = weight.shape[1], x.device
     pieces, index, ends = [], [], []
     base = 0
@@ -116,6 +119,9 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     """Packed sequences: q, k [T, H, dk] (prepared), v [T, H, dv], g, beta [T, H]; sequence i owns rows
     cu[i]:cu[i+1] and starts from states[i] ([N, H, dk, dv] fp32). One-row sequences (decode) run together
     through the recurrent rule, longer ones through the chunked rule. Returns (o [T, H, dv] fp32, new states)."""
+    if len(cu) - 1 == cu[-1]:                   # decode: every sequence one row, all at once
+        out, s = recurrent_rule(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], states)
+        return out[:, 0], s
     o = torch.empty(q.shape[0], v.shape[1], v.shape[2], dtype=torch.float32, device=q.device)
     new = torch.empty_like(states)
     one = [i for i, (a, b) in enumerate(zip(cu, cu[1:])) if b - a == 1]
@@ -136,12 +142,47 @@ def fla_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     """gated_delta_rule on flash-linear-attention's Triton kernels (fla-core), CUDA only: q, k [T, HK, dk] raw
     (FLA normalises them and scales q by dk^-0.5 in the kernel, and serves HV = group x HK value heads), v [T, HV,
     dv], g (log decay, fp32), beta [T, HV]; states [N, HV, dk, dv] fp32. A step of one-row sequences (decode)
-    runs the fused recurrent kernel, any other the chunked one. Returns (o [T, HV, dv] fp32, new states fp32)."""
+    runs the fused recurrent kernel on them as a batch (no host work: a captured graph replays it), any other
+    the chunked one over the packed sequences (its grid is sized on the host: eager only). Returns (o [T, HV, dv] fp32, new states fp32)."""
+    if q.is_meta:
+        return fla_allocations(q, k, v, g, beta, states, cu)
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
-    decode = len(cu) - 1 == cu[-1]
-    rule = fused_recurrent_gated_delta_rule if decode else chunk_gated_delta_rule
+    if len(cu) - 1 == cu[-1]:                   # decode: a batch of one-row sequences, no offsets (capturable)
+        o, s = fused_recurrent_gated_delta_rule(q[:, None], k[:, None], v[:, None], g=g[:, None].float(),
+                                                beta=beta[:, None], initial_state=states, output_final_state=True,
+                                                use_qk_l2norm_in_kernel=True)
+        return o[:, 0].float(), s.float()
     cu_t = torch.tensor(cu, dtype=torch.long, device=q.device)
-    o, s = rule(q[None], k[None], v[None], g=g[None].float(), beta=beta[None], initial_state=states,
-                output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t)   # by name: the two differ
+    o, s = chunk_gated_delta_rule(q[None], k[None], v[None], g=g[None].float(), beta=beta[None], initial_state=states,
+                                  output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t)
     return o[0].float(), s.float()
+
+
+def fla_allocations(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                    states: torch.Tensor, cu: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """fla_rule on meta tensors, for the compiler's simulation: what fla-core 0.6.0's kernels allocate, in order
+    and alive as long (read from its source: its input guard's contiguous copies of strided q, k and v; for
+    decode, o like v and an fp32 final state; for the chunked rule, l2-normalised q and k with their fp32
+    rstd, g's fp32 cumsum, A [T, HV, 64], w, u, h [NT, HV, dk, dv] over NT = the sequences' 64-row chunks,
+    the final state, v_new and o; every temporary freed on return). Same returns as fla_rule."""
+    n, hv, dk, dv = states.shape
+    f32 = torch.float32
+    if len(cu) - 1 == cu[-1]:
+        copies = [x[:, None].contiguous() for x in (q, k, v)]
+        o = torch.empty_like(copies[2])
+        s = torch.empty(n, hv, dk, dv, dtype=f32, device=q.device)
+        del copies
+        return o[:, 0].float(), s
+    t, hk = q.shape[0], q.shape[1]
+    chunks = sum(-(-(b - a) // CHUNK) for a, b in zip(cu, cu[1:]))
+    temps = [x[None].contiguous() for x in (q, k, v)]
+    for shape, dtype in (((t, hk, dk), q.dtype), ((t, hk), f32), ((t, hk, dk), k.dtype), ((t, hk), f32),
+                         ((t, hv), f32), ((t, hv, CHUNK), k.dtype), ((t, hv, dk), k.dtype), ((t, hv, dv), v.dtype),
+                         ((chunks, hv, dk, dv), k.dtype)):
+        temps.append(torch.empty(1, *shape, dtype=dtype, device=q.device))
+    s = torch.zeros(n, hv, dk, dv, dtype=f32, device=q.device)
+    temps.append(torch.empty(1, t, hv, dv, dtype=v.dtype, device=q.device))       # v_new
+    o = torch.empty(1, t, hv, dv, dtype=v.dtype, device=q.device)
+    del temps
+    return o[0].float(), s

@@ -69,7 +69,7 @@ class GatedDeltaNet(nn.Module):
         """The delta rule from each sequence's slot state, written back in place: o [T, HV, dv] fp32."""
         pool = state.recurrent(self.layer)                                   # [slots, HV, dk, dv]
         s0 = read_slots(pool, state.slots, state.has_state).float()
-        if self.fla_gdn and q.is_cuda:
+        if self.fla_gdn and (q.is_cuda or q.is_meta):     # meta: the compiler's trace of the kernels' memory
             o, s1 = fla_rule(q, k, v, g, beta, s0, state.cu_seqlens)
         else:
             q, k = prepare_qk(q, k, self.hv // self.hk)

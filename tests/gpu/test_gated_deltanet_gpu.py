@@ -67,3 +67,45 @@ def test_fla_kernels_hold_the_torch_rule_bf16_error():
           f"FLA bf16 {errs['fla16']}")
     for got, base in zip(errs["fla16"], errs["ref16"]):
         assert got <= 1.25 * base + 1e-4, errs
+
+
+@pytest.mark.parametrize("lens", [[1] * 64, [300, 1, 77, 620]], ids=["decode64", "prefill998"])
+def test_the_compiler_traces_what_the_fla_kernels_allocate(lens):
+    """delta_rule.fla_allocations (the simulation's stand-in for fla-core's kernels) against the kernels
+    themselves: the peak bytes the caching allocator gives a call, and what the call leaves allocated, equal the
+    trace's to the allocator's 512 B rounding of each block (and the few int64 offsets fla-core caches)."""
+    pytest.importorskip("fla")
+    from graphc.simulate import _Recorder
+    from models.components.delta_rule import fla_rule
+
+    def inputs(device: str):
+        g = torch.Generator().manual_seed(0)
+        t, n = sum(lens), len(lens)
+        qkv = torch.randn(t, CFG.conv_dim, generator=g).to(device=device, dtype=torch.bfloat16)
+        kd = 16 * 128
+        q, k = qkv[:, :kd].view(t, 16, 128), qkv[:, kd:2 * kd].view(t, 16, 128)
+        v = qkv[:, 2 * kd:].view(t, 32, 128)
+        gate = (-0.1 * torch.rand(t, 32, generator=g)).to(device)
+        beta = torch.rand(t, 32, generator=g).to(device=device, dtype=torch.bfloat16)
+        states = (0.05 * torch.randn(n, 32, 128, 128, generator=g)).to(device)
+        return qkv, (q, k, v, gate, beta, states)
+
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    qkv, args = inputs("cuda")
+    fla_rule(*args, cu)                                        # compiles and tunes the kernels
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    o, s = fla_rule(*args, cu)
+    torch.cuda.synchronize()
+    peak, kept = torch.cuda.max_memory_allocated() - base, torch.cuda.memory_allocated() - base
+    mqkv, margs = inputs("meta")
+    rec = _Recorder([mqkv, *margs])
+    with rec:
+        mo, ms = fla_rule(*margs, cu)
+    traced_kept = mo.untyped_storage().nbytes() + ms.untyped_storage().nbytes()
+    slack = 512 * 24 + 16 * 1024
+    print(f"\n{lens[:4]}...: peak {peak:,} B against traced {rec.peak:,} B; kept {kept:,} against {traced_kept:,}")
+    assert abs(peak - rec.peak) <= slack and abs(kept - traced_kept) <= slack, (peak, rec.peak, kept, traced_kept)

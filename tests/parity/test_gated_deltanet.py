@@ -209,3 +209,53 @@ def test_a_step_whose_rows_do_not_match_its_sequences_is_refused(pair):
     step = StateStep(pair.state, [0, 1], [3, 2], [False, False])
     with pytest.raises(ValueError, match=r"got 4 rows for a step of 5 \(sequence lengths \[3, 2\]\)"):
         pair.ours[0](rows(4, seed=0), step)
+
+
+def test_a_padded_captured_decode_step_equals_the_unpadded_one(pair):
+    """A captured decode rung of 6 sequences run with 2 real ones (CapturedState, padded by pad_state onto the
+    padding slot) gives the real rows and real slots of the same step run alone (to rounding: the GEMMs see 6
+    rows, not 2), and touches no other slot."""
+    from resources.base import StepShape
+    from resources.linear_state import CapturedState, pad_state
+
+    for s, n in ((0, 5), (1, 3)):                          # two sequences with a prompt behind them
+        pair.step(rows(n, seed=s), [s], [n], [False])
+    pad, other = SLOTS - 1, 2
+    pair.state.conv[:, other].fill_(0.5)
+    pair.state.recurrent[:, other].fill_(0.25)
+    before = (pair.state.conv.clone(), pair.state.recurrent.clone())
+    x = rows(2, seed=9)
+    want = pair.step(x, [0, 1], [1, 1], [True, True])
+    want_state = (pair.state.conv.clone(), pair.state.recurrent.clone())
+    pair.state.conv.copy_(before[0])
+    pair.state.recurrent.copy_(before[1])
+    step = CapturedState(pair.state, StepShape(rows=6, seqs=6, kv_len=0, phase="decode"))
+    step.plan(*pad_state([0, 1], [1, 1], [True, True], 6, pad))
+    assert step.slots.tolist() == [0, 1, pad, pad, pad, pad] and step.has_state.tolist() == [True, True] + [False] * 4
+    with torch.no_grad():
+        h = torch.cat([x, rows(4, seed=10)])
+        for layer in pair.ours:
+            h = layer(h, step)
+    assert rel(h[:2], want) < 1e-6                         # a batch of 6 rows against 2: the GEMMs may round apart
+    keep = [i for i in range(SLOTS) if i != pad]
+    for got, ref in zip((pair.state.conv, pair.state.recurrent), want_state):
+        assert rel(got[:, keep], ref[:, keep]) < 1e-6
+        assert torch.equal(got[:, 2:pad], ref[:, 2:pad])   # slots no sequence ran keep their bytes
+    assert pair.state.conv[:, other].eq(0.5).all()
+
+
+def test_a_captured_state_rung_refuses_what_it_cannot_replay(pair):
+    from resources.base import StepShape
+    from resources.linear_state import CapturedState, pad_state
+
+    with pytest.raises(ValueError, match="one row per sequence .decode.; this rung has 8 rows for 2 sequences"):
+        CapturedState(pair.state, StepShape(rows=8, seqs=2, kv_len=0, phase="prefill"))
+    step = CapturedState(pair.state, StepShape(rows=3, seqs=3, kv_len=0, phase="decode"))
+    with pytest.raises(ValueError, match=r"takes exactly that many one-row sequences .pad_state pads.; got lengths"):
+        step.plan([0, 1], [1, 1], [True, True])
+    with pytest.raises(ValueError, match=r"takes exactly that many one-row sequences"):
+        step.plan([0, 1, 2], [1, 2, 1], [True, True, True])
+    with pytest.raises(ValueError, match=r"slot 3 is the padding slot; a running sequence holds it"):
+        pad_state([3, 0], [1, 1], [True, True], 3, 3)
+    with pytest.raises(ValueError, match=r"3 sequences do not fit a captured rung of 2"):
+        pad_state([0, 1, 2], [1, 1, 1], [True] * 3, 2, 3)

@@ -90,7 +90,7 @@ def declare(preset: str = "tiny") -> gc.Model:
     state = state_spec(c.linear, "lm_state", 3 * c.blocks, conv_dtype=p["dtype"], state_dtype=p["state_dtype"])
     return gc.Model(
         name=f"hybrid-{preset}", nodes=[node], resources=[kv, state],
-        walks=[gc.Walk(name="prefill", kind="prefill", path=("lm",),
+        walks=[gc.Walk(name="prefill", kind="prefill", path=("lm",), capture=False,
                        budget=gc.Budget(tokens=p["prefill_tokens"], seqs=p["prefill_seqs"])),
                gc.Walk(name="decode", kind="decode", path=("lm",), budget=gc.Budget(seqs=p["decode_seqs"]))],
         requests=[gc.RequestKind(name="t2t", stages=("prefill", "decode"))],
