@@ -1,5 +1,5 @@
-"""Qwen3.5 served on the GPU, held to an independent reference: the tiny preset planned for the h200, booted with
-seeded bf16 weights; 12 t2t requests arriving over several steps, so decode replays captured rungs padded onto
+"""Qwen3.5 served on the GPU, held to an independent reference: a small Qwen3.5 (the tiny preset's budgets, the
+nodes from a config.json with head dims the GPU kernels take) planned for the h200, booted with seeded bf16 weights; 12 t2t requests arriving over several steps, so decode replays captured rungs padded onto
 the padding slot, prompts run eagerly (chunked, mixed with decode) on flash-linear-attention's kernels, and
 slots are freed and taken again. Every logit row the engine sampled from is compared with one CPU fp32 forward
 of the same weights over the request's whole sequence (prompt and the tokens the GPU chose) through the torch
@@ -8,15 +8,20 @@ with a 25% margin). Then: no slot or page is held. Skipped without CUDA, flashin
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from graphc.cli import main
 from graphc.plan import load_plan
 from graphc.runtime.engine import Engine
 from graphc.runtime.sampler import SamplingParams
 from graphc.step import StepContext
+from models.components.qwen3_5_text import Qwen3_5LM
+from models.components.qwen3_5_text_config import Qwen3_5TextConfig
+from models.qwen3_5 import TINY
 from resources.linear_state import StateStep, new_state
 from resources.paged_kv import PageAllocator, PagedTorch, new_cache
 from tests.leak import held
@@ -42,12 +47,37 @@ def reference(engine: Engine, ids: list[int], dtype: torch.dtype = torch.float32
                    sample_rows=torch.arange(n))["logits"]
 
 
+# FlashInfer's attention takes head_dim 64 (not the tiny preset's 32); 16 rotary dims, M-RoPE sections 4/2/2
+SMALL = dict(TINY.model_dump(), hidden_size=128, head_dim=64, mrope_section=[4, 2, 2], linear_key_head_dim=32,
+             linear_value_head_dim=32, layer_types=list(TINY.layer_types), tie_word_embeddings=False)
+
+
+def small_plan(tmp_path, gpu: str) -> str:
+    """A checkpoint of SMALL's shapes with weights drawn by tests/parity/weights.randomize, and its plan."""
+    ckpt = tmp_path / "ckpt"
+    if not ckpt.exists():
+        ckpt.mkdir()
+        llm = Qwen3_5LM(Qwen3_5TextConfig.from_text_config(SMALL))
+        with torch.no_grad():
+            for name, p in llm.named_parameters():      # A_log and dt_bias: decays in (0, 1) per head
+                p.copy_(torch.randn_like(p) * (p.shape[-1] ** -0.5 if p.dim() > 1 else 0.1))
+            for layer in llm.body.layers:
+                if layer.is_linear:
+                    layer.linear_attn.A_log.uniform_(-2.0, 0.0)
+        save_file({k: v.contiguous() for k, v in llm.state_dict().items()}, str(ckpt / "model.safetensors"))
+        text = SMALL | {"model_type": "qwen3_5_text", "dtype": "bfloat16"}
+        (ckpt / "config.json").write_text(json.dumps(text))
+    path = str(tmp_path / f"q_{gpu}.plan")
+    assert main(["plan", "models/qwen3_5.py", "--preset", "tiny", "--checkpoint", str(ckpt), "--gpu", gpu,
+                 "-o", path, "-q"]) == 0
+    return path
+
+
 def test_captured_decode_on_state_slots_matches_a_cpu_fp32_forward(tmp_path):
     pytest.importorskip("flashinfer")
     pytest.importorskip("fla")
-    path = str(tmp_path / "q.plan")
-    assert main(["plan", "models/qwen3_5.py", "--preset", "tiny", "--gpu", "h200", "-o", path, "-q"]) == 0
-    engine = Engine(load_plan(path), random_weights=True, emulate=True)
+    path = small_plan(tmp_path, "h200")
+    engine = Engine(load_plan(path), str(tmp_path / "ckpt"), emulate=True)
     assert engine.boot.modules["llm"].model.language_model.layers[0].linear_attn.fla_gdn == 1
     seen: dict[tuple[str, int], torch.Tensor] = {}
     run = engine.executor.run
