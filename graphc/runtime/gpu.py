@@ -156,6 +156,7 @@ class Graphs:
     def capture_all(self) -> None:
         order = self.boot.plan.devices[self.boot.index].capture_order
         keys = [parse_graph_id(k) for k in order]
+        self.warm_eager()
         # warm-up on the current stream: lazy init and FlashInfer's first-call buffers. (A side stream
         # would get a cuBLAS workspace of its own, 32 MiB the ledger does not hold: seen on the H200.)
         with torch.inference_mode(), _bar(len(keys), "warming graphs") as bar:
@@ -204,20 +205,36 @@ class Graphs:
                         raise RuntimeError(f"graph {key}: output {p} is not finite after replay")
                 self.boot.ran.append(key)
 
+    def _eager_steps(self) -> list[Step]:
+        return [s for s in self.boot.steps() for w, b in self.boot.plan.nodes[s.node].buckets.items()
+                if w == s.walk and b.eager_above is not None]
+
+    def _eager_once(self, step: Step, rung: int) -> None:
+        binds = {role: self.backend_for(res, step, rung, False)
+                 for role, res in self.boot.ir.node(step.node).resources.items()}
+        self.plan_step(binds, step, rung)
+        inputs = synthetic_inputs(self.boot.ir.node(step.node), step, rung, self.boot.device)
+        self.boot.modules[step.node](StepContext(binds), **inputs)
+
+    def warm_eager(self) -> None:
+        """Each eager step at its smallest rung and at its budget, before capture (whose warm-up blocks go
+        back): kernels that tune themselves on first use (Triton's autotuners: flash-linear-attention's,
+        keyed partly by the step's rows) tune now, not in a served step, and their benchmark buffers are
+        freed before the pools that the ledger measures grow."""
+        with torch.inference_mode(), _bar(len(self._eager_steps()), "warming eager steps") as bar:
+            for step in self._eager_steps():
+                rungs = self.boot.plan.nodes[step.node].buckets[step.walk].rungs
+                for rung in sorted({rungs[0] if rungs else 1, step.budget}):
+                    self._eager_once(step, rung)
+                bar.update(1)
+
     def run_eager(self) -> None:
         """Each eager step once at its walk's budget: the general pool grows by what they need."""
-        todo = [(s, b) for s in self.boot.steps() for w, b in self.boot.plan.nodes[s.node].buckets.items()
-                if w == s.walk and b.eager_above is not None]
         _, before = _mem()
         with torch.inference_mode():
-            for step, _ in todo:
-                binds = {role: self.backend_for(res, step, step.budget, False)
-                         for role, res in self.boot.ir.node(step.node).resources.items()}
-                self.plan_step(binds, step, step.budget)
-                inputs = synthetic_inputs(self.boot.ir.node(step.node), step, step.budget, self.boot.device)
-                self.boot.modules[step.node](StepContext(binds), **inputs)
+            for step in self._eager_steps():
+                self._eager_once(step, step.budget)
                 self.boot.ran.append(f"{step.node}/{step.walk}/{step.budget} (eager)")
-                del binds, inputs
         _, after = _mem()
         self.boot.measured["activations"] = after - before
 
