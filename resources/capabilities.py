@@ -29,6 +29,18 @@ TABLE: dict[str, dict[str, tuple[str, ...]]] = {
         "sm_103": ("fa2",),
         "cpu": ("torch",),
     },
+    # the gated delta rule of linear-attention layers (resources/linear_state.py): 'fla' is flash-linear-attention's
+    # Triton kernels (fla-core; the chunked rule for prompt rows, the fused recurrent one for decode), run and
+    # checked on sm_90 only (tests/gpu/test_gated_deltanet_gpu.py); 'torch' is models/components/delta_rule.py
+    # (decode captures on a GPU too; prompt rows run eagerly on either). The causal conv runs in torch on both.
+    "linear_state": {
+        "sm_80": ("torch",),
+        "sm_89": ("torch",),
+        "sm_90": ("fla", "torch"),
+        "sm_100": ("torch",),
+        "sm_103": ("torch",),
+        "cpu": ("torch",),
+    },
     "paged_kv_decode": {     # steps of one row per sequence (H200: fa2 80 us vs fa3 522 us, docs/gpu-attention.md)
         "sm_80": ("fa2",),
         "sm_89": ("fa2",),

@@ -40,6 +40,7 @@ class LinearStateSpec(ResourceSpec):
     conv_dtype: str = "bfloat16"           # the model's dtype: the conv state holds projection outputs
     state_dtype: str = "float32"           # the recurrent state's; fp32 even under bf16 weights
     slots: int | None = Field(None, ge=1)  # None: the compiler's count (graphc/passes/size_resources.py)
+    backend: str = "auto"                  # the delta rule's kernels: resources/capabilities.py's linear_state row
 
     @model_validator(mode="after")
     def _check(self) -> "LinearStateSpec":

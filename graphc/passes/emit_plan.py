@@ -100,7 +100,7 @@ def _resources(s: Sizing, placement: Placement) -> dict[str, PlanResource]:
         slots = s.resources.state.get(r.name)
         if slots is not None:
             entry.update(slots=slots.slots, slot_bytes=r.slot_bytes, bytes=r.bytes_for(slots.slots),   # its node's device
-                         why=f"state slots: {slots.why}")
+                         why=f"state slots: {slots.why}; delta rule: {entry['why']}")
         ws = s.resources.workspaces.get(r.name)
         if ws is not None:
             entry["bytes"] += ws.bytes * len(devs)

@@ -25,7 +25,8 @@ the vision tower's fp32 rotary of q and k in one launch that also writes the zer
 attention kernel runs (norm_ops.q_k_rope_f32, the fused_rope knob), its LayerNorms with the residual add
 before them (layers.LayerNorm under fused_norms) and its MLP's bias and GELU in cuBLASLt's GEMM epilogue (the
 fused_gelu knob). Measured on the H200 (docs/benchmarks.md), not on other archs. Their Gated DeltaNet layers
-run the delta rule on flash-linear-attention's Triton kernels (delta_rule.fla_rule, the fla_gdn knob; its
+run the delta rule on flash-linear-attention's Triton kernels where their linear_state resource's backend is
+'fla' (resources/capabilities.py; delta_rule.fla_rule, the fla_gdn knob; its
 parity at real shapes: tests/gpu/test_gated_deltanet_gpu.py); the compiler traces what those kernels allocate
 (delta_rule.fla_allocations).
 """
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 
 from graphc.ir import IR
 from resources import capabilities
+from resources.linear_state import LinearStateSpec
 from resources.paged_kv import PagedKVSpec
 
 
@@ -53,7 +55,7 @@ FUSED_ARCHS = ("sm_90",)
 
 @dataclass(frozen=True)
 class Backends:
-    chosen: dict[str, Choice]   # attention resource -> its backends
+    chosen: dict[str, Choice]   # attention and linear_state resource -> its backends
     kernels: dict[str, dict[str, int]] = field(default_factory=dict)   # node -> kernel knobs (see above)
 
     def backend(self, resource: str, phase: str = "prefill") -> str:
@@ -78,6 +80,9 @@ def select_backends(ir: IR) -> Backends:
     chosen = {}
     arch, target = ir.target.arch, ir.target.name
     for r in ir.model.resources:
+        if isinstance(r, LinearStateSpec):
+            b, _ = capabilities.choose(r.kind, arch, r.backend, r.name, target, spec=r)
+            chosen[r.name] = Choice(b, b, None, _why(r.backend, r.kind, arch, b, r))
         if not r.is_attention:
             continue
         head_dim = r.head_dim
@@ -93,9 +98,12 @@ def select_backends(ir: IR) -> Backends:
         if runs is not None and runs != head_dim:
             why += f"; {prefill} takes no head_dim {head_dim}: runs zero-padded to {runs}"
         chosen[r.name] = Choice(prefill, decode, runs, why)
-    knobs = {"fla_gdn": 1, "fused_gelu": 1, "fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_rope": 1,
+    knobs = {"fused_gelu": 1, "fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_rope": 1,
              "fused_router": 1, "fused_sampler": 1, "gemv": 1, "moe_sm90_from": SM90_FROM}
     kernels = {n.name: dict(knobs) for n in ir.model.nodes if arch in FUSED_ARCHS and n.dtype == "bfloat16"}
+    for n in ir.model.nodes:        # the delta rule on fla-core where its state resource's backend is fla
+        if any(res in chosen and chosen[res].prefill == "fla" for res in n.resources.values()):
+            kernels[n.name] = dict(sorted((kernels.get(n.name, {}) | {"fla_gdn": 1}).items()))
     out = Backends(chosen, kernels)
     out.check(ir)
     return out

@@ -198,7 +198,7 @@ def kernel_modules(s: Sizing, nodes: list[str]) -> list[str]:
     for res in device_resources(s, nodes):
         spec = s.ir.model.resource(res)
         c = s.backends.chosen.get(res)
-        if c is None or c.prefill == "torch":
+        if c is None or c.prefill == "torch" or not spec.is_attention:
             continue
         for phase, backend in phases(spec, c.prefill, c.decode):
             mods.update(flashinfer_modules(spec, phase, backend, c.head_dim))
@@ -304,8 +304,9 @@ def _detail(s: Sizing, comp: str, nbytes: int, count: int, kv_pages: dict[str, i
     if kind == "graph_io":
         return f"{count} static input/output buffers at each captured family's largest rung"
     if kind == "wrappers":
-        c = s.backends.chosen.get(name)
-        used = f"{c.prefill}/{c.decode}" if c and c.decode != c.prefill else (c.prefill if c else "")
+        c = s.backends.chosen.get(name) if s.ir.model.resource(name).is_attention else None
+        used = f"{c.prefill}/{c.decode} wrappers" if c and c.decode != c.prefill else (
+            f"{c.prefill} wrappers" if c else "state bindings")
         kinds = sorted({buf for bufs in s.resources.wrappers.values() for res, buf, _ in bufs if res == name})
-        return f"{count} fixed buffers of captured {used} wrappers ({', '.join(kinds)})"
+        return f"{count} fixed buffers of captured {used} ({', '.join(kinds)})"
     return ""

@@ -85,7 +85,10 @@ def test_declared_slots_fewer_than_the_streams_are_refused():
 
 def test_explain_says_what_the_slots_hold_and_what_they_take_from_the_pages():
     text = explain(plan("wide", "h100").plan)
-    assert f"lm_state (linear_state) on devices [0]: {fmt_bytes(65 * WIDE_SLOT)}; 65 slots x {WIDE_SLOT:,} B" in text
+    assert f"lm_state (linear_state) backend fla on devices [0]: {fmt_bytes(65 * WIDE_SLOT)}; 65 slots x {WIDE_SLOT:,} B" \
+        in text
+    assert "delta rule: auto: first in preference order; sm_90 linear_state has fla, torch" in text
+    assert "20 fixed buffers of captured state bindings (has_state, slot_ids)" in text
     assert "state slots: 64 sequences at once (decode's seqs budget) + 1 for a captured step's padding rows" in text
     assert f"state slots among them ({fmt_bytes(65 * WIDE_SLOT)} on device 0)" in text     # the KV pool's why
     assert "state.lm_state.recurrent" in text and "65 slots x 16 value heads x 128 x 128 x 4 B" in text.replace(
@@ -166,3 +169,16 @@ def test_slots_follow_the_decode_walk_through_the_resource_node_only():
     ir.model.walks = walks[1:2]
     with pytest.raises(InvalidInput, match="no walk through them has a seqs budget"):
         state_slots(ir, spec)
+
+
+def test_the_delta_rule_backend_comes_from_the_capability_table():
+    """sm_90 takes fla first (and sets its node's fla_gdn knob); torch is asked for by name and sets none; an arch
+    whose row has no fla refuses it, naming what it has; the cpu runs torch."""
+    c = plan("wide", "h100")
+    assert c.plan.resources["lm_state"].backend == "fla" and c.plan.nodes["lm"].kernels.get("fla_gdn") == 1
+    t = plan("wide", "h100", {"resources": {"lm_state": {"backend": "torch"}}})
+    assert t.plan.resources["lm_state"].backend == "torch" and "fla_gdn" not in t.plan.nodes["lm"].kernels
+    with pytest.raises(InvalidInput) as e:
+        plan("wide", "a100-80gb", {"resources": {"lm_state": {"backend": "fla"}}})
+    assert "'fla' has no kernels for sm_80; a100-80gb has: torch" in str(e.value)
+    assert plan().plan.resources["lm_state"].backend == "torch"
