@@ -13,9 +13,9 @@ import torch
 from graphc.cli import main
 from graphc.plan import load_plan
 from graphc.runtime.engine import Engine
-from graphc.runtime.sampler import SamplingParams
 from graphc.step import StepContext
 from resources.paged_kv import PageAllocator, PagedTorch, new_cache
+from tests.gpu.arrivals import run_arrivals
 
 pytestmark = pytest.mark.gpu
 
@@ -30,28 +30,7 @@ def test_replayed_steps_match_a_cpu_fp32_forward_of_the_same_weights(limit, tmp_
         assert main(["plan", "models/tiny_omni.py", "--gpu", "h100", "--set", f"walks.prefill.capture_limit.decoder={limit}",
                      "-o", path, "-q"]) == 0
     engine = Engine(load_plan(path), random_weights=True, emulate=True)
-    seen: dict[tuple[str, int], torch.Tensor] = {}
-    run = engine.executor.run
-
-    def recording(plan):
-        logits = run(plan)
-        for c, row in zip([c for c in plan.chunks if c.sample], logits.logits):
-            seen[(c.req.id, c.end - 1)] = row.float().cpu()
-        return logits
-    engine.executor.run = recording
-
-    gen = torch.Generator().manual_seed(0)
-    lengths = [5, 40, 130, 7, 300, 16, 64, 3, 90, 200, 33, 12]        # some cut into chunks of 128
-    arrivals = [0, 0, 0, 1, 1, 2, 4, 4, 6, 9, 12, 20]
-    prompts = [torch.randint(0, 500, (n,), generator=gen).tolist() for n in lengths]
-    reqs, step = [], 0
-    while len(reqs) < len(prompts) or engine.has_work():
-        for i, at in enumerate(arrivals):
-            if at == step:
-                reqs.append(engine.add(prompt_token_ids=prompts[i],
-                                       params=SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)))
-        engine.step()
-        step += 1
+    reqs, seen = run_arrivals(engine)
     stats = engine.stats()
     assert stats["replayed"] > 0
     if limit is None:

@@ -17,13 +17,13 @@ from safetensors.torch import save_file
 from graphc.cli import main
 from graphc.plan import load_plan
 from graphc.runtime.engine import Engine
-from graphc.runtime.sampler import SamplingParams
 from graphc.step import StepContext
 from models.components.qwen3_5_text import Qwen3_5LM
 from models.components.qwen3_5_text_config import Qwen3_5TextConfig
 from models.qwen3_5 import TINY
 from resources.linear_state import StateStep, new_state
 from resources.paged_kv import PageAllocator, PagedTorch, new_cache
+from tests.gpu.arrivals import run_arrivals
 from tests.leak import held
 
 pytestmark = pytest.mark.gpu
@@ -79,28 +79,7 @@ def test_captured_decode_on_state_slots_matches_a_cpu_fp32_forward(tmp_path):
     path = small_plan(tmp_path, "h200")
     engine = Engine(load_plan(path), str(tmp_path / "ckpt"), emulate=True)
     assert engine.boot.modules["llm"].model.language_model.layers[0].linear_attn.fla_gdn == 1
-    seen: dict[tuple[str, int], torch.Tensor] = {}
-    run = engine.executor.run
-
-    def recording(plan):
-        result = run(plan)
-        for c, row in zip([c for c in plan.chunks if c.sample], result.logits):
-            seen[(c.req.id, c.end - 1)] = row.float().cpu()
-        return result
-    engine.executor.run = recording
-
-    gen = torch.Generator().manual_seed(0)
-    lengths = [5, 40, 130, 7, 300, 16, 64, 3, 90, 200, 33, 12]        # some cut into chunks
-    arrivals = [0, 0, 0, 1, 1, 2, 4, 4, 6, 9, 12, 20]
-    prompts = [torch.randint(0, 500, (n,), generator=gen).tolist() for n in lengths]
-    reqs, step = [], 0
-    while len(reqs) < len(prompts) or engine.has_work():
-        for i, at in enumerate(arrivals):
-            if at == step:
-                reqs.append(engine.add(prompt_token_ids=prompts[i],
-                                       params=SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)))
-        engine.step()
-        step += 1
+    reqs, seen = run_arrivals(engine)
     stats = engine.stats()
     decode = {r: n for k, n in stats["rungs"].items() for key, r in [k.rsplit("/", 1)] if key == "llm_decode/llm"}
     print(f"\nrungs: {stats['rungs']}")
