@@ -10,8 +10,9 @@ Nodes, walks and resources:
   llm_kv           paged K and V of the full-attention layers only (a quarter of the layers)
   llm_prefill      prompt chunks, llm_mixed: decode rows with a prompt chunk, llm_decode: one row a sequence,
   image_prefill    the tower and the LLM: patches (4 per LLM token), images per step
-Request kinds t2t and i2t. Video is not declared yet: Qwen3.5's video processor spends one pixel budget over
-all of a clip's frames, which the host's per-frame resize does not do.
+  video_prefill    the tower and the LLM: patches, frame groups (two frames each) per step
+Request kinds t2t, i2t and v2t. A video is laid out as Qwen3-VL's processor does (models/components/vl_host.py:
+one pixel budget over the clip, each frame group after its time as text).
 
 Shapes are the real ones (../shared/reference/qwen3_5.md section 2.1); `config` (a checkpoint's config.json)
 declares the nodes from its text_config instead (model_type qwen3_5 or qwen3_5_moe). On a GPU, decode steps
@@ -26,8 +27,8 @@ from models.components.vision_config import VISION_QWEN3_5_0_8B, VISION_QWEN3_5_
 from resources import RaggedAttentionSpec, WorkspaceSpec
 
 LLM = "models.components.qwen3_5_text:Qwen3_5LM"
-# the real checkpoints' media ids (config.json: image_token_id, video_token_id, vision_start_token_id)
-IMAGE_TOKEN, VIDEO_TOKEN, VISION_START = 248056, 248057, 248053
+# the real checkpoints' media ids (config.json: image_token_id, video_token_id, vision_start_token_id, vision_end_token_id)
+IMAGE_TOKEN, VIDEO_TOKEN, VISION_START, VISION_END = 248056, 248057, 248053, 248054
 
 TINY = Qwen3_5TextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
@@ -48,15 +49,15 @@ PRESETS = {
     # text config, per-step budgets, the longest request
     # (patches: an image's patches at most, 16 x 16 px each, 4 to an LLM token; images: per step)
     "9b": dict(text=QWEN3_5_9B, vision=VISION_QWEN3_5_9B, decode_seqs=64, prefill_tokens=8192, prefill_seqs=16,
-               mixed_tokens=2048, patches=16384, images=8, max_seq_len=32768, page_size=16),
+               mixed_tokens=2048, patches=16384, images=8, frame_groups=8, max_seq_len=32768, page_size=16),
     "0.8b": dict(text=QWEN3_5_0_8B, vision=VISION_QWEN3_5_0_8B, decode_seqs=128, prefill_tokens=8192, prefill_seqs=16,
-                 mixed_tokens=2048, patches=16384, images=8, max_seq_len=32768, page_size=16),
+                 mixed_tokens=2048, patches=16384, images=8, frame_groups=8, max_seq_len=32768, page_size=16),
     "35b-a3b": dict(text=QWEN3_5_35B_A3B, vision=VISION_QWEN3_5_35B_A3B, decode_seqs=64, prefill_tokens=8192,
-                    prefill_seqs=16, mixed_tokens=2048, patches=16384, images=8, max_seq_len=32768, page_size=16),
+                    prefill_seqs=16, mixed_tokens=2048, patches=16384, images=8, frame_groups=8, max_seq_len=32768, page_size=16),
     "tiny": dict(text=TINY, vision=TINY_VISION, decode_seqs=8, prefill_tokens=128, prefill_seqs=4, mixed_tokens=64,
-                 patches=256, images=2, max_seq_len=1024, page_size=16, pages=256),
+                 patches=256, images=2, frame_groups=4, max_seq_len=1024, page_size=16, pages=256),
     "tiny-moe": dict(text=TINY_MOE, vision=TINY_VISION, decode_seqs=8, prefill_tokens=128, prefill_seqs=4,
-                     mixed_tokens=64, patches=256, images=2, max_seq_len=1024, page_size=16, pages=256),
+                     mixed_tokens=64, patches=256, images=2, frame_groups=4, max_seq_len=1024, page_size=16, pages=256),
 }
 
 
@@ -87,6 +88,10 @@ def walks(p: dict) -> list[gc.Walk]:
         out.append(gc.Walk(name="image_prefill", kind="prefill", path=("vision_encoder", "llm"),
                            capture_limit={"llm": 0},
                            budget=gc.Budget(patches=p["patches"], tokens=p["prefill_tokens"], seqs=p["images"])))
+        out.append(gc.Walk(name="video_prefill", kind="prefill", path=("vision_encoder", "llm"),
+                           capture_limit={"llm": 0},
+                           budget=gc.Budget(patches=p["patches"], tokens=p["prefill_tokens"],
+                                            seqs=p["frame_groups"])))
     return out
 
 
@@ -119,8 +124,10 @@ def declare(preset: str = "9b", config: dict | None = None) -> gc.Model:
     stages = [gc.LLMStage(name="text", node="llm", decode="llm_decode", prefill=("llm_prefill", "llm_mixed"))]
     requests = [gc.RequestKind(name="t2t", stages=("llm_prefill", "llm_decode"))]
     if enc_nodes:
-        stages.append(gc.EncoderStage(name="see", node="vision_encoder", media=("image",), walks=("image_prefill",)))
-        requests.append(gc.RequestKind(name="i2t", stages=("image_prefill", "llm_decode")))
+        stages.append(gc.EncoderStage(name="see", node="vision_encoder", media=("image", "video"),
+                                      walks=("image_prefill", "video_prefill")))
+        requests += [gc.RequestKind(name="i2t", stages=("image_prefill", "llm_decode")),
+                     gc.RequestKind(name="v2t", stages=("video_prefill", "llm_decode"))]
     return gc.Model(
         name=f"qwen3_5-{preset}" if config is None else f"qwen3_5-{preset}-checkpoint",
         nodes=enc_nodes + [llm],
@@ -131,21 +138,40 @@ def declare(preset: str = "9b", config: dict | None = None) -> gc.Model:
     )
 
 def host(model: gc.Model, checkpoint: str | None = None):
-    """The serving host (graphc.Host): text and images in, 3-row M-RoPE positions (equal rows for text); the
-    media ids and end-of-sequence ids from the checkpoint's config.json (the real ids, or the vocabulary's last
-    ones, with seeded weights; then no end of sequence: greedy runs to max_tokens)."""
-    from models.components.hosting import AudioVisualHost, Encoders, checkpoint_config, generation_eos, \
-        random_media_tokens, vision_processing
+    """The serving host (graphc.Host): text, images and videos in (models/components/vl_host.py), 3-row M-RoPE
+    positions; the media ids and end-of-sequence ids from the checkpoint's config.json (the real ids, or the
+    vocabulary's last ones, with seeded weights; then no end of sequence: greedy runs to max_tokens). A video's
+    frame-group times are text in the checkpoint tokenizer's ids (tokenizer.json); without one, videos are refused."""
+    from models.components.hosting import Encoders, checkpoint_config, generation_eos, random_media_tokens, \
+        vision_processing
     from models.components.mrope import MediaTokens
+    from models.components.vl_host import TimestampVideoHost
 
     vocab = model.node("llm").config.vocab_size
     cfg = checkpoint_config(checkpoint)
     ids = {"image_token_id": IMAGE_TOKEN, "video_token_id": VIDEO_TOKEN, "vision_start_token_id": VISION_START}
+    end = VISION_END
     if cfg is not None:
         ids = {k: cfg.get(k, v) for k, v in ids.items()}
-    media = (MediaTokens(**ids, audio_token_id=-1, audio_start_token_id=-2) if max(ids.values()) < vocab
-             else random_media_tokens(vocab))
+        end = cfg.get("vision_end_token_id", end)
+    real = max([*ids.values(), end]) < vocab
+    media = (MediaTokens(**ids, audio_token_id=-1, audio_start_token_id=-2) if real else random_media_tokens(vocab))
     eos = generation_eos(checkpoint, cfg.get("text_config", cfg)) if cfg is not None else ()
-    seen = ("vision_encoder", "image_prefill") if "vision_encoder" in {n.name for n in model.nodes} else None
-    return AudioVisualHost(model, "llm", Encoders(image=seen), media, mrope=True, eos_token_ids=eos,
-                           vision=vision_processing(checkpoint) if checkpoint else None)
+    seen = "vision_encoder" in {n.name for n in model.nodes}
+    return TimestampVideoHost(model, "llm", Encoders(image=("vision_encoder", "image_prefill") if seen else None,
+                                                     video=("vision_encoder", "video_prefill") if seen else None),
+                              media, mrope=True, eos_token_ids=eos,
+                              vision=vision_processing(checkpoint) if checkpoint else None,
+                              vision_end=end if real else vocab - 6, timestamp_ids=timestamp_ids(checkpoint))
+
+
+def timestamp_ids(checkpoint: str | None):
+    """text -> its ids in the checkpoint's tokenizer.json (no special tokens added), or None without one."""
+    from pathlib import Path
+
+    if checkpoint is None or not (Path(checkpoint) / "tokenizer.json").is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(checkpoint) / "tokenizer.json"))
+    return lambda text: tok.encode(text, add_special_tokens=False).ids

@@ -151,3 +151,40 @@ def rope_index(input_ids: Sequence[int], media: MediaTokens = QWEN3_OMNI_MEDIA, 
                          "int64 positions cannot hold them")
     delta = int(pos.max()) + 1 - len(ids) if len(ids) else 0
     return pos.to(torch.int64), delta
+
+
+def typed_rope_index(types: Sequence[int], grids: Sequence[Sequence[int]], merge: int) -> tuple[torch.Tensor, int]:
+    """HF Qwen3.5's get_rope_index for one prompt: (positions [3, L] int64, delta = max position + 1 - L).
+
+    types: each token's kind, 0 text, 1 image, 2 video (HF's mm_token_type_ids); a run of one kind is a group.
+    A text group runs on from the current position on all three rows. A media group takes the next grid
+    (t, h, w) in patches (a video's frames are one grid (1, h, w) each, timestamp text between them): its
+    tokens sit at current + (t index, merged row, merged column), and the current position moves on by
+    max(h, w) / merge."""
+    grids = deque(grids)
+    chunks, cur, i = [], 0, 0
+    while i < len(types):
+        j = i
+        while j < len(types) and types[j] == types[i]:
+            j += 1
+        if types[i] == 0:
+            chunks.append(torch.arange(cur, cur + j - i, dtype=torch.int64).expand(3, -1))
+            cur += j - i
+        else:
+            if not grids:
+                raise ValueError(f"a media run at token {i} has no grid left")
+            t, h, w = (int(x) for x in grids.popleft())
+            h, w = h // merge, w // merge
+            if t * h * w != j - i:
+                raise ValueError(f"the media run at token {i} has {j - i} tokens; its grid ({t}, {h}, {w}) merged "
+                                 f"gives {t * h * w}")
+            g = torch.meshgrid(torch.arange(t), torch.arange(h) + cur, torch.arange(w) + cur, indexing="ij")
+            pos = torch.stack(g).reshape(3, -1)
+            pos[0] += cur
+            chunks.append(pos)
+            cur += max(h, w)
+        i = j
+    if grids:
+        raise ValueError(f"{len(grids)} grid(s) left over: the prompt has fewer media runs than grids")
+    pos = torch.cat(chunks, dim=1) if chunks else torch.zeros(3, 0, dtype=torch.int64)
+    return pos, (int(pos.max()) + 1 - len(types)) if len(types) else 0

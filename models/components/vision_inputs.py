@@ -132,6 +132,41 @@ def process_video(frames: torch.Tensor, cfg: VisionProcessing) -> VisionItem:
     """Sampled frames [F, 3, H, W], values 0..255 -> patches, grid (ceil(F/T), h, w)."""
     return _process(frames, cfg, cfg.video_min_pixels, cfg.video_max_pixels)
 
+def clip_smart_resize(num_frames: int, height: int, width: int, factor: int, temporal_factor: int, min_pixels: int,
+                      max_pixels: int) -> tuple[int, int]:
+    """HF Qwen3-VL's video smart_resize: [min_pixels, max_pixels] bound the whole clip (its frames rounded to
+    temporal_factor), not each frame; sides multiples of factor, aspect kept; frames smaller than factor are
+    scaled up to it first."""
+    if num_frames < temporal_factor:
+        raise ValueError(f"a clip needs at least {temporal_factor} frames, got {num_frames}")
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if (ratio := max(height, width) / min(height, width)) > 200:
+        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {ratio}")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    t_bar = round(num_frames / temporal_factor) * temporal_factor
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt(num_frames * height * width / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
+        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def process_clip(frames: torch.Tensor, cfg: VisionProcessing) -> VisionItem:
+    """Qwen3-VL's video processing (Qwen3.5): sampled frames [F, 3, H, W], values 0..255, resized by one pixel
+    budget over the clip (video_min_pixels .. video_max_pixels, clip_smart_resize) -> patches, grid."""
+    if frames.ndim != 4 or frames.shape[1] != 3:
+        raise ValueError(f"expected RGB frames [F, 3, H, W], got {list(frames.shape)}")
+    height, width = clip_smart_resize(frames.shape[0], frames.shape[-2], frames.shape[-1], cfg.factor,
+                                      cfg.temporal_patch_size, cfg.video_min_pixels, cfg.video_max_pixels)
+    patches, grid = patchify(normalize(resize_bicubic(frames, height, width), cfg), cfg)
+    return VisionItem(patches, grid)
+
+
 
 def merge_block_positions(h: int, w: int, merge: int) -> torch.Tensor:
     """(row, col) of each patch of an h x w frame in merge-block order -> [h*w, 2] int64."""

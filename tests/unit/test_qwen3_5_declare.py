@@ -80,6 +80,8 @@ def test_the_real_0_8b_config_json_declares_the_real_model(tmp_path):
     host = load_model(MODEL, "0.8b", config=config).module.host(model, str(tmp_path))
     assert (host.media.image_token_id, host.media.vision_start_token_id, host.eos_token_ids) == (248056, 248053,
                                                                                                 (248044,))
+    assert (host.media.video_token_id, host.vision_end) == (248057, 248054)
+    assert host.timestamp_ids is None               # no tokenizer.json beside the config: videos are refused
     out = tmp_path / "p.plan"
     assert main(["plan", MODEL, "--preset", "0.8b", "--checkpoint", str(tmp_path), "--gpu", "cpu", "--memory-cap",
                  "16GiB", "-o", str(out), "-q", "--set", "walks.llm_prefill.budget.tokens=512",
@@ -87,4 +89,4 @@ def test_the_real_0_8b_config_json_declares_the_real_model(tmp_path):
                  "--set", "walks.llm_mixed.budget.tokens=256"]) == 0
     plan = load_plan(out)
     assert plan.resources["llm_state"].slot_bytes == 18 * ((2 * 16 * 128 + 16 * 128) * 3 * 2 + 16 * 128 * 128 * 4)
-    assert sorted(plan.requests) == ["i2t", "t2t"]
+    assert sorted(plan.requests) == ["i2t", "t2t", "v2t"]

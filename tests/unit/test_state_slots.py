@@ -128,7 +128,7 @@ def test_a_captured_prompt_step_on_state_slots_is_refused_with_the_fix():
         plan("wide", "h100", {"walks": {"prefill": {"capture": True}}})
     text = str(e.value)
     assert "lm would capture prefill:tokens at" in text and "on 'lm_state', a linear_state resource" in text
-    assert "--set walks.prefill.capture=false" in text
+    assert "--set walks.prefill.capture=false" in text and "walks.decode" not in text   # the family's walks only
     plan("wide", "h100", {"walks": {"prefill": {"capture": False}}})
 
 

@@ -1,0 +1,90 @@
+"""The host of Qwen3.5 (Qwen3-VL's prompt layout): images as AudioVisualHost's; a video as Qwen3-VL's processor
+lays it out, each temporal patch (two frames) a block of its own after its time as text:
+
+    <|vision_start|> <t0 seconds> <|vision_start|> video x n <|vision_end|> <t1 seconds> ... <|vision_end|>
+
+(the outer start and end are the chat template's, around the placeholder). t_k is the mean time of the block's
+first and last frame, printed with one decimal ("<0.5 seconds>"), and its ids are the checkpoint tokenizer's.
+The clip is resized by one pixel budget over all its frames (vision_inputs.process_clip). Positions follow HF
+Qwen3.5's get_rope_index (mrope.typed_rope_index): every block is a grid of one frame group, and text runs on
+between them. Frames arrive sampled, with their rate (Media.fps).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from graphc import InvalidInput, Media, MediaItem, Prompt, expand_placeholders
+from models.components.hosting import AudioVisualHost
+from models.components.mrope import typed_rope_index
+from models.components.vision_inputs import VisionItem, process_clip
+
+KIND_TYPE = {"image": 1, "video": 2}      # HF's mm_token_type_ids: text 0, image 1, video 2
+
+
+def block_times(frames: int, fps: float, temporal: int) -> list[float]:
+    """Each temporal block's time in seconds: the mean of its first and last frame's (frame i at i / fps), the
+    last block's frames padded by repeating the last one (HF Qwen3VLProcessor._calculate_timestamps)."""
+    idx = list(range(frames)) + [frames - 1] * (-frames % temporal)
+    t = [i / fps for i in idx]
+    return [(t[i] + t[i + temporal - 1]) / 2 for i in range(0, len(t), temporal)]
+
+
+class TimestampVideoHost(AudioVisualHost):
+    def __init__(self, *args, vision_end: int, timestamp_ids: Callable[[str], list[int]] | None, **kwargs):
+        """vision_end: <|vision_end|>'s id; timestamp_ids: text -> its token ids (the checkpoint's tokenizer;
+        None: no tokenizer, and videos are refused)."""
+        super().__init__(*args, **kwargs)
+        self.vision_end, self.timestamp_ids = vision_end, timestamp_ids
+
+    def media_limits(self, max_rows: int) -> tuple[float | None, int | None]:
+        """A clip's frame group takes at least 3 rows (one merged patch: the budget never shrinks a side below
+        a patch x merge, and its start and end tokens; its time's text besides), so frames beyond
+        temporal x (max_rows / 3 + 1) surely overflow."""
+        return None, (self.vision.temporal_patch_size * (max_rows // 3 + 1) if self.encoders.video else None)
+
+    def _prepare(self, item: Media):
+        if item.kind != "video":
+            return super()._prepare(item)
+        if self.encoders.video is None:
+            return super()._prepare(item)                 # refused there, with the kinds it takes
+        if not item.fps or item.fps <= 0:
+            raise InvalidInput("a video needs its sampling rate", f"fps is {item.fps}", "pass the frames' fps")
+        if item.audio is not None:
+            raise InvalidInput("this model cannot hear a video's sound (use_audio_in_video)",
+                               "it takes images and videos, no audio", "leave use_audio_in_video off")
+        if self.timestamp_ids is None:
+            raise InvalidInput("a video prompt needs the checkpoint's tokenizer", "each of its frame groups is "
+                               "preceded by its time as text (<0.5 seconds>), in the tokenizer's ids",
+                               "serve a checkpoint that has tokenizer.json, or send images")
+        vi = process_clip(torch.as_tensor(item.data), self.vision)
+        return vi, vi.num_patches // self.vcfg.merge_unit
+
+    def _video_ids(self, vi: VisionItem, fps: float, frames: int) -> list[int]:
+        t, h, w = vi.grid_thw
+        per = h * w // self.vcfg.merge_unit
+        out = []
+        for s in block_times(frames, fps, self.vision.temporal_patch_size):
+            out += self.timestamp_ids(f"<{s:.1f} seconds>")
+            out += [self.media.vision_start_token_id] + [self.media.video_token_id] * per + [self.vision_end]
+        return out
+
+    def prompt(self, ids: list[int], media: list[Media]) -> Prompt:
+        prepared = [self._prepare(m) for m in media]
+        reps = [self._video_ids(vi, m.fps, len(m.data)) if m.kind == "video" else [self.token_of[m.kind]] * n
+                for m, (vi, n) in zip(media, prepared)]
+        expanded, starts = expand_placeholders(ids, media, self.token_of, reps)
+        kind_of = {self.media.image_token_id: 1, self.media.video_token_id: 2}
+        types = [kind_of.get(t, 0) for t in expanded]
+        grids = []
+        for m, (vi, _) in zip(media, prepared):
+            t, h, w = vi.grid_thw
+            grids += [(1, h, w)] * t if m.kind == "video" else [vi.grid_thw]
+        positions, delta = typed_rope_index(types, grids, self.vision.merge_size)
+        items = []
+        for m, (vi, _), start, rep in zip(media, prepared, starts, reps):
+            node, walk = getattr(self.encoders, m.kind)
+            rows = [start + i for i, t in enumerate(rep) if types[start + i] == KIND_TYPE[m.kind]]
+            items.append(MediaItem(walk=walk, node=node, kind=m.kind, pieces=self._pieces(m.kind, vi, rows, node)))
+        return Prompt(ids=expanded, positions=positions, delta=delta, media=items)
