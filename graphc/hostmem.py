@@ -49,21 +49,24 @@ def _cgroup_room() -> int | None:
         return None
 
 
-def check_host_memory(plan, where: str = "the plan", have: tuple[int, str] | None = None) -> None:
+def check_host_memory(plan, where: str = "the plan", have: tuple[int, str] | None = None,
+                      devices: list[int] | None = None) -> None:
     """Refuse a plan whose host-bound devices together plan more bytes than this host has available now,
-    naming both numbers and the fix. GPU plans (no host budget) and hosts that report nothing pass."""
+    naming both numbers and the fix. GPU plans (no host budget) and hosts that report nothing pass.
+    devices: the plan devices that live on this host (default: all of them)."""
     if plan.target.host_bytes is None:
         return
     have = have if have is not None else available_bytes()
     if have is None:
         return
-    need = sum(d.total_bytes for d in plan.devices)
+    mine = [d for d in plan.devices if devices is None or d.index in devices]
+    need = sum(d.total_bytes for d in mine)
     free, source = have
     if need <= free:
         return
     cap = max(int(free * CAP_SHARE) // MiB, 1)
     raise InvalidInput(
-        f"{where} plans {need:,} B ({fmt_bytes(need)}) for its {len(plan.devices)} device(s) in this host's memory; "
+        f"{where} plans {need:,} B ({fmt_bytes(need)}) for its {len(mine)} device(s) in this host's memory; "
         f"this host has {free:,} B ({fmt_bytes(free)}) available ({source})",
         f"the plan's host budget is {plan.target.host_bytes:,} B ({fmt_bytes(plan.target.host_bytes)}); its "
         "devices would fill more memory than exists, and the kernel would kill a worker",

@@ -77,15 +77,12 @@ def size_resources(ir: IR, backends: Backends, buckets: Buckets) -> ResourceSize
     for (node, fam, rung) in buckets.graphs():
         step = ir.family(node, fam)        # the runtime sizes a graph's wrapper at its family's step
         bufs = []
-        for role, res in ir.node(node).resources.items():
+        for role, res in ir.node(node).resources.items():      # attention wrappers and state bindings
             spec = ir.model.resource(res)
-            if res not in backends.chosen and not isinstance(spec, LinearStateSpec):
-                continue                           # attention wrappers and state bindings are captured
             shape = spec.step_shape(step.axis, step.sizes_at(rung), step.phase)
             if isinstance(spec, LinearStateSpec):
                 _captured_state(ir, spec, node, fam, rung, shape)
-            backend = backends.backend(res, step.phase) if res in backends.chosen else None
-            for name, n in spec.wrapper_allocs(backend, shape):
+            for name, n in spec.wrapper_allocs(backends.backend(res, step.phase), shape):
                 # a resource's captured wrappers share one int workspace (each replay is planned right
                 # before it, one step at a time): counted once, with its first graph
                 if name == "int_workspace":

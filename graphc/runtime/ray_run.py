@@ -49,6 +49,35 @@ def bundles(plan: Plan) -> list[dict]:
     return [{"CPU": 1} if plan.target.arch == "cpu" else {"GPU": 1, "CPU": 1} for _ in plan.devices]
 
 
+def node_devices(plan: Plan, bundle_nodes: dict[int, str]) -> dict[str, list[int]]:
+    """Ray node id -> the plan devices whose bundles it holds (bundle i is device i)."""
+    out: dict[str, list[int]] = {}
+    for d in plan.devices:
+        out.setdefault(bundle_nodes[d.index], []).append(d.index)
+    return out
+
+
+def check_nodes(ray, plan: Plan, pg) -> None:
+    """A cpu plan's devices live in their Ray nodes' memory: before any actor boots, each node's devices
+    together must fit what that node has available now (hostmem.check_host_memory, read on the node)."""
+    if plan.target.host_bytes is None:
+        return
+    from ray.util import placement_group_table
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from graphc.hostmem import available_bytes, check_host_memory
+
+    here = ray.get_runtime_context().get_node_id()
+    groups = node_devices(plan, placement_group_table(pg)["bundles_to_node_id"])
+    for node, devices in groups.items():
+        if node == here:
+            have = available_bytes()
+        else:
+            read = ray.remote(num_cpus=0)(available_bytes)
+            have = ray.get(read.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote())
+        check_host_memory(plan, f"the plan's devices {devices} on Ray node {node[:12]}", have, devices)
+
+
 class RayLink:
     """The engine's side of a worker actor: the same messages as a worker process's connection."""
 
@@ -176,6 +205,7 @@ class RayServing:
                                    f"bundles ({bundles(plan)[0]} each, {strategy(plan)}) in {PG_TIMEOUT_S:.0f} s",
                                    f"it has {have} available",
                                    "add nodes or GPUs to the cluster, or plan for fewer devices")
+            check_nodes(ray, plan, self.pg)
             DeviceActor, EngineActor = _classes(ray)
             gpu = plan.target.arch != "cpu"
 

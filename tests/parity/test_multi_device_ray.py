@@ -115,6 +115,28 @@ def test_a_cluster_too_small_is_refused_with_what_it_has(cluster, plans, monkeyp
     assert "available" in str(e.value)
 
 
+def test_a_node_without_the_memory_of_its_devices_is_refused_before_an_actor_boots(cluster, plans, monkeypatch):
+    """Both bundles of the two-device cpu plan land on this host (one Ray node); with less available there than
+    their planned bytes, RayServing refuses with both numbers, naming the node's devices, and starts no actor;
+    with exactly their bytes it passes the check (then boots)."""
+    import graphc.hostmem as hm
+    import graphc.runtime.ray_run as rr
+
+    plan = load_plan(plans[1])
+    need = sum(d.total_bytes for d in plan.devices)
+    assert plan.target.host_bytes is not None
+    monkeypatch.setattr(hm, "available_bytes", lambda: (need - 1, "by hand"))
+    monkeypatch.setattr(rr, "_classes", lambda ray: (_ for _ in ()).throw(AssertionError("an actor class was made")))
+    with pytest.raises(InvalidInput) as e:
+        RayServing(plan, "local", llm_device=1, random_weights=True)
+    text = str(e.value)
+    assert f"the plan's devices [0, 1] on Ray node" in text and f"plans {need:,} B" in text
+    assert f"this host has {need - 1:,} B" in text and "--memory-cap" in text
+    monkeypatch.setattr(hm, "available_bytes", lambda: (need, "by hand"))
+    with pytest.raises(AssertionError, match="an actor class was made"):
+        RayServing(plan, "local", llm_device=1, random_weights=True)
+
+
 def test_graphc_run_serves_through_ray(plans):
     """The server in the engine's actor answers a completion with the tokens the offline run gives."""
     import signal
