@@ -32,6 +32,9 @@ SHIPPED = {
     "omni_2gpu": ("models/qwen3_omni.py", "30b-a3b", "h100", 2, {}),
     "qwen3_omni_h200": ("models/qwen3_omni.py", "30b-a3b", "h200", 1, {}),
     "qwen3_asr_1.7b_h100": ("models/qwen3_asr.py", "1.7b", "h100", 1, {}),
+    "qwen3_5_9b_h200": ("models/qwen3_5.py", "9b", "h200", 1, {}),
+    "qwen3_5_9b_h100": ("models/qwen3_5.py", "9b", "h100", 1, {}),
+    "qwen3_5_0.8b_h200": ("models/qwen3_5.py", "0.8b", "h200", 1, {}),
     # the seeds' 80 GB settings, trimmed by --fit until they fit one h100 (the trims are in the plan)
     "qwen3_omni_h100_seed80gb_fit": ("models/qwen3_omni.py", "30b-a3b", "h100", 1, "fit:" + SEED_80GB),
 }

@@ -178,15 +178,3 @@ def test_triton_is_taken_only_for_short_segments_of_one_length(tiny):
     with pytest.raises(InvalidInput, match="'triton' has no kernels for sm_80"):
         choices(apply_overrides(tiny.model, {"resources": {"encoder_attn": asked}}), "a100-80gb")
 
-
-def test_sm90_bf16_nodes_get_every_fused_knob_on_and_the_cutovers_of_the_docstring(tiny):
-    """select_backends' docstring: on sm_90 every bf16 node runs the fused kernels (each knob 1), fused paths up
-    to 16,384 tokens, the SM90 experts from 2,048 tokens; fp32 nodes and other archs run none; fla_gdn only where
-    a linear_state resource runs fla (tests/unit/test_state_slots.py)."""
-    want = {"fused_gelu": 1, "fused_max_tokens": 16384, "fused_norms": 1, "fused_rope": 1, "fused_router": 1,
-            "fused_sampler": 1, "gemv": 1, "moe_sm90_from": 2048}
-    bf16 = [n.name for n in tiny.model.nodes if n.dtype == "bfloat16"]
-    assert bf16
-    kernels = select_backends(verify_graph(tiny.model, get_target("h100"), 1)).kernels
-    assert {n: kernels[n] for n in bf16} == {n: want for n in bf16}
-    assert select_backends(verify_graph(tiny.model, get_target("a100-80gb"), 1)).kernels == {}

@@ -63,7 +63,7 @@ def test_select_backends_by_arch_and_dtype():
         ir = verify_graph(model, get_target(gpu), 1)
         chosen = select_backends(ir).kernels
         bf16 = {n.name for n in model.nodes if n.dtype == "bfloat16"}
-        knobs = {"fla_gdn": 1, "fused_gelu": 1, "fused_max_tokens": 16384, "fused_norms": 1, "fused_rope": 1,
+        knobs = {"fused_gelu": 1, "fused_max_tokens": 16384, "fused_norms": 1, "fused_rope": 1,
                  "fused_router": 1, "fused_sampler": 1, "gemv": 1, "moe_sm90_from": 2048}
         assert chosen == ({n: knobs for n in bf16}
                           if want else {}), gpu
