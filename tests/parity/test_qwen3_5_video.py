@@ -19,6 +19,11 @@ from tests.parity.test_qwen3_5_serve import IDS, MODEL, VISION, prompt
 from tests.parity.test_qwen3_5_text import draw, hf_config
 
 CHARS = "<>. 0123456789seconds"
+# a chat template of the tiny tokenizer's tokens: each message's text and media placeholders, Qwen3-VL's way
+TEMPLATE = ("{%- for m in messages -%}<u1>{%- for p in m.content -%}{%- if p.type == 'text' -%}{{ p.text }}"
+            "{%- elif p.type == 'image' -%}<|vision_start|><|image_pad|><|vision_end|>"
+            "{%- elif p.type == 'video' -%}<|vision_start|><|video_pad|><|vision_end|>{%- endif -%}{%- endfor -%}"
+            "<u2>{%- endfor -%}{%- if add_generation_prompt -%}<u3>{%- endif -%}")
 
 
 def tiny_tokenizer(folder) -> None:
@@ -51,6 +56,7 @@ def served(tmp_path_factory):
     draw(hf, seed=11)
     hf.save_pretrained(d / "ckpt")
     tiny_tokenizer(d / "ckpt")
+    (d / "ckpt" / "chat_template.jinja").write_text(TEMPLATE)
     (d / "ckpt" / "video_preprocessor_config.json").write_text(json.dumps(
         {"size": {"shortest_edge": 4096, "longest_edge": 64 * 32 * 32}}))      # a small clip budget
     plan = d / "p.plan"
@@ -160,3 +166,38 @@ def test_the_frame_limit_is_safe(served):
     ids = [IDS["vision_start_token_id"], IDS["video_token_id"], IDS["vision_end_token_id"]]
     p = engine.host.prompt(ids, [Media("video", torch.zeros(frames, 3, 32, 32, dtype=torch.uint8), fps=2.0)])
     assert len(p.ids) > most
+
+
+def test_a_video_file_in_chat_messages_equals_hf_generate(served, tmp_path):
+    """The user's path: a chat message with an mp4 part (decoded and sampled by graphc's loader at 2 frames a
+    second), the checkpoint's chat template and tokenizer, the host's layout; its greedy tokens equal HF's
+    generate given the same frames (the loader's), HF's processor's layout of them and HF's positions (the
+    template's ids hold 0, the tiny tokenizer's unknown token: HF's mask is given, not guessed from the pad id)."""
+    import numpy as np
+
+    from graphc.runtime.media import load_video
+    from graphc.runtime.sampler import SamplingParams
+    from models.components.vision_inputs import process_clip
+    from tests.parity.test_engine import write_video
+
+    hf, engine, ckpt = served
+    path = tmp_path / "v.mp4"
+    write_video(str(path), np.random.default_rng(3).integers(0, 256, (14, 64, 96, 3), dtype=np.uint8), fps=4)
+    messages = [{"role": "user", "content": [{"type": "text", "text": "0.5 s"}, {"type": "video", "path": str(path)}]}]
+    r = engine.add(messages=messages, params=SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    while engine.has_work():
+        engine.step()
+    assert r.kind == "v2t"
+    frames, fps = load_video(str(path))
+    item = process_clip(frames, engine.host.vision)
+    ids = engine.tokenize([{"role": "user", "content": [{"type": "text", "text": "0.5 s"}, {"type": "video"}]}])
+    k = ids.index(IDS["video_token_id"])
+    ids = ids[:k] + hf_video_ids(ckpt, item.grid_thw, len(frames), fps) + ids[k + 1:]
+    assert list(r.prompt.ids) == ids
+    types = torch.tensor([[2 if t == IDS["video_token_id"] else 0 for t in ids]])
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          max_new_tokens=8, min_new_tokens=8, do_sample=False, eos_token_id=None,
+                          pad_token_id=0, pixel_values_videos=item.patches,
+                          video_grid_thw=torch.tensor([item.grid_thw]), mm_token_type_ids=types)
+    assert list(r.output) == out[0, len(ids):].tolist()
