@@ -4,6 +4,7 @@ safetensors), a tokenizer.json built with `tokenizers`, and a Qwen-style chat te
     python examples/make_tiny_checkpoint.py asr ckpt/tiny_asr        # Qwen3-ASR (transformers' layout)
     python examples/make_tiny_checkpoint.py omni ckpt/tiny_omni      # Qwen3-Omni thinker (no talker)
     python examples/make_tiny_checkpoint.py omni-speech ckpt/tiny_omni_speech   # with talker and Code2Wav
+    python examples/make_tiny_checkpoint.py qwen3_5 ckpt/tiny_qwen3_5            # Qwen3.5 (text, image, video in)
 
 Then plan and serve it on a CPU:
 
@@ -133,6 +134,26 @@ def omni_model(tok: Tokenizer, seed: int = 0, speech: bool = False):
     return Qwen3OmniMoeForConditionalGeneration(cfg).eval()
 
 
+def qwen3_5_model(tok: Tokenizer, seed: int = 0):
+    """Qwen3.5 with its vision tower: 8 decoder layers (Gated DeltaNet, 3 to 1 with gated attention)."""
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForConditionalGeneration
+
+    s = ids(tok)
+    torch.manual_seed(seed)
+    text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=8, full_attention_interval=4,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=64, linear_num_key_heads=2,
+                linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_conv_kernel_dim=4,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                 "mrope_section": [4, 2, 2], "mrope_interleaved": True})
+    vision = dict(depth=2, hidden_size=32, num_heads=4, intermediate_size=48, out_hidden_size=64,
+                  num_position_embeddings=64)
+    cfg = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False,
+                        image_token_id=s["<|image_pad|>"], video_token_id=s["<|video_pad|>"],
+                        vision_start_token_id=s["<|vision_start|>"], vision_end_token_id=s["<|vision_end|>"])
+    return Qwen3_5ForConditionalGeneration(cfg).eval()
+
+
 def save(model, tok: Tokenizer, path: str | Path) -> Path:
     """save_pretrained, tokenizer.json, the chat template and a generation config with our end ids."""
     path = Path(path)
@@ -156,12 +177,13 @@ def save(model, tok: Tokenizer, path: str | Path) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=["asr", "omni", "omni-speech"])
+    ap.add_argument("kind", choices=["asr", "omni", "omni-speech", "qwen3_5"])
     ap.add_argument("out")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     tok = build_tokenizer()
-    model = asr_model(tok, a.seed) if a.kind == "asr" else omni_model(tok, a.seed, speech=a.kind == "omni-speech")
+    model = (asr_model(tok, a.seed) if a.kind == "asr" else qwen3_5_model(tok, a.seed) if a.kind == "qwen3_5"
+             else omni_model(tok, a.seed, speech=a.kind == "omni-speech"))
     print(save(model, tok, a.out))
 
 

@@ -201,3 +201,38 @@ def test_a_video_file_in_chat_messages_equals_hf_generate(served, tmp_path):
                           pad_token_id=0, pixel_values_videos=item.patches,
                           video_grid_thw=torch.tensor([item.grid_thw]), mm_token_type_ids=types)
     assert list(r.output) == out[0, len(ids):].tolist()
+
+
+def test_the_example_checkpoint_serves_text_images_and_videos_from_chat_messages(tmp_path):
+    """examples/make_tiny_checkpoint.py qwen3_5 (HF's model, a BPE tokenizer, a chat template) planned and run
+    offline as its docs say: a text, an image (png) and a video (mp4) request from chat messages each finish
+    with their kind and 6 tokens."""
+    import importlib.util
+
+    import numpy as np
+    from PIL import Image
+
+    from tests.conftest import ROOT
+    from tests.parity.test_engine import write_video
+
+    spec = importlib.util.spec_from_file_location("mk", ROOT / "examples" / "make_tiny_checkpoint.py")
+    mk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mk)
+    tok = mk.build_tokenizer()
+    ckpt = mk.save(mk.qwen3_5_model(tok), tok, tmp_path / "ckpt")
+    write_video(str(tmp_path / "v.mp4"), np.random.default_rng(0).integers(0, 256, (12, 64, 96, 3), np.uint8), fps=4)
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (70, 90, 3), np.uint8)).save(tmp_path / "i.png")
+    parts = {"t2t": [{"type": "text", "text": "hello world"}],
+             "i2t": [{"type": "image", "path": str(tmp_path / "i.png")}, {"type": "text", "text": "what is it"}],
+             "v2t": [{"type": "text", "text": "describe"}, {"type": "video", "path": str(tmp_path / "v.mp4")}]}
+    reqs = tmp_path / "r.jsonl"
+    reqs.write_text("".join(json.dumps({"id": k, "messages": [{"role": "user", "content": v}], "max_tokens": 6,
+                                        "ignore_eos": True}) + "\n" for k, v in parts.items()))
+    plan = tmp_path / "p.plan"
+    assert main(["plan", MODEL, "--preset", "tiny", "--checkpoint", str(ckpt), "--gpu", "cpu", "-o", str(plan),
+                 "-q"]) == 0
+    assert main(["run", str(plan), "--checkpoint", str(ckpt), "--requests", str(reqs), "--output",
+                 str(tmp_path / "o.jsonl")]) == 0
+    out = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert [(o["id"], o["kind"], len(o["token_ids"]), o["finish_reason"]) for o in out] == \
+        [(k, k, 6, "length") for k in parts]
