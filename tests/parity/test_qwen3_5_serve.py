@@ -114,24 +114,34 @@ VISION = dict(depth=2, hidden_size=32, num_heads=4, intermediate_size=48, out_hi
 IDS = dict(image_token_id=500, video_token_id=501, vision_start_token_id=502, vision_end_token_id=503)
 
 
-@pytest.fixture(scope="module")
-def with_vision(tmp_path_factory):
-    """HF's tiny Qwen3_5ForConditionalGeneration (text as above, a 2-block tower), saved by HF under its own
-    names (model.language_model.*, model.visual.*, lm_head), planned for cpu: (HF's model, the engine)."""
+def vl_checkpoint(folder, seed: int):
+    """HF's tiny Qwen3_5ForConditionalGeneration (text as above, a 2-block tower), drawn with `seed` and saved by HF
+    under its own names (model.language_model.*, model.visual.*, lm_head) in folder: HF's model."""
     from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForConditionalGeneration
 
-    d = tmp_path_factory.mktemp("qwen3_5_vl")
     text = hf_config("untied").to_dict() | {"vocab_size": 512, "dtype": "float32"}
     torch.manual_seed(0)
     hf = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=VISION,
                                                        tie_word_embeddings=False, **IDS)).eval()
-    draw(hf, seed=7)
-    hf.save_pretrained(d / "ckpt")
-    plan = d / "p.plan"
-    assert main(["plan", MODEL, "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu", "-o", str(plan),
+    draw(hf, seed=seed)
+    hf.save_pretrained(folder)
+    return hf
+
+
+def cpu_engine(ckpt, plan) -> Engine:
+    """The tiny preset planned for cpu from ckpt's config.json, booted on ckpt."""
+    assert main(["plan", MODEL, "--preset", "tiny", "--checkpoint", str(ckpt), "--gpu", "cpu", "-o", str(plan),
                  "-q"]) == 0
-    return hf, Engine(plan, str(d / "ckpt"))
+    return Engine(plan, str(ckpt))
+
+
+@pytest.fixture(scope="module")
+def with_vision(tmp_path_factory):
+    """vl_checkpoint planned for cpu: (HF's model, the engine)."""
+    d = tmp_path_factory.mktemp("qwen3_5_vl")
+    hf = vl_checkpoint(d / "ckpt", seed=7)
+    return hf, cpu_engine(d / "ckpt", d / "p.plan")
 
 
 def test_an_image_prompt_equals_hf_generate(with_vision, leak_oracle):

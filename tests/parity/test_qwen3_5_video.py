@@ -14,9 +14,7 @@ import pytest
 import torch
 
 from graphc.cli import main
-from graphc.runtime.engine import Engine
-from tests.parity.test_qwen3_5_serve import IDS, MODEL, VISION, prompt
-from tests.parity.test_qwen3_5_text import draw, hf_config
+from tests.parity.test_qwen3_5_serve import IDS, MODEL, cpu_engine, prompt, vl_checkpoint
 
 CHARS = "<>. 0123456789seconds"
 # a chat template of the tiny tokenizer's tokens: each message's text and media placeholders, Qwen3-VL's way
@@ -45,24 +43,15 @@ def tiny_tokenizer(folder) -> None:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
-    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForConditionalGeneration
-
+    """vl_checkpoint with the tiny tokenizer, TEMPLATE and a small clip budget, planned for cpu: (HF's model, the
+    engine, the checkpoint folder)."""
     d = tmp_path_factory.mktemp("qwen3_5_video")
-    text = hf_config("untied").to_dict() | {"vocab_size": 512, "dtype": "float32"}
-    torch.manual_seed(0)
-    hf = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=VISION,
-                                                       tie_word_embeddings=False, **IDS)).eval()
-    draw(hf, seed=11)
-    hf.save_pretrained(d / "ckpt")
+    hf = vl_checkpoint(d / "ckpt", seed=11)
     tiny_tokenizer(d / "ckpt")
     (d / "ckpt" / "chat_template.jinja").write_text(TEMPLATE)
     (d / "ckpt" / "video_preprocessor_config.json").write_text(json.dumps(
         {"size": {"shortest_edge": 4096, "longest_edge": 64 * 32 * 32}}))      # a small clip budget
-    plan = d / "p.plan"
-    assert main(["plan", MODEL, "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu", "-o", str(plan),
-                 "-q"]) == 0
-    return hf, Engine(plan, str(d / "ckpt")), d / "ckpt"
+    return hf, cpu_engine(d / "ckpt", d / "p.plan"), d / "ckpt"
 
 
 def hf_video_ids(ckpt, grid: tuple[int, int, int], frames: int, fps: float) -> list[int]:
