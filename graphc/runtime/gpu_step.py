@@ -57,7 +57,7 @@ class GpuSteps:
     def __init__(self, boot: DeviceBoot, scratch: dict[str, int]):
         self.boot = boot
         self.graphs = boot.runtime                # gpu.Graphs of the boot: buffers, backends, captured graphs
-        self.scratch = scratch                    # paged resource -> its scratch page, state resource -> its padding slot
+        self.scratch = scratch                    # paged pool -> its scratch page; state pool -> its padding slot
         self.steps = {(s.node, s.walk): s for s in boot.ir.steps}
         self._eager: dict[tuple[str, str], dict] = {}
 

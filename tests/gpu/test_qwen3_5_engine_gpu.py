@@ -1,10 +1,11 @@
-"""Qwen3.5 served on the GPU, held to an independent reference: a small Qwen3.5 (the tiny preset's budgets, the
-nodes from a config.json with head dims the GPU kernels take) planned for the h200, booted with seeded bf16 weights; 12 t2t requests arriving over several steps, so decode replays captured rungs padded onto
-the padding slot, prompts run eagerly (chunked, mixed with decode) on flash-linear-attention's kernels, and
-slots are freed and taken again. Every logit row the engine sampled from is compared with one CPU fp32 forward
-of the same weights over the request's whole sequence (prompt and the tokens the GPU chose) through the torch
-rule and torch attention: the GPU's error must be at most the same CPU forward's own in bf16 (mean over the rows,
-with a 25% margin). Then: no slot or page is held. Skipped without CUDA, flashinfer-python or fla-core."""
+"""Qwen3.5 served on the GPU, held to an independent reference: a small Qwen3.5 checkpoint (the tiny preset's
+budgets; the nodes from a config.json with head dims the GPU kernels take, weights drawn here) planned for the
+h200; 12 t2t requests arriving over several steps (tests/gpu/arrivals.py), so decode replays captured rungs
+padded onto the padding slot, prompts run eagerly (chunked, mixed with decode) on flash-linear-attention's
+kernels, and slots are freed and taken again. Every logit row the engine sampled from is compared with one CPU
+fp32 forward of the same weights over the request's whole sequence (prompt and the tokens the GPU chose) through
+the torch rule and torch attention: the GPU's error must be at most the same CPU forward's own in bf16 (mean over
+the rows, with a 25% margin). Then: no slot or page is held. Skipped without CUDA, flashinfer-python or fla-core."""
 from __future__ import annotations
 
 import copy
