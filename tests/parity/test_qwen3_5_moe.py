@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from torch import nn
 from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig as HFConfig
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (Qwen3_5MoeForCausalLM, Qwen3_5MoeGatedDeltaNet,
                                                                   Qwen3_5MoeRMSNorm, Qwen3_5MoeTopKRouter)
@@ -34,8 +33,9 @@ from graphc.source import load_model
 from models.components.moe import SparseMoE
 from models.components.qwen3_5_text import Qwen3_5LM
 from models.components.qwen3_5_text_config import QWEN3_5_35B_A3B, Qwen3_5MoeTextConfig, Qwen3_5TextConfig
-from tests.parity.test_qwen3_5_text import VOCAB, Engine, assert_close, hf_logits, tokens
-from tests.parity.weights import assert_norm_eps_match, randomize
+from tests.parity.test_qwen3_5_text import VOCAB, hf_logits, language_model_names, tokens
+from tests.parity.test_qwen3_5_text import draw as text_draw
+from tests.parity.weights import assert_norm_eps_match
 
 EXPERTS, TOP_K, LAYERS = 8, 3, 8
 
@@ -52,23 +52,11 @@ def hf_config() -> HFConfig:
 
 def draw(hf: Qwen3_5MoeForCausalLM, seed: int) -> Qwen3_5MoeForCausalLM:
     """Every parameter re-drawn (test_qwen3_5_text.draw's rules, on HF's MoE classes)."""
-    owners = [m for m in hf.modules() if not isinstance(m, Qwen3_5MoeGatedDeltaNet) and list(m.parameters(False))]
-    randomize(nn.ModuleList(owners), seed=seed)
-    g = torch.Generator().manual_seed(1000 + seed)
-    with torch.no_grad():
-        for m in hf.modules():
-            if isinstance(m, Qwen3_5MoeRMSNorm):
-                m.weight.sub_(1.0)                                            # 1 + 0.1 N -> 0.1 N offsets
-            if isinstance(m, Qwen3_5MoeGatedDeltaNet):
-                m.A_log.copy_((0.01 + 0.29 * torch.rand(m.num_v_heads, generator=g)).log())
-                m.dt_bias.copy_(0.5 * torch.randn(m.num_v_heads, generator=g))
-    return hf
+    return text_draw(hf, seed, Qwen3_5MoeGatedDeltaNet, Qwen3_5MoeRMSNorm)
 
 
 def renamed(tensors: dict[str, torch.Tensor]) -> TensorShards:
-    """HF's causal LM names under a Qwen3.5 checkpoint's: model.X -> model.language_model.X."""
-    return TensorShards({("model.language_model." + k[6:] if k.startswith("model.") else k): v
-                         for k, v in tensors.items()})
+    return TensorShards(language_model_names(tensors))
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM
 from graphc.cli import main
 from graphc.runtime.engine import Engine
 from tests.conftest import ROOT
-from tests.parity.test_qwen3_5_text import draw, hf_config
+from tests.parity.test_qwen3_5_text import draw, hf_config, language_model_names
 from tests.unit.loopback import post_json, serve
 
 MODEL = str(ROOT / "models" / "qwen3_5.py")
@@ -41,8 +41,7 @@ def served(tmp_path_factory):
     tensors = load_file(str(d / "hf" / "model.safetensors"))
     ckpt = d / "ckpt"
     ckpt.mkdir()
-    renamed = {("model.language_model." + k[6:] if k.startswith("model.") else k): v.contiguous()
-               for k, v in tensors.items()}
+    renamed = {k: v.contiguous() for k, v in language_model_names(tensors).items()}
     mtp = {"mtp.fc.weight": torch.zeros(8, 8), "mtp.norm.weight": torch.ones(8)}     # the real ones carry this head
     save_file(renamed | mtp, str(ckpt / "model.safetensors"))
     text = json.loads((d / "hf" / "config.json").read_text()) | {"model_type": "qwen3_5_text", "dtype": "float32"}

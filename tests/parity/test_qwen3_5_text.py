@@ -54,26 +54,30 @@ def hf_config(name: str) -> HFConfig:
                     **kw)
 
 
-def draw(hf: Qwen3_5ForCausalLM, seed: int) -> Qwen3_5ForCausalLM:
-    """Every parameter of HF's model re-drawn (module docstring)."""
-    owners = [m for m in hf.modules() if not isinstance(m, Qwen3_5GatedDeltaNet) and list(m.parameters(False))]
+def draw(hf: nn.Module, seed: int, deltanet: type = Qwen3_5GatedDeltaNet, norm: type = Qwen3_5RMSNorm) -> nn.Module:
+    """Every parameter of HF's model re-drawn (module docstring); deltanet and norm: the model's classes of
+    those (HF's qwen3_5_moe has its own)."""
+    owners = [m for m in hf.modules() if not isinstance(m, deltanet) and list(m.parameters(False))]
     randomize(nn.ModuleList(owners), seed=seed)
     g = torch.Generator().manual_seed(1000 + seed)
     with torch.no_grad():
         for m in hf.modules():
-            if isinstance(m, Qwen3_5RMSNorm):
+            if isinstance(m, norm):
                 m.weight.sub_(1.0)                                            # 1 + 0.1 N -> 0.1 N offsets
-            if isinstance(m, Qwen3_5GatedDeltaNet):
+            if isinstance(m, deltanet):
                 m.A_log.copy_((0.01 + 0.29 * torch.rand(m.num_v_heads, generator=g)).log())
                 m.dt_bias.copy_(0.5 * torch.randn(m.num_v_heads, generator=g))
     return hf
 
 
+def language_model_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF's causal LM names under a Qwen3.5 checkpoint's: model.X -> model.language_model.X."""
+    return {("model.language_model." + k[6:] if k.startswith("model.") else k): v for k, v in tensors.items()}
+
+
 def checkpoint_names(folder) -> TensorShards:
-    """HF's saved tensors under a Qwen3.5 checkpoint's names: model.X -> model.language_model.X."""
-    tensors = load_file(str(folder / "model.safetensors"))
-    return TensorShards({("model.language_model." + k[6:] if k.startswith("model.") else k): v
-                         for k, v in tensors.items()})
+    """HF's saved tensors under a Qwen3.5 checkpoint's names."""
+    return TensorShards(language_model_names(load_file(str(folder / "model.safetensors"))))
 
 
 @pytest.fixture(scope="module", params=sorted(TINY))
