@@ -190,8 +190,7 @@ class StateStep:
 
     The step's rows are its sequences' new rows back to back: sequence i owns rows cu_seqlens[i]:cu_seqlens[i+1]
     and slot slot_ids[i]. has_state[i] says whether that slot holds the sequence's state so far (False for
-    its first chunk: the layers start it from zeros and never read the slot). decode: every sequence brings
-    one row (the layers take their one-row paths, with no per-sequence work on the host).
+    its first chunk: the layers start it from zeros and never read the slot).
     StateStep(state) is unplanned until plan() (an eager GPU step's binding, planned before each step).
     """
 
@@ -217,7 +216,6 @@ class StateStep:
         self.cu_seqlens = [0]
         for x in self.seq_lens:
             self.cu_seqlens.append(self.cu_seqlens[-1] + x)
-        self.decode = self.cu_seqlens[-1] == len(self.seq_lens)
 
     @property
     def num_rows(self) -> int:

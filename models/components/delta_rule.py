@@ -15,6 +15,12 @@ import torch.nn.functional as F
 CHUNK = 64     # rows per chunk of the chunked rule (FLA's and HF's)
 
 
+def one_row(cu: list[int]) -> bool:
+    """Every sequence of the step brings one row (decode): the one-row paths, with no per-sequence work on the
+    host (a captured graph replays them)."""
+    return len(cu) - 1 == cu[-1]
+
+
 def read_slots(pool: torch.Tensor, slots: torch.Tensor, has_state: torch.Tensor) -> torch.Tensor:
     """pool[slots] ([N, ...]), zeros for the sequences without a state yet (whatever their slot holds)."""
     rows = pool.index_select(0, slots)
@@ -29,7 +35,7 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, windows: torch.Tensor, cu
     x [T, C] (sequence i owns rows cu[i]:cu[i+1]), weight [C, K], windows [N, C, K-1] (oldest row first).
     Returns (y [T, C] in x's dtype, the new windows [N, C, K-1]: the last K-1 rows each sequence has seen).
     """
-    if len(cu) - 1 == cu[-1]:                   # decode: one row a sequence, no per-sequence work on the host
+    if one_row(cu):
         ext = torch.cat([windows.to(x.dtype), x[:, :, None]], -1).float()            # [N, C, K]
         return F.silu((ext * weight.float()).sum(-1)).to(x.dtype), ext[:, :, 1:].to(x.dtype)
     taps, dev = weight.shape[1], x.device
@@ -119,7 +125,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     """Packed sequences: q, k [T, H, dk] (prepared), v [T, H, dv], g, beta [T, H]; sequence i owns rows
     cu[i]:cu[i+1] and starts from states[i] ([N, H, dk, dv] fp32). One-row sequences (decode) run together
     through the recurrent rule, longer ones through the chunked rule. Returns (o [T, H, dv] fp32, new states)."""
-    if len(cu) - 1 == cu[-1]:                   # decode: every sequence one row, all at once
+    if one_row(cu):                             # all at once
         out, s = recurrent_rule(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], states)
         return out[:, 0], s
     o = torch.empty(q.shape[0], v.shape[1], v.shape[2], dtype=torch.float32, device=q.device)
@@ -148,7 +154,7 @@ def fla_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
         return fla_allocations(q, k, v, g, beta, states, cu)
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
-    if len(cu) - 1 == cu[-1]:                   # decode: a batch of one-row sequences, no offsets (capturable)
+    if one_row(cu):                             # a batch of one-row sequences, no offsets
         o, s = fused_recurrent_gated_delta_rule(q[:, None], k[:, None], v[:, None], g=g[:, None].float(),
                                                 beta=beta[:, None], initial_state=states, output_final_state=True,
                                                 use_qk_l2norm_in_kernel=True)
@@ -168,7 +174,7 @@ def fla_allocations(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     the final state, v_new and o; every temporary freed on return). Same returns as fla_rule."""
     n, hv, dk, dv = states.shape
     f32 = torch.float32
-    if len(cu) - 1 == cu[-1]:
+    if one_row(cu):
         copies = [x[:, None].contiguous() for x in (q, k, v)]
         o = torch.empty_like(copies[2])
         s = torch.empty(n, hv, dk, dv, dtype=f32, device=q.device)
