@@ -45,10 +45,8 @@ class TimestampVideoHost(AudioVisualHost):
         return None, (self.vision.temporal_patch_size * (max_rows // 3 + 1) if self.encoders.video else None)
 
     def _prepare(self, item: Media):
-        if item.kind != "video":
-            return super()._prepare(item)
-        if self.encoders.video is None:
-            return super()._prepare(item)                 # refused there, with the kinds it takes
+        if item.kind != "video" or self.encoders.video is None:
+            return super()._prepare(item)                 # images; or a video refused there, with the kinds it takes
         if not item.fps or item.fps <= 0:
             raise InvalidInput("a video needs its sampling rate", f"fps is {item.fps}", "pass the frames' fps")
         if item.audio is not None:
@@ -75,8 +73,8 @@ class TimestampVideoHost(AudioVisualHost):
         reps = [self._video_ids(vi, m.fps, len(m.data)) if m.kind == "video" else [self.token_of[m.kind]] * n
                 for m, (vi, n) in zip(media, prepared)]
         expanded, starts = expand_placeholders(ids, media, self.token_of, reps)
-        kind_of = {self.media.image_token_id: 1, self.media.video_token_id: 2}
-        types = [kind_of.get(t, 0) for t in expanded]
+        type_of = {self.media.image_token_id: KIND_TYPE["image"], self.media.video_token_id: KIND_TYPE["video"]}
+        types = [type_of.get(t, 0) for t in expanded]
         grids = []
         for m, (vi, _) in zip(media, prepared):
             t, h, w = vi.grid_thw
@@ -85,6 +83,6 @@ class TimestampVideoHost(AudioVisualHost):
         items = []
         for m, (vi, _), start, rep in zip(media, prepared, starts, reps):
             node, walk = getattr(self.encoders, m.kind)
-            rows = [start + i for i, t in enumerate(rep) if types[start + i] == KIND_TYPE[m.kind]]
+            rows = [start + i for i, t in enumerate(rep) if t == self.token_of[m.kind]]
             items.append(MediaItem(walk=walk, node=node, kind=m.kind, pieces=self._pieces(m.kind, vi, rows, node)))
         return Prompt(ids=expanded, positions=positions, delta=delta, media=items)
