@@ -65,6 +65,9 @@ def _add_plan(sub) -> None:
                          "plan each and print one table (a what-if sweep)")
     pl.add_argument("--gpus", type=_counts, default=[1], help="number of devices (default 1); several, comma-separated, "
                                                               "sweep them")
+    pl.add_argument("--replicas", type=int, default=None, metavar="R",
+                    help="with --gpus N: 1 (one copy over the N devices) or N (a replica on each, requests routed "
+                         "between them); default: the compiler chooses and the plan says why")
     pl.add_argument("--preset", default=None, help="the model file's preset (default: its declare() default)")
     pl.add_argument("--checkpoint", default=None, metavar="DIR",
                     help="declare the nodes from DIR/config.json (HF field names); the plan records it")
@@ -161,7 +164,7 @@ def cmd_plan(args) -> int:
         with without_dynamo():               # a plan compiles nothing (graphc/dynamo_stub.py)
             compiled = compile_model(source, args.gpu, args.gpus, overrides, fit=args.fit,
                                      memory_cap=args.memory_cap, headroom=args.headroom,
-                                     remedies=not args.no_remedies)
+                                     remedies=not args.no_remedies, replicas=args.replicas)
     except DoesNotFit as e:
         print(refusal(source.model.name, e.result, e.remedies) if e.result is not None else f"error: {e}",
               file=sys.stderr, end="")
@@ -296,9 +299,16 @@ def cmd_run(args) -> int:
         raise InvalidInput(f"--media-dir {args.media_dir} is not a folder", "", "name an existing folder")
     requests = read_jsonl(args.requests) if args.requests else None
     if args.ray:
+        if plan.replicas > 1:
+            raise InvalidInput(f"--ray serves plans of one copy; plan {args.plan} has {plan.replicas} replicas",
+                               "replicas run as engines of one process on one host",
+                               "run it without --ray, or plan it again with --replicas 1")
         return _run_on_ray(plan, args, requests)
-    engine = Engine(plan, args.checkpoint, random_weights=args.random_weights, seed=args.seed,
-                    emulate=args.emulate, force=args.force)
+    serving = Engine
+    if plan.replicas > 1:                              # an engine per replica, requests routed between them
+        from graphc.runtime.replicas import Replicas as serving
+    engine = serving(plan, args.checkpoint, random_weights=args.random_weights, seed=args.seed,
+                     emulate=args.emulate, force=args.force)
     try:
         return _serve_or_run(engine, args, requests)
     finally:

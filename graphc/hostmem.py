@@ -60,6 +60,8 @@ def check_host_memory(plan, where: str = "the plan", have: tuple[int, str] | Non
     if have is None:
         return
     mine = [d for d in plan.devices if devices is None or d.index in devices]
+    copies = plan.replicas if devices is None else 1        # every replica's devices live here too
+    mine = mine * copies
     need = sum(d.total_bytes for d in mine)
     free, source = have
     if need <= free:

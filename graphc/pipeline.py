@@ -2,6 +2,9 @@
 
     verify_graph -> select_backends -> choose_buckets -> size_weights -> simulate_steps
     -> size_resources -> place_nodes -> check_fit -> [suggest_remedies] -> emit_plan
+
+On more than one device, compile_model runs them for each layout choose_replicas offers (one copy over
+the devices, or a replica on each) and keeps the layout that runs the most requests at once.
 """
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from dataclasses import dataclass, field
 from graphc.declare import Model
 from graphc.errors import DoesNotFit
 from graphc.overrides import apply_overrides
+from graphc.errors import InvalidInput
+from graphc.passes import choose_replicas
 from graphc.passes.check_fit import Fit, check_fit
 from graphc.passes.choose_buckets import choose_buckets
 from graphc.passes.emit_plan import emit_plan
@@ -70,29 +75,54 @@ class Compiled:
 
 def compile_model(source: ModelSource, gpu: str, num_devices: int = 1, overrides: dict | None = None,
                   fit: bool = False, memory_cap: int | None = None, headroom: int | None = None,
-                  remedies: bool = True) -> Compiled:
+                  remedies: bool = True, replicas: int | None = None) -> Compiled:
     """Plan a model for a target. Raises DoesNotFit (with ranked remedies) unless it fits or fit=True
-    trims it until it does; raises InvalidInput for bad input."""
+    trims it until it does; raises InvalidInput for bad input. replicas: force a layout (choose_replicas)."""
     overrides = overrides or {}
     target = get_target(gpu, memory_cap, num_devices)
 
-    def replan(ov: dict, num_devices: int = num_devices) -> Result:
-        return run_passes(apply_overrides(source.model, ov), get_target(gpu, memory_cap, num_devices), num_devices,
-                          headroom)
+    def replan(ov: dict, num_devices: int = num_devices, copies: int = 1) -> Result:
+        # the host's budget is split over every device of every replica (cpu), each replica gets num_devices/copies
+        return run_passes(apply_overrides(source.model, ov), get_target(gpu, memory_cap, num_devices),
+                          num_devices // copies, headroom)
 
-    result = replan(overrides)
+    layout, result, why = _choose_layout(replan, overrides, num_devices, replicas)
+
+    def retry(ov: dict, num_devices: int = num_devices) -> Result:      # remedies keep the layout
+        return replan(ov, num_devices, 1 if layout.replicas == 1 else num_devices)
+
     trimmed: list[Remedy] = []
     if not result.fit.fits and fit:
-        result, overrides, trimmed = apply_trims(result, overrides, replan)
+        result, overrides, trimmed = apply_trims(result, overrides, retry)
     if not result.fit.fits:
-        found = evaluate(result, overrides, replan) if remedies else []
+        found = evaluate(result, overrides, retry) if remedies else []
         raise DoesNotFit(
             f"{source.model.name} does not fit {num_devices} x {target.name}:",
             "\n".join(f"  {p.text}" for p in result.fit.problems),
             _remedy_text(found) if found else "no single change found; try a larger --gpu or more --gpus",
             remedies=found, result=result)
-    plan = emit_plan(result.sizing, result.placement, source.record(), overrides, trimmed)
+    plan = emit_plan(result.sizing, result.placement, source.record(), overrides, trimmed,
+                     replicas=layout.replicas, layout_why=why)
     return Compiled(plan, result, [], trimmed)
+
+
+def _choose_layout(replan, overrides: dict, num_devices: int, forced: int | None):
+    """Plan each layout choose_replicas offers; the winner, its Result and why. A layout the model's pins
+    rule out (a node pinned past one device) is left out of the choice, and said so."""
+    layouts, results, notes = [], {}, []
+    for r in choose_replicas.candidates(num_devices, forced):
+        try:
+            results[r] = replan(overrides, copies=r)
+        except InvalidInput as e:
+            if forced is not None or r == 1:
+                raise
+            notes.append(f"{r} replicas ruled out: {e.what}")
+            continue
+        layouts.append(choose_replicas.measure(results[r], r))
+    win, why = choose_replicas.choose(layouts, forced is not None)
+    if win.at_once == 0 and 1 in results:          # nothing fits: refuse (and remedy) the single copy
+        win = next(x for x in layouts if x.replicas == 1)
+    return win, results[win.replicas], "; ".join([why] + notes) if num_devices > 1 else ""
 
 
 def _remedy_text(remedies: list[Remedy]) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from graphc.errors import InvalidInput
 from graphc.stages import Pipeline
@@ -116,6 +116,7 @@ class Plan(Strict):
     versions: dict[str, str]
     overrides: dict[str, Any]
     trimmed: list[PlanTrim]
+    replicas: int = Field(1, ge=1)            # copies of `devices`, each served alone on its own devices
     placement: str
     devices: list[PlanDevice]
     nodes: dict[str, PlanNode]
@@ -125,12 +126,21 @@ class Plan(Strict):
     pipeline: Pipeline | None = None          # how `graphc run` serves it; plans of models that declare none lack it
     fingerprint: str
 
+    @model_validator(mode="after")
+    def _devices_counted(self) -> "Plan":
+        if self.target.count != self.replicas * len(self.devices):
+            raise ValueError(f"target.count {self.target.count} is not replicas {self.replicas} x "
+                             f"{len(self.devices)} devices")
+        return self
+
     def dump(self) -> dict:
         data = self.model_dump(mode="json")
         if data["model"]["config"] is None:          # plans of presets carry no checkpoint config
             del data["model"]["config"], data["model"]["config_sha256"]
         if data["pipeline"] is None:
             del data["pipeline"]
+        if data["replicas"] == 1:                    # one copy: plans say nothing (older plans too)
+            del data["replicas"]
         if data["target"]["host_bytes"] is None:      # GPU plans: each card has its own memory
             del data["target"]["host_bytes"]
         for res in data["resources"].values():        # only linear_state resources have slots

@@ -35,7 +35,10 @@ def _kernels(node, knobs: dict[str, int]) -> dict[str, int]:
     return {k: v for k, v in knobs.items() if k in _DECLARED[key]}
 
 
-def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, trimmed: list) -> Plan:
+def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, trimmed: list, replicas: int = 1,
+              layout_why: str = "") -> Plan:
+    """replicas: copies of the placed devices, each served alone (graphc/passes/choose_replicas.py);
+    layout_why: why that layout, on more than one device."""
     ir, a = s.ir, placement.assignment
     devices = [PlanDevice(index=d.index, nodes=d.nodes, ledger={i.component: i.bytes for i in d.items},
                           sources={i.component: f"{i.source}: {i.detail}" for i in d.items},
@@ -64,14 +67,15 @@ def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, tr
     walks = {w.name: PlanWalk(kind=w.kind, path=list(w.path), budget=w.budget.axes(), capture=w.capture)
              for w in ir.model.walks}
     requests = {r.name: [st if isinstance(st, str) else list(st) for st in r.stages] for r in ir.model.requests}
-    target = PlanTarget(gpu=ir.target.name, count=ir.num_devices, arch=ir.target.arch,
+    target = PlanTarget(gpu=ir.target.name, count=replicas * ir.num_devices, arch=ir.target.arch,
                         capacity_bytes=ir.target.memory_bytes, memory_source=ir.target.memory_source,
                         num_sms=ir.target.num_sms, host_bytes=ir.target.host_bytes)
     body = dict(format=FORMAT, model=PlanModel(**source), target=target,
                 versions={"graphc": VERSION, "torch": memo.torch_version().split("+")[0],
                           "python": f"{sys.version_info.major}.{sys.version_info.minor}"},
                 overrides=overrides, trimmed=[PlanTrim(change=t.change, freed_bytes=t.freed, why=t.why) for t in trimmed],
-                placement=placement.why, devices=devices, nodes=nodes, resources=resources, walks=walks,
+                replicas=replicas, placement=f"{layout_why}; within the copy: {placement.why}" if layout_why
+                else placement.why, devices=devices, nodes=nodes, resources=resources, walks=walks,
                 requests=requests, pipeline=ir.model.pipeline)
     draft = Plan(**body, fingerprint="")
     return draft.model_copy(update={"fingerprint": fingerprint(draft.body())})

@@ -86,7 +86,8 @@ def _plan_ir(plan: Plan) -> tuple[IR, object]:
     t = plan.target
     whole = t.host_bytes if t.host_bytes is not None else t.capacity_bytes
     cap = None if whole == get_target(t.gpu).budget_bytes() else whole
-    return verify_graph(model, get_target(t.gpu, cap, t.count), t.count), src.module
+    # the host's budget is split over every device of every replica; the IR is one replica's
+    return verify_graph(model, get_target(t.gpu, cap, t.count), len(plan.devices)), src.module
 
 
 def torch_binding(boot: DeviceBoot, spec, args: tuple):

@@ -75,8 +75,10 @@ class Event:
 class Engine:
     def __init__(self, plan: str | Path | Plan, checkpoint: str | Path | None = None, *, random_weights: bool = False,
                  seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True, boot=None,
-                 links: dict | None = None, host: str = "127.0.0.1"):
+                 links: dict | None = None, host: str = "127.0.0.1", replica: int = 0):
         """boot: serve an already booted DeviceBoot of this plan (tests run one plan's weights on two devices).
+        replica: which copy of a plan of several replicas this engine serves, on GPU `replica`
+        (graphc/runtime/replicas.py starts one engine per replica).
         links: the other devices' workers when something else started them (Ray actors, ray_run.py; this
         process then sees only its own GPU), else a worker process each is started; host: this
         process's address as those workers reach it."""
@@ -96,6 +98,8 @@ class Engine:
         if boot is None and len(self.plan.devices) > 1:      # one worker process for each other device
             self.workers = self._start_workers(opts, links, host)
             boot = self.workers.booted
+        if boot is None and self.plan.replicas > 1:
+            boot = boot_plan(self.plan, gpu=replica, **opts)[0]
         self.boot = boot if boot is not None else boot_plan(self.plan, **opts)[0]
         self.boot_seconds = time.perf_counter() - t0
         self.model = self.boot.ir.model

@@ -29,7 +29,11 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
     from fastapi import FastAPI
 
     app = FastAPI(title="graphc", version="1")
-    driver = Driver(engine, on_death, max_waiting)
+    if getattr(engine, "engines", None) is not None:     # a plan of replicas: a Driver each, requests routed
+        from graphc.serve.router import Router
+        driver = Router(engine, on_death, max_waiting)
+    else:
+        driver = Driver(engine, on_death, max_waiting)
     app.state.driver = driver
     app.router.on_shutdown.append(driver.close)
     ctx = Context(engine, driver, name or engine.model_name, max_audio_bytes, sources, engine.media_limits())

@@ -159,6 +159,12 @@ class Driver:
             self._abort(ev.request.id)
 
     def _loop(self) -> None:
+        from graphc.runtime.replicas import on_device
+
+        with on_device(self.engine):        # a replica's engine steps on its own GPU
+            self._run()
+
+    def _run(self) -> None:
         while not self.stopping:
             self._take_inbox()
             if not self.engine.has_work():
