@@ -24,10 +24,11 @@ from graphc.plan import Plan  # noqa: E402
 SEED_80GB = "examples/configs/seed_80gb.yaml"
 
 SHIPPED = {
-    # name: (model file, preset, gpu, devices, overrides)
+    # name: (model file, preset, gpu, devices, overrides[, replicas: forced, else the compiler's choice])
     "tiny_cpu": ("models/tiny_omni.py", "tiny", "cpu", 1, {}),
     "tiny_h100": ("models/tiny_omni.py", "tiny", "h100", 1, {}),
-    "tiny_small_2xh100": ("models/tiny_omni.py", "small", "h100", 2, {}),
+    # one copy over two devices (a replica on each would run more): the plan that boots a split on two GPUs
+    "tiny_small_2xh100": ("models/tiny_omni.py", "small", "h100", 2, {}, 1),
     "qwen3_omni_tiny_cpu": ("models/qwen3_omni.py", "tiny", "cpu", 1, {}),
     "omni_2gpu": ("models/qwen3_omni.py", "30b-a3b", "h100", 2, {}),
     "qwen3_omni_h200": ("models/qwen3_omni.py", "30b-a3b", "h200", 1, {}),
@@ -35,6 +36,7 @@ SHIPPED = {
     "qwen3_5_9b_h200": ("models/qwen3_5.py", "9b", "h200", 1, {}),
     "qwen3_5_9b_h100": ("models/qwen3_5.py", "9b", "h100", 1, {}),
     "qwen3_5_0.8b_h200": ("models/qwen3_5.py", "0.8b", "h200", 1, {}),
+    "qwen3_5_9b_2xh200": ("models/qwen3_5.py", "9b", "h200", 2, {}),
     # the seeds' 80 GB settings, trimmed by --fit until they fit one h100 (the trims are in the plan)
     "qwen3_omni_h100_seed80gb_fit": ("models/qwen3_omni.py", "30b-a3b", "h100", 1, "fit:" + SEED_80GB),
 }
@@ -42,10 +44,10 @@ SHIPPED = {
 
 def compile_shipped(name: str) -> Plan:
     """The shipped plan of this name, compiled from its recorded inputs (run from the repo root)."""
-    file, preset, gpu, n, ov = SHIPPED[name]
+    file, preset, gpu, n, ov, *replicas = SHIPPED[name]
     fit = isinstance(ov, str) and ov.startswith("fit:")
     ov = load_config(ov.removeprefix("fit:")) if fit else ov
-    return compile_model(load_model(file, preset), gpu, n, ov, fit=fit).plan
+    return compile_model(load_model(file, preset), gpu, n, ov, fit=fit, replicas=replicas[0] if replicas else None).plan
 
 
 def main(argv: list[str]) -> None:
