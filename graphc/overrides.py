@@ -15,6 +15,8 @@ from graphc.errors import InvalidInput
 from graphc.strict import closest, explain_validation, read_yaml
 
 SECTIONS = {"walks": "walks", "resources": "resources", "nodes": "nodes"}
+# settings of the plan's layout, not of the model: read by compile_model (`replicas`: --replicas)
+LAYOUT = {"replicas"}
 FIXED = {"walks": {"name", "kind", "path"}, "resources": {"name"},
          "nodes": {"name", "module", "config", "inputs", "outputs", "resources", "weight_prefix"}}
 
@@ -77,8 +79,10 @@ def apply_overrides(model: Model, overrides: dict) -> Model:
         raise InvalidInput("overrides must be a mapping", f"got {type(overrides).__name__}")
     updated = {}
     for section, entries in overrides.items():
+        if section in LAYOUT:
+            continue
         if section not in SECTIONS:
-            raise _refuse("section", section, list(SECTIONS), "top level")
+            raise _refuse("section", section, list(SECTIONS) + sorted(LAYOUT), "top level")
         if not isinstance(entries, dict):
             raise InvalidInput(f"overrides.{section} must map names to settings", f"got {entries!r}")
         items = {x.name: x for x in getattr(model, section)}

@@ -77,8 +77,15 @@ def compile_model(source: ModelSource, gpu: str, num_devices: int = 1, overrides
                   fit: bool = False, memory_cap: int | None = None, headroom: int | None = None,
                   remedies: bool = True, replicas: int | None = None) -> Compiled:
     """Plan a model for a target. Raises DoesNotFit (with ranked remedies) unless it fits or fit=True
-    trims it until it does; raises InvalidInput for bad input. replicas: force a layout (choose_replicas)."""
-    overrides = overrides or {}
+    trims it until it does; raises InvalidInput for bad input. replicas: force a layout (choose_replicas);
+    it is recorded as the override `replicas`, which forces it too."""
+    overrides = dict(overrides or {})
+    if replicas is not None:
+        overrides["replicas"] = replicas
+    replicas = overrides.get("replicas")
+    if replicas is not None and (not isinstance(replicas, int) or isinstance(replicas, bool)):
+        raise InvalidInput(f"replicas={replicas!r} is not a whole number", "it counts copies of the model",
+                           f"pass --replicas 1 or --replicas {num_devices}")
     target = get_target(gpu, memory_cap, num_devices)
 
     def replan(ov: dict, num_devices: int = num_devices, copies: int = 1) -> Result:

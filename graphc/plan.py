@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError
 
 from graphc.errors import InvalidInput
 from graphc.stages import Pipeline
@@ -125,13 +125,6 @@ class Plan(Strict):
     requests: dict[str, list[str | list[str]]]
     pipeline: Pipeline | None = None          # how `graphc run` serves it; plans of models that declare none lack it
     fingerprint: str
-
-    @model_validator(mode="after")
-    def _devices_counted(self) -> "Plan":
-        if self.target.count != self.replicas * len(self.devices):
-            raise ValueError(f"target.count {self.target.count} is not replicas {self.replicas} x "
-                             f"{len(self.devices)} devices")
-        return self
 
     def dump(self) -> dict:
         data = self.model_dump(mode="json")

@@ -259,7 +259,7 @@ def boot_plan(plan: Plan, devices: list[int] | None = None, checkpoint: str | No
         from graphc.runtime.kernels import kernel_jobs, warm
 
         # before this process touches the device: the children's contexts are gone when it measures
-        built = warm(kernel_jobs(plan, ir, wanted)) if prebuild else {}
+        built = warm(kernel_jobs(plan, ir, wanted), gpu=device.index or 0) if prebuild else {}
         boots = [DeviceBoot(plan, d, device, ir, module=module) for d in wanted]
         for boot in boots:
             if built:

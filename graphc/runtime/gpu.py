@@ -170,6 +170,9 @@ class Graphs:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()                    # warm-up blocks go back; the pool starts empty
         pool = torch.cuda.graph_pool_handle()
+        # a capture stream on this device: torch.cuda.graph's default one is made once per process, on the
+        # device current then (another replica's GPU, where this device's work cannot be captured)
+        stream = torch.cuda.Stream(self.boot.device)
         outside_before = self._outside()
         with torch.inference_mode(), _bar(len(keys), "capturing graphs") as bar:
             for node, family, rung in keys:
@@ -178,7 +181,7 @@ class Graphs:
                 self.plan_step(self.backends[(node, family, rung)], step, rung)
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
                     out = self.forward(node, family, step, rung, inputs)
                 del out                            # outputs live in the static buffers, not the pool
                 self.boot.graphs[f"{node}/{family}/{rung}"] = graph

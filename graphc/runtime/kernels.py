@@ -112,14 +112,16 @@ def run_job(job: KernelJob) -> None:
     torch.cuda.synchronize()
 
 
-def warm(jobs: list[KernelJob], cpus: int | None = None) -> dict[str, float]:
-    """Run the jobs in parallel child processes; {job label: seconds}. Raises with the child's
+def warm(jobs: list[KernelJob], cpus: int | None = None, gpu: int = 0) -> dict[str, float]:
+    """Run the jobs in parallel child processes that see only CUDA device `gpu` (the one the boot is for:
+    another may be full, and a context there would not fit); {job label: seconds}. Raises with the child's
     error when a module fails to build or run."""
     if not jobs:
         return {}
     cpus = cpus or os.cpu_count() or 2
     # ninja's jobs split between the children; nvcc's memory per job keeps this bounded
-    env = {**os.environ, "MAX_JOBS": str(max(2, math.ceil(1.5 * cpus / len(jobs))))}
+    env = {**os.environ, "MAX_JOBS": str(max(2, math.ceil(1.5 * cpus / len(jobs)))),
+           "CUDA_VISIBLE_DEVICES": only_device(gpu)}
     start = time.perf_counter()
     procs = {job.label(): subprocess.Popen([sys.executable, "-m", "graphc.runtime.kernels", json.dumps(asdict(job))],
                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -147,6 +149,14 @@ def warm(jobs: list[KernelJob], cpus: int | None = None) -> dict[str, float]:
 def _main(argv: list[str]) -> int:
     run_job(KernelJob(**json.loads(argv[0])))
     return 0
+
+
+def only_device(gpu: int) -> str:
+    """CUDA_VISIBLE_DEVICES for a child that should see this process's CUDA device `gpu` alone."""
+    seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if seen is None or not seen.strip():
+        return str(gpu)
+    return [x.strip() for x in seen.split(",")][gpu]
 
 
 if __name__ == "__main__":

@@ -29,10 +29,9 @@ MODEL = str(ROOT / "models" / "qwen3_5.py")
 REQUESTS = [(5, 12), (140, 6), (33, 9), (1, 7), (70, 10), (12, 5), (200, 4), (9, 11), (51, 8)]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(HF's model, the engine serving the plan of its checkpoint, the server's port)."""
-    d = tmp_path_factory.mktemp("qwen3_5")
+def text_checkpoint(d):
+    """(HF's tiny Qwen3_5ForCausalLM, d/ckpt: its weights under a Qwen3.5 checkpoint's names, as the module
+    docstring says)."""
     cfg = hf_config("untied")
     cfg.vocab_size = 512                  # the tiny preset's shapes are read from the checkpoint's config
     torch.manual_seed(0)
@@ -47,6 +46,14 @@ def served(tmp_path_factory):
     text = json.loads((d / "hf" / "config.json").read_text()) | {"model_type": "qwen3_5_text", "dtype": "float32"}
     (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": text,
                                                   "tie_word_embeddings": False}))
+    return hf, ckpt
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(HF's model, the engine serving the plan of its checkpoint, the server's port)."""
+    d = tmp_path_factory.mktemp("qwen3_5")
+    hf, ckpt = text_checkpoint(d)
     plan = d / "p.plan"
     assert main(["plan", MODEL, "--preset", "tiny", "--checkpoint", str(ckpt), "--gpu", "cpu", "-o", str(plan),
                  "-q"]) == 0

@@ -17,7 +17,7 @@ from tests.conftest import ROOT, TINY
 
 def test_a_plan_within_what_is_available_passes_and_one_over_it_is_refused_with_the_numbers():
     plan = load_plan(ROOT / "plans" / "tiny_cpu.plan")
-    need = sum(d.total_bytes for d in plan.devices)
+    need = plan.replicas * sum(d.total_bytes for d in plan.devices)
     check_host_memory(plan, have=(need, "by hand"))                        # exactly enough
     with pytest.raises(InvalidInput) as e:
         check_host_memory(plan, "plan p", have=(need - 1, "by hand"))
@@ -44,7 +44,7 @@ def test_graphc_run_refuses_a_budget_larger_than_the_host_before_a_worker_starts
     assert main(["plan", TINY, "--preset", "small", "--gpu", "cpu", "--gpus", "2", "--memory-cap", f"{cap}GiB",
                  "-o", str(out), "-q"]) == 0
     plan = load_plan(out)
-    need = sum(d.total_bytes for d in plan.devices)
+    need = plan.replicas * sum(d.total_bytes for d in plan.devices)
     assert plan.target.host_bytes == cap * GiB and need > have
 
     from graphc.runtime import engine

@@ -32,7 +32,7 @@ def test_weights_are_exact(tiny):
 
 
 def test_two_gpus_place_each_node(tiny_small):
-    plan = compile_model(tiny_small, "h100", 2).plan
+    plan = compile_model(tiny_small, "h100", 2, replicas=1).plan
     assert {n.device for n in plan.nodes.values()} <= {0, 1} and len(plan.devices) == 2
     for d in plan.devices:
         assert d.total_bytes <= d.capacity_bytes

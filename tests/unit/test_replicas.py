@@ -1,0 +1,89 @@
+"""Replicas: how --gpus N is laid out (one copy over the devices, or a replica on each) and where the
+runtime sends a request. Expected layouts come from planning each layout alone (--replicas forced) and
+working the rule of graphc/passes/choose_replicas.py's docstring by hand on those plans' pages."""
+from __future__ import annotations
+
+import pytest
+
+from graphc.cli import main
+from graphc.errors import InvalidInput
+from graphc.passes.choose_replicas import Layout, candidates, choose
+from graphc.pipeline import compile_model
+from graphc.plan import load_plan
+from graphc.runtime.replicas import pick
+from graphc.source import load_model
+from graphc.units import GiB
+from tests.conftest import ROOT, TINY
+
+SMALL = load_model(TINY, "small")
+
+
+def at_once(plan) -> float:
+    """The docstring's rule, by hand on a plan: replicas x min(pages / min_pages, decode seqs) over its pools."""
+    seqs = max(w.budget["seqs"] for w in plan.walks.values() if w.kind == "decode")
+    held = min(p / r.min_pages for r in plan.resources.values() if r.pages for p in r.pages.values())
+    return plan.replicas * min(held, seqs)
+
+
+@pytest.mark.parametrize("cap", [2 * GiB, 6 * GiB])
+def test_the_layout_that_runs_more_requests_at_once_is_chosen(cap):
+    one = compile_model(SMALL, "cpu", 2, memory_cap=cap, replicas=1, remedies=False).plan
+    each = compile_model(SMALL, "cpu", 2, memory_cap=cap, replicas=2, remedies=False).plan
+    chosen = compile_model(SMALL, "cpu", 2, memory_cap=cap, remedies=False).plan
+    want = 2 if at_once(each) > at_once(one) else 1
+    assert chosen.replicas == want
+    assert chosen.placement.startswith("2 replicas of one device each chosen" if want == 2 else
+                                       "one copy over 2 devices chosen")
+    assert f"{at_once(each):.1f} longest requests at once" in chosen.placement
+    assert (one.replicas, len(one.devices), each.replicas, len(each.devices)) == (1, 2, 2, 1)
+    assert one.target.count == each.target.count == chosen.target.count == 2
+
+
+def test_a_replica_that_does_not_fit_one_card_leaves_one_copy():
+    """The shipped two-H100 Omni plan: the 30B model with its budgets does not fit one H100 (the golden
+    tests keep the plan current)."""
+    plan = load_plan(ROOT / "plans" / "omni_2gpu.plan")
+    assert plan.replicas == 1 and len(plan.devices) == 2
+    assert "2 replicas of one device each: does not fit" in plan.placement
+
+
+def test_a_pin_past_the_first_device_rules_replicas_out():
+    chosen = compile_model(SMALL, "cpu", 2, {"nodes": {"decoder": {"device": 1}}}, remedies=False).plan
+    assert chosen.replicas == 1 and chosen.nodes["decoder"].device == 1
+    assert "2 replicas ruled out: node 'decoder' is pinned to device 1" in chosen.placement
+
+
+@pytest.mark.parametrize("n,forced,message", [(2, 3, "does not divide"), (4, 2, "of 2 devices each"),
+                                              (2, 0, "does not divide")])
+def test_impossible_replica_counts_are_refused(n, forced, message):
+    with pytest.raises(InvalidInput, match=message):
+        candidates(n, forced)
+
+
+def test_the_choice_ranks_by_requests_at_once_and_a_tie_keeps_one_copy():
+    one, two = Layout(1, 2, 64.0, "a"), Layout(2, 1, 64.0, "b")
+    assert choose([two, one], False)[0] is one
+    assert choose([one, Layout(2, 1, 64.5, "b")], False)[0].replicas == 2
+    assert choose([Layout(1, 2, 0.0, "does not fit"), Layout(2, 1, 3.0, "c")], False)[0].replicas == 2
+    assert candidates(1, None) == [1] and candidates(3, None) == [1, 3] and candidates(3, 3) == [3]
+
+
+def load(running=0, waiting=0, pending=0, free_pages=100, max_running=8) -> dict:
+    return dict(running=running, waiting=waiting, pending=pending, free_pages=free_pages, max_running=max_running)
+
+
+def test_a_request_goes_to_the_most_free_slots_then_pages_then_the_first():
+    assert pick([load(running=3), load(running=1)]) == 1
+    assert pick([load(running=1, waiting=2), load(running=2)]) == 1        # waiting requests hold slots too
+    assert pick([load(pending=2), load(running=1)]) == 1                    # handed over, not yet taken
+    assert pick([load(free_pages=10), load(free_pages=90)]) == 1            # a slot each: the most pages
+    assert pick([load(), load()]) == 0
+    assert pick([load(max_running=4), load(max_running=8, running=3)]) == 1
+
+
+def test_graphc_run_with_ray_refuses_a_plan_of_replicas(tmp_path, capsys):
+    plan = tmp_path / "p.plan"
+    assert main(["plan", TINY, "--preset", "tiny", "--gpu", "cpu", "--gpus", "2", "--replicas", "2", "-o", str(plan),
+                 "-q"]) == 0
+    assert main(["run", str(plan), "--random-weights", "--ray", "local"]) == 2
+    assert "--ray serves plans of one copy" in capsys.readouterr().err
