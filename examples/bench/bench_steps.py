@@ -13,8 +13,10 @@ per-replay times).
 The floor is the bytes one step must read at --bandwidth (default 4.26 TB/s, the H200's measured
 device copy rate): every parameter of the node, except that a sparse MoE layer reads only the experts its
 tokens touch, E x (1 - (1 - k/E)^T) of E for T tokens routed to k of E each (the expected count for
-uniform routing), each of which is read once, and an embedding table only its T rows. It is a memory
-floor only: compute-bound steps (prefill of many tokens, the encoders, Code2Wav) sit far above it.
+uniform routing), each of which is read once, and an embedding table only its T rows; plus, for a node
+with linear-attention state slots (Qwen3.5), each sequence's state read once and written once (the plan's
+slot_bytes x the rung's sequences x 2). KV pages are not counted (the synthetic history is short). It is a
+memory floor only: compute-bound steps (prefill of many tokens, the encoders, Code2Wav) sit far above it.
 
 `--profile GRAPH ...` (ids or prefixes, as --only) also records those graphs' replays under torch.profiler
 and writes each one's kernels to the JSON (name, launches and GPU microseconds per replay, by total time),
@@ -80,6 +82,13 @@ def floor_bytes(module: torch.nn.Module, tokens: int) -> int:
         touched = experts * (1 - (1 - k / experts) ** tokens)
         total -= nbytes - round(nbytes * touched / experts)
     return total
+
+
+def state_bytes(plan, node: str, seqs: int) -> int:
+    """The state a step of `seqs` sequences reads and writes back: every linear_state resource of the node,
+    its slot_bytes (one sequence in every layer) per sequence, twice."""
+    slots = [plan.resources[r] for r in plan.nodes[node].resources.values() if plan.resources[r].slot_bytes]
+    return 2 * seqs * sum(r.slot_bytes for r in slots)
 
 
 def vary_tokens(boot, seed: int = 0, only: tuple[str, str] | None = None) -> list[str]:
@@ -224,11 +233,13 @@ def main() -> None:
             step = prepare(boot, key, a.sampled)
             ms = time_graph(boot.graphs[key], a.warmup, a.replays)
             per_layer = launches[key] / layers[node] if launches.get(key) and layers.get(node) else None
-            tokens = step.sizes_at(rung).get("tokens", rung)
-            floor = floor_bytes(boot.modules[node], tokens) / a.bandwidth * 1e3
+            sizes = step.sizes_at(rung)
+            tokens = sizes.get("tokens", rung)
+            state = state_bytes(plan, node, sizes.get("seqs", 0))
+            floor = (floor_bytes(boot.modules[node], tokens) + state) / a.bandwidth * 1e3
             rows.append({"graph": key, "node": node, "family": family, "rung": rung, "axis": step.axis,
                          "ms": ms, "units_per_s": rung / ms * 1e3, "launches": launches.get(key),
-                         "launches_per_layer": per_layer,
+                         "launches_per_layer": per_layer, "state_bytes": state,
                          "floor_ms": floor, "ratio": ms / floor if floor else None, "profile": None})
             print(f"{key:48s} {ms:8.3f} ms  {rung / ms * 1e3:12,.0f} {step.axis}/s  "
                   f"launches {launches.get(key, '-')!s:>6} ({'-' if per_layer is None else f'{per_layer:.1f}'} a layer)"
@@ -267,8 +278,9 @@ def rerender(path: str, bandwidth: float) -> None:
     for r in info["rows"]:
         if r["node"] not in shells:
             shells[r["node"]] = build_shell(ir.node(r["node"]))
-        tokens = ir.family(r["node"], r["family"]).sizes_at(r["rung"]).get("tokens", r["rung"])
-        floor = floor_bytes(shells[r["node"]], tokens) / bandwidth * 1e3
+        sizes = ir.family(r["node"], r["family"]).sizes_at(r["rung"])
+        state = state_bytes(plan, r["node"], sizes.get("seqs", 0))
+        floor = (floor_bytes(shells[r["node"]], sizes.get("tokens", r["rung"])) + state) / bandwidth * 1e3
         if r["node"] not in layers:
             layers[r["node"]] = num_layers(shells[r["node"]])
         per = r["launches"] / layers[r["node"]] if r.get("launches") and layers[r["node"]] else None

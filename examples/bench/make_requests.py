@@ -18,6 +18,14 @@ from pathlib import Path
 import numpy as np
 
 
+def pixels(rng, h: int, w: int, pattern: str, i: int) -> np.ndarray:
+    """An h x w RGB image: random noise, or three gradients (compresses to a small PNG)."""
+    if pattern == "noise":
+        return rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    yy, xx = np.mgrid[0:h, 0:w]
+    return np.stack([xx * 255 // w, yy * 255 // h, (xx + yy + 37 * i) % 256], -1).astype(np.uint8)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
@@ -32,6 +40,10 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=151_000, help="prompt ids are drawn below this")
     ap.add_argument("--audio-token", type=int, default=151_675)
     ap.add_argument("--image-token", type=int, default=151_655)
+    ap.add_argument("--image-frame", type=int, nargs=2, default=None, metavar=("START", "END"),
+                    help="ids around each image placeholder (Qwen3.5: 248053 248054; Qwen3-Omni's prompts take none)")
+    ap.add_argument("--pattern", choices=["noise", "gradient"], default="noise",
+                    help="image pixels: random noise, or gradients (small PNGs; seeded weights see no difference)")
     ap.add_argument("--turn-tokens", type=int, nargs=3, default=(151_644, 872, 77_091),
                     help="<|im_start|>, user and assistant ids (a t2s prompt's turns)")
     ap.add_argument("--seed", type=int, default=0)
@@ -54,8 +66,10 @@ def main() -> None:
 
             h, w = (int(x) for x in rng.integers(128, 1025, 2))
             img = out.parent / f"image_{i}.png"
-            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(img)
-            ids = ids[: a.prompt // 2] + [a.image_token] + ids[a.prompt // 2:]
+            Image.fromarray(pixels(rng, h, w, a.pattern, i)).save(img)
+            frame = a.image_frame or ()
+            image = [frame[0], a.image_token, frame[1]] if frame else [a.image_token]
+            ids = ids[: a.prompt // 2] + image + ids[a.prompt // 2:]
             line["media"] = [{"type": "image", "path": str(img)}]
         elif i >= a.t2t:
             n = int(rng.uniform(*a.seconds) * 16000)
