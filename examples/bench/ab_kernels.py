@@ -6,7 +6,10 @@ attention planned: bench_steps.prepare; --sampled: the talker's default sampling
 replays after warm-up).
 
     python examples/bench/ab_kernels.py OUT.json [--plan plans/omni_2gpu.plan] [--without fused_norms ...]
-        [--none] [--no-again] [--sampled] [--devices 1] [--graphs talker/decode:seqs/1 thinker/decode:seqs/1 ...]
+        [--with gdn_slots ...] [--none] [--no-again] [--sampled] [--devices 1] [--graphs thinker/decode:seqs/1 ...]
+
+--with KNOB: a variant with the knob set to 1 on every node (where a module declares it: a kernel no plan
+chooses yet, e.g. gdn_slots on plans/qwen3_5_9b_h200.plan).
 
 Without --graphs: each device's decode graphs at 1, 16 and the largest rung, and the thinker's prefill at
 128 and 2048 tokens where the plan captures them. Prints a row per graph and variant; OUT.json holds them.
@@ -50,6 +53,8 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--plan", default=str(ROOT / "plans" / "omni_2gpu.plan"))
     ap.add_argument("--without", nargs="*", default=[], choices=KERNEL_KNOBS, help="a variant without each knob")
+    ap.add_argument("--with", dest="adds", nargs="*", default=[], choices=KERNEL_KNOBS,
+                    help="a variant with each knob set to 1")
     ap.add_argument("--graphs", nargs="*", help="the captured graphs to time (default: see above)")
     ap.add_argument("--devices", nargs="*", type=int, help="the plan devices to boot (default: all)")
     ap.add_argument("--none", action="store_true", help="a variant with every knob taken away too")
@@ -58,8 +63,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--replays", type=int, default=30)
     a = ap.parse_args()
-    variants = ([("plan", set())] + [(f"without {k}", {k}) for k in a.without]
-                + ([("none", set(KERNEL_KNOBS))] if a.none else []) + ([] if a.no_again else [("plan again", set())]))
+    variants = ([("plan", set(), {})] + [(f"without {k}", {k}, {}) for k in a.without]
+                + [(f"with {k}", set(), {k: 1}) for k in a.adds]
+                + ([("none", set(KERNEL_KNOBS), {})] if a.none else [])
+                + ([] if a.no_again else [("plan again", set(), {})]))
     out: dict[str, float] = {}
     for dev in load_plan(a.plan).devices:
         if a.devices is not None and dev.index not in a.devices:
@@ -67,12 +74,14 @@ def main() -> None:
         graphs = [g for g in (a.graphs or default_graphs(dev.capture_order)) if g in dev.capture_order]
         if not graphs:
             continue
-        for name, drop in variants:
-            print(f"device {dev.index}: booting with the plan's kernels{' without ' + ', '.join(sorted(drop)) if drop else ''}",
-                  flush=True)
+        for name, drop, add in variants:
+            changes = (f"{' without ' + ', '.join(sorted(drop)) if drop else ''}"
+                       f"{' with ' + ', '.join(sorted(add)) if add else ''}")
+            print(f"device {dev.index}: booting with the plan's kernels{changes}", flush=True)
             plan = load_plan(a.plan)
             for k, n in list(plan.nodes.items()):
-                plan.nodes[k] = n.model_copy(update={"kernels": {x: v for x, v in n.kernels.items() if x not in drop}})
+                kept = {x: v for x, v in n.kernels.items() if x not in drop}
+                plan.nodes[k] = n.model_copy(update={"kernels": kept | add})
             (boot,) = boot_plan(plan, devices=[dev.index], emulate=True)
             with torch.inference_mode():
                 for g in graphs:

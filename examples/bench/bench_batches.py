@@ -53,7 +53,8 @@ def make_batches(a, ap) -> list[list]:
     sizes = [2] + a.concurrency
     if not a.requests:
         rng = np.random.default_rng(0)
-        return [random_items(c, a.prompt, a.tokens if i else 8, rng, a.vocab) for i, c in enumerate(sizes)]
+        return [random_items(c, a.prompt, a.tokens if i else 8, rng, a.vocab)
+                for i, c in enumerate(sizes)]
     from graphc.runtime.engine import parse_or_refuse, read_jsonl
 
     lines = read_jsonl(a.requests)
@@ -72,7 +73,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--vocab", type=int, default=150_000, help="prompt ids are drawn below this")
-    ap.add_argument("--requests", default=None, metavar="IN.jsonl", help="batches of these requests (graphc run's format)")
+    ap.add_argument("--requests", default=None, metavar="IN.jsonl",
+                    help="batches of these requests (graphc run's format)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     from graphc.plan import load_plan

@@ -50,7 +50,8 @@ def main() -> None:
     wall = time.time() - t0
     toks = [b["choices"][0]["token_ids"] for s, b in res if s == 200]
     print(f"{len(toks)} of {len(res)} answered 200 in {wall:.2f} s; {sum(map(len, toks))} tokens")
-    print("the 16 identical prompts got identical tokens:", len(toks) == len(res) and all(t == toks[0] for t in toks[:16]))
+    alike = len(toks) == len(res) and all(t == toks[0] for t in toks[:16])
+    print("the 16 identical prompts got identical tokens:", alike)
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{a.port}/metrics").read().decode()
     print("\n".join(x for x in metrics.splitlines() if x.startswith(("graphc_walk_steps", "graphc_requests_total"))))
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from graphc.declare import Node
-from graphc.errors import InvalidInput
 from graphc.ir import Step
 from graphc.plan import Plan
 from graphc.runtime.boot import DeviceBoot, torch_binding

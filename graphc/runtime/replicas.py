@@ -52,8 +52,8 @@ class Replicas:
         self.engines: list[Engine] = []
         for r in range(self.plan.replicas):
             print(f"graphc run: booting replica {r + 1} of {self.plan.replicas}", file=sys.stderr, flush=True)
-            gpu = torch.cuda.device(r) if self.plan.target.arch != "cpu" and torch.cuda.is_available() else nullcontext()
-            with gpu:
+            on_gpu = self.plan.target.arch != "cpu" and torch.cuda.is_available()
+            with torch.cuda.device(r) if on_gpu else nullcontext():
                 self.engines.append(Engine(self.plan, checkpoint, replica=r, **opts))
         self.boot_seconds = time.perf_counter() - t0
         self.lock = threading.Lock()           # routing reads loads while the replicas' threads step

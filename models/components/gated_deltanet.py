@@ -7,7 +7,8 @@ decode rows; each sequence reads its slot and writes it back in place. Weight na
 [value_dim, hidden], in_proj_b and in_proj_a [HV, hidden], conv1d.weight [conv_dim, 1, K] (no bias), dt_bias
 and A_log [HV], norm.weight [dv] (plain, not 1 + w) and out_proj [hidden, value_dim]. The core runs in
 plain torch (delta_rule.py), or on flash-linear-attention's kernels on CUDA where the plan's fla_gdn knob
-says so (delta_rule.fla_rule).
+says so (delta_rule.fla_rule); with the gdn_slots knob a decode step's rule runs on the state pool in place
+(gdn_triton.slot_decode, CUDA; no plan sets it until it is measured on the GPU).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.components.delta_rule import causal_conv, fla_rule, gated_delta_rule, prepare_qk, read_slots
+from models.components.delta_rule import causal_conv, fla_rule, gated_delta_rule, one_row, prepare_qk, read_slots
 from models.components.gated_deltanet_config import GatedDeltaNetConfig
 from models.components.layers import Linear, RMSNorm
 
@@ -39,6 +40,7 @@ class GatedDeltaNet(nn.Module):
     """
 
     fla_gdn: int = 0          # the plan's knob: the delta rule on fla-core's kernels (CUDA)
+    gdn_slots: int = 0        # the plan's knob: a decode step's rule on the state pool in place (CUDA, Triton)
 
     def __init__(self, cfg: GatedDeltaNetConfig, layer: int):
         super().__init__()
@@ -68,6 +70,8 @@ class GatedDeltaNet(nn.Module):
              state: StateStep) -> torch.Tensor:
         """The delta rule from each sequence's slot state, written back in place: o [T, HV, dv] fp32."""
         pool = state.recurrent(self.layer)                                   # [slots, HV, dk, dv]
+        if self.gdn_slots and (q.is_cuda or q.is_meta) and one_row(state.cu_seqlens):
+            return self.slot_core(q, k, v, g, beta, pool, state)
         s0 = read_slots(pool, state.slots, state.has_state).float()
         if self.fla_gdn and (q.is_cuda or q.is_meta):     # meta: the compiler's trace of the kernels' memory
             o, s1 = fla_rule(q, k, v, g, beta, s0, state.cu_seqlens)
@@ -76,6 +80,16 @@ class GatedDeltaNet(nn.Module):
             o, s1 = gated_delta_rule(q, k, v, g, beta, s0, state.cu_seqlens)
         pool.index_copy_(0, state.slots, s1.to(pool.dtype))
         return o
+
+    def slot_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                  pool: torch.Tensor, state: StateStep) -> torch.Tensor:
+        """core() of a decode step on the pool in place (gdn_triton.slot_decode): o [N, HV, dv] fp32, its one
+        allocation (on meta: what the compiler's trace records)."""
+        if q.is_meta:
+            return torch.empty(q.shape[0], self.hv, self.dv, dtype=torch.float32, device=q.device)
+        from models.components.gdn_triton import slot_decode
+
+        return slot_decode(q, k, v, g.contiguous(), beta.contiguous(), pool, state.slots, state.has_state)
 
     def forward(self, x: torch.Tensor, state: StateStep) -> torch.Tensor:
         t = x.shape[0]
