@@ -221,7 +221,7 @@ def _sweep(source, gpus: list[str], counts: list[int], overrides: dict, args) ->
             model = c.result.sizing.ir.model
             row["fits"], row["kv"] = True, {r: sum(p.pages.values()) * model.resource(r).page_size
                                              for r, p in c.plan.resources.items() if p.pages}
-            row["trimmed"] = len(c.plan.trimmed)
+            row["trimmed"], row["replicas"] = len(c.plan.trimmed), c.plan.replicas
         except DoesNotFit as e:
             why = e.result.fit.problems[0].text if e.result is not None and e.result.fit.problems else e.what
             row["fits"], row["why"] = False, why.splitlines()[0]
@@ -235,6 +235,7 @@ def _sweep(source, gpus: list[str], counts: list[int], overrides: dict, args) ->
         mark = " <- cheapest" if r is best else ""
         if r["fits"]:
             kv = ", ".join(f"{k} {v:,}" for k, v in r["kv"].items()) or "no KV pools"
+            kv += f" in each of {r['replicas']} replicas" if r["replicas"] > 1 else ""
             kv += f" ({r['trimmed']} trims)" if r["trimmed"] else ""
             print(f"{r['gpu']:<12}{r['gpus']:>5}  {fmt_bytes(r['memory']):>11}  {'yes':<5} {kv}{mark}")
         else:

@@ -1,6 +1,6 @@
 """`graphc plan MODEL --gpu A,B --gpus 1,2`: one row per target and device count, each equal to that target
 planned alone (fits, KV tokens of each pool: pages x page size from the plan written alone), or the
-reason it does not fit; the cheapest that fits by the stated rule (least GPU memory in all, then fewest
+reason it does not fit; a plan of replicas says its pools are each replica's; the cheapest that fits by the stated rule (least GPU memory in all, then fewest
 devices), computed here; a sweep writes no plan (issue 14)."""
 import pytest
 
@@ -32,6 +32,7 @@ def test_each_row_is_its_target_planned_alone(tmp_path, capsys):
         plan = load_plan(path)
         pools = {r: sum(p.pages.values()) * 16 for r, p in plan.resources.items() if p.pages}   # page size 16
         assert " yes " in line and all(f"{r} {t:,}" in line for r, t in pools.items()), line
+        assert (f"in each of {plan.replicas} replicas" in line) == (plan.replicas > 1), line
         memory[(g, n)] = n * get_target(g).memory_bytes
     best = min(memory, key=lambda k: (memory[k], k[1]))
     assert best == ("a100-40gb", 1)                              # 39.39 GiB: the smallest card, once
