@@ -137,6 +137,9 @@ def _add_run(sub) -> None:
     rn.add_argument("--access-log", action="store_true", help="one JSON line per HTTP request on stderr")
     rn.add_argument("--max-upload-mb", type=float, default=25.0, metavar="MB",
                     help="largest /v1/audio/transcriptions upload in MiB (default 25, as OpenAI's)")
+    rn.add_argument("--no-prefix-cache", action="store_true",
+                    help="compute every prompt row (default: full pages of text rows another request computed are "
+                         "reused; never for plans with linear-attention state)")
     rn.add_argument("--emulate", action="store_true", help="cap this GPU to the plan's card (same arch)")
     rn.add_argument("--force", action="store_true", help="boot even if the model file or target differ")
     rn.add_argument("--ray", default=None, metavar="ADDRESS",
@@ -309,7 +312,7 @@ def cmd_run(args) -> int:
     if plan.replicas > 1:                              # an engine per replica, requests routed between them
         from graphc.runtime.replicas import Replicas as serving
     engine = serving(plan, args.checkpoint, random_weights=args.random_weights, seed=args.seed,
-                     emulate=args.emulate, force=args.force)
+                     emulate=args.emulate, force=args.force, prefix_cache=not args.no_prefix_cache)
     try:
         return _serve_or_run(engine, args, requests)
     finally:
@@ -352,7 +355,7 @@ def _run_on_ray(plan, args, requests: list | None) -> int:
     llm = llm_node(plan)
     serving = RayServing(plan, args.ray, llm_device=next(d.index for d in plan.devices if llm in d.nodes),
                          checkpoint=args.checkpoint, random_weights=args.random_weights, seed=args.seed,
-                         emulate=args.emulate, force=args.force)
+                         emulate=args.emulate, force=args.force, prefix_cache=not args.no_prefix_cache)
     try:
         print(serving.summary + f" (Ray cluster {args.ray})", file=sys.stderr)
         if requests is None:

@@ -75,10 +75,11 @@ class Event:
 class Engine:
     def __init__(self, plan: str | Path | Plan, checkpoint: str | Path | None = None, *, random_weights: bool = False,
                  seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True, boot=None,
-                 links: dict | None = None, host: str = "127.0.0.1", replica: int = 0):
+                 links: dict | None = None, host: str = "127.0.0.1", replica: int = 0, prefix_cache: bool = True):
         """boot: serve an already booted DeviceBoot of this plan (tests run one plan's weights on two devices).
         replica: which copy of a plan of several replicas this engine serves, on GPU `replica`
-        (graphc/runtime/replicas.py starts one engine per replica).
+        (graphc/runtime/replicas.py starts one engine per replica). prefix_cache: share the LLM's full text
+        pages across requests by content (graphc/runtime/prefix_cache.py; plans with state slots never do).
         links: the other devices' workers when something else started them (Ray actors, ray_run.py; this
         process then sees only its own GPU), else a worker process each is started; host: this
         process's address as those workers reach it."""
@@ -110,7 +111,7 @@ class Engine:
         self.scheduler = Scheduler(self.plan, self.model, self.llm, self.executor.kv_spec, self.boot.pages[kv_res],
                                    reserved=self.executor.reserved.get(kv_res, 0),
                                    slots={r: self.boot.slots[r] for r in self.model.node(self.llm).resources.values()
-                                          if r in self.boot.slots})
+                                          if r in self.boot.slots}, prefix_cache=prefix_cache)
         self.speech, self.speech_refused = self._speech_lane(seed)
         self.talking: list[Request] = []          # speaking requests not closed, in arrival order
         self._lane = 0
@@ -589,6 +590,10 @@ class Engine:
                "replayed": sum(c for (_, _, r), c in st.rungs.items() if r != "eager"),
                "eager": sum(c for (_, _, r), c in st.rungs.items() if r == "eager"),
                "step_ms": {w: 1e3 * st.seconds[w] / st.steps[w] for w in st.steps if st.seconds[w]}}
+        sh = self.scheduler.shared
+        if sh is not None:
+            out["prefix_cache"] = {"hit_rows": sh.hit_rows, "cached_pages": len(sh.key_of), "idle_pages": len(sh.idle),
+                                   "evicted_pages": sh.evicted}
         out["devices"] = {str(d): dict(c) for d, c in self.devices.items()}
         if self.workers is not None:
             out["remote"] = self.workers.step_stats()

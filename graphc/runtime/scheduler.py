@@ -24,6 +24,7 @@ from graphc.declare import Model
 from graphc.errors import InvalidInput
 from graphc.plan import Plan
 from graphc.serving import Piece
+from graphc.runtime.prefix_cache import SharedPages, chain_keys
 from graphc.runtime.request import Request, Status
 from resources.linear_state import SlotAllocator
 from resources.paged_kv import PageAllocator, PagedKVSpec
@@ -76,10 +77,14 @@ def _limits(model: Model, walk: str, units_axes: dict[str, str]) -> tuple[int, i
 
 class Scheduler:
     def __init__(self, plan: Plan, model: Model, llm: str, kv: PagedKVSpec, pages: PageAllocator, reserved: int = 0,
-                 slots: dict[str, SlotAllocator] | None = None):
-        """slots: the LLM's linear_state resources' slots; a running request holds one of each."""
+                 slots: dict[str, SlotAllocator] | None = None, prefix_cache: bool = True):
+        """slots: the LLM's linear_state resources' slots; a running request holds one of each. prefix_cache:
+        share full text pages across requests (graphc/runtime/prefix_cache.py; never with state slots)."""
         self.plan, self.model, self.llm, self.kv, self.pages = plan, model, llm, kv, pages
         self.slots = slots or {}
+        self.shared = SharedPages(pages, kv.page_size) if prefix_cache and not self.slots else None
+        if self.shared is not None:
+            self.pages = self.shared
         self.capacity = pages.num_pages - reserved        # pages requests may hold (the rest: the scratch page)
         llm_walks = [w for w in model.walks if w.path == (llm,)]
         self.decode_walk = next(w.name for w in llm_walks if w.kind == "decode")
@@ -136,6 +141,7 @@ class Scheduler:
     def release(self, req: Request) -> None:
         """Give back a request's pages and forget it (finished, aborted or failed)."""
         if req.pages:
+            self._register(req)
             self.pages.free(req.pages)
             req.pages = []
         self._free_slots(req)
@@ -158,20 +164,47 @@ class Scheduler:
         req.slots = {}
 
     # ---- one step
+    # ---- prefix caching
+    def _text_rows(self, req: Request, rows: int) -> int:
+        """How many of a request's first `rows` rows come before its first media row."""
+        first = min((p.first for m in req.prompt.media for p in m.pieces), default=rows)
+        return min(rows, first)
+
+    def _lookup(self, req: Request) -> list[int]:
+        """The cached pages that hold the request's first rows (held now), keeping its last row to compute."""
+        if self.shared is None or req.speech is not None:
+            return []
+        rows = self._text_rows(req, req.target - 1)
+        return self.shared.share(chain_keys(req.row_ids(0, rows), self.kv.page_size, rows))
+
+    def _register(self, req: Request) -> None:
+        """Cache a request's full pages of computed text rows, unless its step failed."""
+        if self.shared is None or req.error is not None:
+            return
+        rows = self._text_rows(req, req.computed)
+        keys = chain_keys(req.row_ids(0, rows), self.kv.page_size, rows)
+        self.shared.register(req.pages[:len(keys)], keys)
+
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_running:
             req = self.waiting[0]
-            need = self.kv.pages_for(req.target)
+            hit = self._lookup(req)
+            need = self.kv.pages_for(req.target) - len(hit)
             if not self.pages.can_allocate(need) or not all(a.can_allocate() for a in self.slots.values()):
+                self.pages.free(hit)
                 break
             self.waiting.popleft()
-            req.pages = self.pages.allocate(need)
+            req.pages = hit + self.pages.allocate(need)
+            req.computed = len(hit) * self.kv.page_size
+            if hit:
+                self.shared.hit_rows += req.computed
             req.slots = {res: a.allocate() for res, a in self.slots.items()}
             req.status = Status.RUNNING
             self.running.append(req)
             self.running.sort(key=lambda r: r.arrival)
 
     def _preempt(self, victim: Request, step: list[Request]) -> None:
+        self._register(victim)                # its computed pages may serve it (or another) again
         self.pages.free(victim.pages)
         self._free_slots(victim)             # recomputed from its first row: its state starts again from zeros
         victim.pages, victim.computed, victim.status = [], 0, Status.WAITING

@@ -90,6 +90,7 @@ def test_greedy_over_http_equals_hf_generate(served, leak_oracle):
         assert got[i] == hf_greedy(hf, prompt(i, n), k), f"request {i} ({n} prompt tokens)"
     steps = engine.stats()["steps"]
     assert steps.get("llm_mixed", 0) > 0 and steps.get("llm_decode", 0) > 0, steps
+    assert engine.scheduler.shared is None and "prefix_cache" not in engine.stats()    # state: never cached
     assert engine.scheduler.pool_full()
 
 

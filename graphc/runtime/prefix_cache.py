@@ -1,0 +1,95 @@
+"""KV pages shared across requests by content (prefix caching), over the plan's page pool: no new memory.
+
+A full page of a request's rows is keyed by its chain: key_i = blake2b(key_{i-1} + the page's token ids), so a
+key names every row before it too. When a request ends or is preempted, its full pages of computed text rows
+(those before its first media row) are registered under their keys; a page no request holds stays cached,
+idle, until the pool needs it: allocation takes free pages first, then the least recently used idle ones.
+A new request takes the longest run of cached pages matching its prompt's first pages (never its last prompt
+row: a step must compute it to sample), holds them with the other requests that match them, and its prefill
+starts after them. A shared page is full and never written again: new rows go to the request's own pages.
+
+Not cached: rows from a request's first media row on (their positions and embeddings depend on the media),
+plans with linear-attention state (a sequence's state would need a snapshot at each cached boundary), and
+lookups by speaking requests (the talker reads the thinker's hidden rows of the whole prompt). SharedPages has
+PageAllocator's interface; num_free counts the idle cached pages, which any allocation may take.
+"""
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+
+from resources.paged_kv import PageAllocator
+
+
+def chain_keys(ids: list[int], page_size: int, rows: int) -> list[bytes]:
+    """The keys of the full pages within the first `rows` of ids."""
+    keys, key = [], b""
+    for start in range(0, rows - page_size + 1, page_size):
+        key = hashlib.blake2b(key + array("q", ids[start:start + page_size]).tobytes(), digest_size=16).digest()
+        keys.append(key)
+    return keys
+
+
+class SharedPages:
+    """A PageAllocator whose full text pages may be cached and shared (the module's docstring)."""
+
+    def __init__(self, pages: PageAllocator, page_size: int):
+        self.pages, self.page_size = pages, page_size
+        self.num_pages = pages.num_pages
+        self.by_key: dict[bytes, int] = {}
+        self.key_of: dict[int, bytes] = {}
+        self.refs: dict[int, int] = {}                      # cached page -> the requests holding it
+        self.idle: OrderedDict[int, None] = OrderedDict()  # cached pages nobody holds, least recently used first
+        self.hit_rows = 0                                   # prompt rows taken from the cache, since boot
+        self.evicted = 0
+
+    @property
+    def num_free(self) -> int:
+        return self.pages.num_free + len(self.idle)
+
+    def can_allocate(self, n: int) -> bool:
+        return 0 <= n <= self.num_free
+
+    def allocate(self, n: int) -> list[int]:
+        """n pages: free ones first, then idle cached ones, least recently used first (their keys dropped)."""
+        if not self.can_allocate(n):
+            raise RuntimeError(f"asked for {n} pages with {self.num_free} free; call can_allocate first")
+        fresh = min(n, self.pages.num_free)
+        out = self.pages.allocate(fresh)
+        for _ in range(n - fresh):
+            page, _ = self.idle.popitem(last=False)
+            del self.by_key[self.key_of.pop(page)], self.refs[page]
+            self.evicted += 1
+            out.append(page)
+        return out
+
+    def free(self, pages: list[int]) -> None:
+        """Give pages back: a cached one goes idle when its last holder lets go, the others to the free list."""
+        plain = [p for p in pages if p not in self.key_of]
+        self.pages.free(plain)
+        for p in pages:
+            if p in self.key_of:
+                self.refs[p] -= 1
+                if self.refs[p] == 0:
+                    self.idle[p] = None            # most recently used last
+
+    def share(self, keys: list[bytes]) -> list[int]:
+        """The cached pages of the longest run of keys from the first, each now held once more."""
+        out = []
+        for key in keys:
+            page = self.by_key.get(key)
+            if page is None:
+                break
+            self.refs[page] += 1
+            self.idle.pop(page, None)
+            out.append(page)
+        return out
+
+    def register(self, pages: list[int], keys: list[bytes]) -> None:
+        """Cache a request's full pages under their keys (a page already cached, or a key cached on another
+        page, is left as it is); the request still holds them."""
+        for page, key in zip(pages, keys):
+            if page in self.key_of or key in self.by_key:
+                continue
+            self.by_key[key], self.key_of[page], self.refs[page] = page, key, 1

@@ -1,0 +1,127 @@
+"""Prefix caching (graphc/runtime/prefix_cache.py) on a tiny Qwen3-Omni thinker written by transformers (its
+weights re-drawn): a request whose first rows were computed before reuses those pages, and every greedy answer
+equals the same requests on an engine without the cache (test_engine.py holds that engine to HF). Hand-worked
+cases: a repeated prompt (every full page but the one holding its last row), a conversation's second turn (the
+first turn's prompt and answer), a shared system prompt, an image (nothing from its first row on), the pool's
+least recently used idle pages evicted first, and an idle engine's pool all free again (the leak oracle)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from graphc import Media
+from graphc.runtime.engine import Engine
+from graphc.runtime.sampler import SamplingParams
+from tests.unit.loopback import tiny_omni
+
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    d = tiny_omni(tmp_path_factory.mktemp("prefix"), speech=True)      # speech=True: weights re-drawn
+    return Engine(d / "p.plan", d / "ckpt"), Engine(d / "p.plan", d / "ckpt", prefix_cache=False)
+
+
+def run(engine, prompts: list[list[int]], media=None) -> list[list[int]]:
+    reqs = [engine.add(prompt_token_ids=p, params=GREEDY, media=media or []) for p in prompts]
+    while engine.has_work():
+        engine.step()
+    return [list(r.output) for r in reqs]
+
+
+def ids(seed: int, n: int) -> list[int]:
+    return np.random.default_rng(seed).integers(10, 300, n).tolist()
+
+
+def hits(engine) -> int:
+    return engine.stats()["prefix_cache"]["hit_rows"]
+
+
+def test_a_repeated_prompt_reuses_every_full_page_but_its_last_rows(engines, leak_oracle):
+    cached, plain = engines
+    leak_oracle.watch(cached)
+    ps = cached.executor.kv_spec.page_size
+    prompt = ids(1, 3 * ps + 5)
+    first = run(cached, [prompt])
+    before = hits(cached)
+    again = run(cached, [prompt])
+    assert hits(cached) - before == 3 * ps                   # rows 0..3ps-1; the 4th page holds the last row
+    assert first == again == run(plain, [prompt])
+
+
+def test_a_second_turn_reuses_the_first_turns_prompt_and_answer(engines, leak_oracle):
+    cached, plain = engines
+    leak_oracle.watch(cached)
+    ps = cached.executor.kv_spec.page_size
+    turn1 = ids(2, 2 * ps + 3)
+    answer = run(cached, [turn1])[0]
+    turn2 = turn1 + answer + ids(3, ps)
+    before = hits(cached)
+    got = run(cached, [turn2])
+    computed = len(turn1) + len(answer) - 1                  # the last answer token was never fed
+    assert hits(cached) - before == computed // ps * ps
+    assert got == run(plain, [turn2])
+
+
+def test_requests_sharing_a_system_prompt_share_its_pages(engines, leak_oracle):
+    cached, plain = engines
+    leak_oracle.watch(cached)
+    ps = cached.executor.kv_spec.page_size
+    system = ids(4, 2 * ps)
+    run(cached, [system + ids(5, 7)])
+    before = hits(cached)
+    prompts = [system + ids(6 + i, 3 + i) for i in range(3)]
+    got = run(cached, prompts)
+    assert hits(cached) - before == 3 * 2 * ps
+    assert got == run(plain, prompts)
+
+
+def test_rows_from_an_image_on_are_not_taken_from_the_cache(engines, leak_oracle):
+    cached, plain = engines
+    leak_oracle.watch(cached)
+    ps = cached.executor.kv_spec.page_size
+    pixels = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (3, 40, 56), np.uint8))
+    prompt = ids(7, ps + 3) + [cached.host.token_of["image"]] + ids(8, 2 * ps)
+    media = [Media("image", pixels)]
+    first = run(cached, [prompt], media)
+    before = hits(cached)
+    again = run(cached, [prompt], media)
+    assert hits(cached) - before == ps                         # the text page before the image only
+    assert first == again == run(plain, [prompt], media)
+
+
+def test_idle_pages_are_evicted_least_recently_used_first(engines):
+    cached, _ = engines
+    pages, sh = cached.scheduler.pages, cached.scheduler.shared
+    ps = cached.executor.kv_spec.page_size
+    old, new = ids(20, 2 * ps + 1), ids(21, 2 * ps + 1)
+    run(cached, [old])
+    run(cached, [new])                          # its two full pages are now the most recently used
+    taken = pages.allocate(sh.pages.num_free)   # a full pool: what comes next is taken from the idle pages
+    order = list(sh.idle)
+    evicted = pages.allocate(len(order) - 2)
+    assert evicted == order[:-2] and len(sh.idle) == 2
+    pages.free(taken + evicted)
+    before = hits(cached)
+    run(cached, [new])
+    assert hits(cached) - before == 2 * ps                     # the newer prompt's pages survived
+    before = hits(cached)
+    run(cached, [old])
+    assert hits(cached) == before                              # the older one's were evicted
+
+
+def test_graphc_run_caches_unless_told_not_to(tmp_path):
+    import json
+
+    from graphc.cli import main
+    from tests.conftest import ROOT
+
+    reqs = tmp_path / "r.jsonl"
+    reqs.write_text(json.dumps({"prompt_token_ids": list(range(1, 40)), "max_tokens": 2}) + "\n")
+    for flag, cached in (([], True), (["--no-prefix-cache"], False)):
+        stats = tmp_path / "s.json"
+        assert main(["run", str(ROOT / "plans" / "tiny_cpu.plan"), "--random-weights", "--requests", str(reqs), "--output",
+                     str(tmp_path / "o.jsonl"), "--stats", str(stats)] + flag) == 0
+        assert ("prefix_cache" in json.loads(stats.read_text())) == cached
