@@ -112,12 +112,13 @@ def test_idle_pages_are_evicted_least_recently_used_first(engines):
     assert hits(cached) == before                              # the older one's were evicted
 
 
-def test_graphc_run_caches_unless_told_not_to(tmp_path):
+def test_graphc_run_caches_unless_told_not_to(tmp_path, monkeypatch):
     import json
 
     from graphc.cli import main
     from tests.conftest import ROOT
 
+    monkeypatch.chdir(ROOT)                 # the plan names its model file from the repo's root
     reqs = tmp_path / "r.jsonl"
     reqs.write_text(json.dumps({"prompt_token_ids": list(range(1, 40)), "max_tokens": 2}) + "\n")
     for flag, cached in (([], True), (["--no-prefix-cache"], False)):
