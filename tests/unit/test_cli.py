@@ -131,3 +131,11 @@ def test_ctrl_c_ends_graphc_run_with_130_and_no_traceback(tmp_path):
     err = (seen + p.stderr.read()).decode()
     assert p.wait(timeout=60) == 130, err
     assert "graphc: interrupted" in err and "Traceback" not in err, err
+
+
+def test_explain_says_whether_graphc_run_caches_prefixes(capsys):
+    """Qwen3.5's plan holds linear-attention state: no prefix caching, and why; Qwen3-Omni's caches."""
+    assert main(["explain", "plans/qwen3_5_9b_h200.plan"]) == 0
+    assert "prefix caching: off" in capsys.readouterr().out
+    assert main(["explain", "plans/qwen3_omni_h200.plan"]) == 0
+    assert "prefix caching: on unless `graphc run --no-prefix-cache`" in capsys.readouterr().out
