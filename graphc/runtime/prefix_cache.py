@@ -1,20 +1,22 @@
 """KV pages shared across requests by content (prefix caching), over the plan's page pool: no new memory.
 
-A full page of a request's rows is keyed by its chain: key_i = blake2b(key_{i-1} + the page's token ids), so a
-key names every row before it too. When a request ends or is preempted, its full pages of computed text rows
-(those before its first media row) are registered under their keys; a page no request holds stays cached,
+A full page of a request's rows is keyed by its chain: key_i = blake2b(key_{i-1} + the page's token ids + the
+content of the media pieces with rows in it, each with its first row), so a key names every row before it too.
+A media piece is named by its encoder input (digest(): the host's preprocessed patches or features). When a
+request ends or is preempted, its full pages of computed rows are registered under their keys; a page no request holds stays cached,
 idle, until the pool needs it: allocation takes free pages first, then the least recently used idle ones.
 A new request takes the longest run of cached pages matching its prompt's first pages (never its last prompt
 row: a step must compute it to sample), holds them with the other requests that match them, and its prefill
 starts after them. A shared page is full and never written again: new rows go to the request's own pages.
 
-Not cached: rows from a request's first media row on (their positions and embeddings depend on the media),
-plans with linear-attention state (a sequence's state would need a snapshot at each cached boundary), and
+A cached run of pages never ends inside a media piece (its encoder step runs whole). Not cached: a piece whose
+input digest() cannot name (and every row from it on), plans with linear-attention state (a sequence's state would need a snapshot at each cached boundary), and
 lookups by speaking requests (the talker reads the thinker's hidden rows of the whole prompt). SharedPages has
 PageAllocator's interface; num_free counts the idle cached pages, which any allocation may take.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from array import array
 from collections import OrderedDict
@@ -22,13 +24,50 @@ from collections import OrderedDict
 from resources.paged_kv import PageAllocator
 
 
-def chain_keys(ids: list[int], page_size: int, rows: int) -> list[bytes]:
-    """The keys of the full pages within the first `rows` of ids."""
+def chain_keys(ids: list[int], page_size: int, rows: int, media=None) -> list[bytes]:
+    """The keys of the full pages within the first `rows` of ids. media(i): bytes naming the media content of
+    page i's rows (b"" for text rows), or None where it cannot be named: the chain stops before that page."""
     keys, key = [], b""
-    for start in range(0, rows - page_size + 1, page_size):
-        key = hashlib.blake2b(key + array("q", ids[start:start + page_size]).tobytes(), digest_size=16).digest()
+    for i, start in enumerate(range(0, rows - page_size + 1, page_size)):
+        extra = media(i) if media is not None else b""
+        if extra is None:
+            break
+        key = hashlib.blake2b(key + array("q", ids[start:start + page_size]).tobytes() + extra,
+                              digest_size=16).digest()
         keys.append(key)
     return keys
+
+
+def digest(data) -> bytes | None:
+    """A media piece's encoder input named by its content (tensors and arrays by dtype, shape and bytes,
+    dataclasses by their fields); None for a value it cannot name."""
+    h = hashlib.blake2b(digest_size=16)
+    return h.digest() if _feed(h, data) else None
+
+
+def _feed(h, x) -> bool:
+    import numpy as np
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        t = x.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().data if t.numel() else b"")
+        return True
+    if isinstance(x, np.ndarray):
+        h.update(f"{x.dtype}{x.shape}".encode())
+        h.update(np.ascontiguousarray(x).data)
+        return True
+    if isinstance(x, (int, float, str, bool)) or x is None:
+        h.update(repr(x).encode())
+        return True
+    if isinstance(x, (list, tuple)):
+        h.update(f"{type(x).__name__}{len(x)}".encode())
+        return all(_feed(h, y) for y in x)
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        h.update(type(x).__name__.encode())
+        return all(_feed(h, getattr(x, f.name)) for f in dataclasses.fields(x))
+    return False
 
 
 class SharedPages:

@@ -48,6 +48,7 @@ class Request:
     user: Any = None                   # what the engine's caller keeps with it (a stream, ...)
     speech: Any = None                 # its SpeechState when it speaks (graphc/runtime/speech.py)
     closed: bool = False               # the engine is done with it: text (and speech) ended, or it failed
+    media_keys: dict = field(default_factory=dict)   # id(piece) -> its content digest (prefix caching)
 
     @property
     def rows(self) -> int:

@@ -24,7 +24,7 @@ from graphc.declare import Model
 from graphc.errors import InvalidInput
 from graphc.plan import Plan
 from graphc.serving import Piece
-from graphc.runtime.prefix_cache import SharedPages, chain_keys
+from graphc.runtime.prefix_cache import SharedPages, chain_keys, digest
 from graphc.runtime.request import Request, Status
 from resources.linear_state import SlotAllocator
 from resources.paged_kv import PageAllocator, PagedKVSpec
@@ -165,24 +165,46 @@ class Scheduler:
 
     # ---- one step
     # ---- prefix caching
-    def _text_rows(self, req: Request, rows: int) -> int:
-        """How many of a request's first `rows` rows come before its first media row."""
-        first = min((p.first for m in req.prompt.media for p in m.pieces), default=rows)
-        return min(rows, first)
+    def _whole_pieces(self, req: Request, rows: int) -> int:
+        """The last page boundary at or below `rows` that no media piece straddles."""
+        ps, pieces = self.kv.page_size, [p for m in req.prompt.media for p in m.pieces]
+        end, moved = rows - rows % ps, True
+        while moved:
+            moved = False
+            for p in pieces:
+                if p.first < end <= p.last:
+                    end, moved = p.first - p.first % ps, True
+        return end
+
+    def _keys(self, req: Request, rows: int) -> list[bytes]:
+        """The chain keys of the request's full pages within `rows`, pieces whole (prefix_cache.chain_keys)."""
+        ps = self.kv.page_size
+        rows = self._whole_pieces(req, rows)
+        pieces = sorted((p for m in req.prompt.media for p in m.pieces if p.first < rows), key=lambda p: p.first)
+
+        def media(i: int) -> bytes | None:
+            out = b""
+            for p in pieces:
+                if p.first < (i + 1) * ps and p.last >= i * ps:
+                    if id(p) not in req.media_keys:
+                        req.media_keys[id(p)] = digest(p.data)
+                    if req.media_keys[id(p)] is None:
+                        return None
+                    out += req.media_keys[id(p)] + p.first.to_bytes(8, "little")
+            return out
+        return chain_keys(req.row_ids(0, rows), ps, rows, media)
 
     def _lookup(self, req: Request) -> list[int]:
         """The cached pages that hold the request's first rows (held now), keeping its last row to compute."""
         if self.shared is None or req.speech is not None:
             return []
-        rows = self._text_rows(req, req.target - 1)
-        return self.shared.share(chain_keys(req.row_ids(0, rows), self.kv.page_size, rows))
+        return self.shared.share(self._keys(req, req.target - 1))
 
     def _register(self, req: Request) -> None:
-        """Cache a request's full pages of computed text rows, unless its step failed."""
+        """Cache a request's full pages of computed rows, unless its step failed."""
         if self.shared is None or req.error is not None:
             return
-        rows = self._text_rows(req, req.computed)
-        keys = chain_keys(req.row_ids(0, rows), self.kv.page_size, rows)
+        keys = self._keys(req, req.computed)
         self.shared.register(req.pages[:len(keys)], keys)
 
     def _admit(self) -> None:

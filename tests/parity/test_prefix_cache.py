@@ -2,8 +2,10 @@
 weights re-drawn): a request whose first rows were computed before reuses those pages, and every greedy answer
 equals the same requests on an engine without the cache (test_engine.py holds that engine to HF). Hand-worked
 cases: a repeated prompt (every full page but the one holding its last row), a conversation's second turn (the
-first turn's prompt and answer), a shared system prompt, an image (nothing from its first row on), the pool's
-least recently used idle pages evicted first, and an idle engine's pool all free again (the leak oracle)."""
+first turn's prompt and answer), a shared system prompt, an image named by its content (the same image again
+reuses its rows; another of the same size does not), a cached run that would end inside an image stopping
+before it, the pool's least recently used idle pages evicted first, and an idle engine's pool all free again
+(the leak oracle)."""
 from __future__ import annotations
 
 import numpy as np
@@ -78,18 +80,47 @@ def test_requests_sharing_a_system_prompt_share_its_pages(engines, leak_oracle):
     assert got == run(plain, prompts)
 
 
-def test_rows_from_an_image_on_are_not_taken_from_the_cache(engines, leak_oracle):
+def test_an_image_is_named_by_its_content(engines, leak_oracle):
+    """The same image again: every full page up to the prompt's last row, the image's rows among them. Another
+    image of the same size (the same ids): only the text page before it."""
     cached, plain = engines
     leak_oracle.watch(cached)
     ps = cached.executor.kv_spec.page_size
-    pixels = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (3, 40, 56), np.uint8))
+    gen = np.random.default_rng(0)
+    image, other = (torch.from_numpy(gen.integers(0, 256, (3, 40, 56), np.uint8)) for _ in range(2))
     prompt = ids(7, ps + 3) + [cached.host.token_of["image"]] + ids(8, 2 * ps)
-    media = [Media("image", pixels)]
-    first = run(cached, [prompt], media)
+    first = run(cached, [prompt], [Media("image", image)])
     before = hits(cached)
-    again = run(cached, [prompt], media)
-    assert hits(cached) - before == ps                         # the text page before the image only
-    assert first == again == run(plain, [prompt], media)
+    req = cached.add(prompt_token_ids=prompt, params=GREEDY, media=[Media("image", image)])
+    rows = len(req.prompt.ids)
+    (piece,) = [p for m in req.prompt.media for p in m.pieces]
+    while cached.has_work():
+        cached.step()
+    assert piece.last < (rows - 1) // ps * ps                      # the image lies within the cached pages
+    assert hits(cached) - before == (rows - 1) // ps * ps
+    assert first == [list(req.output)] == run(plain, [prompt], [Media("image", image)])
+    before = hits(cached)
+    assert run(cached, [prompt], [Media("image", other)]) == run(plain, [prompt], [Media("image", other)])
+    assert hits(cached) - before == ps                             # rows 0..ps-1: text before the image
+
+
+def test_a_cached_run_never_ends_inside_a_media_piece(engines):
+    """A prompt that ends a few rows after its image: the page boundary below its last row falls inside the
+    image's rows, so the cached run stops at the page boundary below the image's first row."""
+    cached, plain = engines
+    ps = cached.executor.kv_spec.page_size
+    image = torch.from_numpy(np.random.default_rng(5).integers(0, 256, (3, 160, 200), np.uint8))
+    prompt = ids(9, ps + 3) + [cached.host.token_of["image"]] + ids(10, 2)
+    run(cached, [prompt], [Media("image", image)])
+    req = cached.add(prompt_token_ids=prompt, params=GREEDY, media=[Media("image", image)])
+    (piece,) = [p for m in req.prompt.media for p in m.pieces]
+    inside = (len(req.prompt.ids) - 1) // ps * ps
+    before = hits(cached)
+    while cached.has_work():
+        cached.step()
+    assert piece.first < inside <= piece.last, (piece.first, piece.last, inside)       # the case at hand
+    assert hits(cached) - before == piece.first // ps * ps
+    assert [list(req.output)] == run(plain, [prompt], [Media("image", image)])
 
 
 def test_idle_pages_are_evicted_least_recently_used_first(engines):

@@ -51,3 +51,28 @@ def test_a_key_or_page_cached_twice_is_left_as_it_was():
     assert sp.by_key[key[0]] == a[0] and b[0] not in sp.key_of
     sp.free(b)
     assert sp.pages.num_free == 3 and not sp.idle
+
+
+def test_a_digest_names_content_dtype_and_shape_and_refuses_what_it_cannot_read():
+    import dataclasses
+
+    import numpy as np
+    import torch
+
+    from graphc.runtime.prefix_cache import digest
+
+    x = torch.arange(12, dtype=torch.float32).view(3, 4)
+    assert digest(x) == digest(x.clone()) and digest(x) == digest(x.t().contiguous().t())
+    assert digest(x) != digest(x.view(4, 3)) and digest(x) != digest(x.to(torch.float64))
+    y = x.clone()
+    y[2, 3] += 1
+    assert digest(x) != digest(y)
+    assert digest(x.to(torch.bfloat16)) is not None and digest(np.zeros(3)) != digest(np.zeros(4))
+
+    @dataclasses.dataclass
+    class Item:
+        patches: torch.Tensor
+        grid: tuple
+
+    assert digest(Item(x, (1, 3, 4))) != digest(Item(x, (1, 4, 3)))
+    assert digest(object()) is None and digest([x, object()]) is None
