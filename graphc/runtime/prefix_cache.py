@@ -1,18 +1,20 @@
 """KV pages shared across requests by content (prefix caching), over the plan's page pool: no new memory.
 
 A full page of a request's rows is keyed by its chain: key_i = blake2b(key_{i-1} + the page's token ids + the
-content of the media pieces with rows in it, each with its first row), so a key names every row before it too.
-A media piece is named by its encoder input (digest(): the host's preprocessed patches or features). When a
-request ends or is preempted, its full pages of computed rows are registered under their keys; a page no request holds stays cached,
-idle, until the pool needs it: allocation takes free pages first, then the least recently used idle ones.
-A new request takes the longest run of cached pages matching its prompt's first pages (never its last prompt
-row: a step must compute it to sample), holds them with the other requests that match them, and its prefill
-starts after them. A shared page is full and never written again: new rows go to the request's own pages.
+content of the media pieces with rows in it, each with its first row), so a key names every row before it
+too. A media piece is named by its encoder input (digest(): the host's preprocessed patches or features).
+When a request ends or is preempted, its full pages of computed rows are registered under their keys; a page
+no request holds stays cached, idle, until the pool needs it: allocation takes free pages first, then the
+least recently used idle ones. A new request takes the longest run of cached pages matching its prompt's
+first pages (never its last prompt row: a step must compute it to sample), holds them with the other
+requests that match them, and its prefill starts after them. A shared page is full and never written again:
+new rows go to the request's own pages.
 
-A cached run of pages never ends inside a media piece (its encoder step runs whole). Not cached: a piece whose
-input digest() cannot name (and every row from it on), plans with linear-attention state (a sequence's state would need a snapshot at each cached boundary), and
-lookups by speaking requests (the talker reads the thinker's hidden rows of the whole prompt). SharedPages has
-PageAllocator's interface; num_free counts the idle cached pages, which any allocation may take.
+A cached run of pages never ends inside a media piece (its encoder step runs whole). Not cached: a piece
+whose input digest() cannot name (and every row from it on), plans with linear-attention state (a
+sequence's state would need a snapshot at each cached boundary), and lookups by speaking requests (the
+talker reads the thinker's hidden rows of the whole prompt). SharedPages has PageAllocator's interface;
+num_free counts the idle cached pages, which any allocation may take.
 """
 from __future__ import annotations
 

@@ -154,6 +154,6 @@ def test_graphc_run_caches_unless_told_not_to(tmp_path, monkeypatch):
     reqs.write_text(json.dumps({"prompt_token_ids": list(range(1, 40)), "max_tokens": 2}) + "\n")
     for flag, cached in (([], True), (["--no-prefix-cache"], False)):
         stats = tmp_path / "s.json"
-        assert main(["run", str(ROOT / "plans" / "tiny_cpu.plan"), "--random-weights", "--requests", str(reqs), "--output",
-                     str(tmp_path / "o.jsonl"), "--stats", str(stats)] + flag) == 0
+        assert main(["run", str(ROOT / "plans" / "tiny_cpu.plan"), "--random-weights", "--requests", str(reqs),
+                     "--output", str(tmp_path / "o.jsonl"), "--stats", str(stats)] + flag) == 0
         assert ("prefix_cache" in json.loads(stats.read_text())) == cached
