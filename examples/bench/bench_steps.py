@@ -193,6 +193,23 @@ def profile_graph(graph, replays: int) -> dict:
             "launches": sum(r["launches"] for r in rows), "kernels": rows}
 
 
+def time_row(boot, plan, key: str, a, launches: dict, layers: dict) -> dict:
+    """Graph `key` timed, with its launches and its floor; printed as a line of the table."""
+    node, family, rung = parse_graph_id(key)
+    step = prepare(boot, key, a.sampled)
+    ms = time_graph(boot.graphs[key], a.warmup, a.replays)
+    per_layer = launches[key] / layers[node] if launches.get(key) and layers.get(node) else None
+    sizes = step.sizes_at(rung)
+    state = state_bytes(plan, node, sizes.get("seqs", 0))
+    floor = (floor_bytes(boot.modules[node], sizes.get("tokens", rung)) + state) / a.bandwidth * 1e3
+    print(f"{key:48s} {ms:8.3f} ms  {rung / ms * 1e3:12,.0f} {step.axis}/s  "
+          f"launches {launches.get(key, '-')!s:>6} ({'-' if per_layer is None else f'{per_layer:.1f}'} a layer)"
+          f"  floor {floor:7.3f} ms  x{ms / floor:5.1f}", flush=True)
+    return {"graph": key, "node": node, "family": family, "rung": rung, "axis": step.axis, "ms": ms,
+            "units_per_s": rung / ms * 1e3, "launches": launches.get(key), "launches_per_layer": per_layer,
+            "state_bytes": state, "floor_ms": floor, "ratio": ms / floor if floor else None, "profile": None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("plan", nargs="?", help="the plan (not needed with --floors-from)")
@@ -227,23 +244,9 @@ def main() -> None:
     rows = []
     with torch.inference_mode():
         for key in plan.devices[a.device].capture_order:
-            node, family, rung = parse_graph_id(key)
             if a.only and not picked(key, a.only):
                 continue
-            step = prepare(boot, key, a.sampled)
-            ms = time_graph(boot.graphs[key], a.warmup, a.replays)
-            per_layer = launches[key] / layers[node] if launches.get(key) and layers.get(node) else None
-            sizes = step.sizes_at(rung)
-            tokens = sizes.get("tokens", rung)
-            state = state_bytes(plan, node, sizes.get("seqs", 0))
-            floor = (floor_bytes(boot.modules[node], tokens) + state) / a.bandwidth * 1e3
-            rows.append({"graph": key, "node": node, "family": family, "rung": rung, "axis": step.axis,
-                         "ms": ms, "units_per_s": rung / ms * 1e3, "launches": launches.get(key),
-                         "launches_per_layer": per_layer, "state_bytes": state,
-                         "floor_ms": floor, "ratio": ms / floor if floor else None, "profile": None})
-            print(f"{key:48s} {ms:8.3f} ms  {rung / ms * 1e3:12,.0f} {step.axis}/s  "
-                  f"launches {launches.get(key, '-')!s:>6} ({'-' if per_layer is None else f'{per_layer:.1f}'} a layer)"
-                  f"  floor {floor:7.3f} ms  x{ms / floor:5.1f}", flush=True)
+            rows.append(time_row(boot, plan, key, a, launches, layers))
         # profiles after every timing: a replay timed after torch.profiler has recorded CUDA activity in the process
         # can be slower (a talker frame timed after a thinker graph's profile: 4.55 ms, where it had taken 3.89 and
         # its kernels the same 3.45 ms), so each profiled graph is timed again after its profile (ms_after_profile)
