@@ -115,6 +115,13 @@ class SharedPages:
                 if self.refs[p] == 0:
                     self.idle[p] = None            # most recently used last
 
+    def matched(self, keys: list[bytes]) -> int:
+        """How many of keys, from the first, are cached now (nothing is taken)."""
+        n = 0
+        while n < len(keys) and keys[n] in self.by_key:
+            n += 1
+        return n
+
     def share(self, keys: list[bytes]) -> list[int]:
         """The cached pages of the longest run of keys from the first, each now held once more."""
         out = []

@@ -20,13 +20,15 @@ from graphc.runtime.engine import Engine, Output, refused
 
 
 def pick(loads: list[dict]) -> int:
-    """The replica a new request goes to: the most free decode slots (the most sequences its decode walk
-    runs, less those running, waiting and handed to it but not yet taken), then the most free KV pages;
-    the lowest index on a tie."""
-    def free(i: int) -> tuple:
+    """The replica a new request goes to. Free decode slots: the most sequences its decode walk runs, less
+    those running, waiting and handed to it but not yet taken. Among the replicas with a free slot, the one
+    whose prefix cache holds the most of the request's first rows (`cached`); then the most free slots, then
+    the most free KV pages; the lowest index on a tie."""
+    def rank(i: int) -> tuple:
         x = loads[i]
-        return x["max_running"] - x["running"] - x["waiting"] - x.get("pending", 0), x["free_pages"], -i
-    return max(range(len(loads)), key=free)
+        free = x["max_running"] - x["running"] - x["waiting"] - x.get("pending", 0)
+        return free > 0, x.get("cached", 0) if free > 0 else 0, free, x["free_pages"], -i
+    return max(range(len(loads)), key=rank)
 
 
 def on_device(engine: Engine):
@@ -86,13 +88,33 @@ class Replicas:
         return [e.load() | {"max_running": e.max_running, "pending": pending[i] if pending else 0}
                 for i, e in enumerate(self.engines)]
 
-    def route(self, request_id: str | None = None, pending: list[int] | None = None) -> int:
-        """The replica for a new request: the one holding its id already (it refuses the duplicate), else pick()."""
+    def route(self, request_id: str | None = None, pending: list[int] | None = None, item: dict | None = None) -> int:
+        """The replica for a new request: the one holding its id already (it refuses the duplicate), else pick(),
+        told how many of the request's first text rows (item: Engine.add's keywords) each replica has cached."""
         if request_id is not None:
             for i, e in enumerate(self.engines):
                 if e.request(request_id) is not None:
                     return i
-        return pick(self.loads(pending))
+        loads = self.loads(pending)
+        text = self.text_prefix(item) if item is not None else None
+        if text is not None:
+            for x, e in zip(loads, self.engines):
+                x["cached"] = e.scheduler.cached_rows(*text)
+        return pick(loads)
+
+    def text_prefix(self, item: dict) -> tuple[list[int], int] | None:
+        """(ids, rows): a request's prompt ids up to its first media placeholder, and how many of them its
+        prefill could take from a cache (all of them before media, else all but the last); None where the
+        prompt cannot be read here (no tokenizer or template: the engine says why when it takes it)."""
+        ids = item.get("prompt_token_ids")
+        if ids is None:
+            try:
+                ids = self.engines[0].tokenize(item.get("messages"), item.get("prompt"))
+            except InvalidInput:
+                return None
+        marks = set(getattr(self.engines[0].host, "token_of", {}).values())
+        cut = next((i for i, t in enumerate(ids) if t in marks), None)
+        return (list(ids), len(ids) - 1) if cut is None else (list(ids[:cut]), cut)
 
     def close(self) -> None:
         for e in self.engines:
@@ -138,7 +160,7 @@ class Replicas:
                 reqs.append(item)
                 owner.append(None)
                 continue
-            r = self.route(item.get("request_id"))
+            r = self.route(item.get("request_id"), item=item)
             try:
                 reqs.append(self.engines[r].add(**item))
                 owner.append(r)

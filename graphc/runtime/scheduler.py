@@ -194,6 +194,12 @@ class Scheduler:
             return out
         return chain_keys(req.row_ids(0, rows), ps, rows, media)
 
+    def cached_rows(self, ids: list[int], rows: int) -> int:
+        """How many of the first `rows` rows of these text ids the cache holds now (a replica's routing hint)."""
+        if self.shared is None:
+            return 0
+        return self.shared.matched(chain_keys(ids, self.kv.page_size, rows)) * self.kv.page_size
+
     def _lookup(self, req: Request) -> list[int]:
         """The cached pages that hold the request's first rows (held now), keeping its last row to compute."""
         if self.shared is None or req.speech is not None:

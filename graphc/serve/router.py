@@ -52,7 +52,7 @@ class Router:
                 fut = loop.create_future()
                 fut.set_exception(e)
                 return fut, asyncio.Queue()
-            r = self.replicas.route(kwargs.get("request_id"), [d.pending for d in self.drivers])
+            r = self.replicas.route(kwargs.get("request_id"), [d.pending for d in self.drivers], kwargs)
             return self.drivers[r].submit(loop, kwargs)
 
     def abort(self, request_id: str) -> None:

@@ -21,9 +21,13 @@ GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory):
-    d = tiny_omni(tmp_path_factory.mktemp("prefix"), speech=True)      # speech=True: weights re-drawn
-    return Engine(d / "p.plan", d / "ckpt"), Engine(d / "p.plan", d / "ckpt", prefix_cache=False)
+def omni(tmp_path_factory):
+    return tiny_omni(tmp_path_factory.mktemp("prefix"), speech=True)      # speech=True: weights re-drawn
+
+
+@pytest.fixture(scope="module")
+def engines(omni):
+    return Engine(omni / "p.plan", omni / "ckpt"), Engine(omni / "p.plan", omni / "ckpt", prefix_cache=False)
 
 
 def run(engine, prompts: list[list[int]], media=None) -> list[list[int]]:
@@ -157,3 +161,25 @@ def test_graphc_run_caches_unless_told_not_to(tmp_path, monkeypatch):
         assert main(["run", str(ROOT / "plans" / "tiny_cpu.plan"), "--random-weights", "--requests", str(reqs),
                      "--output", str(tmp_path / "o.jsonl"), "--stats", str(stats)] + flag) == 0
         assert ("prefix_cache" in json.loads(stats.read_text())) == cached
+
+
+def test_a_second_turn_goes_to_the_replica_that_cached_the_first(omni, engines):
+    """Two replicas (graphc/runtime/replicas.py): a busier replica that has a free decode slot and holds the
+    first turn's pages takes the second turn, where slots and pages alone would send it to the other."""
+    from graphc.cli import main
+    from graphc.runtime.replicas import Replicas
+
+    plan = omni / "p2.plan"
+    assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(omni / "ckpt"), "--gpu",
+                 "cpu", "--gpus", "2", "--replicas", "2", "-o", str(plan), "-q"]) == 0
+    two = Replicas(plan, omni / "ckpt")
+    ps = two.engines[0].executor.kv_spec.page_size
+    turn1 = ids(30, 2 * ps + 3)
+    (first,) = two.generate([{"prompt_token_ids": turn1, "max_tokens": 6, "temperature": 0, "ignore_eos": True}])
+    turn2 = turn1 + first.token_ids + ids(31, 5)
+    items = [{"prompt_token_ids": p, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+             for p in (ids(32, 9), turn2)]         # the first takes replica 0 (a tie): it is the busier one
+    outs = two.generate(items)
+    hit = [e.stats()["prefix_cache"]["hit_rows"] for e in two.engines]
+    assert hit == [(len(turn1) + 5) // ps * ps, 0], hit
+    assert outs[1].token_ids == run(engines[1], [turn2])[0]

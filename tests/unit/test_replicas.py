@@ -68,17 +68,21 @@ def test_the_choice_ranks_by_requests_at_once_and_a_tie_keeps_one_copy():
     assert candidates(1, None) == [1] and candidates(3, None) == [1, 3] and candidates(3, 3) == [3]
 
 
-def load(running=0, waiting=0, pending=0, free_pages=100, max_running=8) -> dict:
-    return dict(running=running, waiting=waiting, pending=pending, free_pages=free_pages, max_running=max_running)
+def load(running=0, waiting=0, pending=0, free_pages=100, max_running=8, cached=0) -> dict:
+    return dict(running=running, waiting=waiting, pending=pending, free_pages=free_pages, max_running=max_running,
+                cached=cached)
 
 
-def test_a_request_goes_to_the_most_free_slots_then_pages_then_the_first():
+def test_a_request_goes_to_the_most_cached_rows_with_a_free_slot_then_the_most_free_slots_then_pages():
     assert pick([load(running=3), load(running=1)]) == 1
     assert pick([load(running=1, waiting=2), load(running=2)]) == 1        # waiting requests hold slots too
     assert pick([load(pending=2), load(running=1)]) == 1                    # handed over, not yet taken
     assert pick([load(free_pages=10), load(free_pages=90)]) == 1            # a slot each: the most pages
     assert pick([load(), load()]) == 0
     assert pick([load(max_running=4), load(max_running=8, running=3)]) == 1
+    assert pick([load(running=7, cached=32), load(cached=16)]) == 0        # a free slot and more cached rows
+    assert pick([load(running=8, cached=32), load(running=7)]) == 1        # no free slot: the cache is moot
+    assert pick([load(running=9, cached=32), load(running=8)]) == 1        # both full: the least over
 
 
 def test_graphc_run_with_ray_refuses_a_plan_of_replicas(tmp_path, capsys):
