@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from graphc.cli import main
-from graphc.errors import InvalidInput
+from graphc.errors import DoesNotFit, InvalidInput
 from graphc.passes.choose_replicas import Layout, candidates, choose
 from graphc.pipeline import compile_model
 from graphc.plan import load_plan
@@ -37,6 +37,17 @@ def test_the_layout_that_runs_more_requests_at_once_is_chosen(cap):
     assert f"{at_once(each):.1f} longest requests at once" in chosen.placement
     assert (one.replicas, len(one.devices), each.replicas, len(each.devices)) == (1, 2, 2, 1)
     assert one.target.count == each.target.count == chosen.target.count == 2
+
+
+def test_a_replica_that_does_not_fit_its_share_leaves_one_copy():
+    """tiny_omni small on a 76 MiB host of two devices: one device's 38 MiB holds the encoder or the decoder,
+    not both (forced layouts show which fits)."""
+    cap = 76 * 2**20
+    with pytest.raises(DoesNotFit):
+        compile_model(SMALL, "cpu", 2, memory_cap=cap, replicas=2, remedies=False)
+    chosen = compile_model(SMALL, "cpu", 2, memory_cap=cap, remedies=False).plan
+    assert chosen.replicas == 1 and len(chosen.devices) == 2
+    assert "2 replicas of one device each: does not fit" in chosen.placement
 
 
 def test_a_replica_that_does_not_fit_one_card_leaves_one_copy():
