@@ -105,12 +105,12 @@ class Replicas:
     def text_prefix(self, item: dict) -> tuple[list[int], int] | None:
         """(ids, rows): a request's prompt ids up to its first media placeholder, and how many of them its
         prefill could take from a cache (all of them before media, else all but the last); None where the
-        prompt cannot be read here (no tokenizer or template: the engine says why when it takes it)."""
+        prompt cannot be read here (the engine that takes it reads it again, and refuses it with the reason)."""
         ids = item.get("prompt_token_ids")
         if ids is None:
             try:
                 ids = self.engines[0].tokenize(item.get("messages"), item.get("prompt"))
-            except InvalidInput:
+            except Exception:        # a hint only: Engine.add raises the same, where the caller hears of it
                 return None
         marks = set(getattr(self.engines[0].host, "token_of", {}).values())
         cut = next((i for i, t in enumerate(ids) if t in marks), None)
