@@ -121,8 +121,10 @@ def test_ctrl_c_ends_graphc_run_with_130_and_no_traceback(tmp_path):
     reqs = tmp_path / "r.jsonl"
     reqs.write_text("".join(json.dumps({"prompt_token_ids": [1, 2, 3], "max_tokens": 200, "ignore_eos": True})
                             + "\n" for _ in range(400)))
+    # SIGINT as a terminal delivers it: a test run from a background shell would hand the child SIGINT ignored
     p = subprocess.Popen([sys.executable, "-m", "graphc.cli", "run", "plans/tiny_cpu.plan", "--random-weights",
-                          "--requests", str(reqs)], cwd=root, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+                          "--requests", str(reqs)], cwd=root, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = b""
     while b"requests:" not in seen and p.poll() is None:         # the batch has started (its progress bar)
         seen += p.stderr.read1(4096)
