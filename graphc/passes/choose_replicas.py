@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphc.errors import InvalidInput
-from resources.paged_kv import PagedKVSpec
 
 
 @dataclass(frozen=True)
@@ -46,21 +45,15 @@ def measure(result, replicas: int) -> Layout:
     per = len(placement.devices)
     if not result.fit.fits:
         return Layout(replicas, per, 0.0, "does not fit")
-    best, what = float("inf"), "no KV pool"
+    pools = []                                # (what bounds it, and why) for each KV pool of the copy
     for d in placement.devices:
         for res, pages in d.kv_pages.items():
-            spec = s.ir.model.resource(res)
-            if not isinstance(spec, PagedKVSpec):
-                continue
-            held = pages / spec.min_pages
+            held = pages / s.ir.model.resource(res).min_pages
             seqs = _decode_seqs(s, res)
-            bound = min(held, seqs) if seqs else held
-            if bound < best:
-                best = bound
-                what = (f"{res} holds {held:.1f} longest requests" + (f", its decode walks run {seqs} at once"
-                                                                       if seqs else ""))
-    if best == float("inf"):
-        best = 1.0
+            pools.append((min(held, seqs) if seqs else held,
+                          f"{res} holds {held:.1f} longest requests" + (f", its decode walks run {seqs} at once"
+                                                                          if seqs else "")))
+    best, what = min(pools, default=(1.0, "no KV pool"))
     return Layout(replicas, per, replicas * best, what)
 
 

@@ -25,7 +25,7 @@ def at_once(plan) -> float:
     return plan.replicas * min(held, seqs)
 
 
-@pytest.mark.parametrize("cap", [2 * GiB, 6 * GiB])
+@pytest.mark.parametrize("cap", [108 * 2**20, 2 * GiB, 6 * GiB])     # 108 MiB: pools hold fewer than 16
 def test_the_layout_that_runs_more_requests_at_once_is_chosen(cap):
     one = compile_model(SMALL, "cpu", 2, memory_cap=cap, replicas=1, remedies=False).plan
     each = compile_model(SMALL, "cpu", 2, memory_cap=cap, replicas=2, remedies=False).plan
@@ -34,7 +34,11 @@ def test_the_layout_that_runs_more_requests_at_once_is_chosen(cap):
     assert chosen.replicas == want
     assert chosen.placement.startswith("2 replicas of one device each chosen" if want == 2 else
                                        "one copy over 2 devices chosen")
-    assert f"{at_once(each):.1f} longest requests at once" in chosen.placement
+    x, y = at_once(each), at_once(one)
+    assert f"2 replicas of one device each{' chosen' if want == 2 else ''}: {x:.1f} longest requests at once " \
+           f"({x / 2:.1f} each);" in chosen.placement
+    assert f"one copy over 2 devices{' chosen' if want == 1 else ''}: {y:.1f} longest requests at once;" \
+           in chosen.placement
     assert (one.replicas, len(one.devices), each.replicas, len(each.devices)) == (1, 2, 2, 1)
     assert one.target.count == each.target.count == chosen.target.count == 2
 
