@@ -69,7 +69,7 @@ def drive(specs, pool) -> Scheduler:
     plan, model = setting()
     kv = model.resource("thinker_kv")
     pages = PageAllocator(pool)
-    s = Scheduler(plan, model, "thinker", kv, pages)
+    s = Scheduler(plan, model, "thinker", kv, pages, prefix_cache=False)     # the pool's own arithmetic
     ids = itertools.count()
     arrivals = sorted((at, i) for i, (*_, at) in enumerate(specs))
     pending = list(arrivals)

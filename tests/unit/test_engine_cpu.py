@@ -19,7 +19,8 @@ def engine(tmp_path_factory):
     for s in SETS:
         args += ["--set", s]
     assert main(args) == 0
-    return Engine(path, random_weights=True)
+    # a cold engine's page counts: repeated prompts would be served from the prefix cache (test_prefix_cache.py)
+    return Engine(path, random_weights=True, prefix_cache=False)
 
 
 def greedy(n: int) -> SamplingParams:
