@@ -13,7 +13,7 @@ new rows go to the request's own pages.
 A cached run of pages never ends inside a media piece (its encoder step runs whole). Not cached: a piece
 whose input digest() cannot name (and every row from it on), plans with linear-attention state (a
 sequence's state would need a snapshot at each cached boundary), and lookups by speaking requests (the
-talker reads the thinker's hidden rows of the whole prompt). SharedPages has PageAllocator's interface;
+follow stage reads the LLM's hidden rows of the whole prompt). SharedPages has PageAllocator's interface;
 num_free counts the idle cached pages, which any allocation may take.
 """
 from __future__ import annotations
