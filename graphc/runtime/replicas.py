@@ -122,7 +122,8 @@ class Replicas:
 
     def summary(self) -> str:
         lines = [f"graphc run: {self.plan.replicas} replicas of the plan, booted in {self.boot_seconds:.1f} s; "
-                 "requests go to a replica with a free decode slot that has cached most of the prompt, then the most free slots, then KV pages"]
+                 "requests go to a replica with a free decode slot that has cached most of the prompt, then the "
+                 "most free slots, then KV pages"]
         lines += [f"replica {r}: " + e.summary() for r, e in enumerate(self.engines)]
         return "\n".join(lines)
 
