@@ -26,8 +26,9 @@ from graphc.serving import Host, Media
 from graphc.runtime.boot import boot_plan
 from graphc.runtime.check import compare, verdict
 from graphc.runtime.executor import Executor, llm_node, scratch_pages, text_kind
+from graphc.runtime.flight import Flight, placeholder
 from graphc.runtime.request import Request
-from graphc.runtime.sampler import Sampler, SamplingParams, new_generator
+from graphc.runtime.sampler import Sampler, SamplingParams, needs_history, new_generator
 from graphc.runtime.scheduler import Scheduler, StepPlan
 from graphc.runtime.speech import SpeechLane, SpeechParams
 from graphc.runtime.workers import WorkerDied, device_memory
@@ -75,12 +76,14 @@ class Event:
 class Engine:
     def __init__(self, plan: str | Path | Plan, checkpoint: str | Path | None = None, *, random_weights: bool = False,
                  seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True, boot=None,
-                 links: dict | None = None, host: str = "127.0.0.1", replica: int = 0, prefix_cache: bool = True):
+                 links: dict | None = None, host: str = "127.0.0.1", replica: int = 0, prefix_cache: bool = True,
+                 overlap: bool = True):
         """boot: serve an already booted DeviceBoot of this plan (tests run one plan's weights on two devices).
         replica: which copy of a plan of several replicas this engine serves, on GPU `replica`
         (graphc/runtime/replicas.py starts one engine per replica). prefix_cache: share the LLM's full text
         pages across requests by content (graphc/runtime/prefix_cache.py; plans with state slots never do).
-        links: the other devices' workers when something else started them (Ray actors, ray_run.py; this
+        overlap: launch each LLM step before reading the one before it back (graphc/runtime/flight.py);
+        never where the LLM runs on another device than this process's. links: the other devices' workers when something else started them (Ray actors, ray_run.py; this
         process then sees only its own GPU), else a worker process each is started; host: this
         process's address as those workers reach it."""
         if checkpoint is None and not random_weights:
@@ -116,6 +119,8 @@ class Engine:
         self.talking: list[Request] = []          # speaking requests not closed, in arrival order
         self._lane = 0
         self.sampler = Sampler(seed, self.boot.device)
+        self.overlap = overlap and self.llm in self.boot.nodes
+        self.inflight: Flight | None = None       # the LLM step launched and not yet read back
         self.tokenizer, self.template = self._text_tools()
         self._ids = itertools.count()
         self.requests: dict[str, Request] = {}
@@ -365,7 +370,7 @@ class Engine:
             self.workers = None
 
     def has_work(self) -> bool:
-        return not self.scheduler.idle() or bool(self.talking)
+        return not self.scheduler.idle() or bool(self.talking) or (self.inflight is not None and self.inflight.live())
 
     # ---- one step
     def step(self) -> list[Event]:
@@ -384,7 +389,7 @@ class Engine:
 
     def fail_all(self, error: str) -> list[Event]:
         """Fail every request in flight with `error` (the engine cannot go on): their finishing events."""
-        events = []
+        events, self.inflight = [], None
         for req in list(self.requests.values()):
             if not req.closed:
                 req.finish_reason, req.error = "error", error
@@ -474,45 +479,68 @@ class Engine:
         return None
 
     def _llm_step(self) -> list[Event] | None:
+        """Launch the LLM's next step, then read the step in flight before it (its tokens were computing while
+        this one was built: graphc/runtime/flight.py). A step whose tokens the next one needs on the host
+        (penalties, speech, a remote LLM, overlap off) is read at once; one in flight that such a step
+        follows is read first."""
+        if self.inflight is not None and not self.inflight.stays:
+            return self._read()
         plan = self.scheduler.schedule()
         if plan is None:
-            return None
+            return self._read() if self.inflight is not None else None
+        flight, events = self._launch(plan)
+        if self.inflight is not None:
+            events = self._read() + events
+        self.inflight = flight if flight is not None and flight.live() else None   # else nothing to read
+        if self.inflight is not None and not flight.stays:
+            events += self._read()
+        return events
+
+    def _launch(self, plan: StepPlan) -> tuple[Flight | None, list[Event]]:
+        """Run the step and sample on the device; each sampled request's output takes a placeholder."""
         self._walk = plan.walk
         try:
-            result = self.executor.run(plan)
+            result = self.executor.run(plan, pending=self.inflight.tokens if self.inflight is not None else None)
         except Exception as e:
-            return self._fail([c.req for c in plan.chunks], e)
-        logits = result.logits
+            return None, self._fail([c.req for c in plan.chunks], e)
         for c in plan.chunks:
             c.req.computed = c.end
         if self.speech is not None:
             self._keep_hidden(plan, result)
-        samplers = [c for c in plan.chunks if c.sample]
-        events = []
-        if samplers:
-            reqs = [c.req for c in samplers]
-            out = self.sampler(logits, [r.params for r in reqs], [r.prompt.ids for r in reqs],
+        reqs = [c.req for c in plan.chunks if c.sample]
+        if not reqs:
+            return Flight([], None, stays=self.overlap), []
+        sampled = self.sampler(result.logits, [r.params for r in reqs], [r.prompt.ids for r in reqs],
                                [r.output for r in reqs], [r.generator for r in reqs])
-            tokens = out.tokens.tolist()
-            for i, (req, tok) in enumerate(zip(reqs, tokens)):
-                if req.logprobs is not None:
-                    n = req.params.top_logprobs
-                    req.logprobs.append({"token_id": tok, "logprob": float(out.logprobs[i]),
-                                         "top": list(zip(out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist()))})
-                events.append(self._accept(req, tok))
+        rows = []
+        for i, req in enumerate(reqs):
+            rows.append((req, len(req.output)))
+            req.output.append(placeholder(i))
+        flight = Flight.launch(rows, sampled)
+        flight.stays = self.overlap and all(r.speech is None and not needs_history(r.params) for r in reqs)
+        return flight, []
+
+    def _read(self) -> list[Event]:
+        """Read the step in flight: each live request's token, accepted as if sampled now."""
+        flight, self.inflight = self.inflight, None
+        events = []
+        for req, pos, tok, logprob in flight.read():
+            if logprob is not None:
+                req.logprobs.append(logprob)
+            events.append(self._accept(req, tok, pos))
         return events
 
-    def _accept(self, req: Request, tok: int) -> Event:
+    def _accept(self, req: Request, tok: int, pos: int) -> Event:
+        """Token `tok` at output index `pos` (a later placeholder is void when it ends the request: _close drops it)."""
         now = time.perf_counter()
         req.times.setdefault("first_token", now)
-        req.output.append(tok)
         text = req.detok.add([tok]) if req.detok is not None else ""
         p = req.params
         if not p.ignore_eos and tok in self.host.eos_token_ids or tok in p.stop_token_ids:
             req.finish_reason = "stop"
         elif req.detok is not None and req.detok.stopped:
             req.finish_reason = "stop"
-        elif len(req.output) >= req.max_tokens or req.rows >= req.max_rows:
+        elif pos + 1 >= req.max_tokens or len(req.prompt.ids) + pos + 1 >= req.max_rows:
             req.finish_reason = "length"
         if req.finish_reason:
             ev = self._finish(req)
@@ -539,6 +567,8 @@ class Engine:
                 speaking[rid].speech.hidden[row] = hidden[i].clone()
 
     def _close(self, req: Request) -> None:
+        while req.output and req.output[-1] < 0:        # a token of a step in flight that it will never read
+            req.output.pop()
         self.scheduler.release(req)
         if req.speech is not None:
             self.speech.release(req.speech)

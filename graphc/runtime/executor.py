@@ -16,6 +16,7 @@ from graphc.declare import Node
 from graphc.ir import Step
 from graphc.plan import Plan
 from graphc.runtime.boot import DeviceBoot, torch_binding
+from graphc.runtime.flight import resolve
 from graphc.serving import Host
 from graphc.runtime.scheduler import StepPlan
 from graphc.step import TORCH_DTYPES, StepContext
@@ -127,7 +128,8 @@ class Executor:
             want = [p for p in self.model.node(node).outputs if (node, p) in self.workers.buffers]
         return self.workers.run(node, walk, rung, size, inputs, layouts, want)
 
-    def run(self, plan: StepPlan) -> StepResult:
+    def run(self, plan: StepPlan, pending: torch.Tensor | None = None) -> StepResult:
+        """pending: the sampled tokens of the step in flight, that the plan's placeholder ids stand for."""
         walk = self.model.walk(plan.walk)
         spliced: dict[str, tuple[dict, dict]] = {}         # encoder -> (outputs, {(request id, row): out row})
         for node in walk.path:
@@ -145,9 +147,9 @@ class Executor:
                 for j, row in enumerate(piece.rows):
                     where[(req.id, row)] = offset + j
             spliced[node] = (out, where)
-        return self._llm(plan, walk, spliced)
+        return self._llm(plan, walk, spliced, pending)
 
-    def _llm(self, plan: StepPlan, walk, spliced: dict) -> StepResult:
+    def _llm(self, plan: StepPlan, walk, spliced: dict, pending: torch.Tensor | None) -> StepResult:
         decl = self.model.node(self.llm)
         ids, positions, sample, qo, kv, tables, order = [], [], [], [], [], [], []
         for c in plan.chunks:
@@ -162,7 +164,7 @@ class Executor:
         pos = torch.cat(positions, dim=1)
         if len(decl.inputs["positions"].shape) == 1:
             pos = pos[0]
-        inputs = {"token_ids": torch.tensor(ids, dtype=torch.int64), "positions": pos,
+        inputs = {"token_ids": resolve(ids, pending), "positions": pos,
                   "sample_rows": torch.tensor(sample, dtype=torch.int64)}
         step = self.steps[(self.llm, plan.walk)]
         fed = set(step.inputs)

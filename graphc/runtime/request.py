@@ -1,6 +1,7 @@
 """A request's state as the engine moves it through its kind's walks.
 
-Rows: a request's prompt rows, then one row per generated token. `computed` rows have their K/V in
+Rows: a request's prompt rows, then one row per generated token (the last may still be on the device while
+a step is in flight: a negative placeholder, graphc/runtime/flight.py). `computed` rows have their K/V in
 the request's pages. The last generated token is fed by the next decode step, so a decoding request
 has computed == rows - 1. Preemption (recompute) drops every page and sets computed to 0: the prompt
 and the tokens so far are prefilled again, up to the last token, which a decode step then feeds.
@@ -66,6 +67,12 @@ class Request:
     @property
     def decoding(self) -> bool:
         return bool(self.output) and self.computed == self.rows - 1
+
+    @property
+    def exhausted(self) -> bool:
+        """Its last token is sampled (max_tokens, or the rows it may hold): no row of it runs again. With a step in
+        flight the output may end in a token still on the device (a placeholder, graphc/runtime/flight.py)."""
+        return len(self.output) >= self.max_tokens or self.rows >= self.max_rows
 
     def row_ids(self, start: int, end: int) -> list[int]:
         n = len(self.prompt.ids)

@@ -67,8 +67,18 @@ def new_generator(seed: int, device: torch.device | str = "cpu") -> torch.Genera
     return torch.Generator(device=device).manual_seed(seed)
 
 
+def needs_history(params: SamplingParams) -> bool:
+    """Its sampling reads its tokens so far (the penalties): the host must hold them before its next step."""
+    return params.repetition_penalty != 1.0 or bool(params.presence_penalty or params.frequency_penalty)
+
+
+def _on(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small tensor on the device without a host sync (an async copy from the host)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
 def _column(values: list[float], like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(values, dtype=like.dtype, device=like.device)[:, None]
+    return _on(values, like.dtype, like.device)[:, None]
 
 
 def penalise(logits: torch.Tensor, params: list[SamplingParams], prompts: list[list[int]],
@@ -105,7 +115,7 @@ def warp(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     neg = float("-inf")
     ks = [p.top_k if 0 < p.top_k < out.shape[1] else 0 for p in params]
     if any(ks):
-        kth = torch.stack([torch.topk(row, k).values[-1] if k else row.new_tensor(neg)
+        kth = torch.stack([torch.topk(row, k).values[-1] if k else torch.full((), neg, device=row.device)
                            for row, k in zip(out, ks)])[:, None]
         out = out.masked_fill(out < kth, neg)
     if any(p.top_p < 1.0 for p in params):
@@ -132,17 +142,19 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[0] != len(params) or len(generators) != len(params):
             raise ValueError(f"logits {list(logits.shape)} for {len(params)} params and {len(generators)} generators")
         logits = logits.float()
+        if all(p.greedy and not needs_history(p) for p in params):      # the argmax stands (warp keeps it)
+            return self._logprobs(logits, logits.argmax(dim=-1), params)
         processed = warp(penalise(logits, params, prompts, outputs), params)
         probs = processed.softmax(dim=-1)
         race = torch.empty_like(probs)
         shared = [i for i, g in enumerate(generators) if g is None and not params[i].greedy]
         if shared:
-            race[shared] = torch.empty(len(shared), probs.shape[1], device=probs.device).exponential_(
-                generator=self.shared)
+            noise = torch.empty(len(shared), probs.shape[1], device=probs.device).exponential_(generator=self.shared)
+            race.index_copy_(0, _on(shared, torch.int64, probs.device), noise)
         for i, g in enumerate(generators):
             if g is not None and not params[i].greedy:
                 race[i] = torch.empty(probs.shape[1], device=probs.device).exponential_(generator=g)
-        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+        greedy = _on([p.greedy for p in params], torch.bool, logits.device)
         tokens = torch.where(greedy, processed.argmax(dim=-1), (probs / race).argmax(dim=-1))
         return self._logprobs(logits, tokens, params)
 
@@ -155,7 +167,7 @@ class Sampler:
             return Sampled(tokens, nan, tokens.new_empty(b, 0), logits.new_empty(b, 0))
         lp = logits.log_softmax(dim=-1)
         chosen = lp.gather(1, tokens[:, None])[:, 0]
-        asked = torch.tensor([p.logprobs for p in params], device=logits.device)
+        asked = _on([p.logprobs for p in params], torch.bool, logits.device)
         chosen = torch.where(asked, chosen, torch.full_like(chosen, float("nan")))
         top = lp.topk(n, dim=-1) if n else None
         return Sampled(tokens, chosen, top.indices if top else tokens.new_empty(b, 0),

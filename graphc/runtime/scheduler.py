@@ -262,7 +262,7 @@ class Scheduler:
     def schedule(self) -> StepPlan | None:
         self._admit()
         prefilling = [r for r in self.running if r.prefilling]
-        decoding = [r for r in self.running if r.decoding][:self.max_running]
+        decoding = [r for r in self.running if r.decoding and not r.exhausted][:self.max_running]
         if prefilling and not (decoding and self._last_prefill_alone):
             walk = prefilling[0].stage()
             mixed = decoding and self.mixed_walk is not None and self.encoder[walk] is None

@@ -16,8 +16,8 @@ def run_arrivals(engine, max_tokens: int = 20) -> tuple[list, dict[tuple[str, in
     seen: dict[tuple[str, int], torch.Tensor] = {}
     run = engine.executor.run
 
-    def recording(plan):
-        result = run(plan)
+    def recording(plan, **kw):
+        result = run(plan, **kw)
         for c, row in zip([c for c in plan.chunks if c.sample], result.logits):
             seen[(c.req.id, c.end - 1)] = row.float().cpu()
         return result

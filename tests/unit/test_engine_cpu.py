@@ -49,11 +49,11 @@ def test_a_failing_step_ends_its_requests_only_and_frees_their_pages(engine, mon
     real = engine.executor.run
     calls = {"n": 0}
 
-    def flaky(plan):
+    def flaky(plan, **kw):
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("device fault (planted)")
-        return real(plan)
+        return real(plan, **kw)
     monkeypatch.setattr(engine.executor, "run", flaky)
     reqs = [engine.add(prompt_token_ids=p, params=greedy(8)) for p in PROMPTS[:2]]
     released = set()

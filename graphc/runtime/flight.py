@@ -1,0 +1,109 @@
+"""A step in flight: its sampled tokens still on the device while the host builds the next step.
+
+The engine launches step N+1 before it reads step N's tokens back (vLLM's async scheduling, SGLang's
+overlap scheduler), so the host's work (scheduling, building inputs, planning attention, detokenising,
+streaming) runs while the GPU computes. A token sampled by the step in flight is known to the host only
+as a placeholder in its request's output: -(i + 1) for the step's i-th sampled row. The next step's
+token ids are resolved on the device from the flight's token tensor (resolve()); the host writes the
+real ids when it reads the flight (Flight.read()).
+
+A request that stops on a token read back this way already has its next row in the following step:
+that row's token is void (read() skips closed requests; closing drops the placeholder), and its K/V lands in pages the
+request holds until its release, which the stream orders after that step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from graphc.runtime.request import Request
+from graphc.runtime.sampler import Sampled
+
+
+def placeholder(i: int) -> int:
+    """The output id of a step's i-th sampled row before the host reads it."""
+    return -(i + 1)
+
+
+def resolve(ids: list[int], pending: torch.Tensor | None) -> torch.Tensor:
+    """A step's token ids with every placeholder taken from `pending` (the flight's sampled tokens, on the
+    device), without a host sync: the known ids go to the device with the placeholders, and one gather
+    fills them in stream order, after the flight's sampling."""
+    host = torch.tensor(ids, dtype=torch.int64)
+    if not any(i < 0 for i in ids):
+        return host
+    if pending is None:
+        raise RuntimeError(f"token ids {[i for i in ids if i < 0][:4]} are placeholders of a step that is "
+                           f"not in flight")
+    dev = host.to(pending.device, non_blocking=True)
+    take = (-dev - 1).clamp(min=0)
+    return torch.where(dev < 0, pending[take], dev)
+
+
+def _pinned(t: torch.Tensor) -> torch.Tensor:
+    """An async copy of t on the host (page-locked when t is on a GPU, so the copy does not block)."""
+    if t.device.type == "cpu":
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    out.copy_(t, non_blocking=True)
+    return out
+
+
+@dataclass
+class Flight:
+    """One launched step's sampled rows: (request, index in its output) each, and what they sampled."""
+
+    rows: list[tuple[Request, int]]
+    sampled: Sampled | None                          # on the device; None: the step sampled nothing
+    host: tuple = ()                                 # the copies on their way to the host
+    logprobs: bool = False
+    done: object = None                              # the CUDA event after the copies (None on CPU)
+    stays: bool = field(default=False)               # may stay in flight while the next step launches
+
+    @classmethod
+    def launch(cls, rows: list[tuple[Request, int]], sampled: Sampled | None) -> "Flight":
+        if sampled is None:
+            return cls(rows, None)
+        logprobs = any(r.logprobs is not None for r, _ in rows)
+        parts = (sampled.tokens, sampled.logprobs, sampled.top_ids, sampled.top_logprobs) if logprobs \
+            else (sampled.tokens,)
+        host = tuple(_pinned(t) for t in parts)
+        done = None
+        if sampled.tokens.is_cuda:
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(sampled.tokens.device))
+        return cls(rows, sampled, host, logprobs, done)
+
+    def live(self) -> bool:
+        """Some request it sampled for still waits for its token (not closed since)."""
+        return any(not req.closed for req, _ in self.rows)
+
+    @property
+    def tokens(self) -> torch.Tensor | None:
+        """The sampled tokens on the device (what the next step's placeholders resolve from)."""
+        return None if self.sampled is None else self.sampled.tokens
+
+    def read(self) -> list[tuple[Request, int, int, dict | None]]:
+        """Wait for the copies, write each live request's token over its placeholder: (request, index, token,
+        its logprob entry or None) for each, skipping requests that closed since the launch."""
+        if self.sampled is None:
+            return []
+        if self.done is not None:
+            self.done.synchronize()
+        tokens = self.host[0].tolist()
+        out = []
+        for i, ((req, pos), tok) in enumerate(zip(self.rows, tokens)):
+            if req.closed:
+                continue
+            req.output[pos] = tok
+            out.append((req, pos, tok, self._logprob(i, req, tok)))
+        return out
+
+    def _logprob(self, i: int, req: Request, tok: int) -> dict | None:
+        if req.logprobs is None:
+            return None
+        _, lp, top_ids, top_lp = self.host
+        n = req.params.top_logprobs
+        return {"token_id": tok, "logprob": float(lp[i]),
+                "top": list(zip(top_ids[i, :n].tolist(), top_lp[i, :n].tolist()))}
