@@ -265,6 +265,9 @@ class PagedFlashInfer:
         decode = self._decode is not None and (self._prefill is None or all(q == 1 for q in qo_lens))
         p = paged_plan(qo_lens, kv_lens, page_tables, s.page_size)
         indptr, indices, last = _i32(p.kv_indptr), _i32(p.kv_indices), _i32(p.kv_last_page_len)
+        # FlashInfer copies host page indices into a captured rung's buffer with a blocking copy (a host sync
+        # that would wait for the step in flight, graphc/runtime/flight.py); from the device it does not
+        indices = indices.to(self.cache.device, non_blocking=True)
         common = dict(sm_scale=1 / math.sqrt(s.head_dim), q_data_type=self.dtype, kv_data_type=self.cache.dtype)
         if decode:
             self._decode.plan(indptr, indices, last, s.num_qo_heads, s.num_kv_heads, s.head_dim, s.page_size,
@@ -281,8 +284,9 @@ class PagedFlashInfer:
         rows = _i32([p.batch_indices, p.positions])   # [2, T]
         if self.rung is None:
             device = self.cache.device
-            rows = rows.to(device)
-            return rows[0], rows[1], indices.to(device), indptr.to(device), last.to(device)
+            rows = rows.to(device, non_blocking=True)
+            return (rows[0], rows[1], indices, indptr.to(device, non_blocking=True),
+                    last.to(device, non_blocking=True))
         # the wrapper's plan has just filled the page buffers; the captured append reads them too
         b = self.buffers
         b["append_indices"].copy_(rows, non_blocking=True)

@@ -208,8 +208,9 @@ class StateStep:
             raise ValueError(f"slot ids {slot_ids} must be distinct: two sequences of one step never share a slot")
         self._lens(seq_lens)
         device = self.state.conv.device
-        self.slots = torch.tensor(slot_ids, dtype=torch.long, device=device)           # [N]
-        self.has_state = torch.tensor([bool(h) for h in has_state], device=device)      # [N]
+        # async copies (staged now): a host sync here would wait for the step in flight
+        self.slots = torch.tensor(slot_ids, dtype=torch.long).to(device, non_blocking=True)           # [N]
+        self.has_state = torch.tensor([bool(h) for h in has_state]).to(device, non_blocking=True)      # [N]
 
     def _lens(self, seq_lens: list[int]) -> None:
         self.seq_lens = [int(x) for x in seq_lens]

@@ -116,10 +116,11 @@ class RaggedTriton:
         qo, kv = self._layout(cu_seqlens_q, cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k)
         ints = torch.tensor([qo, kv], dtype=torch.int32)
         if self.rung is None:
-            self.buffers = {"qo_indptr": ints[0].to(self.device), "kv_indptr": ints[1].to(self.device)}
+            self.buffers = {"qo_indptr": ints[0].to(self.device, non_blocking=True),
+                            "kv_indptr": ints[1].to(self.device, non_blocking=True)}
         else:
-            self.buffers["qo_indptr"].copy_(ints[0], non_blocking=False)
-            self.buffers["kv_indptr"].copy_(ints[1], non_blocking=False)
+            self.buffers["qo_indptr"].copy_(ints[0], non_blocking=True)      # staged now: no host sync
+            self.buffers["kv_indptr"].copy_(ints[1], non_blocking=True)
         self._segments = len(qo) - 1
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

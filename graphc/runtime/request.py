@@ -69,6 +69,11 @@ class Request:
         return bool(self.output) and self.computed == self.rows - 1
 
     @property
+    def known(self) -> list[int]:
+        """The output tokens the host has read: without the placeholder of a token still in flight."""
+        return self.output[:-1] if self.output and self.output[-1] < 0 else self.output
+
+    @property
     def exhausted(self) -> bool:
         """Its last token is sampled (max_tokens, or the rows it may hold): no row of it runs again. With a step in
         flight the output may end in a token still on the device (a placeholder, graphc/runtime/flight.py)."""

@@ -110,7 +110,7 @@ async def chunks(ctx: Context, req, events, head: dict, include_usage: bool, aud
                                             "finish_reason": None}]})
         while True:
             ev = await events.get()
-            n = len(req.output)               # the engine thread may add more meanwhile
+            n = len(req.known)                # the engine thread may add more meanwhile
             piece = choice(ctx.engine.tokenizer, req, ev, chat, audio, sent, n)
             if ev.token_ids or ev.text or ev.finished or piece.get("delta"):
                 yield sse({**head, "choices": [piece]})

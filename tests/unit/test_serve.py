@@ -85,6 +85,19 @@ def test_logprobs_are_served(served):
     assert all(x.logprob <= 0 and x.top_logprobs[0].logprob >= x.top_logprobs[1].logprob for x in lp)
 
 
+def test_streamed_logprobs_cover_every_token_once(served):
+    """Each streamed chunk's logprobs are its own tokens': none skipped when the engine has the next token in
+    flight as the chunk is written (graphc/runtime/flight.py), none sent twice."""
+    c, engine = served["client"], served["engine"]
+    kw = dict(model=engine.plan.model.name, messages=MESSAGES, max_tokens=24, temperature=0, logprobs=True,
+              top_logprobs=1, extra_body={"ignore_eos": True})
+    full = c.chat.completions.create(**kw).choices[0].logprobs.content
+    chunks = list(c.chat.completions.create(**kw, stream=True))
+    got = [x for ch in chunks if ch.choices and ch.choices[0].logprobs for x in ch.choices[0].logprobs.content]
+    assert [(x.token, round(x.logprob, 4)) for x in got] == [(x.token, round(x.logprob, 4)) for x in full]
+    assert len(got) == 24 and wait_idle(engine)
+
+
 def test_refusals_have_openai_bodies(served):
     c, engine = served["client"], served["engine"]
     name = engine.plan.model.name
