@@ -1,0 +1,179 @@
+"""How much of a decode step the host adds: time per output token through graphc.Engine and through the HTTP
+stream, against the captured replay of the same step, with the overlap of host work on and off
+(graphc/runtime/flight.py), from one boot.
+
+    python examples/bench/bench_overlap.py plans/qwen3_omni_h200.plan OUT.json --random-weights \\
+        --concurrency 1 16 64 [--prompt 128] [--tokens 256] [--no-http]
+
+Per concurrency c (c requests of --prompt random token ids arriving at once, --tokens tokens each, greedy, the
+end of turn ignored):
+  - replay: the LLM's captured decode graph at the smallest rung holding c sequences, replayed alone (CUDA
+    events, median; examples/bench/bench_steps.py's prepare and time_graph);
+  - engine: the median gap between a request's consecutive tokens as engine.step() returns them (decode
+    steady state: the prefill steps at the start, which no decode row can overlap, are left out of the median);
+  - http: the same gap between a request's consecutive stream chunks, `graphc run`'s server (uvicorn, in this
+    process) streaming /v1/completions to c client threads on loopback.
+Each with the overlap on and off; the ratio of each to the replay is the issue's target (<= 1.05).
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "bench")]
+
+
+def prompts(engine, c: int, n: int, rng) -> list[list[int]]:
+    vocab = engine.model.node(engine.llm).outputs["logits"].shape[-1]
+    top = min(vocab - 64, 150_000)          # below the special and media placeholder ids
+    return [rng.integers(0, top, n).tolist() for _ in range(c)]
+
+
+def replay_ms(engine, c: int, warmup: int = 20, replays: int = 100) -> tuple[str, float]:
+    """The LLM's decode graph at the smallest captured rung holding c sequences: (its id, median ms)."""
+    from bench_steps import prepare, time_graph
+
+    walk = engine.scheduler.decode_walk
+    family = engine.executor.steps[(engine.llm, walk)].family
+    rung = min(r for r in engine.plan.nodes[engine.llm].buckets[walk].captured if r >= c)
+    key = f"{engine.llm}/{family}/{rung}"
+    prepare(engine.boot, key)
+    return key, time_graph(engine.boot.graphs[key], warmup, replays)
+
+
+def gaps_ms(times: list[list[float]]) -> float:
+    """Median gap between consecutive tokens over every request, the first gap of each left out."""
+    gaps = [b - a for t in times for a, b in zip(t[1:], t[2:])]
+    return float(np.median(gaps)) * 1e3 if gaps else float("nan")
+
+
+def engine_run(engine, ids: list[list[int]], tokens: int) -> dict:
+    from graphc.runtime.sampler import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    reqs = [engine.add(prompt_token_ids=p, params=params) for p in ids]
+    times = {r.id: [] for r in reqs}
+    t0 = time.perf_counter()
+    while engine.has_work():
+        events = engine.step()
+        now = time.perf_counter()
+        for ev in events:
+            if ev.token_ids:
+                times[ev.request.id].append(now)
+    wall = time.perf_counter() - t0
+    errors = [r.error for r in reqs if r.error]
+    return {"tpot_ms": gaps_ms(list(times.values())), "tokens_per_s": sum(len(r.output) for r in reqs) / wall,
+            "errors": errors[:3]}
+
+
+def stream_one(port: int, model: str, ids: list[int], tokens: int) -> list[float]:
+    """One streamed completion: the arrival time of each chunk that carries a choice."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    body = {"model": model, "prompt": ids, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp, times = conn.getresponse(), []
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+    for line in resp:
+        if line.startswith(b"data: {") and b'"choices": [{' in line:
+            times.append(time.perf_counter())
+    conn.close()
+    return times
+
+
+def http_run(port: int, model: str, ids: list[list[int]], tokens: int) -> dict:
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(ids)) as pool:
+        times = list(pool.map(lambda p: stream_one(port, model, p, tokens), ids))
+    wall = time.perf_counter() - t0
+    return {"tpot_ms": gaps_ms(times), "tokens_per_s": sum(len(t) for t in times) / wall}
+
+
+def start_server(engine) -> tuple[object, int]:
+    import uvicorn
+
+    from graphc.serve import build_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(build_app(engine), host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    return server, port
+
+
+def measure(engine, a, rng) -> list[dict]:
+    rows = []
+    for c in a.concurrency:
+        key, ms = replay_ms(engine, c) if engine.boot.device.type == "cuda" else ("eager", float("nan"))
+        row = {"c": c, "graph": key, "replay_ms": ms}
+        for on in (True, False):
+            engine.overlap = on and engine.llm in engine.boot.nodes
+            engine_run(engine, prompts(engine, 1, a.prompt, rng), 8)          # warm: this concurrency's rungs
+            row[f"engine_{'on' if on else 'off'}"] = engine_run(engine, prompts(engine, c, a.prompt, rng), a.tokens)
+        rows.append(row)
+    if not a.no_http:
+        server, port = start_server(engine)
+        for row in rows:
+            for on in (True, False):
+                engine.overlap = on and engine.llm in engine.boot.nodes
+                row[f"http_{'on' if on else 'off'}"] = http_run(port, engine.model_name,
+                                                                prompts(engine, row["c"], a.prompt, rng), a.tokens)
+        server.should_exit = True
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| c | graph | replay ms | engine on ms (x) | engine off ms (x) | http on ms (x) | http off ms (x) |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = []
+        for k in ("engine_on", "engine_off", "http_on", "http_off"):
+            t = r.get(k, {}).get("tpot_ms")
+            cells.append("-" if t is None else f"{t:.2f} ({t / r['replay_ms']:.2f})")
+        out.append(f"| {r['c']} | {r['graph']} | {r['replay_ms']:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("plan")
+    ap.add_argument("out")
+    ap.add_argument("--checkpoint", default=None)
+    ap.add_argument("--random-weights", action="store_true")
+    ap.add_argument("--emulate", action="store_true", help="boot a plan for a smaller card of the same arch")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--no-http", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    import torch
+
+    from graphc.runtime.engine import Engine
+
+    engine = Engine(a.plan, checkpoint=a.checkpoint, random_weights=a.random_weights, emulate=a.emulate,
+                    prefix_cache=False)
+    rows = measure(engine, a, np.random.default_rng(a.seed))
+    meta = {"plan": a.plan, "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "prompt": a.prompt, "tokens": a.tokens, "command": " ".join(sys.argv)}
+    Path(a.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
