@@ -73,7 +73,10 @@ class NodeRunner:
             self.gpu = GpuSteps(boot, scratch or {})
 
     def _cast(self, node: Node, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: v.to(device=self.boot.device, dtype=TORCH_DTYPES[node.inputs[k].dtype]) for k, v in inputs.items()}
+        """Inputs on the device in their declared dtypes; host tensors copied async (staged now, no host sync
+        that would wait for the step in flight)."""
+        return {k: v.to(device=self.boot.device, dtype=TORCH_DTYPES[node.inputs[k].dtype], non_blocking=True)
+                for k, v in inputs.items()}
 
     def run_node(self, node: str, walk: str, rung: int | None, size: int, inputs: dict, layouts: dict) -> dict:
         """One node of a step: replay its rung (GPU), or run it eagerly. layouts: role -> its layout."""
