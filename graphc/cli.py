@@ -140,6 +140,9 @@ def _add_run(sub) -> None:
     rn.add_argument("--no-prefix-cache", action="store_true",
                     help="compute every prompt row (default: full pages of text rows another request computed are "
                          "reused; never for plans with linear-attention state)")
+    rn.add_argument("--no-overlap", action="store_true",
+                    help="read each LLM step's tokens back before building the next (default: the next step is "
+                         "launched first, so host work runs while the GPU computes)")
     rn.add_argument("--emulate", action="store_true", help="cap this GPU to the plan's card (same arch)")
     rn.add_argument("--force", action="store_true", help="boot even if the model file or target differ")
     rn.add_argument("--ray", default=None, metavar="ADDRESS",
@@ -312,7 +315,8 @@ def cmd_run(args) -> int:
     if plan.replicas > 1:                              # an engine per replica, requests routed between them
         from graphc.runtime.replicas import Replicas as serving
     engine = serving(plan, args.checkpoint, random_weights=args.random_weights, seed=args.seed,
-                     emulate=args.emulate, force=args.force, prefix_cache=not args.no_prefix_cache)
+                     emulate=args.emulate, force=args.force, prefix_cache=not args.no_prefix_cache,
+                     overlap=not args.no_overlap)
     try:
         return _serve_or_run(engine, args, requests)
     finally:
@@ -355,7 +359,8 @@ def _run_on_ray(plan, args, requests: list | None) -> int:
     llm = llm_node(plan)
     serving = RayServing(plan, args.ray, llm_device=next(d.index for d in plan.devices if llm in d.nodes),
                          checkpoint=args.checkpoint, random_weights=args.random_weights, seed=args.seed,
-                         emulate=args.emulate, force=args.force, prefix_cache=not args.no_prefix_cache)
+                         emulate=args.emulate, force=args.force, prefix_cache=not args.no_prefix_cache,
+                         overlap=not args.no_overlap)
     try:
         print(serving.summary + f" (Ray cluster {args.ray})", file=sys.stderr)
         if requests is None:
