@@ -12,13 +12,18 @@ SETS = ["resources.thinker_kv.pages=12", "resources.thinker_kv.max_seq_len=192",
         "resources.talker_kv.max_seq_len=64"]
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    path = tmp_path_factory.mktemp("small") / "small.plan"
+def small_plan(path):
+    """The tiny Qwen3-Omni cpu plan with a 12-page thinker pool, written to path."""
     args = ["plan", "models/qwen3_omni.py", "--preset", "tiny", "--gpu", "cpu", "-o", str(path), "-q"]
     for s in SETS:
         args += ["--set", s]
     assert main(args) == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    path = small_plan(tmp_path_factory.mktemp("small") / "small.plan")
     # a cold engine's page counts: repeated prompts would be served from the prefix cache (test_prefix_cache.py)
     return Engine(path, random_weights=True, prefix_cache=False)
 

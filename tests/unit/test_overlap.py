@@ -7,24 +7,17 @@ request whose token is in flight leaves the others' tokens as they were and the 
 registers only pages whose tokens were read (a repeat of a prompt that stopped in flight answers the same)."""
 import pytest
 
-from graphc.cli import main
 from graphc.runtime.engine import Engine
 from graphc.runtime.flight import Flight
 from graphc.runtime.sampler import SamplingParams
+from tests.unit.test_engine_cpu import small_plan
 
-SETS = ["resources.thinker_kv.pages=12", "resources.thinker_kv.max_seq_len=192", "resources.talker_kv.pages=4",
-        "resources.talker_kv.max_seq_len=64"]
 PROMPTS = [list(range(3, 3 + n)) for n in (40, 50, 30, 60)]
 
 
 @pytest.fixture(scope="module")
 def plan_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("overlap") / "small.plan"
-    args = ["plan", "models/qwen3_omni.py", "--preset", "tiny", "--gpu", "cpu", "-o", str(path), "-q"]
-    for s in SETS:
-        args += ["--set", s]
-    assert main(args) == 0
-    return path
+    return small_plan(tmp_path_factory.mktemp("overlap") / "small.plan")
 
 
 @pytest.fixture(scope="module")
