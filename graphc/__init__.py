@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import importlib
 
+__version__ = "0.1.0"          # pyproject.toml reads it from here
+
 _API = {"AXES": "graphc.declare", "Budget": "graphc.declare", "Edge": "graphc.declare", "Link": "graphc.declare", "Model": "graphc.declare",
         "Node": "graphc.declare", "Port": "graphc.declare", "RequestKind": "graphc.declare", "Walk": "graphc.declare",
         "LLMStage": "graphc.stages", "EncoderStage": "graphc.stages", "FollowStage": "graphc.stages",

@@ -44,7 +44,10 @@ def _counts(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from graphc import __version__
+
     p = _Parser(prog="graphc", description="Compile a declared multimodal model into a checked serving plan.")
+    p.add_argument("--version", action="version", version=f"graphc {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     _add_plan(sub)
     _add_explain(sub)

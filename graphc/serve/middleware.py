@@ -1,7 +1,8 @@
 """The app's ASGI middleware: an API key, a JSON access log, and the bound on JSON bodies.
 
-  api key        every route but /health wants `Authorization: Bearer KEY` (/metrics, /openapi.json and
-                 /docs too), else 401 in OpenAI's error body (code invalid_api_key); /health stays open
+  api key        every route but /health and /ping wants `Authorization: Bearer KEY` (/metrics,
+                 /openapi.json and /docs too), else 401 in OpenAI's error body (code invalid_api_key); /health
+                 and /ping (liveness probes) stay open
   access log     one JSON line per HTTP request on the `graphc.access` logger: method, path, status,
                  duration_ms, request_id (the X-Request-Id header, when sent) and client
   body limit     a JSON body over its bound is a 413 from its Content-Length, before a byte of it is read
@@ -48,16 +49,19 @@ class AccessLog:
                 "client": f"{client[0]}:{client[1]}" if client else None}))
 
 
+OPEN = ("/health", "/ping")          # liveness probes: no key, and they tell nothing but that the server runs
+
+
 class ApiKey:
-    """ASGI middleware: every route but /health wants `Authorization: Bearer KEY`; a 401 in OpenAI's body
-    otherwise."""
+    """ASGI middleware: every route but /health and /ping wants `Authorization: Bearer KEY`; a 401 in OpenAI's
+    body otherwise."""
 
     def __init__(self, app, key: str):
         self.app, self.key = app, key.encode()
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "")
-        if scope["type"] == "http" and path != "/health":
+        if scope["type"] == "http" and path not in OPEN:
             auth = dict(scope.get("headers") or []).get(b"authorization", b"")
             scheme, _, token = auth.partition(b" ")
             if not auth:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 
 from graphc.serve.context import Context
+from graphc.serve.errors import wrong_model
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5)
@@ -126,7 +127,8 @@ def count_refusals(driver, metrics: Metrics) -> None:
 
 
 def register(app, ctx: Context) -> None:
-    """Add /health, /v1/models and /metrics to `app`; the metrics observe the Driver's events."""
+    """Add /health, /ping, /version, /v1/models (and /v1/models/{id}) and /metrics to `app`; the metrics observe
+    the Driver's events."""
     from fastapi.responses import Response
     from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -136,10 +138,26 @@ def register(app, ctx: Context) -> None:
         lane's pages."""
         return {"status": "ok"} | ctx.engine.load()
 
+    card = {"id": ctx.model_name, "object": "model", "created": 0, "owned_by": "graphc"}
+
     @app.get("/v1/models")
     def models():
-        return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": 0,
-                                            "owned_by": "graphc"}]}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{model_id:path}")
+    def model(model_id: str):
+        """The served model's card; another id is OpenAI's 404 (model_not_found)."""
+        return wrong_model(model_id, ctx.model_name) or card
+
+    @app.get("/version")
+    def version():
+        from graphc import __version__
+        return {"version": __version__}
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    def ping():
+        """Liveness, as vLLM and SageMaker ask it: 200 while the server runs."""
+        return Response(status_code=200)
 
     metrics = Metrics(ctx.engine)
     app.state.metrics = metrics

@@ -7,6 +7,17 @@ from graphc.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_INVALID
 from tests.conftest import TINY
 
 
+def test_version_prints_the_packages(capsys):
+    from importlib.metadata import PackageNotFoundError, version
+
+    from graphc import __version__
+    assert main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"graphc {__version__}"
+    try:                                   # an installed graphc reports the same version as its metadata
+        assert version("graphc") == __version__
+    except PackageNotFoundError:
+        pass
+
+
 def test_plan_writes_a_plan_and_exits_0(tmp_path, capsys):
     out, html = tmp_path / "t.plan", tmp_path / "t.html"
     assert main(["plan", TINY, "--gpu", "h100", "-o", str(out), "--html", str(html)]) == EXIT_FITS

@@ -1,5 +1,5 @@
 """graphc run's server in operation, on a tiny Qwen3-ASR checkpoint: /metrics counts requests by kind and
-how they ended and shows the engine's steps, the API key guards every route but /health, the access log writes one
+how they ended and shows the engine's steps, the API key guards every route but /health and /ping, the access log writes one
 JSON line a request, and `graphc run` passes its flags (and GRAPHC_API_KEY) on."""
 import base64
 import json
@@ -102,8 +102,8 @@ def test_the_api_key_guards_every_route_but_health(served):
         wrong.audio.transcriptions.create(model=name, file=open(served["dir"] / "ckpt" / "sample.wav", "rb"))
     assert e.value.status_code == 401 and e.value.body["code"] == "invalid_api_key"
     assert [m.id for m in c.models.list()] == [name]
-    assert get(port, "/health")[0] == 200
-    for path in ("/metrics", "/openapi.json", "/docs", "/nowhere", "/health/", "/v1"):
+    assert get(port, "/health")[0] == 200 and get(port, "/ping")[0] == 200
+    for path in ("/metrics", "/openapi.json", "/docs", "/nowhere", "/health/", "/v1", "/version", "/v1/models/x"):
         assert get(port, path)[0] == 401, path
     assert get(port, "/openapi.json", {"Authorization": "Bearer " + KEY})[0] == 200
 

@@ -98,6 +98,27 @@ def test_streamed_logprobs_cover_every_token_once(served):
     assert len(got) == 24 and wait_idle(engine)
 
 
+def test_small_routes_answer_as_the_peers_do(served):
+    """/v1/models/{id} (the served one; another is OpenAI's 404), /version as pyproject's, /ping by GET and POST."""
+    import tomllib
+    import urllib.request
+
+    c, engine, port = served["client"], served["engine"], served["port"]
+    name = engine.plan.model.name
+    assert c.models.retrieve(name).id == name
+    with pytest.raises(openai.NotFoundError, match="not served here") as e:
+        c.models.retrieve("gpt-4")
+    assert e.value.body["code"] == "model_not_found"
+    project = tomllib.loads(open("pyproject.toml").read())["project"]
+    from graphc import __version__
+    assert "version" in project.get("dynamic", []) and __version__.count(".") == 2
+    got = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/version").read())
+    assert got == {"version": __version__}
+    for method in ("GET", "POST"):
+        r = urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/ping", method=method))
+        assert r.status == 200
+
+
 def test_refusals_have_openai_bodies(served):
     c, engine = served["client"], served["engine"]
     name = engine.plan.model.name
