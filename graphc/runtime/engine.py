@@ -481,10 +481,7 @@ class Engine:
     def _llm_step(self) -> list[Event] | None:
         """Launch the LLM's next step, then read the step in flight before it (its tokens were computing while
         this one was built: graphc/runtime/flight.py). A step whose tokens the next one needs on the host
-        (penalties, speech, a remote LLM, overlap off) is read at once; one in flight that such a step
-        follows is read first."""
-        if self.inflight is not None and not self.inflight.stays:
-            return self._read()
+        (penalties, speech, a remote LLM, overlap off) is read at once, so it is never the one in flight."""
         plan = self.scheduler.schedule()
         if plan is None:
             return self._read() if self.inflight is not None else None
@@ -509,7 +506,7 @@ class Engine:
             self._keep_hidden(plan, result)
         reqs = [c.req for c in plan.chunks if c.sample]
         if not reqs:
-            return Flight([], None, stays=self.overlap), []
+            return None, []
         sampled = self.sampler(result.logits, [r.params for r in reqs], [r.prompt.ids for r in reqs],
                                [r.output for r in reqs], [r.generator for r in reqs])
         rows = []
@@ -540,7 +537,7 @@ class Engine:
             req.finish_reason = "stop"
         elif req.detok is not None and req.detok.stopped:
             req.finish_reason = "stop"
-        elif pos + 1 >= req.max_tokens or len(req.prompt.ids) + pos + 1 >= req.max_rows:
+        elif pos + 1 >= req.max_tokens:             # its rows reach max_rows (prompt + max_tokens) there too
             req.finish_reason = "length"
         if req.finish_reason:
             ev = self._finish(req)
@@ -567,8 +564,7 @@ class Engine:
                 speaking[rid].speech.hidden[row] = hidden[i].clone()
 
     def _close(self, req: Request) -> None:
-        while req.output and req.output[-1] < 0:        # a token of a step in flight that it will never read
-            req.output.pop()
+        del req.output[len(req.known):]          # a token of a step in flight that it will never read
         self.scheduler.release(req)
         if req.speech is not None:
             self.speech.release(req.speech)

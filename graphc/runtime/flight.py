@@ -13,7 +13,7 @@ request holds until its release, which the stream orders after that step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -55,40 +55,35 @@ class Flight:
     """One launched step's sampled rows: (request, index in its output) each, and what they sampled."""
 
     rows: list[tuple[Request, int]]
-    sampled: Sampled | None                          # on the device; None: the step sampled nothing
-    host: tuple = ()                                 # the copies on their way to the host
-    logprobs: bool = False
+    sampled: Sampled                                 # on the device
+    host: tuple                                      # the copies on their way to the host
     done: object = None                              # the CUDA event after the copies (None on CPU)
-    stays: bool = field(default=False)               # may stay in flight while the next step launches
+    stays: bool = False                              # may stay in flight while the next step launches
 
     @classmethod
-    def launch(cls, rows: list[tuple[Request, int]], sampled: Sampled | None) -> "Flight":
-        if sampled is None:
-            return cls(rows, None)
+    def launch(cls, rows: list[tuple[Request, int]], sampled: Sampled) -> "Flight":
         logprobs = any(r.logprobs is not None for r, _ in rows)
         parts = (sampled.tokens, sampled.logprobs, sampled.top_ids, sampled.top_logprobs) if logprobs \
             else (sampled.tokens,)
-        host = tuple(_pinned(t) for t in parts)
         done = None
+        host = tuple(_pinned(t) for t in parts)
         if sampled.tokens.is_cuda:
             done = torch.cuda.Event()
             done.record(torch.cuda.current_stream(sampled.tokens.device))
-        return cls(rows, sampled, host, logprobs, done)
+        return cls(rows, sampled, host, done)
 
     def live(self) -> bool:
         """Some request it sampled for still waits for its token (not closed since)."""
         return any(not req.closed for req, _ in self.rows)
 
     @property
-    def tokens(self) -> torch.Tensor | None:
+    def tokens(self) -> torch.Tensor:
         """The sampled tokens on the device (what the next step's placeholders resolve from)."""
-        return None if self.sampled is None else self.sampled.tokens
+        return self.sampled.tokens
 
     def read(self) -> list[tuple[Request, int, int, dict | None]]:
         """Wait for the copies, write each live request's token over its placeholder: (request, index, token,
         its logprob entry or None) for each, skipping requests that closed since the launch."""
-        if self.sampled is None:
-            return []
         if self.done is not None:
             self.done.synchronize()
         tokens = self.host[0].tolist()

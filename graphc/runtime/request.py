@@ -77,7 +77,7 @@ class Request:
     def exhausted(self) -> bool:
         """Its last token is sampled (max_tokens, or the rows it may hold): no row of it runs again. With a step in
         flight the output may end in a token still on the device (a placeholder, graphc/runtime/flight.py)."""
-        return len(self.output) >= self.max_tokens or self.rows >= self.max_rows
+        return len(self.output) >= self.max_tokens          # rows then reach max_rows (prompt + max_tokens)
 
     def row_ids(self, start: int, end: int) -> list[int]:
         n = len(self.prompt.ids)
