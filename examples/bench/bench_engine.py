@@ -22,16 +22,32 @@ from pathlib import Path
 import numpy as np
 
 
+def prompt_ids(engine, c: int, n: int, rng) -> list[list[int]]:
+    """c prompts of n random ids, below the special and media placeholder ids of small and real vocabularies."""
+    vocab = engine.model.node(engine.llm).outputs["logits"].shape[-1]
+    top = min(vocab - 64, 150_000)
+    return [rng.integers(0, top, n).tolist() for _ in range(c)]
+
+
+def add_engine_args(ap: argparse.ArgumentParser) -> None:
+    """The plan, its weights and the t2t load: what the engine benches share."""
+    ap.add_argument("plan")
+    ap.add_argument("--checkpoint", default=None)
+    ap.add_argument("--random-weights", action="store_true")
+    ap.add_argument("--emulate", action="store_true", help="boot a plan for a smaller card of the same arch")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+
+
 def t2t(engine, c: int, prompt: int, tokens: int, rng) -> dict:
     from graphc.runtime.sampler import SamplingParams
 
-    vocab = engine.model.node(engine.llm).outputs["logits"].shape[-1]
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     before = dict(engine.scheduler.stats.steps)
     t0 = time.perf_counter()
-    top = min(vocab - 64, 150_000)          # below the special and media placeholder ids of small and real vocabularies
-    reqs = [engine.add(prompt_token_ids=rng.integers(0, top, prompt).tolist(), params=params)
-            for _ in range(c)]
+    reqs = [engine.add(prompt_token_ids=ids, params=params) for ids in prompt_ids(engine, c, prompt, rng)]
     while engine.has_work():
         engine.step()
     wall = time.perf_counter() - t0
@@ -64,15 +80,8 @@ def bench_speech_args(plan: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("plan")
-    ap.add_argument("--checkpoint", default=None)
-    ap.add_argument("--random-weights", action="store_true")
-    ap.add_argument("--emulate", action="store_true", help="boot a plan for a smaller card of the same arch")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
-    ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--tokens", type=int, default=256)
+    add_engine_args(ap)
     ap.add_argument("--a2s", action="store_true", help="also A2S first audio at c=1")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     from graphc.runtime.engine import Engine

@@ -34,11 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "bench")]
 
-
-def prompts(engine, c: int, n: int, rng) -> list[list[int]]:
-    vocab = engine.model.node(engine.llm).outputs["logits"].shape[-1]
-    top = min(vocab - 64, 150_000)          # below the special and media placeholder ids
-    return [rng.integers(0, top, n).tolist() for _ in range(c)]
+from bench_engine import add_engine_args, prompt_ids  # noqa: E402
 
 
 def replay_ms(engine, c: int, warmup: int = 20, replays: int = 100) -> tuple[str, float]:
@@ -156,8 +152,8 @@ def measure(engine, a, rng) -> list[dict]:
         row = {"c": c, "graph": key, "replay_synthetic_ms": ms}
         for on in (True, False):
             engine.overlap = on and engine.llm in engine.boot.nodes
-            engine_run(engine, prompts(engine, 1, a.prompt, rng), 8)          # warm: this concurrency's rungs
-            ids = prompts(engine, c, a.prompt, rng)
+            engine_run(engine, prompt_ids(engine, 1, a.prompt, rng), 8)          # warm: this concurrency's rungs
+            ids = prompt_ids(engine, c, a.prompt, rng)
             if on and gpu:
                 row["replay_ms"], res = served_replay_ms(engine, key, lambda: engine_run(engine, ids, a.tokens))
             else:
@@ -171,7 +167,7 @@ def measure(engine, a, rng) -> list[dict]:
             for on in (True, False):
                 engine.overlap = on and engine.llm in engine.boot.nodes
                 row[f"http_{'on' if on else 'off'}"] = http_run(port, engine.model_name,
-                                                                prompts(engine, row["c"], a.prompt, rng), a.tokens)
+                                                                prompt_ids(engine, row["c"], a.prompt, rng), a.tokens)
         server.should_exit = True
     return rows
 
@@ -191,16 +187,9 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("plan")
+    add_engine_args(ap)
     ap.add_argument("out")
-    ap.add_argument("--checkpoint", default=None)
-    ap.add_argument("--random-weights", action="store_true")
-    ap.add_argument("--emulate", action="store_true", help="boot a plan for a smaller card of the same arch")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
-    ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--no-http", action="store_true")
-    ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     import torch
 
