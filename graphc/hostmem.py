@@ -1,5 +1,6 @@
-"""Host memory for plans whose devices live in it (the cpu target): what this host has available now, and
-the check `graphc run` and graphc.Engine make before a worker starts or a byte is loaded. Core: no torch."""
+"""Host memory a plan's devices take on this host (a cpu target's devices live in it, a GPU target's workers
+hold page-locked buffers, the weight loader's chunk and themselves there): what this host has available now,
+and the check `graphc run` and graphc.Engine make before a worker starts or a byte is loaded. Core: no torch."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -51,25 +52,33 @@ def _cgroup_room() -> int | None:
 
 def check_host_memory(plan, where: str = "the plan", have: tuple[int, str] | None = None,
                       devices: list[int] | None = None) -> None:
-    """Refuse a plan whose host-bound devices together plan more bytes than this host has available now,
-    naming both numbers and the fix. GPU plans (no host budget) and hosts that report nothing pass.
-    devices: the plan devices that live on this host (default: all of them)."""
-    if plan.target.host_bytes is None:
+    """Refuse a plan whose devices on this host together plan more of its memory than it has available now,
+    naming both numbers and the fix: a cpu plan's devices live in it (their ledgers), a GPU plan's workers
+    hold their host lines (pinned, staging, process: graphc/passes/size_host.py). Plans with neither (GPU
+    plans from before the host lines) and hosts that report nothing pass. devices: the plan devices that live
+    on this host (default: all of them)."""
+    if plan.target.host_bytes is None and not any(d.host for d in plan.devices):
         return
     have = have if have is not None else available_bytes()
     if have is None:
         return
     mine = [d for d in plan.devices if devices is None or d.index in devices]
-    copies = plan.replicas if devices is None else 1        # every replica's devices live here too
-    mine = mine * copies
-    need = sum(d.total_bytes for d in mine)
+    mine = mine * (plan.replicas if devices is None else 1)       # every replica's devices live here too
+    need = sum(d.host_total for d in mine)
     free, source = have
     if need <= free:
         return
+    said = (f"{where} plans {need:,} B ({fmt_bytes(need)}) for its {len(mine)} device(s) in this host's memory; "
+            f"this host has {free:,} B ({fmt_bytes(free)}) available ({source})")
+    if plan.target.host_bytes is None:
+        lines = ", ".join(f"{k} {fmt_bytes(sum(d.host.get(k, 0) for d in mine))}" for k in mine[0].host)
+        raise InvalidInput(said, f"each GPU device's worker holds host memory of its own ({lines}); the kernel "
+                           "would kill a worker", "free host memory (other processes), or spread the plan's "
+                           "devices over several hosts (graphc run --ray ADDRESS), or re-plan with fewer replicas "
+                           "(--replicas) or smaller walk budgets (fewer captured launches hold less)")
     cap = max(int(free * CAP_SHARE) // MiB, 1)
     raise InvalidInput(
-        f"{where} plans {need:,} B ({fmt_bytes(need)}) for its {len(mine)} device(s) in this host's memory; "
-        f"this host has {free:,} B ({fmt_bytes(free)}) available ({source})",
+        said,
         f"the plan's host budget is {plan.target.host_bytes:,} B ({fmt_bytes(plan.target.host_bytes)}); its "
         "devices would fill more memory than exists, and the kernel would kill a worker",
         f"re-plan with --memory-cap {cap}MiB ({CAP_SHARE:.0%} of what is available, the rest for the processes "

@@ -55,6 +55,15 @@ class PlanDevice(Strict):
     # convolutions the runtime runs once before allocating, so cuDNN keeps the engines whose
     # workspaces were measured (graphc/convws.py); empty on CPU targets
     conv_engines: list[str] = []
+    # what the device's worker holds in its host's memory (GPU targets; graphc/passes/size_host.py), with
+    # where each line comes from; `graphc run` checks the devices of one host against what it has
+    host: dict[str, int] = {}
+    host_sources: dict[str, str] = {}
+
+    @property
+    def host_total(self) -> int:
+        """Host bytes of this device's worker: its host lines, or its whole ledger on a CPU target."""
+        return sum(self.host.values()) if self.host else self.total_bytes
 
 
 class PlanWalkBuckets(Strict):

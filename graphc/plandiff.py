@@ -39,6 +39,8 @@ def _body(plan: Plan) -> dict:
 def _diff(path: Path, a: Any, b: Any) -> list[str]:
     if _key(a) == _key(b):     # not ==, which takes 1 for true and 1.0 for 1 (overrides hold any YAML)
         return []
+    if isinstance(a, dict) and isinstance(b, dict) and not (a and b):      # emptied or filled: one line
+        return [_line(path, f"removed {_brief(path, a)}" if a else f"added {_brief(path, b)}")]
     # devices and trims are records kept by position: compare them field by field, not as opaque items
     if isinstance(a, list) and isinstance(b, list) and all(isinstance(x, dict) for x in a + b):
         a, b = dict(enumerate(a)), dict(enumerate(b))

@@ -108,6 +108,9 @@ class Calibration(Strict):
     kernels_base_bytes: int     # kernel code loaded and driver reserves after the first launches
     graph_launch_bytes: int     # device memory per kernel launch held in an instantiated CUDA graph
     source: str
+    host_base_bytes: int = 0    # a GPU worker's own host memory: CUDA's host side, torch, the kernel libraries
+    host_launch_bytes: int = 0  # host memory per kernel launch of its captured graphs (and what comes with them)
+    host_source: str = ""
 
 
 def package_yaml(name: str) -> dict | None:
@@ -135,6 +138,9 @@ def calibration(target: Target) -> Calibration:
     m = entry["measured"]
     source = note + f"measured on {m['device']} on {m['date']}" + (
         f" (driver {m['driver']}, torch {m['torch']})" if "driver" in m else "") + f": {m['how']}"
+    host = entry.get("host", {})
     return Calibration(context_bytes=entry["context_bytes"], library_bytes=entry["library_bytes"],
                        kernels_base_bytes=entry["kernels_base_bytes"], graph_launch_bytes=entry["graph_launch_bytes"],
-                       source=source)
+                       source=source, host_base_bytes=host.get("base_bytes", 0),
+                       host_launch_bytes=host.get("launch_bytes", 0),
+                       host_source=note + host["how"] if host else "not measured")

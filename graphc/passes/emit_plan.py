@@ -9,6 +9,7 @@ from graphc.plan import FORMAT, Plan, PlanDevice, PlanModel, PlanNode, PlanResou
     PlanWalk, PlanWalkBuckets, fingerprint
 from graphc.passes.place_nodes import Placement
 from graphc.passes.simulate_steps import fake_node
+from graphc.passes.size_host import size_host
 from graphc.passes.tally_ledger import Sizing, device_convs
 from graphc.units import fmt_bytes
 from resources.paged_kv import PagedKVSpec
@@ -40,12 +41,15 @@ def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, tr
     """replicas: copies of the placed devices, each served alone (graphc/passes/choose_replicas.py);
     layout_why: why that layout, on more than one device."""
     ir, a = s.ir, placement.assignment
-    devices = [PlanDevice(index=d.index, nodes=d.nodes, ledger={i.component: i.bytes for i in d.items},
-                          sources={i.component: f"{i.source}: {i.detail}" for i in d.items},
-                          total_bytes=d.total, capacity_bytes=d.capacity, free_bytes=d.free, kv_pages=d.kv_pages,
-                          capture_order=[graph_id(k) for k in d.capture_order],
-                          conv_engines=device_convs(s, d.nodes))
-               for d in placement.devices]
+    devices = []
+    for d in placement.devices:
+        host = size_host(s, d.nodes)
+        devices.append(PlanDevice(index=d.index, nodes=d.nodes, ledger={i.component: i.bytes for i in d.items},
+                                  sources={i.component: f"{i.source}: {i.detail}" for i in d.items},
+                                  total_bytes=d.total, capacity_bytes=d.capacity, free_bytes=d.free,
+                                  kv_pages=d.kv_pages, capture_order=[graph_id(k) for k in d.capture_order],
+                                  conv_engines=device_convs(s, d.nodes), host={i.component: i.bytes for i in host},
+                                  host_sources={i.component: f"{i.source}: {i.detail}" for i in host}))
     nodes = {}
     for n in ir.model.nodes:
         w = s.weights.per_node[n.name]

@@ -8,11 +8,15 @@ Disk names are the node's weight_prefix + the module's state-dict names, except 
 - Dense projections run as one GEMM: self_attn.qkv_proj.weight holds q_proj's rows, then k_proj's, then
   v_proj's; mlp.gate_up_proj.weight gate_proj's, then up_proj's (biases alike). Either form loads.
 Shards are found through model.safetensors.index.json or by listing the folder; TensorShards reads a state
-dict in memory the same way. Missing, unexpected and mis-shaped tensors are refused by name.
+dict in memory the same way. Missing, unexpected and mis-shaped tensors are refused by name, from the files'
+headers, before a byte is read. Each disk tensor then goes straight into its place in the module,
+STAGING_BYTES of rows at a time: the host holds one chunk (cast to the module's dtype, where it differs) of the
+weights at once, whatever the checkpoint's size. The plan counts that chunk (host.staging, size_host).
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +30,7 @@ _FUSED = re.compile(r"^(?P<stem>.*experts\.)(?P<kind>gate_up_proj|down_proj)$")
 _STACKED = re.compile(r"^(?P<stem>(?:.*\.)?)(?P<kind>qkv_proj|gate_up_proj)\.(?P<field>weight|bias)$")
 _STACKED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 SHOWN = 8
+STAGING_BYTES = 64 << 20      # the most of one tensor the loader holds on the host at once (a row at least)
 
 
 class Shards:
@@ -56,17 +61,23 @@ class Shards:
     def __contains__(self, name: str) -> bool:
         return name in self.where
 
-    def get(self, name: str) -> torch.Tensor:
+    def _slice(self, name: str):
         f = self.where[name]
         if f not in self._open:
             self._open[f] = safe_open(str(f), "pt")
-        return self._open[f].get_tensor(name)
+        return self._open[f].get_slice(name)
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows start:stop of a tensor (dim 0), read from the file alone: the host holds no more than them."""
+        if not self.shape(name):                       # a scalar: read whole
+            return self._open[self.where[name]].get_tensor(name)
+        return self._slice(name)[start:stop]
 
     def shape(self, name: str) -> tuple[int, ...]:
-        f = self.where[name]
-        if f not in self._open:
-            self._open[f] = safe_open(str(f), "pt")
-        return tuple(self._open[f].get_slice(name).get_shape())
+        return tuple(self._slice(name).get_shape())
+
+    def dtype(self, name: str) -> torch.dtype:
+        return _DTYPES[self._slice(name).get_dtype()]
 
 
 class TensorShards(Shards):
@@ -76,11 +87,20 @@ class TensorShards(Shards):
         self.tensors = dict(tensors)
         self.where = dict.fromkeys(self.tensors)
 
-    def get(self, name: str) -> torch.Tensor:
-        return self.tensors[name]
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        t = self.tensors[name]
+        return t[start:stop] if t.dim() else t
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self.tensors[name].shape)
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self.tensors[name].dtype
+
+
+_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 
 
 @dataclass
@@ -88,6 +108,11 @@ class LoadReport:
     loaded: int = 0
     fused: int = 0
     used: set[str] = field(default_factory=set)
+    largest_read: int = 0          # bytes: the most one read held on the host (a chunk of rows, cast included)
+
+
+# (where in the target: an index into it, or () for all of it; the disk tensor that fills it)
+Pieces = list[tuple[tuple, str]]
 
 
 def _expert_names(prefix: str, stem: str, kind: str, e: int) -> list[str]:
@@ -95,46 +120,63 @@ def _expert_names(prefix: str, stem: str, kind: str, e: int) -> list[str]:
     return [base + "gate_proj.weight", base + "up_proj.weight"] if kind == "gate_up_proj" else [base + "down_proj.weight"]
 
 
-def _read(shards: Shards, prefix: str, name: str, target: torch.Tensor, report: LoadReport) -> torch.Tensor | str:
-    """The tensor for one state-dict entry, or a string saying what is wrong."""
-    disk = prefix + name
+def _stacked(shards: Shards, names: list[str], at: tuple = ()) -> tuple[Pieces, list[int]]:
+    """Parts stacked along rows (into target[at]): each part's rows and the shape they stack to."""
+    pieces, row, shapes = [], 0, [shards.shape(n) for n in names]
+    for n, shp in zip(names, shapes):
+        pieces.append((at + (slice(row, row + shp[0]),), n))
+        row += shp[0]
+    tails = {tuple(shp[1:]) for shp in shapes}
+    return pieces, ([row, *shapes[0][1:]] if len(tails) == 1 else [row, "?"])
+
+
+def _pieces(shards: Shards, prefix: str, name: str, target: torch.Tensor) -> Pieces | str:
+    """Where each disk tensor of one state-dict entry goes, or a string saying what is wrong. Shapes come
+    from the files' headers: nothing is read yet."""
+    disk, want = prefix + name, list(target.shape)
     if disk in shards:
-        report.used.add(disk)
-        t = shards.get(disk)
-        return t if tuple(t.shape) == tuple(target.shape) else f"{disk}: on disk {list(t.shape)}, module wants {list(target.shape)}"
+        shp = list(shards.shape(disk))
+        return [((), disk)] if shp == want else f"{disk}: on disk {shp}, module wants {want}"
     st = _STACKED.match(name)
     if st:
         names = [f"{prefix}{st['stem']}{part}.{st['field']}" for part in _STACKED_PARTS[st["kind"]]]
         absent = [n for n in names if n not in shards]
         if absent:
             return f"{disk}: missing (nor {', '.join(absent)})"
-        t = torch.cat([shards.get(n) for n in names], 0)
-        report.used.update(names)
-        report.fused += 1
-        return t if tuple(t.shape) == tuple(target.shape) else \
-            f"{disk}: {' + '.join(names)} stack to {list(t.shape)}, module wants {list(target.shape)}"
+        pieces, shp = _stacked(shards, names)
+        return pieces if shp == want else f"{disk}: {' + '.join(names)} stack to {shp}, module wants {want}"
     m = _FUSED.match(name)
     if not m:
         return f"{disk}: missing"
-    stem, kind, experts = m["stem"], m["kind"], target.shape[0]
-    parts = []
-    for e in range(experts):
-        names = _expert_names(prefix, stem, kind, e)
+    pieces, shapes = [], []
+    for e in range(target.shape[0]):
+        names = _expert_names(prefix, m["stem"], m["kind"], e)
         absent = [n for n in names if n not in shards]
         if absent:
             return f"{disk}: missing (nor per-expert {absent[0]})"
-        pieces = [shards.get(n) for n in names]
-        report.used.update(names)
-        parts.append(torch.cat(pieces, 0) if kind == "gate_up_proj" else pieces[0])
-    t = torch.stack(parts)
-    report.fused += 1
-    return t if tuple(t.shape) == tuple(target.shape) else \
-        f"{disk}: per-expert tensors fuse to {list(t.shape)}, module wants {list(target.shape)}"
+        part, shp = _stacked(shards, names, (e,))
+        pieces += part
+        shapes.append(shp)
+    shp = [len(shapes), *shapes[0]] if len({tuple(s) for s in shapes}) == 1 else [len(shapes), "?"]
+    return pieces if shp == want else f"{disk}: per-expert tensors fuse to {shp}, module wants {want}"
+
+
+def _copy(shards: Shards, name: str, dest: torch.Tensor, report: LoadReport) -> None:
+    """One disk tensor into dest, STAGING_BYTES of rows at a time (a row at least): the host never holds a
+    whole large tensor. copy_ casts to dest's dtype (on the host, before a host-to-device copy)."""
+    shape = shards.shape(name)
+    rows = shape[0] if shape else 1
+    row_bytes = max(1, math.prod(shape[1:]) * max(shards.dtype(name).itemsize, dest.element_size()))
+    step = max(1, STAGING_BYTES // row_bytes)
+    for r in range(0, rows, step):
+        chunk = shards.rows(name, r, min(rows, r + step))
+        (dest[r:r + step] if shape else dest).copy_(chunk)
+        report.largest_read = max(report.largest_read, chunk.numel() * max(chunk.element_size(), dest.element_size()))
 
 
 def load_weights(module: torch.nn.Module, source: str | Path | Shards, prefix: str = "",
                  strict: bool = True) -> LoadReport:
-    """Copy a checkpoint's tensors into the module (cast to each tensor's dtype)."""
+    """Copy a checkpoint's tensors into the module (cast to each tensor's dtype), in row chunks."""
     shards = source if isinstance(source, Shards) else Shards(source)
     report = LoadReport()
     state = module.state_dict(keep_vars=True)
@@ -147,13 +189,16 @@ def load_weights(module: torch.nn.Module, source: str | Path | Shards, prefix: s
             target = state[names[0]]
             got = None
             for n in names:                       # tied weights: any one alias on disk is enough
-                got = _read(shards, prefix, n, target, report)
-                if isinstance(got, torch.Tensor):
+                got = _pieces(shards, prefix, n, target)
+                if not isinstance(got, str):
                     break
             if isinstance(got, str):
                 problems.append(got)
                 continue
-            target.data.copy_(got.to(target.dtype))
+            for at, disk in got:
+                _copy(shards, disk, target.data[at] if at else target.data, report)
+                report.used.add(disk)
+            report.fused += len(got) > 1 or got[0][1] != prefix + n
             report.loaded += 1
     unexpected = sorted(n for n in shards.where if n.startswith(prefix) and n not in report.used) if strict else []
     if problems or unexpected:

@@ -26,10 +26,25 @@ def test_a_plan_within_what_is_available_passes_and_one_over_it_is_refused_with_
     assert f"--memory-cap {int((need - 1) * 0.9) // 2**20}MiB" in msg and "resources.NAME.pages" in msg
 
 
-def test_gpu_plans_have_no_host_budget_to_check():
-    plan = load_plan(ROOT / "plans" / "tiny_h100.plan")
-    assert plan.target.host_bytes is None
-    check_host_memory(plan, have=(0, "by hand"))
+def test_a_gpu_plan_is_checked_by_its_workers_host_lines_summed_over_its_devices():
+    plan = load_plan(ROOT / "plans" / "omni_2gpu.plan")
+    assert plan.target.host_bytes is None and len(plan.devices) == 2
+    need = sum(sum(d.host.values()) for d in plan.devices)        # by hand: every line of both workers
+    check_host_memory(plan, have=(need, "by hand"))
+    with pytest.raises(InvalidInput) as e:
+        check_host_memory(plan, "plan p", have=(need - 1, "by hand"))
+    msg = str(e.value)
+    assert f"plan p plans {need:,} B" in msg and "for its 2 device(s)" in msg and f"this host has {need - 1:,} B" in msg
+    assert "pinned" in msg and "process" in msg and "--ray" in msg and "--memory-cap" not in msg
+    one = sum(plan.devices[0].host.values())
+    check_host_memory(plan, have=(one, "by hand"), devices=[0])      # a host with device 0's worker alone
+    with pytest.raises(InvalidInput):
+        check_host_memory(plan, have=(one - 1, "by hand"), devices=[0])
+
+
+def test_cpu_plans_have_no_host_lines_their_ledgers_are_host_memory():
+    plan = load_plan(ROOT / "plans" / "tiny_cpu.plan")
+    assert all(not d.host and d.host_total == d.total_bytes for d in plan.devices)
 
 
 def test_this_host_reports_what_it_has():

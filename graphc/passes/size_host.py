@@ -1,0 +1,75 @@
+"""What each GPU device's worker holds in its host's memory, line by line (issue 40): devices on one host share
+its memory, and a plan that promises the cards room must not leave the host short.
+
+  pinned    page-locked memory: each FlashInfer wrapper keeps a page-locked copy of its int workspace
+            (one per captured graph's attention role, one per eager node and phase; the boot builds up to
+            BOOT_WRAPPERS more for its warm-up steps, dropped again), each a torch host-allocator block,
+            a power of two; plus the sampled tokens' read-back copies (READBACK_BYTES).
+  staging   the weight loader's chunk (graphc/runtime/checkpoint.py STAGING_BYTES) as read and as cast.
+  process   CUDA's host side, torch and the kernel libraries, the captured graphs' host state:
+            calibrated, host_base + host_per_launch x the device's captured kernel launches.
+
+CPU targets have none of this: their devices' ledgers are host memory already (targets.split_host).
+"""
+from __future__ import annotations
+
+from graphc.ir import IR
+from graphc.passes.tally_ledger import Item, Sizing, capture_order
+from graphc.targets import calibration
+from graphc.units import fmt_bytes
+from resources.base import StepShape
+
+STAGING_BYTES = 64 << 20        # graphc/runtime/checkpoint.py reads tensors in chunks of this
+BOOT_WRAPPERS = 2               # warm-up wrappers the boot builds and drops (seen on the H200: 39 = 36 + 1 + 2)
+READBACK_BYTES = 1 << 20        # page-locked read-backs of sampled tokens: small blocks, under 1 MiB on the H200
+
+
+def _pow2(n: int) -> int:
+    """The block torch's page-locked host allocator takes for n bytes."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _int_workspace(s: Sizing, res: str, phase: str, shape) -> int:
+    """Bytes of the page-locked int workspace a FlashInfer wrapper of res keeps for this step, 0 for none."""
+    spec = s.ir.model.resource(res)
+    if res not in s.backends.chosen or not hasattr(spec, "int_workspace_bytes"):
+        return 0
+    shape = shape or StepShape(rows=1, seqs=1, kv_len=1, phase=phase)   # eager: which buffers, not their size
+    names = [name for name, _ in spec.wrapper_allocs(s.backends.backend(res, phase), shape)]
+    return _pow2(spec.int_workspace_bytes) if "int_workspace" in names else 0
+
+
+def pinned_blocks(s: Sizing, nodes: list[str]) -> list[int]:
+    """Each page-locked int workspace the device's wrappers keep: captured graphs', then eager steps'."""
+    ir: IR = s.ir
+    out = []
+    for node, fam, rung in capture_order(s, nodes):
+        step = ir.family(node, fam)
+        shape_of = lambda spec: spec.step_shape(step.axis, step.sizes_at(rung), step.phase)   # noqa: E731
+        out += [b for res in ir.node(node).resources.values()
+                if (b := _int_workspace(s, res, step.phase, shape_of(ir.model.resource(res))))]
+    eager = {(st.node, st.phase): st for st in ir.steps if st.node in nodes and (st.node, st.walk) in s.buckets.eager}
+    for (node, phase), st in sorted(eager.items()):
+        out += [b for res in ir.node(node).resources.values() if (b := _int_workspace(s, res, phase, None))]
+    return out
+
+
+def size_host(s: Sizing, nodes: list[str]) -> list[Item]:
+    """The host lines of one GPU device's worker; [] on a CPU target."""
+    if not s.ir.target.is_gpu:
+        return []
+    blocks = pinned_blocks(s, nodes)
+    boot = BOOT_WRAPPERS * max(blocks, default=0)
+    cal = calibration(s.ir.target)
+    launches = sum(s.acts.graphs[k][1].launches for k in capture_order(s, nodes))
+    process = cal.host_base_bytes + cal.host_launch_bytes * launches
+    return [
+        Item("pinned", sum(blocks) + boot + READBACK_BYTES, "formula",
+             f"{len(blocks)} FlashInfer wrappers x their page-locked int workspace ({fmt_bytes(sum(blocks))}) + "
+             f"{BOOT_WRAPPERS} the boot drops ({fmt_bytes(boot)}) + read-backs {fmt_bytes(READBACK_BYTES)}"),
+        Item("staging", 2 * STAGING_BYTES, "formula",
+             f"the weight loader's chunk, as read and as cast: 2 x {fmt_bytes(STAGING_BYTES)}"),
+        Item("process", process, "calibrated",
+             f"{fmt_bytes(cal.host_base_bytes)} + {cal.host_launch_bytes:,} B x {launches:,} captured launches "
+             f"({cal.host_source})"),
+    ]
