@@ -19,6 +19,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 MAX_DEVICES = 1024      # placement search grows with the device count: 1024 plan in seconds, 10**5 never end
+DEFAULT_MAX_TOKENS = 4096   # graphc run: what a request naming no max_tokens may generate (issue 38: no 27k-token default)
 
 
 def _bytes(text: str) -> int:
@@ -146,6 +147,12 @@ def _add_run(sub) -> None:
     rn.add_argument("--no-overlap", action="store_true",
                     help="read each LLM step's tokens back before building the next (default: the next step is "
                          "launched first, so host work runs while the GPU computes)")
+    rn.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
+                    help="on SIGINT or SIGTERM, the seconds requests in flight get to finish before each left ends "
+                         "with an error event; then the server exits 0 (default 30)")
+    rn.add_argument("--default-max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
+                    help=f"the most a request that names no max_tokens generates (default {DEFAULT_MAX_TOKENS}; "
+                         "never past what the plan's context leaves after the prompt)")
     rn.add_argument("--emulate", action="store_true", help="cap this GPU to the plan's card (same arch)")
     rn.add_argument("--force", action="store_true", help="boot even if the model file or target differ")
     rn.add_argument("--ray", default=None, metavar="ADDRESS",
@@ -302,6 +309,8 @@ def cmd_run(args) -> int:
         raise InvalidInput("--checkpoint and --random-weights are exclusive", "", "pass one")
     if not 0 < args.max_upload_mb < float("inf"):
         raise InvalidInput(f"--max-upload-mb {args.max_upload_mb} is not a size", "", "pass a positive number")
+    if not 0 <= args.shutdown_timeout < float("inf"):
+        raise InvalidInput(f"--shutdown-timeout {args.shutdown_timeout} is not a time", "", "pass seconds, 0 or more")
     if args.max_waiting is not None and args.max_waiting < 1:
         raise InvalidInput(f"--max-waiting {args.max_waiting}", "at least one request must be able to wait",
                            "pass 1 or more")
@@ -319,7 +328,7 @@ def cmd_run(args) -> int:
         from graphc.runtime.replicas import Replicas as serving
     engine = serving(plan, args.checkpoint, random_weights=args.random_weights, seed=args.seed,
                      emulate=args.emulate, force=args.force, prefix_cache=not args.no_prefix_cache,
-                     overlap=not args.no_overlap)
+                     overlap=not args.no_overlap, default_max_tokens=args.default_max_tokens)
     try:
         return _serve_or_run(engine, args, requests)
     finally:
@@ -331,7 +340,7 @@ def _server_options(args) -> dict:
 
     return {"api_key": args.api_key or os.environ.get("GRAPHC_API_KEY") or None, "access_log": args.access_log,
             "max_audio_bytes": int(args.max_upload_mb * 1024 * 1024), "max_waiting": args.max_waiting,
-            "media_dir": args.media_dir, "media_urls": args.media_urls}
+            "media_dir": args.media_dir, "media_urls": args.media_urls, "shutdown_timeout": args.shutdown_timeout}
 
 
 def _serving_on(host: str, args, api_key, where: str = "") -> None:
@@ -363,7 +372,7 @@ def _run_on_ray(plan, args, requests: list | None) -> int:
     serving = RayServing(plan, args.ray, llm_device=next(d.index for d in plan.devices if llm in d.nodes),
                          checkpoint=args.checkpoint, random_weights=args.random_weights, seed=args.seed,
                          emulate=args.emulate, force=args.force, prefix_cache=not args.no_prefix_cache,
-                         overlap=not args.no_overlap)
+                         overlap=not args.no_overlap, default_max_tokens=args.default_max_tokens)
     try:
         print(serving.summary + f" (Ray cluster {args.ray})", file=sys.stderr)
         if requests is None:

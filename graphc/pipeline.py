@@ -1,7 +1,7 @@
 """The compiler: a straight list of passes over a typed IR, verified between passes.
 
     verify_graph -> select_backends -> choose_buckets -> size_weights -> simulate_steps
-    -> size_resources -> place_nodes -> check_fit -> [suggest_remedies] -> emit_plan
+    -> size_resources -> place_nodes -> check_fit -> [suggest_remedies] -> emit_plan (size_host per device)
 
 On more than one device, compile_model runs them for each layout choose_replicas offers (one copy over
 the devices, or a replica on each) and keeps the layout that runs the most requests at once.

@@ -77,18 +77,23 @@ class Engine:
     def __init__(self, plan: str | Path | Plan, checkpoint: str | Path | None = None, *, random_weights: bool = False,
                  seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True, boot=None,
                  links: dict | None = None, host: str = "127.0.0.1", replica: int = 0, prefix_cache: bool = True,
-                 overlap: bool = True):
+                 overlap: bool = True, default_max_tokens: int | None = None):
         """boot: serve an already booted DeviceBoot of this plan (tests run one plan's weights on two devices).
         replica: which copy of a plan of several replicas this engine serves, on GPU `replica`
         (graphc/runtime/replicas.py starts one engine per replica). prefix_cache: share the LLM's full text
         pages across requests by content (graphc/runtime/prefix_cache.py; plans with state slots never do).
-        overlap: launch each LLM step before reading the one before it back (graphc/runtime/flight.py);
+        default_max_tokens: the most a request that names no max_tokens generates (None: what the plan's context
+        leaves after its prompt). overlap: launch each LLM step before reading the one before it back (graphc/runtime/flight.py);
         never where the LLM runs on another device than this process's. links: the other devices' workers when something else started them (Ray actors, ray_run.py; this
         process then sees only its own GPU), else a worker process each is started; host: this
         process's address as those workers reach it."""
         if checkpoint is None and not random_weights:
             raise InvalidInput("no weights to serve", "graphc run needs a checkpoint",
                                "pass --checkpoint DIR, or --random-weights to serve seeded weights (token ids only)")
+        if default_max_tokens is not None and default_max_tokens < 1:
+            raise InvalidInput(f"default max_tokens {default_max_tokens}", "a request must be able to make a token",
+                               "pass 1 or more (--default-max-tokens)")
+        self.default_max_tokens = default_max_tokens
         self.plan = plan if isinstance(plan, Plan) else load_plan(plan)
         check_servable(self.plan)
         if links is None:                                  # devices in this host's memory fit what it has
@@ -292,7 +297,8 @@ class Engine:
         if rid in self.requests:
             raise InvalidInput(f"request id {rid} is in flight", "", "use another id")
         most = self.executor.kv_spec.max_seq_len
-        max_tokens = params.max_tokens if params.max_tokens is not None else max(most - len(rp.ids), 1)
+        room = max(most - len(rp.ids), 1)
+        max_tokens = params.max_tokens if params.max_tokens is not None else min(room, self.default_max_tokens or room)
         req = Request(id=rid, kind=kind, prefill_walks=prefill, decode_walk=decode, prompt=rp, params=params,
                       max_rows=len(rp.ids) + max_tokens, arrival=next(self._ids), max_tokens=max_tokens,
                       user=user)

@@ -117,6 +117,9 @@ def _media(kind: str, source: bytes | str, what: str, fps: float | None = None, 
         raise InvalidInput(f"{what}: {source} cannot be read ({e.strerror})", "", "check the path") from None
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")      # OpenAI's chat roles ("developer" is system)
+
+
 def split_messages(messages: list, use_audio_in_video: bool = False, sources: Sources = OFFLINE,
                    limits: Limits = Limits()) -> tuple[list[dict], list[Media]]:
     """use_audio_in_video: each video is heard with its own sound track (a model's option); sources:
@@ -130,7 +133,12 @@ def split_messages(messages: list, use_audio_in_video: bool = False, sources: So
         content = m["content"]
         if not isinstance(m["role"], str):
             raise InvalidInput(f"messages[{i}].role must be a string", f"got {m['role']!r:.40}",
-                               "use system, user or assistant")
+                               f"use one of {', '.join(ROLES)}")
+        if m["role"] not in ROLES:
+            raise InvalidInput(f"messages[{i}].role '{m['role']:.40}' is not a chat role",
+                               f"the roles are {', '.join(ROLES)}", "send one of those")
+        if m["role"] == "developer":               # OpenAI's newer name for system: the templates know system
+            m = {**m, "role": "system"}
         if isinstance(content, str) or content is None:
             out.append({**m, "content": content or ""})
             continue

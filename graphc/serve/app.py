@@ -16,6 +16,8 @@ from graphc.serve.errors import install_handlers
 from graphc.serve.transcriptions import DEFAULT_MAX_AUDIO_BYTES
 
 log = logging.getLogger("graphc.server")
+DEFAULT_SHUTDOWN_S = 30.0     # graphc run --shutdown-timeout: what requests in flight get to finish on a signal
+FAIL_GRACE_S = 1.0            # after that, the seconds their error events get to reach the clients
 
 
 def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = None, access_log: bool = False,
@@ -47,10 +49,12 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
 
 def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, api_key: str | None = None,
           access_log: bool = False, max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES, max_waiting: int | None = None,
-          media_dir: str | None = None, media_urls: bool = False, exit_on_death: bool = True) -> WorkerDied | None:
-    """Serve until stopped. A device's worker that dies ends it: the process exits with code 3 a moment
-    after the requests in flight got their error, or, with exit_on_death=False (graphc run --ray: the
-    server runs in a Ray actor), the server stops and the WorkerDied is returned."""
+          media_dir: str | None = None, media_urls: bool = False, exit_on_death: bool = True,
+          shutdown_timeout: float = DEFAULT_SHUTDOWN_S) -> WorkerDied | None:
+    """Serve until stopped. SIGINT or SIGTERM stops it within shutdown_timeout seconds (Stopping). A device's
+    worker that dies ends it: the process exits with code 3 a moment after the requests in flight got their
+    error, or, with exit_on_death=False (graphc run --ray: the server runs in a Ray actor), the server stops
+    and the WorkerDied is returned."""
     import uvicorn
 
     died: list[WorkerDied] = []
@@ -65,9 +69,42 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, api_key:
                     sources=media_sources(media_dir, media_urls))
     if access_log:
         middleware.access_log_to_stderr()
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                            timeout_graceful_shutdown=shutdown_timeout + FAIL_GRACE_S)
+    server = stopping_server(uvicorn.Server)(config)
+    server.driver, server.shutdown_timeout = app.state.driver, shutdown_timeout
     server.run()
     return died[0] if died else None
+
+
+
+def stopping_server(base):
+    """uvicorn's Server, stopping as graphc run promises: the first SIGINT or SIGTERM prints one line, the
+    server takes no new connection, requests in flight get shutdown_timeout seconds to finish, then every one
+    left ends with an error event (Driver.fail_all) and the process leaves without re-raising the signal (exit
+    0, no traceback). A second SIGINT stops at once, as uvicorn's does."""
+
+    class Stopping(base):
+        driver = None
+        shutdown_timeout = DEFAULT_SHUTDOWN_S
+
+        def handle_exit(self, sig, frame) -> None:
+            first = not self.should_exit
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()          # stopped as asked: nothing to re-raise after the shutdown
+            if not first:
+                return
+            import signal
+            import sys
+
+            print(f"graphc run: {signal.Signals(sig).name}: stopping; requests in flight have "
+                  f"{self.shutdown_timeout:g} s to finish", file=sys.stderr, flush=True)
+            timer = threading.Timer(self.shutdown_timeout, self.driver.fail_all,
+                                    ("the server is shutting down (SIGINT or SIGTERM)",))
+            timer.daemon = True
+            timer.start()
+
+    return Stopping
 
 
 def media_sources(media_dir: str | None, media_urls: bool) -> Sources:

@@ -99,6 +99,12 @@ class Driver:
         self.inbox.put(("abort", request_id))
         self.wake.set()
 
+    def fail_all(self, what: str) -> None:
+        """End every request in flight or waiting with an error event saying what (the server is stopping),
+        in the engine thread."""
+        self.inbox.put(("fail", what))
+        self.wake.set()
+
     def _observe(self, ev: Event) -> None:
         for observer in self.observers:
             try:
@@ -121,6 +127,10 @@ class Driver:
                 return
             if item[0] == "abort":
                 self._abort(item[1])
+                continue
+            if item[0] == "fail":
+                for ev in self.engine.fail_all(item[1]):
+                    self._route(ev)
                 continue
             _, loop, kwargs, fut, events = item
             try:

@@ -28,6 +28,10 @@ class Router:
             d.observers = self.observers
         self.lock = threading.Lock()
 
+    def fail_all(self, what: str) -> None:
+        for d in self.drivers:
+            d.fail_all(what)
+
     def close(self, timeout: float = 10.0) -> None:
         for d in self.drivers:
             d.close(timeout)

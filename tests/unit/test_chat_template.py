@@ -113,3 +113,16 @@ def test_indented_block_tags_render_as_hf(tmp_path):
     messages = [{"role": "user", "content": "hi"}, {"role": "user", "content": "hi again"}]
     want = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert ChatTemplate.from_checkpoint(tmp_path).render(messages) == want
+
+
+def test_a_developer_message_is_a_system_message_and_tool_results_pass_through():
+    """OpenAI's roles: developer renders as system (the templates know system), tool is kept for the template."""
+    from graphc.runtime.inputs import split_messages
+
+    sent = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"},
+            {"role": "tool", "content": "42"}]
+    out, media = split_messages(sent)
+    assert [m["role"] for m in out] == ["system", "user", "tool"] and media == []
+    assert sent[0]["role"] == "developer"                      # the caller's list is left as it was
+    with pytest.raises(InvalidInput, match="'wizard' is not a chat role"):
+        split_messages([{"role": "wizard", "content": "x"}])

@@ -90,6 +90,7 @@ CASES = {
     "wrong type: max_tokens": (ROUTE, chat(max_tokens="many"), 400, "max_tokens"),
     "wrong type: messages": (ROUTE, {"messages": "hello"}, 400, "messages"),
     "wrong type: role": (ROUTE, {"messages": [{"role": 5, "content": "x"}]}, 400, "role must be a string"),
+    "unknown role": (ROUTE, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "'wizard' is not a chat role"),
     "wrong type: text part": (ROUTE, {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, 400,
                               "text must be a string"),
     "wrong type: image_url": (ROUTE, chat({"type": "image_url", "image_url": "x.png"}), 400, "must be an object"),

@@ -103,3 +103,17 @@ def test_the_prefix_cache_keeps_only_tokens_read_back(plan_path):
                  [(PROMPTS[3] + cut.output, greedy(12))])[0]
     assert cut.output == first[:k + 1] and engine.scheduler.shared.hit_rows > 0
     assert again.output == cold.output
+
+
+def test_a_request_naming_no_max_tokens_gets_the_servers_default_and_never_past_the_context(plan_path):
+    """--default-max-tokens (issue 38): 3 where the request names none; its own max_tokens where it names one;
+    and no more than the context leaves after a prompt that nearly fills it (the plan's max_seq_len)."""
+    from graphc.errors import InvalidInput
+
+    engine = Engine(plan_path, random_weights=True, default_max_tokens=3)
+    most = engine.executor.kv_spec.max_seq_len
+    free = SamplingParams(temperature=0, ignore_eos=True)
+    reqs = drain(engine, [(PROMPTS[0], free), (PROMPTS[1], greedy(5)), (list(range(3, most + 1)), free)])
+    assert [len(engine.output(r).token_ids) for r in reqs] == [3, 5, 2]          # by hand: most - (most - 2)
+    with pytest.raises(InvalidInput, match="default max_tokens 0"):
+        Engine(plan_path, random_weights=True, default_max_tokens=0)
