@@ -62,6 +62,7 @@ class ChatTemplate:
             raise InvalidInput(f"the chat template does not parse: {e.message} (line {e.lineno})", "",
                                "use the template the model was released with") from e
         self.special = dict(special or {})
+        self.source = named["default"]          # the plain chat template's text (/tokenizer_info shows it)
 
     @classmethod
     def from_checkpoint(cls, checkpoint: str | Path) -> "ChatTemplate":

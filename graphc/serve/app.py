@@ -9,7 +9,7 @@ from graphc.errors import InvalidInput
 from graphc.runtime.engine import Engine
 from graphc.runtime.inputs import Sources
 from graphc.runtime.workers import WorkerDied
-from graphc.serve import completions, middleware, openapi, ops, speech, transcriptions
+from graphc.serve import completions, middleware, openapi, ops, speech, tokens, transcriptions
 from graphc.serve.context import Context
 from graphc.serve.driver import Driver
 from graphc.serve.errors import install_handlers
@@ -40,7 +40,7 @@ def build_app(engine: Engine, name: str | None = None, *, api_key: str | None = 
     app.router.on_shutdown.append(driver.close)
     ctx = Context(engine, driver, name or engine.model_name, max_audio_bytes, sources, engine.media_limits())
     install_handlers(app)
-    for routes in (ops, completions, speech, transcriptions):
+    for routes in (ops, completions, speech, transcriptions, tokens):
         routes.register(app, ctx)
     middleware.install(app, api_key, access_log, max_audio_bytes)
     openapi.install(app, bool(api_key))

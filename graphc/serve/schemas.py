@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from graphc.runtime.sampler import MAX_TOP_LOGPROBS, SamplingParams
 
-JSON_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/audio/speech")    # the routes whose body is JSON
+JSON_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/audio/speech", "/tokenize",
+               "/detokenize")                                          # the routes whose body is JSON
 
 
 class Body(BaseModel):

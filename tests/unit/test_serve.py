@@ -1,5 +1,6 @@
 """graphc run end to end on a tiny Qwen3-Omni thinker checkpoint: the OpenAI-compatible server driven by the
 official `openai` client on loopback, the offline JSONL batch, seeded sampling, and what is refused."""
+import base64
 import json
 import time
 
@@ -231,3 +232,50 @@ def test_transcription_on_qwen3_omni_asks_it_to_transcribe(served):
     while not req.closed:
         ref.step()
     assert got.text == ref.output(req).text and len(req.output) > 1
+
+
+def _post(port: int, path: str, body: dict) -> tuple[int, dict]:
+    from urllib.error import HTTPError
+    from urllib.request import Request, urlopen
+
+    req = Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urlopen(req) as r:
+            return r.status, json.loads(r.read())
+    except HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_tokenize_and_detokenize_agree_with_hf_tokenizer_and_template(served):
+    """/tokenize, /detokenize and /tokenizer_info against HF's tokenizer of the same files (issue 38)."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(served["dir"] / "ckpt"))
+    port, most = served["port"], served["engine"].max_seq_len
+    text = "hello world, how are you today?"
+    want = hf.encode(text, add_special_tokens=False)
+    assert _post(port, "/tokenize", {"prompt": text, "return_token_strs": True}) == (200, {
+        "count": len(want), "max_model_len": most, "tokens": want, "token_strs": hf.convert_ids_to_tokens(want)})
+    chat = hf.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
+    chat = chat["input_ids"] if isinstance(chat, dict) or hasattr(chat, "keys") else chat
+    status, got = _post(port, "/tokenize", {"messages": MESSAGES, "model": served["engine"].model_name})
+    assert status == 200 and got["tokens"] == list(chat) and got["count"] == len(chat)
+    assert _post(port, "/detokenize", {"tokens": want}) == (200, {"prompt": hf.decode(want)})
+    import urllib.request
+    info = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/tokenizer_info").read())
+    assert info["vocab_size"] == len(hf) and info["max_model_len"] == most and info["chat_template"] == hf.chat_template
+    assert info["eos_token"] == hf.eos_token
+
+
+@pytest.mark.parametrize("path,body,status,words", [
+    ("/tokenize", {"prompt": "a", "messages": MESSAGES}, 400, "prompt or messages, one of them"),
+    ("/tokenize", {}, 400, "prompt or messages, one of them"),
+    ("/tokenize", {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {
+        "data": base64.b64encode(b"RIFF").decode()}}]}]}, 400, "media"),
+    ("/tokenize", {"prompt": "a", "bogus": 1}, 400, "bogus"),
+    ("/tokenize", {"prompt": "a", "model": "gpt-4"}, 404, "'gpt-4' is not served here"),
+    ("/detokenize", {"tokens": [1, 10**6]}, 400, "[1000000] are outside the vocabulary"),
+])
+def test_the_tokenizer_routes_refuse_what_they_cannot_answer(served, path, body, status, words):
+    got_status, got = _post(served["port"], path, body)
+    assert got_status == status and words in got["error"]["message"], got

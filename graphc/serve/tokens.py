@@ -1,0 +1,113 @@
+"""The tokenizer's routes, as vLLM serves them (issue 38):
+
+  POST /tokenize        {prompt} or {messages, add_generation_prompt}: the token ids the engine would run,
+                        their count and max_model_len (the most rows a request holds); `return_token_strs`
+                        adds each id's text. Messages render through the chat template as chat requests do;
+                        media parts are refused (their rows depend on the media: send the chat request)
+  POST /detokenize      {tokens}: their text (ids outside the tokenizer's vocabulary are a 400)
+  GET  /tokenizer_info  the tokenizer's vocabulary size, special tokens, chat template and max_model_len
+
+A server without a tokenizer (--random-weights) answers each with a 400 that says so.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from graphc.errors import InvalidInput
+from graphc.runtime.inputs import split_messages
+from graphc.serve.context import Context
+from graphc.serve.errors import error, wrong_model
+
+
+class TokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    tokens: list[int] = Field(min_length=0)
+
+
+def _tokenizer(ctx: Context):
+    tok = ctx.engine.tokenizer
+    if tok is None:
+        raise InvalidInput("this server has no tokenizer", "it was started without a checkpoint's tokenizer.json",
+                           "start graphc run with --checkpoint DIR holding tokenizer.json")
+    return tok
+
+
+def tokenize(ctx: Context, body: TokenizeBody) -> dict:
+    tok = _tokenizer(ctx)
+    if (body.prompt is None) == (body.messages is None):
+        raise InvalidInput("send prompt or messages, one of them", "", "e.g. {\"prompt\": \"hello\"}")
+    if body.messages is not None:
+        media = [part.get("type") if isinstance(part, dict) else part for m in body.messages
+                 if isinstance(m, dict) and isinstance(m.get("content"), list)
+                 for part in m["content"] if not (isinstance(part, dict) and part.get("type") == "text")]
+        if media:
+            raise InvalidInput(f"{len(media)} media part(s) in the messages ({', '.join(map(str, media[:4]))})",
+                               "how many rows a media item takes depends on the item, which /tokenize does not decode",
+                               "tokenize the text alone, or send the chat request (its usage counts every row)")
+        messages, _ = split_messages(body.messages)
+        if ctx.engine.template is None:
+            raise InvalidInput("the checkpoint has no chat template", "", "send prompt")
+        text = ctx.engine.template.render(messages, add_generation_prompt=body.add_generation_prompt)
+    else:
+        text = body.prompt
+    ids = tok.encode(text, add_special_tokens=False).ids
+    out = {"count": len(ids), "max_model_len": ctx.engine.max_seq_len, "tokens": ids}
+    if body.return_token_strs:
+        out["token_strs"] = [tok.id_to_token(i) for i in ids]
+    return out
+
+
+def detokenize(ctx: Context, body: DetokenizeBody) -> dict:
+    tok = _tokenizer(ctx)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    bad = [t for t in body.tokens if not 0 <= t < vocab]
+    if bad:
+        raise InvalidInput(f"tokens {bad[:4]} are outside the vocabulary", f"the tokenizer has {vocab:,} ids",
+                           "send ids from /tokenize")
+    return {"prompt": tok.decode(body.tokens, skip_special_tokens=False)}
+
+
+def tokenizer_info(ctx: Context) -> dict:
+    tok = _tokenizer(ctx)
+    template = ctx.engine.template
+    special = {k: v for k, v in (template.special if template is not None else {}).items() if v is not None}
+    return {"vocab_size": tok.get_vocab_size(with_added_tokens=True), "max_model_len": ctx.engine.max_seq_len,
+            **special, "chat_template": template.source if template is not None else None}
+
+
+def register(app, ctx: Context) -> None:
+    def answer(fn, body):
+        bad = wrong_model(getattr(body, "model", None), ctx.model_name)
+        if bad is not None:
+            return bad
+        try:
+            return fn(ctx, body)
+        except InvalidInput as e:
+            return error(400, str(e))
+
+    @app.post("/tokenize")
+    def tokenize_route(body: TokenizeBody):
+        """The token ids of a prompt or of chat messages as the chat template renders them."""
+        return answer(tokenize, body)
+
+    @app.post("/detokenize")
+    def detokenize_route(body: DetokenizeBody):
+        """The text of token ids."""
+        return answer(detokenize, body)
+
+    @app.get("/tokenizer_info")
+    def tokenizer_info_route():
+        """The tokenizer's vocabulary size, special tokens, chat template and max_model_len."""
+        return answer(lambda c, _: tokenizer_info(c), None)
