@@ -147,6 +147,9 @@ def _add_run(sub) -> None:
     rn.add_argument("--no-overlap", action="store_true",
                     help="read each LLM step's tokens back before building the next (default: the next step is "
                          "launched first, so host work runs while the GPU computes)")
+    rn.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                    help="the names the server answers to (requests may give any; responses carry the first; "
+                         "default: the plan's model name)")
     rn.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
                     help="on SIGINT or SIGTERM, the seconds requests in flight get to finish before each left ends "
                          "with an error event; then the server exits 0 (default 30)")
@@ -309,6 +312,10 @@ def cmd_run(args) -> int:
         raise InvalidInput("--checkpoint and --random-weights are exclusive", "", "pass one")
     if not 0 < args.max_upload_mb < float("inf"):
         raise InvalidInput(f"--max-upload-mb {args.max_upload_mb} is not a size", "", "pass a positive number")
+    names = args.served_model_name or []
+    if any(not n.strip() for n in names) or len(set(names)) != len(names):
+        raise InvalidInput(f"--served-model-name {' '.join(map(repr, names))}", "each name must be non-empty and given once",
+                           "e.g. --served-model-name qwen3-omni Qwen/Qwen3-Omni-30B-A3B-Instruct")
     if not 0 <= args.shutdown_timeout < float("inf"):
         raise InvalidInput(f"--shutdown-timeout {args.shutdown_timeout} is not a time", "", "pass seconds, 0 or more")
     if args.max_waiting is not None and args.max_waiting < 1:
@@ -340,7 +347,8 @@ def _server_options(args) -> dict:
 
     return {"api_key": args.api_key or os.environ.get("GRAPHC_API_KEY") or None, "access_log": args.access_log,
             "max_audio_bytes": int(args.max_upload_mb * 1024 * 1024), "max_waiting": args.max_waiting,
-            "media_dir": args.media_dir, "media_urls": args.media_urls, "shutdown_timeout": args.shutdown_timeout}
+            "media_dir": args.media_dir, "media_urls": args.media_urls, "shutdown_timeout": args.shutdown_timeout,
+            "served_model_name": args.served_model_name}
 
 
 def _serving_on(host: str, args, api_key, where: str = "") -> None:

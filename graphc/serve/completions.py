@@ -20,6 +20,7 @@ from graphc.runtime.speech import SpeechParams
 from graphc.serve.audio_out import Stream, check_format, encode, whole
 from graphc.serve.context import Context
 from graphc.serve.errors import error, refusal, stream_error, wrong_model
+from graphc.serve.middleware import request_id
 from graphc.serve.schemas import Body, ChatBody, CompletionBody
 from graphc.serve.streaming import collect, sse
 
@@ -40,7 +41,7 @@ def register(app, ctx: Context) -> None:
 
 def check_model(ctx: Context, body: Body):
     """A refusal of a model not served here or of n other than 1, else None."""
-    if (bad := wrong_model(body.model, ctx.model_name)) is not None:
+    if (bad := wrong_model(body.model, ctx.names)) is not None:
         return bad
     if body.n != 1:
         return error(400, f"n={body.n}: one choice per request is served", param="n")
@@ -208,7 +209,7 @@ async def chat_completion(ctx: Context, body: ChatBody):
     if bad is not None:
         return bad
     messages, media = parsed
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    rid = f"chatcmpl-{request_id() or uuid.uuid4().hex}"
     fmt = body.audio.format if speech is not None else None
     done = await answer(ctx, True, rid, body, dict(messages=messages, media=media, split=True, params=params,
                                                    request_id=rid, speech=speech), audio=fmt)
@@ -231,7 +232,7 @@ async def completion(ctx: Context, body: CompletionBody):
         params = body.params(logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0)
     except ValidationError as e:
         return error(400, str(e.errors()[0]["msg"]))
-    rid = f"cmpl-{uuid.uuid4().hex}"
+    rid = f"cmpl-{request_id() or uuid.uuid4().hex}"
     kw = dict(prompt_token_ids=body.prompt) if isinstance(body.prompt, list) else dict(prompt=body.prompt)
     done = await answer(ctx, False, rid, body, dict(**kw, params=params, request_id=rid))
     if not isinstance(done, tuple):

@@ -19,6 +19,12 @@ class Context:
     max_audio_bytes: int           # the largest transcription upload, and media in a JSON body (base64)
     sources: Sources               # where media parts may be read from
     limits: Limits                 # the longest audio and video a prompt of the plan can hold
+    aliases: tuple[str, ...] = ()  # other names the routes answer to (--served-model-name's after the first)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name a request may give its model: responses carry the first."""
+        return (self.model_name, *self.aliases)
 
     async def submit(self, kwargs: dict):
         """((request, its events), None) once the engine took it, or (None, the refusal's response)."""

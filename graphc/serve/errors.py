@@ -26,12 +26,14 @@ def error(status: int, message: str, kind: str = "invalid_request_error", param:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
 
 
-def wrong_model(asked: str | None, served: str):
-    """A 404 in OpenAI's body when a request names a model this server does not serve, else None."""
-    if asked is None or asked == served:
+def wrong_model(asked: str | None, served: str | tuple[str, ...]):
+    """A 404 in OpenAI's body when a request names a model this server does not serve (any of its names), else
+    None."""
+    names = (served,) if isinstance(served, str) else served
+    if asked is None or asked in names:
         return None
-    return error(404, f"model '{asked}' is not served here; this server serves '{served}'", param="model",
-                 code="model_not_found")
+    return error(404, f"model '{asked}' is not served here; this server serves "
+                 f"{' or '.join(repr(n) for n in names)}", param="model", code="model_not_found")
 
 
 def refusal(e: Exception):

@@ -6,14 +6,18 @@
   access log     one JSON line per HTTP request on the `graphc.access` logger: method, path, status,
                  duration_ms, request_id (the X-Request-Id header, when sent) and client
   body limit     a JSON body over its bound is a 413 from its Content-Length, before a byte of it is read
+  request id     an X-Request-Id header (1-128 of A-Z a-z 0-9 . _ : -; else a 400) is echoed on the response
+                 and becomes the base of the request's id (request_id() reads it in the handler)
 """
 from __future__ import annotations
 
 import hmac
 import json
 import logging
+import re
 import sys
 import time
+from contextvars import ContextVar
 
 from graphc.serve.errors import error
 from graphc.serve.schemas import JSON_ROUTES
@@ -47,6 +51,42 @@ class AccessLog:
                 "duration_ms": round((time.perf_counter() - t0) * 1e3, 3),
                 "request_id": rid.decode("latin-1") if rid else None,
                 "client": f"{client[0]}:{client[1]}" if client else None}))
+
+
+_REQUEST_ID: ContextVar[str | None] = ContextVar("graphc_request_id", default=None)
+REQUEST_ID_FORM = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def request_id() -> str | None:
+    """The X-Request-Id the client sent with the request being handled, or None."""
+    return _REQUEST_ID.get()
+
+
+class RequestId:
+    """ASGI middleware: a well-formed X-Request-Id is the handler's request_id() and is echoed on the response;
+    a malformed one is a 400."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        rid = dict(scope.get("headers") or []).get(b"x-request-id") if scope["type"] == "http" else None
+        if rid is None:
+            return await self.app(scope, receive, send)
+        text = rid.decode("latin-1")
+        if not REQUEST_ID_FORM.fullmatch(text):
+            return await error(400, f"X-Request-Id '{text[:40]}' is not 1-128 of A-Z a-z 0-9 . _ : -",
+                               param="X-Request-Id")(scope, receive, send)
+
+        async def echoing(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid)]}
+            await send(message)
+        token = _REQUEST_ID.set(text)
+        try:
+            return await self.app(scope, receive, echoing)
+        finally:
+            _REQUEST_ID.reset(token)
 
 
 OPEN = ("/health", "/ping")          # liveness probes: no key, and they tell nothing but that the server runs
@@ -100,9 +140,10 @@ def access_log_to_stderr() -> None:
 
 
 def install(app, api_key: str | None, access_log: bool, max_audio_bytes: int) -> None:
-    """The body limit, then the key, then the log: each added outside the last, so the log is outermost
+    """The body limit, then the request id, the key, the log: each added outside the last, so the log is outermost
     (refused keys are logged too) and a request without the key is refused before its size is looked at."""
     app.middleware("http")(body_limit(max_audio_bytes))
+    app.add_middleware(RequestId)
     if api_key:
         app.add_middleware(ApiKey, key=api_key)
     if access_log:

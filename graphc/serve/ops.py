@@ -138,16 +138,17 @@ def register(app, ctx: Context) -> None:
         lane's pages."""
         return {"status": "ok"} | ctx.engine.load()
 
-    card = {"id": ctx.model_name, "object": "model", "created": 0, "owned_by": "graphc"}
+    cards = {n: {"id": n, "object": "model", "created": 0, "owned_by": "graphc"} for n in ctx.names}
 
     @app.get("/v1/models")
     def models():
-        return {"object": "list", "data": [card]}
+        """The served model, once under each of its names (--served-model-name)."""
+        return {"object": "list", "data": list(cards.values())}
 
     @app.get("/v1/models/{model_id:path}")
     def model(model_id: str):
-        """The served model's card; another id is OpenAI's 404 (model_not_found)."""
-        return wrong_model(model_id, ctx.model_name) or card
+        """The served model's card under that name; another id is OpenAI's 404 (model_not_found)."""
+        return wrong_model(model_id, ctx.names) or cards[model_id]
 
     @app.get("/version")
     def version():

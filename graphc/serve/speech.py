@@ -16,6 +16,7 @@ from graphc.runtime.speech import SpeechParams
 from graphc.serve.audio_out import MEDIA_TYPES, STREAMED, Stream, check_format, encode, whole
 from graphc.serve.context import Context
 from graphc.serve.errors import error, stream_error, wrong_model
+from graphc.serve.middleware import request_id
 from graphc.serve.schemas import SpeechBody
 from graphc.serve.streaming import collect, sse
 
@@ -58,7 +59,7 @@ async def chunks(ctx: Context, req, events, enc: Stream, as_sse: bool):
 
 def check(ctx: Context, body: SpeechBody):
     """(the audio format, the input's token ids, None), or (None, None, the refusal)."""
-    if (bad := wrong_model(body.model, ctx.model_name)) is not None:
+    if (bad := wrong_model(body.model, ctx.names)) is not None:
         return None, None, bad
     if body.speed != 1.0:
         return None, None, error(400, f"speed {body.speed} is not served: the model speaks at its own pace",
@@ -81,7 +82,7 @@ async def speak(ctx: Context, body: SpeechBody):
         return bad
     messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + \
         [{"role": "user", "content": body.input}]
-    rid = f"speech-{uuid.uuid4().hex}"
+    rid = f"speech-{request_id() or uuid.uuid4().hex}"
     speech = SpeechParams(voice=body.voice, seed=body.seed, max_frames=body.max_frames)
     started, bad = await ctx.submit(dict(messages=messages, request_id=rid, speech=speech, speak=ids))
     if bad is not None:

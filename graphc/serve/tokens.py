@@ -89,7 +89,7 @@ def tokenizer_info(ctx: Context) -> dict:
 
 def register(app, ctx: Context) -> None:
     def answer(fn, body):
-        bad = wrong_model(getattr(body, "model", None), ctx.model_name)
+        bad = wrong_model(getattr(body, "model", None), ctx.names)
         if bad is not None:
             return bad
         try:

@@ -35,6 +35,7 @@ from graphc.runtime.sampler import SamplingParams
 from graphc.serve.context import Context
 from graphc.serve.default_transcription import DefaultTranscription
 from graphc.serve.errors import error, refusal, stream_error, wrong_model
+from graphc.serve.middleware import request_id
 from graphc.serve.languages import language_name
 from graphc.serve.streaming import sse
 from graphc.serving import Media
@@ -153,7 +154,7 @@ def _bool(value: str) -> bool | None:
 
 def read_options(ctx: Context, fields: dict):
     """(Options, None), or (None, the refusal) of a value amiss or of a plan that cannot transcribe."""
-    if (bad := wrong_model(fields.get("model"), ctx.model_name)) is not None:
+    if (bad := wrong_model(fields.get("model"), ctx.names)) is not None:
         return None, bad
     fmt = fields.get("response_format", "json")
     if fmt not in FORMATS:
@@ -229,7 +230,7 @@ async def transcribe(ctx: Context, how, form):
     prompt = how.prompt(ctx.engine.template, opts.context, opts.language)
     params = SamplingParams(temperature=opts.temperature, logprobs=opts.fmt == "verbose_json",
                             max_tokens=output_cap(prompt, duration, ctx.engine.max_seq_len))
-    rid = f"trsc-{uuid.uuid4().hex}"
+    rid = f"trsc-{request_id() or uuid.uuid4().hex}"
     started, bad = await ctx.submit(dict(prompt=prompt, media=[Media("audio", wave)], params=params,
                                          request_id=rid))
     if bad is not None:
