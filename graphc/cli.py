@@ -147,6 +147,9 @@ def _add_run(sub) -> None:
     rn.add_argument("--no-overlap", action="store_true",
                     help="read each LLM step's tokens back before building the next (default: the next step is "
                          "launched first, so host work runs while the GPU computes)")
+    rn.add_argument("--chat-template", default=None, metavar="FILE|TEXT",
+                    help="render chat requests with this template (a file, or the template's text when it holds a "
+                         "'{') instead of the checkpoint's")
     rn.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                     help="the names the server answers to (requests may give any; responses carry the first; "
                          "default: the plan's model name)")
@@ -335,7 +338,8 @@ def cmd_run(args) -> int:
         from graphc.runtime.replicas import Replicas as serving
     engine = serving(plan, args.checkpoint, random_weights=args.random_weights, seed=args.seed,
                      emulate=args.emulate, force=args.force, prefix_cache=not args.no_prefix_cache,
-                     overlap=not args.no_overlap, default_max_tokens=args.default_max_tokens)
+                     overlap=not args.no_overlap, default_max_tokens=args.default_max_tokens,
+                     chat_template=args.chat_template)
     try:
         return _serve_or_run(engine, args, requests)
     finally:
@@ -380,7 +384,8 @@ def _run_on_ray(plan, args, requests: list | None) -> int:
     serving = RayServing(plan, args.ray, llm_device=next(d.index for d in plan.devices if llm in d.nodes),
                          checkpoint=args.checkpoint, random_weights=args.random_weights, seed=args.seed,
                          emulate=args.emulate, force=args.force, prefix_cache=not args.no_prefix_cache,
-                         overlap=not args.no_overlap, default_max_tokens=args.default_max_tokens)
+                         overlap=not args.no_overlap, default_max_tokens=args.default_max_tokens,
+                         chat_template=args.chat_template)
     try:
         print(serving.summary + f" (Ray cluster {args.ray})", file=sys.stderr)
         if requests is None:

@@ -15,6 +15,16 @@ from typing import Any
 
 from graphc.errors import InvalidInput
 
+def _tokenizer_config(d: Path) -> dict:
+    return json.loads((d / "tokenizer_config.json").read_text()) if (d / "tokenizer_config.json").is_file() else {}
+
+
+def _special(checkpoint: str | Path | None) -> dict[str, str | None]:
+    """The special tokens of a checkpoint's tokenizer_config.json, as templates see them."""
+    config = _tokenizer_config(Path(checkpoint)) if checkpoint is not None else {}
+    return {k: _token_text(config.get(k)) for k in SPECIAL_KEYS}
+
+
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
 
 
@@ -65,10 +75,19 @@ class ChatTemplate:
         self.source = named["default"]          # the plain chat template's text (/tokenizer_info shows it)
 
     @classmethod
+    def given(cls, template: str, checkpoint: str | Path | None) -> "ChatTemplate":
+        """graphc run --chat-template: a file's text, or the template itself; the checkpoint's special tokens."""
+        path = Path(template) if len(template) < 4096 and "{" not in template else None
+        if path is not None and not path.is_file():
+            raise InvalidInput(f"--chat-template {template}: no such file", "it is read as a file unless it holds "
+                               "a '{' (then it is the template)", "name a .jinja file, or pass the template's text")
+        return cls(path.read_text() if path is not None else template, _special(checkpoint))
+
+    @classmethod
     def from_checkpoint(cls, checkpoint: str | Path) -> "ChatTemplate":
         d = Path(checkpoint)
-        config = json.loads((d / "tokenizer_config.json").read_text()) if (d / "tokenizer_config.json").is_file() else {}
-        special = {k: _token_text(config.get(k)) for k in SPECIAL_KEYS}
+        config = _tokenizer_config(d)
+        special = _special(d)
         if (d / "chat_template.jinja").is_file():
             return cls((d / "chat_template.jinja").read_text(), special)
         source = None
@@ -83,9 +102,16 @@ class ChatTemplate:
                                "use a checkpoint that ships one, or send prompt_token_ids to /v1/completions")
         return cls(source, special)
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, variables: dict | None = None,
+               **kwargs: Any) -> str:
+        """variables: the template's own variables a request sets (chat_template_kwargs, e.g. enable_thinking)."""
         import jinja2
 
+        kwargs = {**kwargs, **(variables or {})}
+        taken = sorted(set(variables or {}) & {"messages", "add_generation_prompt", *self.special})
+        if taken:
+            raise InvalidInput(f"chat_template_kwargs {taken} are the template's own inputs", "",
+                               "send messages and add_generation_prompt as themselves; leave the special tokens")
         template = self.templates.get("tool_use") if kwargs.get("tools") else None
         try:
             return (template or self.templates["default"]).render(

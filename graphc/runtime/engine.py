@@ -77,11 +77,12 @@ class Engine:
     def __init__(self, plan: str | Path | Plan, checkpoint: str | Path | None = None, *, random_weights: bool = False,
                  seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True, boot=None,
                  links: dict | None = None, host: str = "127.0.0.1", replica: int = 0, prefix_cache: bool = True,
-                 overlap: bool = True, default_max_tokens: int | None = None):
+                 overlap: bool = True, default_max_tokens: int | None = None, chat_template: str | None = None):
         """boot: serve an already booted DeviceBoot of this plan (tests run one plan's weights on two devices).
         replica: which copy of a plan of several replicas this engine serves, on GPU `replica`
         (graphc/runtime/replicas.py starts one engine per replica). prefix_cache: share the LLM's full text
         pages across requests by content (graphc/runtime/prefix_cache.py; plans with state slots never do).
+        chat_template: a template file or text that renders chat requests instead of the checkpoint's.
         default_max_tokens: the most a request that names no max_tokens generates (None: what the plan's context
         leaves after its prompt). overlap: launch each LLM step before reading the one before it back (graphc/runtime/flight.py);
         never where the LLM runs on another device than this process's. links: the other devices' workers when something else started them (Ray actors, ray_run.py; this
@@ -93,7 +94,7 @@ class Engine:
         if default_max_tokens is not None and default_max_tokens < 1:
             raise InvalidInput(f"default max_tokens {default_max_tokens}", "a request must be able to make a token",
                                "pass 1 or more (--default-max-tokens)")
-        self.default_max_tokens = default_max_tokens
+        self.default_max_tokens, self.chat_template = default_max_tokens, chat_template
         self.plan = plan if isinstance(plan, Plan) else load_plan(plan)
         check_servable(self.plan)
         if links is None:                                  # devices in this host's memory fit what it has
@@ -168,9 +169,14 @@ class Engine:
     def _text_tools(self):
         """(tokenizer, chat template) of the checkpoint, each None where it has none."""
         if not self.checkpoint or not (Path(self.checkpoint) / "tokenizer.json").is_file():
+            if self.chat_template is not None:
+                raise InvalidInput("--chat-template with no tokenizer", "a template renders text, which the "
+                                   "checkpoint's tokenizer.json tokenizes", "serve a checkpoint with tokenizer.json")
             return None, None
         from graphc.runtime.chat import ChatTemplate, load_tokenizer
 
+        if self.chat_template is not None:
+            return load_tokenizer(self.checkpoint), ChatTemplate.given(self.chat_template, self.checkpoint)
         try:
             template = ChatTemplate.from_checkpoint(self.checkpoint)
         except InvalidInput:
@@ -257,25 +263,28 @@ class Engine:
         seconds, frames = self.host.media_limits(most)
         return Limits(seconds, frames, f"a prompt of this plan holds at most {most:,} rows")
 
-    def tokenize(self, messages: list[dict] | None = None, prompt: str | None = None) -> list[int]:
+    def tokenize(self, messages: list[dict] | None = None, prompt: str | None = None,
+                 template_kwargs: dict | None = None) -> list[int]:
         if self.tokenizer is None:
             raise InvalidInput("this engine has no tokenizer", "it was started without a checkpoint tokenizer.json",
                                "send prompt_token_ids, or start it with --checkpoint DIR holding tokenizer.json")
         if messages is not None:
             if self.template is None:
                 raise InvalidInput("the checkpoint has no chat template", "", "send prompt or prompt_token_ids")
-            prompt = self.template.render(messages, add_generation_prompt=True)
+            prompt = self.template.render(messages, add_generation_prompt=True, variables=template_kwargs)
         return self.tokenizer.encode(prompt, add_special_tokens=False).ids
 
     def add(self, *, prompt_token_ids: list[int] | None = None, messages: list[dict] | None = None,
             prompt: str | None = None, media: list[Media] = (), params: SamplingParams | None = None,
             request_id: str | None = None, user: Any = None, use_audio_in_video: bool = False,
-            speech: SpeechParams | None = None, speak: list[int] | None = None, split: bool = False) -> Request:
+            speech: SpeechParams | None = None, speak: list[int] | None = None, split: bool = False,
+            template_kwargs: dict | None = None) -> Request:
         """speech: answer with speech too (a speaking kind: t2s, a2s); its voice and frame limit.
         speak: the answer's text token ids, spoken as given (text to speech): the LLM does not run,
         since the follow stage reads only its embedding table for text rows. split: messages come from
         split_messages already (the server decodes media in its handlers, not in the engine's thread),
-        their media in `media`; else their media parts are read here, from any path they name."""
+        their media in `media`; else their media parts are read here, from any path they name.
+        template_kwargs: the chat template's own variables (chat_template_kwargs)."""
         params = params or SamplingParams()
         given = [x is not None for x in (prompt_token_ids, messages, prompt)]
         if sum(given) != 1:
@@ -286,7 +295,8 @@ class Engine:
             from graphc.runtime.inputs import split_messages
             messages, found = split_messages(messages, use_audio_in_video, limits=self.media_limits())
             media += found
-        ids = list(prompt_token_ids) if prompt_token_ids is not None else self.tokenize(messages, prompt)
+        ids = list(prompt_token_ids) if prompt_token_ids is not None else \
+            self.tokenize(messages, prompt, template_kwargs)
         self._check_ids(ids, "prompt token ids")
         rp = self.host.prompt(ids, media)
         if not rp.ids:

@@ -198,6 +198,9 @@ async def chat_completion(ctx: Context, body: ChatBody):
     speech, bad = speech_out(body)
     if bad is not None:
         return bad
+    if body.chat_template is not None:
+        return error(400, "a request's own chat_template is not served: requests render with the server's template",
+                     param="chat_template")
     if body.max_tokens is not None and body.max_completion_tokens is not None:
         return error(400, "give max_tokens or max_completion_tokens, not both", param="max_tokens")
     try:
@@ -212,6 +215,7 @@ async def chat_completion(ctx: Context, body: ChatBody):
     rid = f"chatcmpl-{request_id() or uuid.uuid4().hex}"
     fmt = body.audio.format if speech is not None else None
     done = await answer(ctx, True, rid, body, dict(messages=messages, media=media, split=True, params=params,
+                                                   template_kwargs=body.chat_template_kwargs,
                                                    request_id=rid, speech=speech), audio=fmt)
     if not isinstance(done, tuple):
         return done

@@ -66,6 +66,8 @@ class ChatBody(Body):
     modalities: list[Literal["text", "audio"]] | None = None
     audio: AudioOut | None = None
     use_audio_in_video: bool = False          # hear each video's own sound track (where the model takes it)
+    chat_template_kwargs: dict[str, Any] | None = None    # the template's own variables (enable_thinking, ...)
+    chat_template: str | None = None          # refused: the server renders with its own (--chat-template)
 
 
 class CompletionBody(Body):

@@ -1,6 +1,6 @@
 """The tokenizer's routes, as vLLM serves them (issue 38):
 
-  POST /tokenize        {prompt} or {messages, add_generation_prompt}: the token ids the engine would run,
+  POST /tokenize        {prompt} or {messages, add_generation_prompt, chat_template_kwargs}: the token ids the engine would run,
                         their count and max_model_len (the most rows a request holds); `return_token_strs`
                         adds each id's text. Messages render through the chat template as chat requests do;
                         media parts are refused (their rows depend on the media: send the chat request)
@@ -27,6 +27,7 @@ class TokenizeBody(BaseModel):
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False
 
 
@@ -59,7 +60,8 @@ def tokenize(ctx: Context, body: TokenizeBody) -> dict:
         messages, _ = split_messages(body.messages)
         if ctx.engine.template is None:
             raise InvalidInput("the checkpoint has no chat template", "", "send prompt")
-        text = ctx.engine.template.render(messages, add_generation_prompt=body.add_generation_prompt)
+        text = ctx.engine.template.render(messages, add_generation_prompt=body.add_generation_prompt,
+                                          variables=body.chat_template_kwargs)
     else:
         text = body.prompt
     ids = tok.encode(text, add_special_tokens=False).ids

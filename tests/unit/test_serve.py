@@ -279,3 +279,38 @@ def test_tokenize_and_detokenize_agree_with_hf_tokenizer_and_template(served):
 def test_the_tokenizer_routes_refuse_what_they_cannot_answer(served, path, body, status, words):
     got_status, got = _post(served["port"], path, body)
     assert got_status == status and words in got["error"]["message"], got
+
+
+TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>"
+            "{% endif %}{% if enable_thinking is defined and not enable_thinking %}/no_think{% endif %}")
+
+
+def test_chat_template_given_at_start_and_its_kwargs_per_request(served, tmp_path):
+    """--chat-template (a file or the text) renders chat requests instead of the checkpoint's, with a request's
+    chat_template_kwargs in scope: the ids are HF's tokenizer's of the text worked by hand (issue 38)."""
+    from transformers import AutoTokenizer
+
+    from graphc.errors import InvalidInput
+
+    hf = AutoTokenizer.from_pretrained(str(served["dir"] / "ckpt"))
+    (tmp_path / "t.jinja").write_text(TEMPLATE)
+    for given in (TEMPLATE, str(tmp_path / "t.jinja")):
+        engine = Engine(served["dir"] / "p.plan", checkpoint=served["dir"] / "ckpt", chat_template=given)
+        text = "<user>hello world, how are you today?<assistant>"
+        assert engine.tokenize(MESSAGES) == hf.encode(text, add_special_tokens=False)
+        assert engine.tokenize(MESSAGES, template_kwargs={"enable_thinking": False}) == \
+            hf.encode(text + "/no_think", add_special_tokens=False)
+        with pytest.raises(InvalidInput, match="are the template's own inputs"):
+            engine.tokenize(MESSAGES, template_kwargs={"add_generation_prompt": False})
+        engine.close()
+    with pytest.raises(InvalidInput, match="no such file"):
+        Engine(served["dir"] / "p.plan", checkpoint=served["dir"] / "ckpt", chat_template=str(tmp_path / "none.jinja"))
+
+
+def test_a_chat_requests_template_kwargs_reach_the_template_and_its_own_template_is_refused(served):
+    port = served["port"]
+    status, got = _post(port, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 1,
+                                                       "chat_template_kwargs": {"messages": []}})
+    assert status == 400 and "are the template's own inputs" in got["error"]["message"]
+    status, got = _post(port, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 1, "chat_template": "x"})
+    assert status == 400 and got["error"]["param"] == "chat_template"
