@@ -298,6 +298,7 @@ class Engine:
         ids = list(prompt_token_ids) if prompt_token_ids is not None else \
             self.tokenize(messages, prompt, template_kwargs)
         self._check_ids(ids, "prompt token ids")
+        self._check_ids([t for t, _ in params.logit_bias], "logit_bias ids")
         rp = self.host.prompt(ids, media)
         if not rp.ids:
             raise InvalidInput("the prompt is empty", "", "send at least one token")

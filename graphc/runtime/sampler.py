@@ -1,6 +1,6 @@
 """Sampling: one batch of last-position logits to one token per request, each row by its own params.
 
-The order is HF generate's: repetition penalty (over prompt and output), presence and frequency
+The order is HF generate's, after each request's logit_bias: repetition penalty (over prompt and output), presence and frequency
 penalties (over the output, OpenAI's formula), then temperature, top-k, top-p and min-p. Temperature
 0 is greedy: the argmax of the penalised logits. A request with a seed draws from its own generator,
 so its tokens do not depend on what else is in the batch; the others share the engine's generator.
@@ -14,11 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from pydantic import Field, model_validator
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
 
 from graphc.strict import Strict
 
 MAX_TOP_LOGPROBS = 20
+MAX_BIAS = 100.0          # logit_bias values beyond +-100 are clamped (OpenAI's range)
 
 
 class SamplingParams(Strict):
@@ -39,6 +42,21 @@ class SamplingParams(Strict):
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+    # token id -> added to its logit, clamped to +-MAX_BIAS; given as a mapping, held as sorted (id, bias) pairs
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _bias_pairs(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            try:
+                pairs = sorted((int(t), float(b)) for t, b in v.items())
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"logit_bias maps token ids to numbers: {e}") from e
+            if any(t < 0 for t, _ in pairs) or any(b != b for _, b in pairs):
+                raise ValueError(f"logit_bias {v!r:.80}: ids are 0 or more, biases numbers (not NaN)")
+            return tuple((t, max(-MAX_BIAS, min(MAX_BIAS, b))) for t, b in pairs)
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> "SamplingParams":
@@ -65,6 +83,16 @@ class Sampled:
 
 def new_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
+
+
+def bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Each row's logit_bias added to its logits (the first processor, as OpenAI applies it)."""
+    rows = [(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias]
+    if not rows:
+        return logits
+    i, t, b = zip(*rows)
+    idx = (_on(list(i), torch.int64, logits.device), _on(list(t), torch.int64, logits.device))
+    return logits.index_put(idx, _on(list(b), logits.dtype, logits.device), accumulate=True)
 
 
 def needs_history(params: SamplingParams) -> bool:
@@ -142,9 +170,9 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[0] != len(params) or len(generators) != len(params):
             raise ValueError(f"logits {list(logits.shape)} for {len(params)} params and {len(generators)} generators")
         logits = logits.float()
-        if all(p.greedy and not needs_history(p) for p in params):      # the argmax stands (warp keeps it)
+        if all(p.greedy and not needs_history(p) and not p.logit_bias for p in params):   # warp keeps the argmax
             return self._logprobs(logits, logits.argmax(dim=-1), params)
-        processed = warp(penalise(logits, params, prompts, outputs), params)
+        processed = warp(penalise(bias(logits, params), params, prompts, outputs), params)
         probs = processed.softmax(dim=-1)
         race = torch.empty_like(probs)
         shared = [i for i, g in enumerate(generators) if g is None and not params[i].greedy]

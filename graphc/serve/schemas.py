@@ -37,6 +37,7 @@ class Body(BaseModel):
     stream_options: dict | None = None
     n: int = Field(1, ge=1)
     user: str | None = None
+    logit_bias: dict[str, float] | None = None     # token id (as text, OpenAI's keys) -> bias, clamped to +-100
 
     def params(self, **extra) -> SamplingParams:
         """The engine's SamplingParams of the fields sent, with `extra` over them."""

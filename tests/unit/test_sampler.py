@@ -179,3 +179,27 @@ def test_min_p_keeps_tokens_at_exactly_its_share_of_the_top():
     # 1/2, 1/4, 1/8, 1/8 with min_p 0.5: the threshold is 1/4, and 1/4 itself stays
     logits = torch.log(torch.tensor([[0.5, 0.25, 0.125, 0.125]]))
     assert torch.isinf(warp(logits, [SamplingParams(min_p=0.5)])).tolist() == [[False, False, True, True]]
+
+
+def test_logit_bias_matches_hf_sequence_bias_and_is_clamped_to_100():
+    """logit_bias (OpenAI's: token id -> added to its logit, within +-100) against HF's SequenceBiasLogitsProcessor
+    with one-token sequences; a greedy row takes the token its bias lifts; ids and values are checked."""
+    from transformers.generation.logits_process import SequenceBiasLogitsProcessor
+
+    from graphc.runtime.sampler import bias
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, V)
+    given = [{"7": 2.5, "11": -1.0}, {}, {"3": 500.0, "4": -1e9}]
+    rows = [SamplingParams(temperature=0, logit_bias=b) for b in given]
+    assert rows[2].logit_bias == ((3, 100.0), (4, -100.0))                  # clamped, by hand
+    ours = bias(logits, rows)
+    for i, p in enumerate(rows):
+        hf = SequenceBiasLogitsProcessor({(t,): b for t, b in p.logit_bias}) if p.logit_bias else None
+        want = hf(torch.zeros(1, 1, dtype=torch.long), logits[i:i + 1].clone())[0] if hf else logits[i]
+        assert torch.allclose(ours[i], want)
+    picked = Sampler()(logits, rows, [[]] * 3, [[]] * 3, [None] * 3).tokens
+    assert picked[2].item() == 3 and picked[1].item() == logits[1].argmax().item()
+    for bad in ({"-1": 1.0}, {"x": 1.0}, {"1": float("nan")}):
+        with pytest.raises(ValidationError, match="logit_bias"):
+            SamplingParams(logit_bias=bad)

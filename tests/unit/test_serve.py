@@ -314,3 +314,16 @@ def test_a_chat_requests_template_kwargs_reach_the_template_and_its_own_template
     assert status == 400 and "are the template's own inputs" in got["error"]["message"]
     status, got = _post(port, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 1, "chat_template": "x"})
     assert status == 400 and got["error"]["param"] == "chat_template"
+
+
+def test_logit_bias_through_the_completions_route(served):
+    """A +100 bias makes greedy pick that id every step; an id past the vocabulary is a 400 naming it."""
+    client = served["client"]
+    out = client.completions.create(model=served["engine"].model_name, prompt=[1, 2, 3], max_tokens=4,
+                                    temperature=0, logit_bias={"17": 100}, extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 4
+    got = served["engine"].tokenize(prompt=out.choices[0].text)
+    assert got == [17] * 4, got
+    status, err = _post(served["port"], "/v1/completions", {"prompt": [1, 2], "max_tokens": 1,
+                                                            "logit_bias": {"1000000": 5}})
+    assert status == 400 and "logit_bias ids [1000000] are outside the vocabulary" in err["error"]["message"]
