@@ -88,12 +88,7 @@ class Engine:
         never where the LLM runs on another device than this process's. links: the other devices' workers when something else started them (Ray actors, ray_run.py; this
         process then sees only its own GPU), else a worker process each is started; host: this
         process's address as those workers reach it."""
-        if checkpoint is None and not random_weights:
-            raise InvalidInput("no weights to serve", "graphc run needs a checkpoint",
-                               "pass --checkpoint DIR, or --random-weights to serve seeded weights (token ids only)")
-        if default_max_tokens is not None and default_max_tokens < 1:
-            raise InvalidInput(f"default max_tokens {default_max_tokens}", "a request must be able to make a token",
-                               "pass 1 or more (--default-max-tokens)")
+        check_options(checkpoint, random_weights, default_max_tokens, chat_template)
         self.default_max_tokens, self.chat_template = default_max_tokens, chat_template
         self.plan = plan if isinstance(plan, Plan) else load_plan(plan)
         check_servable(self.plan)
@@ -754,6 +749,20 @@ def parse_or_refuse(item, index: int) -> dict | Output:
         return parse_request(item, index)
     except InvalidInput as e:
         return refused(item.get("id", f"line-{index}") if isinstance(item, dict) else f"line-{index}", e)
+
+
+def check_options(checkpoint, random_weights: bool, default_max_tokens: int | None, chat_template: str | None) -> None:
+    """The Engine's options that can be refused before a byte is loaded."""
+    if checkpoint is None and not random_weights:
+        raise InvalidInput("no weights to serve", "graphc run needs a checkpoint",
+                           "pass --checkpoint DIR, or --random-weights to serve seeded weights (token ids only)")
+    if default_max_tokens is not None and default_max_tokens < 1:
+        raise InvalidInput(f"default max_tokens {default_max_tokens}", "a request must be able to make a token",
+                           "pass 1 or more (--default-max-tokens)")
+    if chat_template is not None:
+        from graphc.runtime.chat import ChatTemplate
+
+        ChatTemplate.given(chat_template, checkpoint)        # a missing file or a template that does not parse
 
 
 def check_checkpoint(plan: Plan, checkpoint: str | Path | None) -> None:
