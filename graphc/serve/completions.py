@@ -69,6 +69,26 @@ def chat_logprobs(tokenizer, req, start: int, end: int) -> dict | None:
                          "top_logprobs": [entry(t, v) for t, v in e["top"]]} for e in req.logprobs[start:end]]}
 
 
+def completion_logprobs(tokenizer, req, start: int, end: int, offset: int) -> tuple[dict | None, int]:
+    """/v1/completions' logprobs of output tokens start..end as OpenAI shows them (each token's text, its logprob,
+    the top alternatives keyed by text, each token's character offset from `offset`), and the offset after them;
+    (None, offset) when not asked for. Text is the token's own decoding (its id without a tokenizer)."""
+    if req.logprobs is None:
+        return None, offset
+
+    def text(tid: int) -> str:
+        return tokenizer.decode([tid], skip_special_tokens=False) if tokenizer else str(tid)
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for e in req.logprobs[start:end]:
+        t = text(e["token_id"])
+        out["tokens"].append(t)
+        out["token_logprobs"].append(e["logprob"])
+        out["top_logprobs"].append({text(i): v for i, v in e["top"]})
+        out["text_offset"].append(offset)
+        offset += len(t)
+    return out, offset
+
+
 def audio_id() -> str:
     return f"audio_{uuid.uuid4().hex}"
 
@@ -104,7 +124,7 @@ def choice(tokenizer, req, ev, chat: bool, audio: AudioDeltas | None, sent: int,
 async def chunks(ctx: Context, req, events, head: dict, include_usage: bool, audio: AudioDeltas | None):
     """The stream's events; a client that goes away frees the request's pages at once."""
     chat = head["object"] == "chat.completion.chunk"
-    sent = 0
+    sent = offset = 0                         # tokens sent; characters of their logprobs' text
     try:
         if chat:
             yield sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
@@ -113,6 +133,8 @@ async def chunks(ctx: Context, req, events, head: dict, include_usage: bool, aud
             ev = await events.get()
             n = len(req.known)                # the engine thread may add more meanwhile
             piece = choice(ctx.engine.tokenizer, req, ev, chat, audio, sent, n)
+            if not chat:
+                piece["logprobs"], offset = completion_logprobs(ctx.engine.tokenizer, req, sent, n, offset)
             if ev.token_ids or ev.text or ev.finished or piece.get("delta"):
                 yield sse({**head, "choices": [piece]})
             sent = n
@@ -243,11 +265,7 @@ async def completion(ctx: Context, body: CompletionBody):
         return done
     req, _, created = done
     text = req.detok.text if req.detok is not None else ""
-    lp = None
-    if req.logprobs is not None:
-        lp = {"tokens": [str(e["token_id"]) for e in req.logprobs],
-              "token_logprobs": [e["logprob"] for e in req.logprobs],
-              "top_logprobs": [{str(t): v for t, v in e["top"]} for e in req.logprobs]}
+    lp, _ = completion_logprobs(ctx.engine.tokenizer, req, 0, len(req.output), 0)
     return {"id": rid, "object": "text_completion", "created": created, "model": ctx.model_name,
             "choices": [{"index": 0, "text": text, "token_ids": list(req.output), "logprobs": lp,
                          "finish_reason": req.finish_reason}], "usage": usage(req)}

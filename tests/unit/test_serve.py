@@ -327,3 +327,25 @@ def test_logit_bias_through_the_completions_route(served):
     status, err = _post(served["port"], "/v1/completions", {"prompt": [1, 2], "max_tokens": 1,
                                                             "logit_bias": {"1000000": 5}})
     assert status == 400 and "logit_bias ids [1000000] are outside the vocabulary" in err["error"]["message"]
+
+
+def test_completion_logprobs_show_text_with_offsets_streamed_or_not(served):
+    """/v1/completions logprobs as OpenAI shows them (issue 38): each token's text (HF's decoding of its id),
+    the top alternatives keyed by text, text_offset the characters before each token; a stream's chunks
+    together say the same."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(served["dir"] / "ckpt"))
+    kw = dict(model=served["engine"].model_name, prompt="hello world", max_tokens=6, temperature=0, logprobs=2,
+              extra_body={"ignore_eos": True})
+    c = served["client"]
+    full = c.completions.create(**kw).choices[0]
+    lp = full.logprobs
+    texts = [hf.decode([i]) for i in full.model_extra["token_ids"]]              # the ids graphc answered with
+    assert lp.tokens == texts and len(texts) == 6
+    assert lp.text_offset == [sum(len(t) for t in texts[:k]) for k in range(len(texts))]
+    assert all(1 <= len(top) <= 2 and lp.tokens[k] in top for k, top in enumerate(lp.top_logprobs))   # texts may coincide
+    parts = [ch.choices[0].logprobs for ch in c.completions.create(**kw, stream=True) if ch.choices[0].logprobs]
+    assert [t for p in parts for t in p.tokens] == lp.tokens
+    assert [o for p in parts for o in p.text_offset] == lp.text_offset
+    assert [v for p in parts for v in p.token_logprobs] == pytest.approx(lp.token_logprobs)
