@@ -318,7 +318,7 @@ def cmd_run(args) -> int:
     names = args.served_model_name or []
     if any(not n.strip() for n in names) or len(set(names)) != len(names):
         raise InvalidInput(f"--served-model-name {' '.join(map(repr, names))}", "each name must be non-empty and given once",
-                           "e.g. --served-model-name qwen3-omni Qwen/Qwen3-Omni-30B-A3B-Instruct")
+                           "e.g. --served-model-name my-model org/my-model")
     if not 0 <= args.shutdown_timeout < float("inf"):
         raise InvalidInput(f"--shutdown-timeout {args.shutdown_timeout} is not a time", "", "pass seconds, 0 or more")
     if args.max_waiting is not None and args.max_waiting < 1:
