@@ -58,9 +58,10 @@ def node_devices(plan: Plan, bundle_nodes: dict[int, str]) -> dict[str, list[int
 
 
 def check_nodes(ray, plan: Plan, pg) -> None:
-    """A cpu plan's devices live in their Ray nodes' memory: before any actor boots, each node's devices
-    together must fit what that node has available now (hostmem.check_host_memory, read on the node)."""
-    if plan.target.host_bytes is None:
+    """A cpu plan's devices live in their Ray nodes' memory, a GPU plan's workers hold their host lines there:
+    before any actor boots, each node's devices together must fit what that node has available now
+    (hostmem.check_host_memory, read on the node)."""
+    if plan.target.host_bytes is None and not any(d.host for d in plan.devices):
         return
     from ray.util import placement_group_table
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
