@@ -39,13 +39,37 @@ def register(app, ctx: Context) -> None:
         return await completion(ctx, body)
 
 
+MAX_N = 16                        # choices one request may ask for (each is an engine request)
+
+
 def check_model(ctx: Context, body: Body):
-    """A refusal of a model not served here or of n other than 1, else None."""
+    """A refusal of a model not served here or of n past MAX_N, else None."""
     if (bad := wrong_model(body.model, ctx.names)) is not None:
         return bad
-    if body.n != 1:
-        return error(400, f"n={body.n}: one choice per request is served", param="n")
+    if body.n > MAX_N:
+        return error(400, f"n={body.n}: at most {MAX_N} choices a request", param="n")
     return None
+
+
+def usage_of(reqs: list) -> dict:
+    """The usage of a request's choices: the prompt counted once, every choice's tokens."""
+    out = usage(reqs[0])
+    for req in reqs[1:]:
+        more = usage(req)
+        out["completion_tokens"] += more["completion_tokens"]
+        out["total_tokens"] += more["completion_tokens"]
+    return out
+
+
+def choice_kwargs(kwargs: dict, rid: str, n: int) -> list[dict]:
+    """The engine requests of n choices: request ids rid-0 .. rid-(n-1) (rid alone for one), and a seeded
+    request's choice i seeded seed + i, so that choices differ and repeat as the request does."""
+    if n == 1:
+        return [kwargs]
+    params = kwargs["params"]
+    return [{**kwargs, "request_id": f"{rid}-{i}",
+             "params": params if params.seed is None else params.model_copy(update={"seed": params.seed + i})}
+            for i in range(n)]
 
 
 def usage(req) -> dict:
@@ -121,55 +145,83 @@ def choice(tokenizer, req, ev, chat: bool, audio: AudioDeltas | None, sent: int,
     return piece
 
 
-async def chunks(ctx: Context, req, events, head: dict, include_usage: bool, audio: AudioDeltas | None):
-    """The stream's events; a client that goes away frees the request's pages at once."""
-    chat = head["object"] == "chat.completion.chunk"
-    sent = offset = 0                         # tokens sent; characters of their logprobs' text
-    try:
-        if chat:
-            yield sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                            "finish_reason": None}]})
+async def merged(subs: list):
+    """(choice index, event) as each choice's events come, until every choice has finished."""
+    import asyncio
+
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, events) -> None:
         while True:
             ev = await events.get()
-            n = len(req.known)                # the engine thread may add more meanwhile
-            piece = choice(ctx.engine.tokenizer, req, ev, chat, audio, sent, n)
+            await queue.put((i, ev))
+            if ev.finished:
+                return
+    tasks = [asyncio.create_task(pump(i, events)) for i, (_, events) in enumerate(subs)]
+    left = len(subs)
+    try:
+        while left:
+            i, ev = await queue.get()
+            yield i, ev
+            left -= ev.finished
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def chunks(ctx: Context, subs: list, head: dict, include_usage: bool, audio: AudioDeltas | None):
+    """The stream's events, each choice's under its index; a client that goes away frees every choice's pages."""
+    chat = head["object"] == "chat.completion.chunk"
+    reqs = [req for req, _ in subs]
+    sent, offset = [0] * len(reqs), [0] * len(reqs)    # tokens sent; characters of their logprobs' text
+    try:
+        if chat:
+            yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                            "finish_reason": None} for i in range(len(reqs))]})
+        async for i, ev in merged(subs):
+            req, n = reqs[i], len(reqs[i].known)    # the engine thread may add more meanwhile
+            piece = {**choice(ctx.engine.tokenizer, req, ev, chat, audio, sent[i], n), "index": i}
             if not chat:
-                piece["logprobs"], offset = completion_logprobs(ctx.engine.tokenizer, req, sent, n, offset)
+                piece["logprobs"], offset[i] = completion_logprobs(ctx.engine.tokenizer, req, sent[i], n, offset[i])
             if ev.token_ids or ev.text or ev.finished or piece.get("delta"):
                 yield sse({**head, "choices": [piece]})
-            sent = n
-            if ev.finished:
-                if req.error:
-                    yield sse(stream_error(req.error))
-                if include_usage:
-                    yield sse({**head, "choices": [], "usage": usage(req)})
-                yield "data: [DONE]\n\n"
-                return
+            sent[i] = n
+            if ev.finished and req.error:
+                yield sse(stream_error(req.error))
+        if include_usage:
+            yield sse({**head, "choices": [], "usage": usage_of(reqs)})
+        yield "data: [DONE]\n\n"
     finally:
-        if not req.closed:
-            ctx.driver.abort(req.id)
+        for req in reqs:
+            if not req.closed:
+                ctx.driver.abort(req.id)
 
 
 async def answer(ctx: Context, chat: bool, rid: str, body: Body, kwargs: dict, audio: str | None = None):
-    """Submit; a streamed response, an error response, or (request, its events, created) once it finished.
-    audio: the format of a speaking request's audio."""
+    """Submit body.n choices; a streamed response, an error response, or ([(request, its events)], created)
+    once every choice finished. audio: the format of a speaking request's audio."""
     from fastapi.responses import StreamingResponse
 
-    started, bad = await ctx.submit(kwargs)
-    if bad is not None:
-        return bad
-    req, events = started
+    subs = []
+    for kw in choice_kwargs(kwargs, rid, body.n):
+        started, bad = await ctx.submit(kw)
+        if bad is not None:
+            for req, _ in subs:
+                ctx.driver.abort(req.id)
+            return bad
+        subs.append(started)
     created = int(time.time())
     if body.stream:
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
                 "model": ctx.model_name}
         deltas = AudioDeltas(audio, ctx.engine.sample_rate, created) if audio else None
         include_usage = bool((body.stream_options or {}).get("include_usage"))
-        return StreamingResponse(chunks(ctx, req, events, head, include_usage, deltas), media_type="text/event-stream")
-    evs = await collect(events)
-    if req.error:
-        return error(500, req.error, kind="server_error")
-    return req, evs, created
+        return StreamingResponse(chunks(ctx, subs, head, include_usage, deltas), media_type="text/event-stream")
+    done = [(req, await collect(events)) for req, events in subs]
+    failed = next((req.error for req, _ in done if req.error), None)
+    if failed:
+        return error(500, failed, kind="server_error")
+    return done, created
 
 
 def speech_out(body: ChatBody):
@@ -220,6 +272,8 @@ async def chat_completion(ctx: Context, body: ChatBody):
     speech, bad = speech_out(body)
     if bad is not None:
         return bad
+    if speech is not None and body.n > 1:
+        return error(400, f"n={body.n} with audio out: a spoken answer is served for one choice", param="n")
     if body.chat_template is not None:
         return error(400, "a request's own chat_template is not served: requests render with the server's template",
                      param="chat_template")
@@ -241,12 +295,12 @@ async def chat_completion(ctx: Context, body: ChatBody):
                                                    request_id=rid, speech=speech), audio=fmt)
     if not isinstance(done, tuple):
         return done
-    req, evs, created = done
+    subs, created = done
     return {"id": rid, "object": "chat.completion", "created": created, "model": ctx.model_name,
-            "choices": [{"index": 0, "message": chat_message(ctx, req, evs, fmt, created),
+            "choices": [{"index": i, "message": chat_message(ctx, req, evs, fmt, created),
                          "logprobs": chat_logprobs(ctx.engine.tokenizer, req, 0, len(req.output)),
-                         "finish_reason": req.finish_reason}],
-            "usage": usage(req)}
+                         "finish_reason": req.finish_reason} for i, (req, evs) in enumerate(subs)],
+            "usage": usage_of([req for req, _ in subs])}
 
 
 async def completion(ctx: Context, body: CompletionBody):
@@ -263,9 +317,10 @@ async def completion(ctx: Context, body: CompletionBody):
     done = await answer(ctx, False, rid, body, dict(**kw, params=params, request_id=rid))
     if not isinstance(done, tuple):
         return done
-    req, _, created = done
-    text = req.detok.text if req.detok is not None else ""
-    lp, _ = completion_logprobs(ctx.engine.tokenizer, req, 0, len(req.output), 0)
+    subs, created = done
     return {"id": rid, "object": "text_completion", "created": created, "model": ctx.model_name,
-            "choices": [{"index": 0, "text": text, "token_ids": list(req.output), "logprobs": lp,
-                         "finish_reason": req.finish_reason}], "usage": usage(req)}
+            "choices": [{"index": i, "text": req.detok.text if req.detok is not None else "",
+                         "token_ids": list(req.output),
+                         "logprobs": completion_logprobs(ctx.engine.tokenizer, req, 0, len(req.output), 0)[0],
+                         "finish_reason": req.finish_reason} for i, (req, _) in enumerate(subs)],
+            "usage": usage_of([req for req, _ in subs])}

@@ -132,8 +132,8 @@ def test_refusals_have_openai_bodies(served):
         c.chat.completions.create(model=name, messages=MESSAGES, extra_body={"bogus": 1})
     with pytest.raises(openai.BadRequestError, match=r"asks for .* tokens .* the plan allows 1024"):
         c.completions.create(model=name, prompt=[5] * 1000, max_tokens=100)
-    with pytest.raises(openai.BadRequestError, match="n=2"):
-        c.chat.completions.create(model=name, messages=MESSAGES, n=2)
+    with pytest.raises(openai.BadRequestError, match="n=17: at most 16 choices"):
+        c.chat.completions.create(model=name, messages=MESSAGES, n=17)
     assert wait_idle(engine)
 
 
@@ -349,3 +349,32 @@ def test_completion_logprobs_show_text_with_offsets_streamed_or_not(served):
     assert [t for p in parts for t in p.tokens] == lp.tokens
     assert [o for p in parts for o in p.text_offset] == lp.text_offset
     assert [v for p in parts for v in p.token_logprobs] == pytest.approx(lp.token_logprobs)
+
+
+def test_n_choices_whole_and_streamed(served):
+    """n > 1 (issue 38): seeded sampling gives choice i what a lone request seeded seed + i gives (so choices
+    differ, and repeat); streamed, each choice's chunks carry its index and add up to its text; usage counts
+    the prompt once; a spoken answer with n > 1 is a 400."""
+    c, name = served["client"], served["engine"].model_name
+    kw = dict(model=name, prompt=[1, 2, 3], max_tokens=5, temperature=1.0, seed=11, extra_body={"ignore_eos": True})
+    many = c.completions.create(**kw, n=3)
+    alone = [c.completions.create(**{**kw, "seed": 11 + i}).choices[0] for i in range(3)]
+    assert [ch.index for ch in many.choices] == [0, 1, 2]
+    assert [ch.model_extra["token_ids"] for ch in many.choices] == [a.model_extra["token_ids"] for a in alone]
+    assert many.usage.prompt_tokens == 3 and many.usage.completion_tokens == 15
+    text = {0: "", 1: "", 2: ""}
+    ends = {}
+    for chunk in c.completions.create(**kw, n=3, stream=True, stream_options={"include_usage": True}):
+        for ch in chunk.choices:
+            text[ch.index] += ch.text
+            ends[ch.index] = ch.finish_reason or ends.get(ch.index)
+        usage = chunk.usage or None
+    assert [text[i] for i in range(3)] == [ch.text for ch in many.choices] and ends == {0: "length", 1: "length",
+                                                                                      2: "length"}
+    assert usage.completion_tokens == 15
+    chat = c.chat.completions.create(model=name, messages=MESSAGES, max_tokens=3, temperature=0, n=2)
+    assert [ch.index for ch in chat.choices] == [0, 1] and chat.choices[0].message.content == chat.choices[1].message.content
+    with pytest.raises(openai.BadRequestError, match="n=2 with audio out"):
+        c.chat.completions.create(model=name, messages=MESSAGES, n=2, modalities=["text", "audio"],
+                                  audio={"voice": "ethan", "format": "wav"})
+    assert wait_idle(served["engine"])
