@@ -17,7 +17,6 @@ from graphc.ir import IR
 from graphc.passes.tally_ledger import Item, Sizing, capture_order
 from graphc.targets import calibration
 from graphc.units import fmt_bytes
-from resources.base import StepShape
 
 STAGING_BYTES = 64 << 20        # graphc/runtime/checkpoint.py reads tensors in chunks of this
 BOOT_WRAPPERS = 2               # warm-up wrappers the boot builds and drops (seen on the H200: 39 = 36 + 1 + 2)
@@ -29,29 +28,26 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _int_workspace(s: Sizing, res: str, phase: str, shape) -> int:
-    """Bytes of the page-locked int workspace a FlashInfer wrapper of res keeps for this step, 0 for none."""
+def _int_workspace(s: Sizing, res: str, step, rung: int) -> int:
+    """Bytes of the page-locked int workspace a FlashInfer wrapper of res keeps for this step at this rung (an
+    eager step: at its budget), 0 for none."""
     spec = s.ir.model.resource(res)
-    if res not in s.backends.chosen or not hasattr(spec, "int_workspace_bytes"):
+    if not hasattr(spec, "int_workspace_bytes"):          # attention resources: every one has a chosen backend
         return 0
-    shape = shape or StepShape(rows=1, seqs=1, kv_len=1, phase=phase)   # eager: which buffers, not their size
-    names = [name for name, _ in spec.wrapper_allocs(s.backends.backend(res, phase), shape)]
+    shape = spec.step_shape(step.axis, step.sizes_at(rung), step.phase)
+    names = [name for name, _ in spec.wrapper_allocs(s.backends.backend(res, step.phase), shape)]
     return _pow2(spec.int_workspace_bytes) if "int_workspace" in names else 0
 
 
 def pinned_blocks(s: Sizing, nodes: list[str]) -> list[int]:
-    """Each page-locked int workspace the device's wrappers keep: captured graphs', then eager steps'."""
+    """Each page-locked int workspace the device's wrappers keep: captured graphs', then one per eager node and
+    phase (the engine keeps one eager backend for each)."""
     ir: IR = s.ir
-    out = []
-    for node, fam, rung in capture_order(s, nodes):
-        step = ir.family(node, fam)
-        shape_of = lambda spec: spec.step_shape(step.axis, step.sizes_at(rung), step.phase)   # noqa: E731
-        out += [b for res in ir.node(node).resources.values()
-                if (b := _int_workspace(s, res, step.phase, shape_of(ir.model.resource(res))))]
+    steps = [(ir.family(node, fam), node, rung) for node, fam, rung in capture_order(s, nodes)]
     eager = {(st.node, st.phase): st for st in ir.steps if st.node in nodes and (st.node, st.walk) in s.buckets.eager}
-    for (node, phase), st in sorted(eager.items()):
-        out += [b for res in ir.node(node).resources.values() if (b := _int_workspace(s, res, phase, None))]
-    return out
+    steps += [(st, node, st.budget) for (node, _), st in sorted(eager.items())]
+    return [b for step, node, rung in steps for res in ir.node(node).resources.values()
+            if (b := _int_workspace(s, res, step, rung))]
 
 
 def size_host(s: Sizing, nodes: list[str]) -> list[Item]:

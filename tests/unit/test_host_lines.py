@@ -55,3 +55,7 @@ def test_the_tiny_plans_lines_by_hand():
     assert dev.host["process"] == cal.host_base_bytes + cal.host_launch_bytes * launches
     cpu = load_plan(ROOT / "plans" / "tiny_cpu.plan").devices[0]
     assert cpu.host == {} and compile_shipped("tiny_cpu").devices[0].host == {}
+
+
+def test_page_locked_blocks_are_powers_of_two_by_hand():
+    assert [size_host._pow2(n) for n in (1, 2, 3, 5, 8 * MiB, 8 * MiB + 1)] == [1, 2, 4, 8, 8 * MiB, 16 * MiB]
