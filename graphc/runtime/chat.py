@@ -119,3 +119,7 @@ class ChatTemplate:
         except jinja2.exceptions.TemplateError as e:
             raise InvalidInput(f"the chat template refused the messages: {e}", "",
                                "change the messages as the message says") from e
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:    # what the request put in scope
+            raise InvalidInput(f"the chat template failed on this request: {type(e).__name__}: {e}",
+                               "a message or a chat_template_kwargs value is not of the kind the template reads",
+                               "send messages as OpenAI's API has them, and template variables of the kinds it uses") from e

@@ -22,10 +22,30 @@ ANSWERS = {  # route -> (the JSON answer's required fields, further media types 
 }
 
 
+FORM = {"type": "object", "required": ["file"], "properties": {
+    "file": {"type": "string", "format": "binary"}, "model": {"type": "string"}, "language": {"type": "string"},
+    "prompt": {"type": "string"}, "response_format": {"type": "string", "enum": ["json", "text", "verbose_json"]},
+    "temperature": {"type": "number"}, "stream": {"type": "boolean"}}}
+PLAIN = {  # routes FastAPI does not describe (a Starlette route, one left out of its schema): what they take and give
+    "/v1/audio/transcriptions": {"post": {
+        "summary": "Transcriptions", "description": "OpenAI's multipart form, on a plan with an a2t kind",
+        "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": FORM}}},
+        "responses": {"200": {"description": "the transcript", "content": {
+            "application/json": {"schema": {**OBJECT, "required": ["text"]}}, "text/plain": {"schema": {"type": "string"}},
+            "text/event-stream": {"schema": {"type": "string"}}}}}}},
+    "/metrics": {"get": {"summary": "Metrics", "description": "Prometheus text (docs/serving.md, Metrics)",
+                         "responses": {"200": {"description": "the metrics", "content": {
+                             "text/plain": {"schema": {"type": "string"}}}}}}},
+}
+
+
 def document(schema: dict, keyed: bool) -> dict:
     """FastAPI's schema of this app, told what the routes answer: OpenAI's error body for 400 (not
     FastAPI's 422: validation errors are 400 here), 404, 413, 429 (with Retry-After) and 500; 401 on every
-    route but /health when an API key is set; the media types and required fields of a 200."""
+    route but /health when an API key is set; the media types and required fields of a 200. Routes FastAPI
+    does not describe are added from PLAIN."""
+    for path, ops in PLAIN.items():
+        schema.setdefault("paths", {}).setdefault(path, ops)
     for path, ops in schema.get("paths", {}).items():
         for op in ops.values():
             responses = op.setdefault("responses", {})
@@ -44,7 +64,10 @@ def document(schema: dict, keyed: bool) -> dict:
                     responses[code] = {"description": what, "content": {"application/json": {"schema": ERROR}}}
                 responses["429"]["headers"] = {"Retry-After": {"schema": {"type": "integer"},
                                                                "description": "seconds"}}
-            if keyed and path != "/health":
+            if path == "/v1/audio/transcriptions":
+                for code, what in ERRORS.items():
+                    responses[code] = {"description": what, "content": {"application/json": {"schema": ERROR}}}
+            if keyed and path not in ("/health", "/ping"):
                 responses["401"] = {"description": "no API key, or not this server's",
                                     "content": {"application/json": {"schema": ERROR}}}
     for name in ("HTTPValidationError", "ValidationError"):

@@ -126,3 +126,11 @@ def test_a_developer_message_is_a_system_message_and_tool_results_pass_through()
     assert sent[0]["role"] == "developer"                      # the caller's list is left as it was
     with pytest.raises(InvalidInput, match="'wizard' is not a chat role"):
         split_messages([{"role": "wizard", "content": "x"}])
+
+
+def test_a_variable_of_the_wrong_kind_is_a_refusal_not_a_crash():
+    """A chat_template_kwargs value of the wrong kind (here tools, as a number): the render's
+    TypeError comes back as InvalidInput (a 400), not as a server error."""
+    t = ChatTemplate("{% if messages | length > 5 %}{{ raise_exception('too many') }}{% endif %}{{ tools | length }}")
+    with pytest.raises(InvalidInput, match="the chat template failed on this request: TypeError"):
+        t.render([{"role": "user", "content": "x"}], variables={"tools": 5})

@@ -4,6 +4,7 @@ JSON line a request, and `graphc run` passes its flags (and GRAPHC_API_KEY) on."
 import base64
 import json
 import logging
+import re
 import time
 import urllib.request
 from urllib.error import HTTPError
@@ -178,3 +179,17 @@ def test_graphc_run_passes_its_flags_and_the_env_key(served, monkeypatch):
     assert main(["run", plan, "--media-dir", str(served["dir"] / "nope")]) == 2 and len(calls) == 6
     assert main(["run", plan, "--shutdown-timeout", "-1"]) == 2 and len(calls) == 6
     assert main(["run", plan, "--served-model-name", "a", "a"]) == 2 and len(calls) == 6
+
+
+def test_every_route_is_in_the_openapi_schema(served):
+    """/openapi.json describes every route the app serves, the transcription form and /metrics included
+    (issue 38), each with the methods it answers; /docs and the schema itself excepted."""
+    status, raw = get(served["port"], "/openapi.json", {"Authorization": "Bearer " + KEY})
+    paths = json.loads(raw)["paths"]
+    own = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+    routes = {(re.sub(r":\w+}", "}", r.path), m.lower()) for r in served["app"].routes if r.path not in own
+              for m in (getattr(r, "methods", None) or ()) if m != "HEAD"}
+    documented = {(p, m) for p, ops in paths.items() for m in ops}
+    assert status == 200 and routes <= documented, sorted(routes - documented)
+    form = paths["/v1/audio/transcriptions"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert form["required"] == ["file"] and "401" in paths["/metrics"]["get"]["responses"]
