@@ -119,7 +119,7 @@ CASES = {
                                            "1024"),
     "max_tokens 0": (ROUTE, chat(max_tokens=0), 400, "max_tokens"),
     "max_tokens 10^9": (ROUTE, chat(max_tokens=10**9), 400, "to generate); the plan allows 1024"),
-    "n 2": (ROUTE, chat(n=2), 400, "n=2"),
+    "n 17": (ROUTE, chat(n=17), 400, "n=17: at most 16"),
     "a file path": (ROUTE, chat(image_url("/etc/hostname")), 400, "names a file on the server"),
     "a file URL": (ROUTE, chat(image_url("file:///etc/hostname")), 400, "names a file on the server"),
     "an offline path part": (ROUTE, chat({"type": "image", "path": "/etc/hostname"}), 400, "names a file on the server"),
