@@ -11,6 +11,8 @@ from graphc.units import MiB, fmt_bytes
 MEMINFO = Path("/proc/meminfo")
 CGROUP = Path("/sys/fs/cgroup")
 CAP_SHARE = 0.9            # the cap a refusal suggests: this share of what is available, the rest for the processes
+STAGING_BYTES = 64 << 20   # the most of one tensor the weight loader holds on the host at once (a row at least):
+                           # graphc/runtime/checkpoint.py reads by it, graphc/passes/size_host.py plans it
 
 
 def available_bytes() -> tuple[int, str] | None:

@@ -5,7 +5,7 @@ its memory, and a plan that promises the cards room must not leave the host shor
             (one per captured graph's attention role, one per eager node and phase; the boot builds up to
             BOOT_WRAPPERS more for its warm-up steps, dropped again), each a torch host-allocator block,
             a power of two; plus the sampled tokens' read-back copies (READBACK_BYTES).
-  staging   the weight loader's chunk (graphc/runtime/checkpoint.py STAGING_BYTES) as read and as cast.
+  staging   the weight loader's chunk (hostmem.STAGING_BYTES, graphc/runtime/checkpoint.py) as read and as cast.
   process   CUDA's host side, torch and the kernel libraries, the captured graphs' host state:
             calibrated, host_base + host_per_launch x the device's captured kernel launches.
 
@@ -13,12 +13,12 @@ CPU targets have none of this: their devices' ledgers are host memory already (t
 """
 from __future__ import annotations
 
+from graphc.hostmem import STAGING_BYTES
 from graphc.ir import IR
-from graphc.passes.tally_ledger import Item, Sizing, capture_order
+from graphc.passes.tally_ledger import Item, Sizing, capture_order, graph_launches
 from graphc.targets import calibration
 from graphc.units import fmt_bytes
 
-STAGING_BYTES = 64 << 20        # graphc/runtime/checkpoint.py reads tensors in chunks of this
 BOOT_WRAPPERS = 2               # warm-up wrappers the boot builds and drops (seen on the H200: 39 = 36 + 1 + 2)
 READBACK_BYTES = 1 << 20        # page-locked read-backs of sampled tokens: small blocks, under 1 MiB on the H200
 
@@ -57,7 +57,7 @@ def size_host(s: Sizing, nodes: list[str]) -> list[Item]:
     blocks = pinned_blocks(s, nodes)
     boot = BOOT_WRAPPERS * max(blocks, default=0)
     cal = calibration(s.ir.target)
-    launches = sum(s.acts.graphs[k][1].launches for k in capture_order(s, nodes))
+    launches = graph_launches(s, nodes)[1]
     process = cal.host_base_bytes + cal.host_launch_bytes * launches
     return [
         Item("pinned", sum(blocks) + boot + READBACK_BYTES, "formula",

@@ -10,7 +10,7 @@ Disk names are the node's weight_prefix + the module's state-dict names, except 
 Shards are found through model.safetensors.index.json or by listing the folder; TensorShards reads a state
 dict in memory the same way. Missing, unexpected and mis-shaped tensors are refused by name, from the files'
 headers, before a byte is read. Each disk tensor then goes straight into its place in the module,
-STAGING_BYTES of rows at a time: the host holds one chunk (cast to the module's dtype, where it differs) of the
+hostmem.STAGING_BYTES of rows at a time: the host holds one chunk (cast to the module's dtype, where it differs) of the
 weights at once, whatever the checkpoint's size. The plan counts that chunk (host.staging, size_host).
 """
 from __future__ import annotations
@@ -24,13 +24,13 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from graphc import hostmem
 from graphc.errors import InvalidInput
 
 _FUSED = re.compile(r"^(?P<stem>.*experts\.)(?P<kind>gate_up_proj|down_proj)$")
 _STACKED = re.compile(r"^(?P<stem>(?:.*\.)?)(?P<kind>qkv_proj|gate_up_proj)\.(?P<field>weight|bias)$")
 _STACKED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 SHOWN = 8
-STAGING_BYTES = 64 << 20      # the most of one tensor the loader holds on the host at once (a row at least)
 
 
 class Shards:
@@ -108,7 +108,6 @@ class LoadReport:
     loaded: int = 0
     fused: int = 0
     used: set[str] = field(default_factory=set)
-    largest_read: int = 0          # bytes: the most one read held on the host (a chunk of rows, cast included)
 
 
 # (where in the target: an index into it, or () for all of it; the disk tensor that fills it)
@@ -161,17 +160,16 @@ def _pieces(shards: Shards, prefix: str, name: str, target: torch.Tensor) -> Pie
     return pieces if shp == want else f"{disk}: per-expert tensors fuse to {shp}, module wants {want}"
 
 
-def _copy(shards: Shards, name: str, dest: torch.Tensor, report: LoadReport) -> None:
-    """One disk tensor into dest, STAGING_BYTES of rows at a time (a row at least): the host never holds a
+def _copy(shards: Shards, name: str, dest: torch.Tensor) -> None:
+    """One disk tensor into dest, hostmem.STAGING_BYTES of rows at a time (a row at least): the host never holds a
     whole large tensor. copy_ casts to dest's dtype (on the host, before a host-to-device copy)."""
     shape = shards.shape(name)
     rows = shape[0] if shape else 1
     row_bytes = max(1, math.prod(shape[1:]) * max(shards.dtype(name).itemsize, dest.element_size()))
-    step = max(1, STAGING_BYTES // row_bytes)
+    step = max(1, hostmem.STAGING_BYTES // row_bytes)
     for r in range(0, rows, step):
         chunk = shards.rows(name, r, min(rows, r + step))
         (dest[r:r + step] if shape else dest).copy_(chunk)
-        report.largest_read = max(report.largest_read, chunk.numel() * max(chunk.element_size(), dest.element_size()))
 
 
 def load_weights(module: torch.nn.Module, source: str | Path | Shards, prefix: str = "",
@@ -196,9 +194,9 @@ def load_weights(module: torch.nn.Module, source: str | Path | Shards, prefix: s
                 problems.append(got)
                 continue
             for at, disk in got:
-                _copy(shards, disk, target.data[at] if at else target.data, report)
+                _copy(shards, disk, target.data[at] if at else target.data)
                 report.used.add(disk)
-            report.fused += len(got) > 1 or got[0][1] != prefix + n
+            report.fused += int(len(got) > 1 or got[0][1] != prefix + n)     # stacked or fused on disk
             report.loaded += 1
     unexpected = sorted(n for n in shards.where if n.startswith(prefix) and n not in report.used) if strict else []
     if problems or unexpected:
