@@ -88,8 +88,8 @@ class Engine:
         never where the LLM runs on another device than this process's. links: the other devices' workers when something else started them (Ray actors, ray_run.py; this
         process then sees only its own GPU), else a worker process each is started; host: this
         process's address as those workers reach it."""
-        check_options(checkpoint, random_weights, default_max_tokens, chat_template)
-        self.default_max_tokens, self.chat_template = default_max_tokens, chat_template
+        self.default_max_tokens = default_max_tokens
+        self.given_template = check_options(checkpoint, random_weights, default_max_tokens, chat_template)
         self.plan = plan if isinstance(plan, Plan) else load_plan(plan)
         check_servable(self.plan)
         if links is None:                                  # devices in this host's memory fit what it has
@@ -164,14 +164,11 @@ class Engine:
     def _text_tools(self):
         """(tokenizer, chat template) of the checkpoint, each None where it has none."""
         if not self.checkpoint or not (Path(self.checkpoint) / "tokenizer.json").is_file():
-            if self.chat_template is not None:
-                raise InvalidInput("--chat-template with no tokenizer", "a template renders text, which the "
-                                   "checkpoint's tokenizer.json tokenizes", "serve a checkpoint with tokenizer.json")
             return None, None
         from graphc.runtime.chat import ChatTemplate, load_tokenizer
 
-        if self.chat_template is not None:
-            return load_tokenizer(self.checkpoint), ChatTemplate.given(self.chat_template, self.checkpoint)
+        if self.given_template is not None:               # --chat-template
+            return load_tokenizer(self.checkpoint), self.given_template
         try:
             template = ChatTemplate.from_checkpoint(self.checkpoint)
         except InvalidInput:
@@ -259,14 +256,16 @@ class Engine:
         return Limits(seconds, frames, f"a prompt of this plan holds at most {most:,} rows")
 
     def tokenize(self, messages: list[dict] | None = None, prompt: str | None = None,
-                 template_kwargs: dict | None = None) -> list[int]:
+                 template_kwargs: dict | None = None, add_generation_prompt: bool = True) -> list[int]:
+        """The token ids of a prompt, or of messages as the chat template renders them (with template_kwargs,
+        the template's own variables, in scope)."""
         if self.tokenizer is None:
             raise InvalidInput("this engine has no tokenizer", "it was started without a checkpoint tokenizer.json",
                                "send prompt_token_ids, or start it with --checkpoint DIR holding tokenizer.json")
         if messages is not None:
             if self.template is None:
                 raise InvalidInput("the checkpoint has no chat template", "", "send prompt or prompt_token_ids")
-            prompt = self.template.render(messages, add_generation_prompt=True, variables=template_kwargs)
+            prompt = self.template.render(messages, add_generation_prompt, variables=template_kwargs)
         return self.tokenizer.encode(prompt, add_special_tokens=False).ids
 
     def add(self, *, prompt_token_ids: list[int] | None = None, messages: list[dict] | None = None,
@@ -751,18 +750,23 @@ def parse_or_refuse(item, index: int) -> dict | Output:
         return refused(item.get("id", f"line-{index}") if isinstance(item, dict) else f"line-{index}", e)
 
 
-def check_options(checkpoint, random_weights: bool, default_max_tokens: int | None, chat_template: str | None) -> None:
-    """The Engine's options that can be refused before a byte is loaded."""
+def check_options(checkpoint, random_weights: bool, default_max_tokens: int | None, chat_template: str | None):
+    """The Engine's options that can be refused before a byte is loaded; the given chat template, parsed (None
+    where none is given)."""
     if checkpoint is None and not random_weights:
         raise InvalidInput("no weights to serve", "graphc run needs a checkpoint",
                            "pass --checkpoint DIR, or --random-weights to serve seeded weights (token ids only)")
     if default_max_tokens is not None and default_max_tokens < 1:
         raise InvalidInput(f"default max_tokens {default_max_tokens}", "a request must be able to make a token",
                            "pass 1 or more (--default-max-tokens)")
-    if chat_template is not None:
-        from graphc.runtime.chat import ChatTemplate
+    if chat_template is None:
+        return None
+    if checkpoint is None or not (Path(checkpoint) / "tokenizer.json").is_file():
+        raise InvalidInput("--chat-template with no tokenizer", "a template renders text, which the checkpoint's "
+                           "tokenizer.json tokenizes", "serve a checkpoint with tokenizer.json")
+    from graphc.runtime.chat import ChatTemplate
 
-        ChatTemplate.given(chat_template, checkpoint)        # a missing file or a template that does not parse
+    return ChatTemplate.given(chat_template, checkpoint)      # refused: a missing file, a template that does not parse
 
 
 def check_checkpoint(plan: Plan, checkpoint: str | Path | None) -> None:

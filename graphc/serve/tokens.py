@@ -45,26 +45,24 @@ def _tokenizer(ctx: Context):
     return tok
 
 
+def _media_parts(messages: list) -> list:
+    """The type of every content part that is not text (checked before split_messages would decode it)."""
+    parts = [p for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list) for p in m["content"]]
+    return [p.get("type") if isinstance(p, dict) else p for p in parts
+            if not (isinstance(p, dict) and p.get("type") == "text")]
+
+
 def tokenize(ctx: Context, body: TokenizeBody) -> dict:
     tok = _tokenizer(ctx)
     if (body.prompt is None) == (body.messages is None):
         raise InvalidInput("send prompt or messages, one of them", "", "e.g. {\"prompt\": \"hello\"}")
-    if body.messages is not None:
-        media = [part.get("type") if isinstance(part, dict) else part for m in body.messages
-                 if isinstance(m, dict) and isinstance(m.get("content"), list)
-                 for part in m["content"] if not (isinstance(part, dict) and part.get("type") == "text")]
-        if media:
-            raise InvalidInput(f"{len(media)} media part(s) in the messages ({', '.join(map(str, media[:4]))})",
-                               "how many rows a media item takes depends on the item, which /tokenize does not decode",
-                               "tokenize the text alone, or send the chat request (its usage counts every row)")
-        messages, _ = split_messages(body.messages)
-        if ctx.engine.template is None:
-            raise InvalidInput("the checkpoint has no chat template", "", "send prompt")
-        text = ctx.engine.template.render(messages, add_generation_prompt=body.add_generation_prompt,
-                                          variables=body.chat_template_kwargs)
-    else:
-        text = body.prompt
-    ids = tok.encode(text, add_special_tokens=False).ids
+    media = _media_parts(body.messages or [])
+    if media:
+        raise InvalidInput(f"{len(media)} media part(s) in the messages ({', '.join(map(str, media[:4]))})",
+                           "how many rows a media item takes depends on the item, which /tokenize does not decode",
+                           "tokenize the text alone, or send the chat request (its usage counts every row)")
+    messages = split_messages(body.messages)[0] if body.messages is not None else None
+    ids = ctx.engine.tokenize(messages, body.prompt, body.chat_template_kwargs, body.add_generation_prompt)
     out = {"count": len(ids), "max_model_len": ctx.engine.max_seq_len, "tokens": ids}
     if body.return_token_strs:
         out["token_strs"] = [tok.id_to_token(i) for i in ids]

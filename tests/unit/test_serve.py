@@ -305,6 +305,8 @@ def test_chat_template_given_at_start_and_its_kwargs_per_request(served, tmp_pat
         engine.close()
     with pytest.raises(InvalidInput, match="no such file"):
         Engine(served["dir"] / "p.plan", checkpoint=served["dir"] / "ckpt", chat_template=str(tmp_path / "none.jinja"))
+    with pytest.raises(InvalidInput, match="--chat-template with no tokenizer"):      # before the boot
+        Engine(served["dir"] / "p.plan", random_weights=True, chat_template=TEMPLATE)
 
 
 def test_a_chat_requests_template_kwargs_reach_the_template_and_its_own_template_is_refused(served):
