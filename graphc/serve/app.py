@@ -73,23 +73,19 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, api_key:
         middleware.access_log_to_stderr()
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=shutdown_timeout + FAIL_GRACE_S)
-    server = stopping_server(uvicorn.Server)(config)
-    server.driver, server.shutdown_timeout = app.state.driver, shutdown_timeout
+    server = stopping_server(config, app.state.driver, shutdown_timeout)
     server.run()
     return died[0] if died else None
 
 
-
-def stopping_server(base):
+def stopping_server(config, driver, shutdown_timeout: float):
     """uvicorn's Server, stopping as graphc run promises: the first SIGINT or SIGTERM prints one line, the
     server takes no new connection, requests in flight get shutdown_timeout seconds to finish, then every one
-    left ends with an error event (Driver.fail_all) and the process leaves without re-raising the signal (exit
+    left ends with an error event (driver.fail_all) and the process leaves without re-raising the signal (exit
     0, no traceback). A second SIGINT stops at once, as uvicorn's does."""
+    import uvicorn
 
-    class Stopping(base):
-        driver = None
-        shutdown_timeout = DEFAULT_SHUTDOWN_S
-
+    class Stopping(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
             first = not self.should_exit
             super().handle_exit(sig, frame)
@@ -100,13 +96,12 @@ def stopping_server(base):
             import sys
 
             print(f"graphc run: {signal.Signals(sig).name}: stopping; requests in flight have "
-                  f"{self.shutdown_timeout:g} s to finish", file=sys.stderr, flush=True)
-            timer = threading.Timer(self.shutdown_timeout, self.driver.fail_all,
-                                    ("the server is shutting down (SIGINT or SIGTERM)",))
+                  f"{shutdown_timeout:g} s to finish", file=sys.stderr, flush=True)
+            timer = threading.Timer(shutdown_timeout, driver.fail_all, ("the server is shutting down (SIGINT or SIGTERM)",))
             timer.daemon = True
             timer.start()
 
-    return Stopping
+    return Stopping(config)
 
 
 def media_sources(media_dir: str | None, media_urls: bool) -> Sources:

@@ -127,10 +127,10 @@ class AudioDeltas:
         return {"id": self.id, "data": base64.b64encode(self.enc.add(samples)).decode(), "expires_at": self.expires}
 
 
-def choice(tokenizer, req, ev, chat: bool, audio: AudioDeltas | None, sent: int, n: int) -> dict:
-    """The streamed choice of one event: its text (or transcript and audio), the logprobs of output tokens
-    sent..n, finish_reason."""
-    piece = {"index": 0, "finish_reason": req.finish_reason if ev.finished else None}
+def choice(tokenizer, req, ev, chat: bool, audio: AudioDeltas | None, sent: int, n: int, index: int) -> dict:
+    """Choice `index`'s streamed piece of one event: its text (or transcript and audio), chat's logprobs of
+    output tokens sent..n, finish_reason."""
+    piece = {"index": index, "finish_reason": req.finish_reason if ev.finished else None}
     if not chat:
         piece["text"] = ev.text
         return piece
@@ -180,7 +180,7 @@ async def chunks(ctx: Context, subs: list, head: dict, include_usage: bool, audi
                                             "finish_reason": None} for i in range(len(reqs))]})
         async for i, ev in merged(subs):
             req, n = reqs[i], len(reqs[i].known)    # the engine thread may add more meanwhile
-            piece = {**choice(ctx.engine.tokenizer, req, ev, chat, audio, sent[i], n), "index": i}
+            piece = choice(ctx.engine.tokenizer, req, ev, chat, audio, sent[i], n, i)
             if not chat:
                 piece["logprobs"], offset[i] = completion_logprobs(ctx.engine.tokenizer, req, sent[i], n, offset[i])
             if ev.token_ids or ev.text or ev.finished or piece.get("delta"):

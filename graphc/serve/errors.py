@@ -26,10 +26,9 @@ def error(status: int, message: str, kind: str = "invalid_request_error", param:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
 
 
-def wrong_model(asked: str | None, served: str | tuple[str, ...]):
-    """A 404 in OpenAI's body when a request names a model this server does not serve (any of its names), else
+def wrong_model(asked: str | None, names: tuple[str, ...]):
+    """A 404 in OpenAI's body when a request names a model this server does not serve (none of its names), else
     None."""
-    names = (served,) if isinstance(served, str) else served
     if asked is None or asked in names:
         return None
     return error(404, f"model '{asked}' is not served here; this server serves "
