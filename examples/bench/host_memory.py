@@ -2,7 +2,7 @@
 (resident, anonymous, file-backed, page-locked) after CUDA starts, after its weights are in, after its
 wrappers are built, after capture, and after serving; with the peak of the weights' load.
 
-    python examples/bench/host_memory.py plans/qwen3_5_9b_h200.plan --random-weights --json $OUT/host.json
+    python examples/bench/host_memory.py plans/qwen3_5_9b_h200.plan --json $OUT/host.json   # seeded weights
     python examples/bench/host_memory.py PLAN --write-checkpoint $CKPT     # seeded weights to safetensors, then
     python examples/bench/host_memory.py PLAN --checkpoint $CKPT --json OUT  # boot from them (a fresh process)
 
@@ -131,8 +131,7 @@ def serve(engine, requests: int, prompt: int, tokens: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("plan")
-    ap.add_argument("--checkpoint", default=None)
-    ap.add_argument("--random-weights", action="store_true")
+    ap.add_argument("--checkpoint", default=None, help="safetensors folder (default: seeded weights)")
     ap.add_argument("--emulate", action="store_true", help="boot a plan for another card of the same arch")
     ap.add_argument("--write-checkpoint", default=None, metavar="DIR")
     ap.add_argument("--requests", type=int, default=64)
