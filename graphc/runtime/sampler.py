@@ -1,8 +1,8 @@
 """Sampling: one batch of last-position logits to one token per request, each row by its own params.
 
 Each request's logit_bias first; then HF generate's order: repetition penalty (over prompt and output),
-presence and frequency penalties (over the output, OpenAI's formula), then temperature, top-k, top-p and min-p. Temperature
-0 is greedy: the argmax of the penalised logits. A request with a seed draws from its own generator,
+presence and frequency penalties (over the output, OpenAI's formula), then temperature, top-k, top-p and
+min-p. Temperature 0 is greedy: the argmax of the penalised logits. A request with a seed draws from its own generator,
 so its tokens do not depend on what else is in the batch; the others share the engine's generator.
 Drawing is an exponential race (argmax of p / E, E ~ Exp(1)), which samples p exactly.
 
