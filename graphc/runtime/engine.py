@@ -28,7 +28,7 @@ from graphc.runtime.check import compare, verdict
 from graphc.runtime.executor import Executor, llm_node, scratch_pages, text_kind
 from graphc.runtime.flight import Flight, placeholder
 from graphc.runtime.request import Request
-from graphc.runtime.sampler import Sampler, SamplingParams, needs_history, new_generator
+from graphc.runtime.sampler import Sampler, SamplingParams, needs_history, new_generator, score
 from graphc.runtime.scheduler import Scheduler, StepPlan
 from graphc.runtime.speech import SpeechLane, SpeechParams
 from graphc.runtime.workers import WorkerDied, device_memory
@@ -46,6 +46,7 @@ class Output:
     text: str | None
     finish_reason: str | None
     logprobs: list[dict] | None = None
+    prompt_logprobs: list[dict | None] | None = None      # per prompt token (the first None), when asked
     error: str | None = None
     times: dict[str, float] = field(default_factory=dict)
     audio: Any = None                  # float32 samples in [-1, 1] at sample_rate, when it spoke
@@ -310,6 +311,7 @@ class Engine:
         req.generator = new_generator(params.seed, self.boot.device) if params.seed is not None else None
         req.detok = self._detokenizer(params)
         req.logprobs = [] if params.logprobs else None
+        req.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
         if speak is not None:
             self._spoken_as_given(req, state, speak)
         else:
@@ -513,6 +515,7 @@ class Engine:
             return None, self._fail([c.req for c in plan.chunks], e)
         for c in plan.chunks:
             c.req.computed = c.end
+        self._score(plan, result)
         if self.speech is not None:
             self._keep_hidden(plan, result)
         reqs = [c.req for c in plan.chunks if c.sample]
@@ -527,6 +530,17 @@ class Engine:
         flight = Flight.launch(rows, sampled)
         flight.stays = self.overlap and all(r.speech is None and not needs_history(r.params) for r in reqs)
         return flight, []
+
+    @staticmethod
+    def _score(plan: StepPlan, result) -> None:
+        """The prompt logprobs of the step's scored rows, read now (only requests that ask have them)."""
+        at = 0
+        for c in plan.chunks:
+            if c.score is not None:
+                a, b = c.score
+                c.req.prompt_logprobs += score(result.scores[at:at + b - a], c.req.prompt.ids[a + 1:b + 1],
+                                               c.req.params.prompt_logprobs)
+                at += b - a
 
     def _read(self) -> list[Event]:
         """Read the step in flight: each live request's token, accepted as if sampled now."""
@@ -606,7 +620,7 @@ class Engine:
             times["total_s"] = t["finished"] - t["arrived"]
         out = Output(id=req.id, kind=req.kind, prompt_tokens=len(req.prompt.ids), token_ids=list(req.output),
                      text=req.detok.text if req.detok is not None else None, finish_reason=req.finish_reason,
-                     logprobs=req.logprobs, error=req.error, times=times)
+                     logprobs=req.logprobs, prompt_logprobs=req.prompt_logprobs, error=req.error, times=times)
         s = req.speech
         if s is not None:
             import numpy as np
