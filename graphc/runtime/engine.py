@@ -257,29 +257,36 @@ class Engine:
         return Limits(seconds, frames, f"a prompt of this plan holds at most {most:,} rows")
 
     def tokenize(self, messages: list[dict] | None = None, prompt: str | None = None,
-                 template_kwargs: dict | None = None, add_generation_prompt: bool = True) -> list[int]:
+                 template_kwargs: dict | None = None, add_generation_prompt: bool = True,
+                 chat_template: str | None = None) -> list[int]:
         """The token ids of a prompt, or of messages as the chat template renders them (with template_kwargs,
-        the template's own variables, in scope)."""
+        the template's own variables, in scope); chat_template: a request's own template text instead of the
+        engine's, with the checkpoint's special tokens."""
         if self.tokenizer is None:
             raise InvalidInput("this engine has no tokenizer", "it was started without a checkpoint tokenizer.json",
                                "send prompt_token_ids, or start it with --checkpoint DIR holding tokenizer.json")
         if messages is not None:
-            if self.template is None:
+            template = self.template
+            if chat_template is not None:
+                from graphc.runtime.chat import ChatTemplate
+                template = ChatTemplate(chat_template, template.special if template is not None else None)
+            if template is None:
                 raise InvalidInput("the checkpoint has no chat template", "", "send prompt or prompt_token_ids")
-            prompt = self.template.render(messages, add_generation_prompt, variables=template_kwargs)
+            prompt = template.render(messages, add_generation_prompt, variables=template_kwargs)
         return self.tokenizer.encode(prompt, add_special_tokens=False).ids
 
     def add(self, *, prompt_token_ids: list[int] | None = None, messages: list[dict] | None = None,
             prompt: str | None = None, media: list[Media] = (), params: SamplingParams | None = None,
             request_id: str | None = None, user: Any = None, use_audio_in_video: bool = False,
             speech: SpeechParams | None = None, speak: list[int] | None = None, split: bool = False,
-            template_kwargs: dict | None = None) -> Request:
+            template_kwargs: dict | None = None, chat_template: str | None = None) -> Request:
         """speech: answer with speech too (a speaking kind: t2s, a2s); its voice and frame limit.
         speak: the answer's text token ids, spoken as given (text to speech): the LLM does not run,
         since the follow stage reads only its embedding table for text rows. split: messages come from
         split_messages already (the server decodes media in its handlers, not in the engine's thread),
         their media in `media`; else their media parts are read here, from any path they name.
-        template_kwargs: the chat template's own variables (chat_template_kwargs)."""
+        template_kwargs: the chat template's own variables (chat_template_kwargs); chat_template: the request's
+        own template text (the server's --trust-request-chat-template)."""
         params = params or SamplingParams()
         given = [x is not None for x in (prompt_token_ids, messages, prompt)]
         if sum(given) != 1:
@@ -291,7 +298,7 @@ class Engine:
             messages, found = split_messages(messages, use_audio_in_video, limits=self.media_limits())
             media += found
         ids = list(prompt_token_ids) if prompt_token_ids is not None else \
-            self.tokenize(messages, prompt, template_kwargs)
+            self.tokenize(messages, prompt, template_kwargs, chat_template=chat_template)
         self._check_ids(ids, "prompt token ids")
         self._check_ids([t for t, _ in params.logit_bias], "logit_bias ids")
         rp = self.host.prompt(ids, media)
@@ -546,9 +553,7 @@ class Engine:
         """Read the step in flight: each live request's token, accepted as if sampled now."""
         flight, self.inflight = self.inflight, None
         events = []
-        for req, pos, tok, logprob in flight.read():
-            if logprob is not None:
-                req.logprobs.append(logprob)
+        for req, pos, tok in flight.read():
             events.append(self._accept(req, tok, pos))
         return events
 
