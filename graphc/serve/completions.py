@@ -3,8 +3,9 @@
 Chat takes OpenAI's messages (text, and the media parts the plan's kinds take: decoded in a worker
 thread, never in the engine's, and bounded by what the plan's prompts can hold); with modalities
 ["text", "audio"] and audio {voice, format} the answer is spoken too (message.audio: the waveform and
-its transcript). Completions take a text prompt or token ids. Both stream as server-sent events ending
-in `data: [DONE]`, with a usage chunk when stream_options.include_usage.
+its transcript). With tools, chat answers' `<tool_call>` blocks become tool_calls (graphc/serve/tools.py).
+Completions take a text prompt or token ids. Both stream as server-sent events ending in `data: [DONE]`,
+with a usage chunk when stream_options.include_usage.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from graphc.serve.errors import error, refusal, stream_error, wrong_model
 from graphc.serve.middleware import request_id
 from graphc.serve.schemas import Body, ChatBody, CompletionBody
 from graphc.serve.streaming import collect, sse
+import graphc.serve.tools as tools
 
 AUDIO_EXPIRES_S = 3600            # message.audio.expires_at: graphc keeps no audio, so this only follows OpenAI's shape
 
@@ -169,10 +171,13 @@ async def merged(subs: list):
             t.cancel()
 
 
-async def chunks(ctx: Context, subs: list, head: dict, include_usage: bool, audio: AudioDeltas | None):
-    """The stream's events, each choice's under its index; a client that goes away frees every choice's pages."""
+async def chunks(ctx: Context, subs: list, head: dict, include_usage: bool, audio: AudioDeltas | None,
+                 calls: tools.Calls = tools.Calls()):
+    """The stream's events, each choice's under its index (its text parsed for tool calls where `calls` says);
+    a client that goes away frees every choice's pages."""
     chat = head["object"] == "chat.completion.chunk"
     reqs = [req for req, _ in subs]
+    streams = [tools.CallStream(calls.most) for _ in reqs] if calls.parse else None
     sent, offset = [0] * len(reqs), [0] * len(reqs)    # tokens sent; characters of their logprobs' text
     try:
         if chat:
@@ -181,6 +186,8 @@ async def chunks(ctx: Context, subs: list, head: dict, include_usage: bool, audi
         async for i, ev in merged(subs):
             req, n = reqs[i], len(reqs[i].known)    # the engine thread may add more meanwhile
             piece = choice(ctx.engine.tokenizer, req, ev, chat, audio, sent[i], n, i)
+            if streams:
+                piece = tools.stream_piece(streams[i], piece, ev.text, ev.finished)
             if not chat:
                 piece["logprobs"], offset[i] = completion_logprobs(ctx.engine.tokenizer, req, sent[i], n, offset[i])
             if ev.token_ids or ev.text or ev.finished or piece.get("delta"):
@@ -197,9 +204,10 @@ async def chunks(ctx: Context, subs: list, head: dict, include_usage: bool, audi
                 ctx.driver.abort(req.id)
 
 
-async def answer(ctx: Context, chat: bool, rid: str, body: Body, kwargs: dict, audio: str | None = None):
+async def answer(ctx: Context, chat: bool, rid: str, body: Body, kwargs: dict, audio: str | None = None,
+                 calls: tools.Calls = tools.Calls()):
     """Submit body.n choices; a streamed response, an error response, or ([(request, its events)], created)
-    once every choice finished. audio: the format of a speaking request's audio."""
+    once every choice finished. audio: the format of a speaking request's audio; calls: its tool calls'."""
     from fastapi.responses import StreamingResponse
 
     subs = []
@@ -216,7 +224,7 @@ async def answer(ctx: Context, chat: bool, rid: str, body: Body, kwargs: dict, a
                 "model": ctx.model_name}
         deltas = AudioDeltas(audio, ctx.engine.sample_rate, created) if audio else None
         include_usage = bool((body.stream_options or {}).get("include_usage"))
-        return StreamingResponse(chunks(ctx, subs, head, include_usage, deltas), media_type="text/event-stream")
+        return StreamingResponse(chunks(ctx, subs, head, include_usage, deltas, calls), media_type="text/event-stream")
     done = [(req, await collect(events)) for req, events in subs]
     failed = next((req.error for req, _ in done if req.error), None)
     if failed:
@@ -284,6 +292,12 @@ async def chat_completion(ctx: Context, body: ChatBody):
         params = body.params(logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0, **extra)
     except ValidationError as e:
         return error(400, str(e.errors()[0]["msg"]))
+    try:
+        calls = tools.check(body.tools, body.tool_choice, body.parallel_tool_calls, speaking=speech is not None)
+        params = tools.constrained(params, calls.guide)
+        template_kwargs = tools.variables(body.chat_template_kwargs, calls)
+    except InvalidInput as e:
+        return error(400, str(e), param=e.param)
     parsed, bad = await decode(ctx, body)
     if bad is not None:
         return bad
@@ -291,15 +305,16 @@ async def chat_completion(ctx: Context, body: ChatBody):
     rid = f"chatcmpl-{request_id() or uuid.uuid4().hex}"
     fmt = body.audio.format if speech is not None else None
     done = await answer(ctx, True, rid, body, dict(messages=messages, media=media, split=True, params=params,
-                                                   template_kwargs=body.chat_template_kwargs,
-                                                   request_id=rid, speech=speech), audio=fmt)
+                                                   template_kwargs=template_kwargs,
+                                                   request_id=rid, speech=speech), audio=fmt, calls=calls)
     if not isinstance(done, tuple):
         return done
     subs, created = done
+    parsed = (lambda c: tools.whole_choice(c, calls)) if calls.parse else (lambda c: c)
     return {"id": rid, "object": "chat.completion", "created": created, "model": ctx.model_name,
-            "choices": [{"index": i, "message": chat_message(ctx, req, evs, fmt, created),
-                         "logprobs": chat_logprobs(ctx.engine.tokenizer, req, 0, len(req.output)),
-                         "finish_reason": req.finish_reason} for i, (req, evs) in enumerate(subs)],
+            "choices": [parsed({"index": i, "message": chat_message(ctx, req, evs, fmt, created),
+                                "logprobs": chat_logprobs(ctx.engine.tokenizer, req, 0, len(req.output)),
+                                "finish_reason": req.finish_reason}) for i, (req, evs) in enumerate(subs)],
             "usage": usage_of([req for req, _ in subs])}
 
 
