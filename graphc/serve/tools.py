@@ -11,9 +11,9 @@ The answer's text is parsed into calls: each block `<tool_call>{"name": N, "argu
 whose JSON is an object of exactly a non-empty name and an object of arguments becomes a call {id, type,
 function {name, arguments as JSON text}}; the whitespace before such a block, and after the last one at the
 end of the answer, is dropped; every other text, a malformed block and an unclosed one included, stays
-content. With parallel_tool_calls false the calls
-after the first are dropped. Streamed, text goes out as content as soon as it cannot be the start of a
-block, and a call goes out whole in one delta.tool_calls entry once its block closes.
+content. finish_reason stop becomes tool_calls when calls were parsed. With parallel_tool_calls false the
+calls after the first are dropped. Streamed, text goes out as content as soon as it cannot be the start of
+a block, and a call goes out whole in one delta.tool_calls entry once its block closes.
 """
 from __future__ import annotations
 
