@@ -31,17 +31,51 @@ ROLES = ["system", "user", "assistant"]          # one token each, as in Qwen's 
 CORPUS = ["the quick brown fox jumps over the lazy dog", "transcribe this audio please", "what is in the image",
           "describe the video", "hello world, how are you today?", "graphc plans and serves multimodal models",
           "naïve café — 日本語のテキスト 😀", "numbers 0123456789 and symbols !?.,;:"] * 4
+# Qwen3's chat template in small: its tools branch as Qwen3 writes it (the tools in the system turn, an
+# assistant's tool_calls as <tool_call> blocks, each run of tool results as one user turn of
+# <tool_response> blocks), without its thinking branches; media parts as Qwen3-Omni writes them
+TOOLS_HEAD = ("# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided "
+              "with function signatures within <tools></tools> XML tags:\\n<tools>")
+TOOLS_TAIL = ("\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+              "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
+              "<args-json-object>}\\n</tool_call><|im_end|>\\n")
 TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{ '<|im_start|>' + message.role + '\\n' }}"
-    "{%- if message.content is string -%}{{ message.content }}"
-    "{%- else -%}{%- for part in message.content -%}"
+    "{%- macro render(content) -%}"
+    "{%- if content is string -%}{{ content }}"
+    "{%- else -%}{%- for part in content -%}"
     "{%- if part.type == 'text' -%}{{ part.text }}"
     "{%- elif part.type == 'audio' -%}{{ '<|audio_start|><|audio_pad|><|audio_end|>' }}"
     "{%- elif part.type == 'image' -%}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
     "{%- elif part.type == 'video' -%}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
     "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- if tools -%}"
+    "{{ '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' -%}{{ render(messages[0].content) + '\\n\\n' }}{%- endif -%}"
+    "{{ \"" + TOOLS_HEAD + "\" }}"
+    "{%- for tool in tools -%}{{ '\\n' }}{{ tool | tojson }}{%- endfor -%}"
+    "{{ \"" + TOOLS_TAIL + "\" }}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if tools and loop.first and message.role == 'system' -%}"
+    "{%- elif message.role == 'assistant' and message.tool_calls -%}"
+    "{{ '<|im_start|>assistant\\n' + render(message.content) }}"
+    "{%- for tool_call in message.tool_calls -%}"
+    "{%- if (loop.first and message.content) or not loop.first -%}{{ '\\n' }}{%- endif -%}"
+    "{%- if tool_call.function -%}{%- set tool_call = tool_call.function -%}{%- endif -%}"
+    "{{ '<tool_call>\\n{\"name\": \"' + tool_call.name + '\", \"arguments\": ' }}"
+    "{%- if tool_call.arguments is string -%}{{ tool_call.arguments }}"
+    "{%- else -%}{{ tool_call.arguments | tojson }}{%- endif -%}"
+    "{{ '}\\n</tool_call>' }}"
+    "{%- endfor -%}"
     "{{ '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{ '<|im_start|>user' }}{%- endif -%}"
+    "{{ '\\n<tool_response>\\n' + render(message.content) + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{ '<|im_end|>\\n' }}{%- endif -%}"
+    "{%- else -%}"
+    "{{ '<|im_start|>' + message.role + '\\n' + render(message.content) + '<|im_end|>\\n' }}"
+    "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}")
 VOCAB = 512

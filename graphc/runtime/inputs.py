@@ -8,7 +8,9 @@ Content parts taken (OpenAI's shapes, and file paths for offline batches):
   {"type": "audio" | "image" | "video", "path": FILE}        (offline; video may set "fps")
 With use_audio_in_video each video also brings its sound track (PyAV decodes it, soxr resamples it).
 Each media part becomes a {"type": "audio"|"image"|"video"} part for the template (which writes its
-placeholder) and a decoded Media item, in order. Anything else is refused by name.
+placeholder) and a decoded Media item, in order. Anything else is refused by name. An assistant message
+may carry OpenAI's tool_calls (its content then may be null or absent; each call's arguments the text of a
+JSON object) and a tool message the tool_call_id it answers; both go to the template as sent.
 
 Where media may come from is the caller's `Sources`: an offline batch reads any path it names (the
 operator wrote it); the server reads none unless started with --media-dir DIR (then only files under
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,6 +123,26 @@ def _media(kind: str, source: bytes | str, what: str, fps: float | None = None, 
 ROLES = ("system", "developer", "user", "assistant", "tool")      # OpenAI's chat roles ("developer" is system)
 
 
+def _message(m, i: int) -> dict:
+    """messages[i] with its role checked (developer is system) and its tool fields checked."""
+    if isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls"):
+        m = {"content": None, **m, "tool_calls": _tool_calls(m["tool_calls"], i)}
+    if not isinstance(m, dict) or "role" not in m or "content" not in m:
+        raise InvalidInput(f"messages[{i}] needs role and content", f"got {m!r:.80}", "")
+    if not isinstance(m["role"], str):
+        raise InvalidInput(f"messages[{i}].role must be a string", f"got {m['role']!r:.40}",
+                           f"use one of {', '.join(ROLES)}")
+    if m["role"] not in ROLES:
+        raise InvalidInput(f"messages[{i}].role '{m['role']:.40}' is not a chat role",
+                           f"the roles are {', '.join(ROLES)}", "send one of those")
+    if m["role"] == "tool" and (not isinstance(m.get("tool_call_id"), str) or not m["tool_call_id"]):
+        raise InvalidInput(f"messages[{i}] (role tool) needs tool_call_id", "a tool result answers one call of "
+                           "the assistant's tool_calls", "send the id of the call it answers")
+    if m["role"] == "developer":               # OpenAI's newer name for system: the templates know system
+        m = {**m, "role": "system"}
+    return m
+
+
 def split_messages(messages: list, use_audio_in_video: bool = False, sources: Sources = OFFLINE,
                    limits: Limits = Limits()) -> tuple[list[dict], list[Media]]:
     """use_audio_in_video: each video is heard with its own sound track (a model's option); sources:
@@ -128,17 +151,8 @@ def split_messages(messages: list, use_audio_in_video: bool = False, sources: So
         raise InvalidInput("messages must be a non-empty list", f"got {type(messages).__name__}", "send [{role, content}]")
     out, media = [], []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise InvalidInput(f"messages[{i}] needs role and content", f"got {m!r:.80}", "")
+        m = _message(m, i)
         content = m["content"]
-        if not isinstance(m["role"], str):
-            raise InvalidInput(f"messages[{i}].role must be a string", f"got {m['role']!r:.40}",
-                               f"use one of {', '.join(ROLES)}")
-        if m["role"] not in ROLES:
-            raise InvalidInput(f"messages[{i}].role '{m['role']:.40}' is not a chat role",
-                               f"the roles are {', '.join(ROLES)}", "send one of those")
-        if m["role"] == "developer":               # OpenAI's newer name for system: the templates know system
-            m = {**m, "role": "system"}
         if isinstance(content, str) or content is None:
             out.append({**m, "content": content or ""})
             continue
@@ -177,6 +191,28 @@ def split_messages(messages: list, use_audio_in_video: bool = False, sources: So
                                    "(or audio/image/video with a path, offline)", "send one of those")
         out.append({**m, "content": parts})
     return out, media
+
+
+def _tool_calls(calls, i: int) -> list:
+    """An assistant message's tool_calls as OpenAI has them: [{id, type "function", function {name, arguments:
+    a JSON object as text}}]."""
+    fix = "send [{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": NAME, \"arguments\": JSON}}]"
+    if not isinstance(calls, list):
+        raise InvalidInput(f"messages[{i}].tool_calls must be a list", f"got {type(calls).__name__}", fix)
+    for j, c in enumerate(calls):
+        what = f"messages[{i}].tool_calls[{j}]"
+        fn = c.get("function") if isinstance(c, dict) else None
+        if (not isinstance(fn, dict) or c.get("type", "function") != "function" or not isinstance(c.get("id"), str)
+                or not isinstance(fn.get("name"), str) or not fn["name"] or not isinstance(fn.get("arguments"), str)):
+            raise InvalidInput(f"{what} is not a function call", f"got {c!r:.120}", fix)
+        try:
+            args = json.loads(fn["arguments"])
+        except ValueError:
+            args = None
+        if not isinstance(args, dict):
+            raise InvalidInput(f"{what}.function.arguments is not a JSON object", f"got {fn['arguments']!r:.80}",
+                               "send the arguments as the text of a JSON object, e.g. json.dumps(args)")
+    return calls
 
 
 def _fps(fps, what: str) -> float | None:

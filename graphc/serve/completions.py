@@ -3,8 +3,9 @@
 Chat takes OpenAI's messages (text, and the media parts the plan's kinds take: decoded in a worker
 thread, never in the engine's, and bounded by what the plan's prompts can hold); with modalities
 ["text", "audio"] and audio {voice, format} the answer is spoken too (message.audio: the waveform and
-its transcript). Completions take a text prompt or token ids. Both stream as server-sent events ending
-in `data: [DONE]`, with a usage chunk when stream_options.include_usage.
+its transcript). With tools, chat answers' `<tool_call>` blocks become tool_calls (graphc/serve/tools.py).
+Completions take a text prompt or token ids. Both stream as server-sent events ending in `data: [DONE]`,
+with a usage chunk when stream_options.include_usage.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from graphc.serve.logprobs import chat_logprobs, completion_logprobs, output_ent
 from graphc.serve.middleware import request_id
 from graphc.serve.schemas import Body, ChatBody, CompletionBody
 from graphc.serve.streaming import collect, sse
+import graphc.serve.tools as tools
 
 AUDIO_EXPIRES_S = 3600            # message.audio.expires_at: graphc keeps no audio, so this only follows OpenAI's shape
 
@@ -164,10 +166,12 @@ async def merged(subs: list):
 
 
 async def chunks(ctx: Context, subs: list, head: dict, include_usage: bool, audio: AudioDeltas | None,
-                 view: TextView):
-    """The stream's events, each choice's under its index; a client that goes away frees every choice's pages."""
+                 view: TextView = TextView(), calls: tools.Calls = tools.Calls()):
+    """The stream's events, each choice's under its index (a completion's as `view` shows it; a chat answer's text
+    parsed for tool calls where `calls` says); a client that goes away frees every choice's pages."""
     chat = head["object"] == "chat.completion.chunk"
     reqs = [req for req, _ in subs]
+    streams = [tools.CallStream(calls.most) for _ in reqs] if calls.parse else None
     sent, offset = [0] * len(reqs), [0] * len(reqs)    # tokens sent; characters of their logprobs' text
     shown = [False] * len(reqs)                        # a piece of the choice went (an echoed prompt with it)
     try:
@@ -177,6 +181,8 @@ async def chunks(ctx: Context, subs: list, head: dict, include_usage: bool, audi
         async for i, ev in merged(subs):
             req, n = reqs[i], len(reqs[i].known)    # the engine thread may add more meanwhile
             piece = choice(ctx.engine.tokenizer, req, ev, chat, audio, sent[i], n, i)
+            if streams:
+                piece = tools.stream_piece(streams[i], piece, ev.text, ev.finished)
             if not chat:
                 prefix, piece["logprobs"], offset[i] = view.show(ctx.engine.tokenizer, req, sent[i], n, offset[i],
                                                                  not shown[i])
@@ -197,10 +203,10 @@ async def chunks(ctx: Context, subs: list, head: dict, include_usage: bool, audi
 
 
 async def answer(ctx: Context, chat: bool, rid: str, body: Body, kwargs: dict, audio: str | None = None,
-                 view: TextView = TextView()):
+                 view: TextView = TextView(), calls: tools.Calls = tools.Calls()):
     """Submit body.n choices; a streamed response, an error response, or ([(request, its events)], created)
-    once every choice finished. audio: the format of a speaking request's audio; view: how completions show
-    a choice."""
+    once every choice finished. audio: the format of a speaking request's audio; view: how completions show a
+    choice; calls: how chat parses its tool calls."""
     from fastapi.responses import StreamingResponse
 
     subs = []
@@ -217,7 +223,8 @@ async def answer(ctx: Context, chat: bool, rid: str, body: Body, kwargs: dict, a
                 "model": ctx.model_name}
         deltas = AudioDeltas(audio, ctx.engine.sample_rate, created) if audio else None
         include_usage = bool((body.stream_options or {}).get("include_usage"))
-        return StreamingResponse(chunks(ctx, subs, head, include_usage, deltas, view), media_type="text/event-stream")
+        return StreamingResponse(chunks(ctx, subs, head, include_usage, deltas, view, calls),
+                                 media_type="text/event-stream")
     done = [(req, await collect(events)) for req, events in subs]
     failed = next((req.error for req, _ in done if req.error), None)
     if failed:
@@ -286,6 +293,12 @@ async def chat_completion(ctx: Context, body: ChatBody):
         params = body.params(logprobs=body.logprobs, top_logprobs=body.top_logprobs or 0, **extra)
     except ValidationError as e:
         return error(400, str(e.errors()[0]["msg"]))
+    try:
+        calls = tools.check(body.tools, body.tool_choice, body.parallel_tool_calls, speaking=speech is not None)
+        params = tools.constrained(params, calls.guide)
+        template_kwargs = tools.variables(body.chat_template_kwargs, calls)
+    except InvalidInput as e:
+        return error(400, str(e), param=e.param)
     parsed, bad = await decode(ctx, body)
     if bad is not None:
         return bad
@@ -293,16 +306,22 @@ async def chat_completion(ctx: Context, body: ChatBody):
     rid = f"chatcmpl-{request_id() or uuid.uuid4().hex}"
     fmt = body.audio.format if speech is not None else None
     done = await answer(ctx, True, rid, body, dict(messages=messages, media=media, split=True, params=params,
-                                                   template_kwargs=body.chat_template_kwargs,
-                                                   chat_template=body.chat_template,
-                                                   request_id=rid, speech=speech), audio=fmt)
+                                                   template_kwargs=template_kwargs, chat_template=body.chat_template,
+                                                   request_id=rid, speech=speech), audio=fmt, calls=calls)
     if not isinstance(done, tuple):
         return done
-    subs, created = done
+    return chat_response(ctx, body, rid, *done, fmt, calls)
+
+
+def chat_response(ctx: Context, body: ChatBody, rid: str, subs: list, created: int, fmt: str | None,
+                  calls: tools.Calls) -> dict:
+    """A whole chat answer: each choice's message (tool calls parsed where `calls` says), logprobs and finish
+    reason; the usage; the prompt's logprobs when asked."""
+    parsed = (lambda c: tools.whole_choice(c, calls)) if calls.parse else (lambda c: c)
     out = {"id": rid, "object": "chat.completion", "created": created, "model": ctx.model_name,
-           "choices": [{"index": i, "message": chat_message(ctx, req, evs, fmt, created),
-                        "logprobs": chat_logprobs(ctx.engine.tokenizer, req, 0, len(req.output)),
-                        "finish_reason": req.finish_reason} for i, (req, evs) in enumerate(subs)],
+           "choices": [parsed({"index": i, "message": chat_message(ctx, req, evs, fmt, created),
+                               "logprobs": chat_logprobs(ctx.engine.tokenizer, req, 0, len(req.output)),
+                               "finish_reason": req.finish_reason}) for i, (req, evs) in enumerate(subs)],
            "usage": usage_of([req for req, _ in subs])}
     if body.prompt_logprobs is not None:
         out["prompt_logprobs"] = prompt_logprobs(ctx.engine.tokenizer, subs[0][0], body.prompt_logprobs)

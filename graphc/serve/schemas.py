@@ -2,7 +2,9 @@
 
 Every body is strict: a field that is not declared here is refused (400, naming it). graphc's own fields
 beside OpenAI's: the sampling knobs SamplingParams takes (top_k, min_p, repetition_penalty,
-stop_token_ids, ignore_eos, prompt_logprobs), max_frames and seed on speech, use_audio_in_video on chat.
+stop_token_ids, ignore_eos, prompt_logprobs), max_frames and seed on speech, use_audio_in_video on chat. Chat's
+tools and tool_choice are checked beyond their shapes (unique names, schemas, a named choice declared) in
+graphc/serve/tools.py.
 """
 from __future__ import annotations
 
@@ -58,6 +60,37 @@ class AudioOut(BaseModel):
     max_frames: int | None = Field(None, ge=1)
 
 
+class FunctionDef(BaseModel):
+    """A tool's function: its name, what it does, its arguments as a JSON schema of an object."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    """One of chat's tools, OpenAI's {"type": "function", "function": {...}}."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """tool_choice naming the function that must be called."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionName
+
+
 class ChatBody(Body):
     """POST /v1/chat/completions."""
 
@@ -70,6 +103,9 @@ class ChatBody(Body):
     use_audio_in_video: bool = False          # hear each video's own sound track (where the model takes it)
     chat_template_kwargs: dict[str, Any] | None = None    # the template's own variables (enable_thinking, ...)
     chat_template: str | None = None          # the request's own template: refused unless --trust-request-chat-template
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None   # auto when tools are sent
+    parallel_tool_calls: bool = True
 
 
 class CompletionBody(Body):

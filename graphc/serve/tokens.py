@@ -1,9 +1,11 @@
 """The tokenizer's routes, as vLLM serves them (issue 38):
 
-  POST /tokenize        {prompt} or {messages, add_generation_prompt, chat_template_kwargs}: the token ids the engine would run,
-                        their count and max_model_len (the most rows a request holds); `return_token_strs`
-                        adds each id's text. Messages render through the chat template as chat requests do;
-                        media parts are refused (their rows depend on the media: send the chat request)
+  POST /tokenize        {prompt} or {messages, add_generation_prompt, chat_template_kwargs, tools}: the token
+                        ids the engine would run, their count and max_model_len (the most rows a request
+                        holds); `return_token_strs` adds each id's text. Messages render through the chat
+                        template as chat requests do; media parts are refused (their rows depend on the
+                        media: send the chat request); tools are checked and rendered as chat renders them
+                        with tool_choice auto
   POST /detokenize      {tokens}: their text (ids outside the tokenizer's vocabulary are a 400)
   GET  /tokenizer_info  the tokenizer's vocabulary size, special tokens, chat template and max_model_len
 
@@ -19,6 +21,8 @@ from graphc.errors import InvalidInput
 from graphc.runtime.inputs import split_messages
 from graphc.serve.context import Context
 from graphc.serve.errors import error, wrong_model
+from graphc.serve.schemas import Tool
+from graphc.serve.tools import check as check_tools, variables
 
 
 class TokenizeBody(BaseModel):
@@ -28,6 +32,7 @@ class TokenizeBody(BaseModel):
     messages: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
     return_token_strs: bool = False
 
 
@@ -62,7 +67,10 @@ def tokenize(ctx: Context, body: TokenizeBody) -> dict:
                            "how many rows a media item takes depends on the item, which /tokenize does not decode",
                            "tokenize the text alone, or send the chat request (its usage counts every row)")
     messages = split_messages(body.messages)[0] if body.messages is not None else None
-    ids = ctx.engine.tokenize(messages, body.prompt, body.chat_template_kwargs, body.add_generation_prompt)
+    if body.tools and messages is None:
+        raise InvalidInput("tools with a prompt", "tools are rendered by the chat template", "send messages")
+    kwargs = variables(body.chat_template_kwargs, check_tools(body.tools, None))
+    ids = ctx.engine.tokenize(messages, body.prompt, kwargs, body.add_generation_prompt)
     out = {"count": len(ids), "max_model_len": ctx.engine.max_seq_len, "tokens": ids}
     if body.return_token_strs:
         out["token_strs"] = [tok.id_to_token(i) for i in ids]

@@ -120,7 +120,7 @@ def test_a_developer_message_is_a_system_message_and_tool_results_pass_through()
     from graphc.runtime.inputs import split_messages
 
     sent = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"},
-            {"role": "tool", "content": "42"}]
+            {"role": "tool", "content": "42", "tool_call_id": "call_1"}]
     out, media = split_messages(sent)
     assert [m["role"] for m in out] == ["system", "user", "tool"] and media == []
     assert sent[0]["role"] == "developer"                      # the caller's list is left as it was
