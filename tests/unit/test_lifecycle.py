@@ -1,9 +1,11 @@
-"""`graphc run`'s server stops as a user expects (issue 38): SIGTERM or SIGINT prints one line, a request in
-flight finishes within --shutdown-timeout (or ends with an error event when the timeout is up), and the
-process exits 0 with no traceback. A request naming no max_tokens stops at --default-max-tokens."""
+"""`graphc run`'s server boots and stops as a user expects (issue 38): the boot prints a line per phase, then its
+time; SIGTERM or SIGINT prints one line, a request in flight finishes within --shutdown-timeout (or ends with an
+error event when the timeout is up), and the process exits 0 with no traceback. A request naming no max_tokens stops at
+--default-max-tokens."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -89,3 +91,16 @@ def test_a_request_naming_no_max_tokens_stops_at_the_servers_default():
     finally:
         stop(p, signal.SIGTERM, 30)
     assert got[-1]["usage"]["completion_tokens"] == 7, got[-1]
+
+
+def test_the_boot_prints_a_line_per_phase_then_its_time():
+    """Not a terminal: lines, no bars. The plan's weights are encoder 799.50 KiB + decoder 418.50 KiB = 1.19 MiB,
+    and its walks have 33 rungs in all (plans/tiny_cpu.plan)."""
+    p, _ = start()
+    _, out, _ = stop(p, signal.SIGTERM, 30)
+    boot = out.split("graphc run: ")[0].splitlines()
+    assert re.fullmatch(r"boot: weights: 1\.19 MiB seeded in \d+\.\d s \([\d.]+ (KiB|MiB)/s\)", boot[0]), out
+    assert re.fullmatch(r"boot: warm-up: 33 steps run in \d+\.\d s", boot[1]), out
+    took = re.fullmatch(r"boot: done in (\d+\.\d) s", boot[2])
+    assert len(boot) == 3 and took, out
+    assert f"booted in {took[1]} s" in out.split("graphc run: ")[1], out
