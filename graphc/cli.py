@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from graphc.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_INVALID, DoesNotFit, GraphcError, InvalidInput
+from graphc.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_INVALID, DoesNotFit, GraphcError, InvalidInput, Stopped
 from graphc.units import parse_bytes
 
 
@@ -469,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     except GraphcError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except Stopped as e:
+        # a second SIGINT or SIGTERM stopped graphc run's server at once; it said so in one line
+        return 128 + e.signum
     except KeyboardInterrupt:
         # Ctrl-C: the command's own cleanup (finally blocks: a server, worker processes) has run; say so, no traceback
         print("graphc: interrupted", file=sys.stderr)
