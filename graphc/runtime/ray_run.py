@@ -25,6 +25,7 @@ import threading
 from graphc.errors import GraphcError, InvalidInput
 from graphc.plan import Plan
 from graphc.runtime.batch import run_batch
+from graphc.runtime.progress import shown
 from graphc.runtime.workers import STEP_TIMEOUT_S, DeviceWorker, WorkerDied
 
 PG_TIMEOUT_S = 120.0           # the longest to wait for the cluster to hold the plan's bundles
@@ -149,7 +150,6 @@ def _classes(ray):
 
         def __init__(self, plan_json: str, actors: dict, options: dict, quiet: bool):
             from graphc.runtime.engine import Engine
-            from graphc.runtime.progress import shown
 
             links = {d: RayLink(a) for d, a in actors.items()}
             with shown(quiet):          # its boot's lines, which Ray shows prefixed with the actor (progress.py)
