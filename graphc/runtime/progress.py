@@ -10,9 +10,9 @@ Who sees what:
   which logging drops unless asked (`logging.basicConfig(level=logging.INFO)` shows them, and the bars on
   a terminal). No bar draws while `graphc.boot` is not enabled for INFO.
 - One process reports: the one that drives the boot (the engine's). A plan device's worker process boots
-  without a line (nothing shows its logger); the engine reports when each worker is booted. Several
+  without a line (nothing shows its logger); the engine's `workers` line says when they all are booted. Several
   replicas boot one after another, each line prefixed with its replica; a multi-device plan's lines name
-  the engine's device.
+  the engine's device. Under Ray the engine actor shows its lines and Ray forwards them (ray_run.py).
 """
 from __future__ import annotations
 
