@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from graphc.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_INVALID, DoesNotFit, GraphcError, InvalidInput
+from graphc.errors import EXIT_DOES_NOT_FIT, EXIT_FITS, EXIT_INVALID, DoesNotFit, GraphcError, InvalidInput, Stopped
 from graphc.units import parse_bytes
 
 
@@ -109,6 +109,7 @@ def _add_check(sub) -> None:
                     help="compile FlashInfer kernels on first use, not all in parallel before the boot")
     ck.add_argument("--tolerance", type=float, default=0.02, help="allowed measured/planned excess (default 0.02)")
     ck.add_argument("--json", default=None, metavar="FILE", help="also write planned and measured bytes as JSON")
+    ck.add_argument("-q", "--quiet", action="store_true", help="no boot progress on stderr")
 
 
 def _add_run(sub) -> None:
@@ -167,6 +168,8 @@ def _add_run(sub) -> None:
     rn.add_argument("--ray", default=None, metavar="ADDRESS",
                     help="run each plan device as an actor of this Ray cluster ('auto': the running one; 'local': "
                          "start one on this host); needs pip install 'graphc[ray]'")
+    rn.add_argument("-q", "--quiet", action="store_true",
+                    help="no boot progress on stderr (default: a line per boot phase, bars on a terminal)")
 
 
 def cmd_plan(args) -> int:
@@ -288,10 +291,12 @@ def cmd_check(args) -> int:
     from graphc.report import render
     from graphc.runtime.boot import boot_plan
     from graphc.runtime.check import compare
+    from graphc.runtime.progress import shown
 
     plan = load_plan(args.plan)
-    boots = boot_plan(plan, args.device, args.checkpoint, args.seed, args.emulate, args.force,
-                      prebuild=not args.no_prebuild)
+    with shown(args.quiet):                  # the boot's phases on stderr (graphc/runtime/progress.py)
+        boots = boot_plan(plan, args.device, args.checkpoint, args.seed, args.emulate, args.force,
+                          prebuild=not args.no_prebuild)
     checks = [compare(b, args.tolerance) for b in boots]
     print(render("check.txt.j2", plan=plan, checks=checks, tolerance=args.tolerance), end="")
     if args.json:
@@ -313,7 +318,7 @@ def cmd_run(args) -> int:
     check_servable(plan, f"plan {args.plan}")         # before torch is imported or a byte is loaded
     if not args.ray:                                   # Ray places devices on hosts of its own
         check_host_memory(plan, f"plan {args.plan}")
-    from graphc.runtime.engine import Engine, read_jsonl
+    from graphc.runtime.engine import read_jsonl
     if args.checkpoint and args.random_weights:
         raise InvalidInput("--checkpoint and --random-weights are exclusive", "", "pass one")
     if not 0 < args.max_upload_mb < float("inf"):
@@ -330,12 +335,19 @@ def cmd_run(args) -> int:
     if args.media_dir is not None and not os.path.isdir(args.media_dir):
         raise InvalidInput(f"--media-dir {args.media_dir} is not a folder", "", "name an existing folder")
     requests = read_jsonl(args.requests) if args.requests else None
-    if args.ray:
-        if plan.replicas > 1:
-            raise InvalidInput(f"--ray serves plans of one copy; plan {args.plan} has {plan.replicas} replicas",
-                               "replicas run as engines of one process on one host",
-                               "run it without --ray, or plan it again with --replicas 1")
-        return _run_on_ray(plan, args, requests)
+    if args.ray and plan.replicas > 1:
+        raise InvalidInput(f"--ray serves plans of one copy; plan {args.plan} has {plan.replicas} replicas",
+                           "replicas run as engines of one process on one host",
+                           "run it without --ray, or plan it again with --replicas 1")
+    from graphc.runtime.progress import shown
+    with shown(args.quiet):                            # the boot's phases on stderr (graphc/runtime/progress.py)
+        return _run_on_ray(plan, args, requests) if args.ray else _boot_and_run(plan, args, requests)
+
+
+def _boot_and_run(plan, args, requests: list | None) -> int:
+    """graphc run on this host: an Engine (or one per replica), then the server or the offline batch."""
+    from graphc.runtime.engine import Engine
+
     serving = Engine
     if plan.replicas > 1:                              # an engine per replica, requests routed between them
         from graphc.runtime.replicas import Replicas as serving
@@ -389,7 +401,7 @@ def _run_on_ray(plan, args, requests: list | None) -> int:
                          checkpoint=args.checkpoint, random_weights=args.random_weights, seed=args.seed,
                          emulate=args.emulate, force=args.force, prefix_cache=not args.no_prefix_cache,
                          overlap=not args.no_overlap, default_max_tokens=args.default_max_tokens,
-                         chat_template=args.chat_template)
+                         chat_template=args.chat_template, quiet=args.quiet)
     try:
         print(serving.summary + f" (Ray cluster {args.ray})", file=sys.stderr)
         if requests is None:
@@ -461,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     except GraphcError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except Stopped as e:
+        # a second SIGINT or SIGTERM stopped graphc run's server at once; it said so in one line
+        return 128 + e.signum
     except KeyboardInterrupt:
         # Ctrl-C: the command's own cleanup (finally blocks: a server, worker processes) has run; say so, no traceback
         print("graphc: interrupted", file=sys.stderr)

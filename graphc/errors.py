@@ -43,3 +43,13 @@ class DoesNotFit(GraphcError):
         self.remedies = remedies or []
         self.result = result          # the compiler's failing result, for reports
         super().__init__(what, why, fix)
+
+
+class Stopped(Exception):
+    """A command stopped at once by a signal after it said so on stderr (graphc run's server on a second SIGINT or
+    SIGTERM): the CLI prints nothing more and exits 128 + the signal's number, as a shell reports a process the
+    signal ended (130 for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"stopped by signal {signum}")

@@ -9,20 +9,19 @@ KV caches the steps wrote into, workspaces) and each step's live op-output bytes
 from __future__ import annotations
 
 import gc
-import sys
 import weakref
 from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from tqdm import tqdm
 
 from graphc.errors import InvalidInput
 from graphc.ir import IR, Step
 from graphc.overrides import apply_overrides
 from graphc.plan import Plan, file_sha256
 from graphc.runtime.device import DeviceBoot, allocate
+from graphc.runtime.progress import BootProgress
 from graphc.runtime.steps import layouts, synthetic_inputs
 from graphc.source import load_model
 from graphc.step import StepContext
@@ -118,10 +117,6 @@ class Binder:
         return out
 
 
-def _progress(total: int, desc: str):
-    return tqdm(total=total, desc=desc, unit="graph", file=sys.stderr, disable=None, leave=False)
-
-
 class LiveBytes(TorchDispatchMode):
     """Peak bytes of the storages ops create during a step that are alive at once: the step's
     activations as the CPU kernels allocate them. An op's output storage that none of its inputs
@@ -175,7 +170,7 @@ def run_every_rung(boot: DeviceBoot) -> Binder:
     """Eagerly run one synthetic step of every walk at every rung (the CPU boot's check)."""
     binder = Binder(boot)
     todo = [(s, r) for s in boot.steps() for r in boot.plan.nodes[s.node].buckets[s.walk].rungs]
-    with _progress(len(todo), "running rungs") as bar, torch.inference_mode():
+    with boot.phase("warm-up", len(todo), "step", "run") as bar, torch.inference_mode():
         for step, rung in todo:
             node = boot.ir.node(step.node)
             inputs = synthetic_inputs(node, step, rung, boot.device)
@@ -242,9 +237,13 @@ def measure_storages(boot: DeviceBoot, binder: Binder) -> None:
 
 def boot_plan(plan: Plan, devices: list[int] | None = None, checkpoint: str | None = None, seed: int = 0,
               emulate: bool = False, force: bool = False, prebuild: bool = True,
-              gpu: int | None = None) -> list[DeviceBoot]:
+              gpu: int | None = None, progress: BootProgress | None = None) -> list[DeviceBoot]:
     """gpu: the CUDA device to boot on (cuda:0 unless given; a multi-device plan's engine boots its own
-    device on the GPU of that index, its workers see one GPU each)."""
+    device on the GPU of that index, its workers see one GPU each). progress: where the boot's phases are
+    reported (graphc/runtime/progress.py); without one, a BootProgress of this boot's own, which also
+    reports the boot's end."""
+    own = progress is None
+    progress = BootProgress() if own else progress
     check_plan_source(plan, force)
     device = check_target(plan, emulate, force)
     if device.type == "cuda" and gpu is not None:
@@ -254,23 +253,30 @@ def boot_plan(plan: Plan, devices: list[int] | None = None, checkpoint: str | No
     for d in wanted:
         if not 0 <= d < len(plan.devices):
             raise InvalidInput(f"device {d} is not in the plan", f"it has devices 0..{len(plan.devices) - 1}")
+    boots = [DeviceBoot(plan, d, device, ir, module=module, progress=progress) for d in wanted]
     if device.type == "cuda":
-        from graphc.runtime.gpu import boot_gpu_device
-        from graphc.runtime.kernels import kernel_jobs, warm
-
-        # before this process touches the device: the children's contexts are gone when it measures
-        built = warm(kernel_jobs(plan, ir, wanted), gpu=device.index or 0) if prebuild else {}
-        boots = [DeviceBoot(plan, d, device, ir, module=module) for d in wanted]
+        _boot_gpu(boots, checkpoint, seed, prebuild)
+    else:
         for boot in boots:
-            if built:
-                boot.notes.append(f"{len(built)} kernel jobs built or loaded in parallel in "
-                                  f"{max(built.values()):.0f} s")
-            boot_gpu_device(boot, checkpoint, seed)
-        return boots
-    boots = []
-    for d in wanted:
-        boot = DeviceBoot(plan, d, device, ir, module=module)
-        allocate(boot, checkpoint, seed)
-        measure_storages(boot, run_every_rung(boot))
-        boots.append(boot)
+            allocate(boot, checkpoint, seed)
+            measure_storages(boot, run_every_rung(boot))
+    if own:
+        progress.done()
     return boots
+
+
+def _boot_gpu(boots: list[DeviceBoot], checkpoint: str | None, seed: int, prebuild: bool) -> None:
+    from graphc.runtime.gpu import boot_gpu_device
+    from graphc.runtime.kernels import kernel_jobs, warm
+
+    if not boots:
+        return
+    first = boots[0]
+    # before this process touches the device: the children's contexts are gone when it measures
+    jobs = kernel_jobs(first.plan, first.ir, [b.index for b in boots]) if prebuild else []
+    built = warm(jobs, gpu=first.device.index or 0, progress=first.progress)
+    for boot in boots:
+        if built:
+            boot.notes.append(f"{len(built)} kernel jobs built or loaded in parallel in "
+                              f"{max(built.values()):.0f} s")
+        boot_gpu_device(boot, checkpoint, seed)

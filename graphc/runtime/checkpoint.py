@@ -20,6 +20,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors import safe_open
@@ -160,21 +161,26 @@ def _pieces(shards: Shards, prefix: str, name: str, target: torch.Tensor) -> Pie
     return pieces if shp == want else f"{disk}: per-expert tensors fuse to {shp}, module wants {want}"
 
 
-def _copy(shards: Shards, name: str, dest: torch.Tensor) -> None:
+def _copy(shards: Shards, name: str, dest: torch.Tensor, on_bytes: Callable[[int], None] | None = None) -> None:
     """One disk tensor into dest, hostmem.STAGING_BYTES of rows at a time (a row at least): the host never holds a
-    whole large tensor. copy_ casts to dest's dtype (on the host, before a host-to-device copy)."""
+    whole large tensor. copy_ casts to dest's dtype (on the host, before a host-to-device copy). on_bytes(n): told
+    the bytes of dest each chunk filled."""
     shape = shards.shape(name)
     rows = shape[0] if shape else 1
     row_bytes = max(1, math.prod(shape[1:]) * max(shards.dtype(name).itemsize, dest.element_size()))
     step = max(1, hostmem.STAGING_BYTES // row_bytes)
     for r in range(0, rows, step):
         chunk = shards.rows(name, r, min(rows, r + step))
-        (dest[r:r + step] if shape else dest).copy_(chunk)
+        part = dest[r:r + step] if shape else dest
+        part.copy_(chunk)
+        if on_bytes is not None:
+            on_bytes(part.numel() * part.element_size())
 
 
-def load_weights(module: torch.nn.Module, source: str | Path | Shards, prefix: str = "",
-                 strict: bool = True) -> LoadReport:
-    """Copy a checkpoint's tensors into the module (cast to each tensor's dtype), in row chunks."""
+def load_weights(module: torch.nn.Module, source: str | Path | Shards, prefix: str = "", strict: bool = True,
+                 on_bytes: Callable[[int], None] | None = None) -> LoadReport:
+    """Copy a checkpoint's tensors into the module (cast to each tensor's dtype), in row chunks; on_bytes(n) is
+    told the module's bytes each chunk filled (the boot's progress)."""
     shards = source if isinstance(source, Shards) else Shards(source)
     report = LoadReport()
     state = module.state_dict(keep_vars=True)
@@ -194,7 +200,7 @@ def load_weights(module: torch.nn.Module, source: str | Path | Shards, prefix: s
                 problems.append(got)
                 continue
             for at, disk in got:
-                _copy(shards, disk, target.data[at] if at else target.data)
+                _copy(shards, disk, target.data[at] if at else target.data, on_bytes)
                 report.used.add(disk)
             report.fused += int(len(got) > 1 or got[0][1] != prefix + n)     # stacked or fused on disk
             report.loaded += 1

@@ -13,6 +13,7 @@ from graphc.modules import arrange_weights, set_kernels
 from graphc.plan import Plan
 from graphc.runtime.build import fill_seeded, materialize
 from graphc.runtime.checkpoint import Shards, load_weights
+from graphc.runtime.progress import BootProgress
 from graphc.step import TORCH_DTYPES
 from resources.linear_state import LinearState, SlotAllocator, new_state
 from resources.paged_kv import PageAllocator, new_cache
@@ -43,6 +44,7 @@ class DeviceBoot:
     step_peaks: dict[str, int] = field(default_factory=dict)    # CPU: step -> peak live op-output bytes
     runtime: object = None                                      # GPU: the boot's gpu.Graphs, which serving replays
     module: object = None                                       # the imported model file (its host() serves it)
+    progress: BootProgress = field(default_factory=BootProgress)   # where its phases are reported
 
     @property
     def nodes(self) -> list[str]:
@@ -50,6 +52,11 @@ class DeviceBoot:
 
     def steps(self) -> list[Step]:
         return [s for s in self.ir.steps if s.node in self.nodes]
+
+    def phase(self, name: str, total: float | None, unit: str, verb: str):
+        """A phase of this device's boot (BootProgress.phase), named with the device where the plan has several."""
+        where = f"device {self.index} " if len(self.plan.devices) > 1 else ""
+        return self.progress.phase(where + name, total, unit, verb)
 
 
 def owner(name: str, prefixes: dict[str, str]) -> str | None:
@@ -88,23 +95,32 @@ def allocate_states(boot: DeviceBoot) -> None:
             boot.measured[f"state.{res}.{part}"] = t.untyped_storage().nbytes()
 
 
-def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
-    """Weights, KV pools and workspaces in the ledger's order."""
+def allocate_weights(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
+    """Each node's module in its arena, its weights read from the checkpoint (or seeded), as the plan's
+    kernels read them: the boot's `weights` phase."""
     shards = Shards(checkpoint) if checkpoint else None
     used: set[str] = set()
-    for name in boot.nodes:
-        node = boot.ir.node(name)
-        module, arena = materialize(node, boot.device)
-        set_kernels(module, boot.plan.nodes[name].kernels)      # the plan's kernel choices (select_backends)
-        if shards is not None:
-            used |= load_weights(module, shards, node.weight_prefix, strict=False).used
-        else:
-            fill_seeded(module, seed)
-        arrange_weights(module)                                 # rows as the chosen kernels read them
-        boot.modules[name], boot.arenas[name] = module, arena
-        boot.measured[f"weights.{name}"] = arena.numel()
+    total = sum(boot.plan.nodes[name].weights_bytes for name in boot.nodes)
+    with boot.phase("weights", total, "B", "loaded" if shards is not None else "seeded") as phase:
+        for name in boot.nodes:
+            node = boot.ir.node(name)
+            module, arena = materialize(node, boot.device)
+            set_kernels(module, boot.plan.nodes[name].kernels)      # the plan's kernel choices (select_backends)
+            if shards is not None:
+                used |= load_weights(module, shards, node.weight_prefix, strict=False, on_bytes=phase.update).used
+            else:
+                fill_seeded(module, seed)
+                phase.update(arena.numel())
+            arrange_weights(module)                                 # rows as the chosen kernels read them
+            boot.modules[name], boot.arenas[name] = module, arena
+            boot.measured[f"weights.{name}"] = arena.numel()
     if shards is not None:
         check_unused(shards, used, boot)
+
+
+def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
+    """Weights, KV pools and workspaces in the ledger's order."""
+    allocate_weights(boot, checkpoint, seed)
     dev_plan = boot.plan.devices[boot.index]
     for res, pages in dev_plan.kv_pages.items():
         spec = boot.ir.model.resource(res)

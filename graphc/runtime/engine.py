@@ -27,6 +27,7 @@ from graphc.runtime.boot import boot_plan
 from graphc.runtime.check import compare, verdict
 from graphc.runtime.executor import Executor, llm_node, scratch_pages, text_kind
 from graphc.runtime.flight import Flight, placeholder
+from graphc.runtime.progress import BootProgress
 from graphc.runtime.request import Request
 from graphc.runtime.sampler import Sampler, SamplingParams, needs_history, new_generator, score
 from graphc.runtime.scheduler import Scheduler, StepPlan
@@ -96,18 +97,17 @@ class Engine:
         if links is None:                                  # devices in this host's memory fit what it has
             check_host_memory(self.plan)
         check_checkpoint(self.plan, checkpoint)
-        t0 = time.perf_counter()
+        progress = BootProgress(f"replica {replica}" if self.plan.replicas > 1 else "")      # its lines: progress.py
         self.checkpoint = str(checkpoint) if checkpoint is not None else None
         self.llm = llm_node(self.plan)
         opts = dict(checkpoint=self.checkpoint, seed=seed, emulate=emulate, force=force, prebuild=prebuild)
         self.workers = None
         if boot is None and len(self.plan.devices) > 1:      # one worker process for each other device
-            self.workers = self._start_workers(opts, links, host)
+            self.workers = self._start_workers(opts, links, host, progress)
             boot = self.workers.booted
         if boot is None and self.plan.replicas > 1:
-            boot = boot_plan(self.plan, gpu=replica, **opts)[0]
-        self.boot = boot if boot is not None else boot_plan(self.plan, **opts)[0]
-        self.boot_seconds = time.perf_counter() - t0
+            boot = boot_plan(self.plan, gpu=replica, progress=progress, **opts)[0]
+        self.boot = boot if boot is not None else boot_plan(self.plan, progress=progress, **opts)[0]
         self.model = self.boot.ir.model
         self.host = self._host()
         kv_res = next(r for r in self.model.node(self.llm).resources.values() if r in self.boot.pages)
@@ -132,19 +132,20 @@ class Engine:
         if self.workers is not None:
             self.devices |= self.workers.checks
         self.devices = dict(sorted(self.devices.items()))
+        self.boot_seconds = progress.done()
 
-    def _start_workers(self, opts: dict, links: dict | None, host: str):
-        """A worker for each plan device but the LLM's (this process boots that one)."""
+    def _start_workers(self, opts: dict, links: dict | None, host: str, progress: BootProgress):
+        """A worker for each plan device but the LLM's (this process boots that one, reporting to progress)."""
         from graphc.runtime.workers import Workers
 
         local = next(d.index for d in self.plan.devices if self.llm in d.nodes)
         gpu = 0 if links is not None else local
 
         def boot_local():
-            return boot_plan(self.plan, devices=[local], gpu=gpu, **opts)[0]
+            return boot_plan(self.plan, devices=[local], gpu=gpu, progress=progress, **opts)[0]
 
         device = torch.device("cpu" if self.plan.target.arch == "cpu" else f"cuda:{gpu}")
-        return Workers(self.plan, local, device, boot_local, links=links, host=host, **opts)
+        return Workers(self.plan, local, device, boot_local, links=links, host=host, progress=progress, **opts)
 
     def _speech_lane(self, seed: int) -> tuple[SpeechLane | None, str | None]:
         """The pipeline's follow and chunk stages, when the model's host speaks and the plan has a speaking

@@ -6,10 +6,7 @@ growth for the pools (capture, eager activations), device-wide used bytes for th
 """
 from __future__ import annotations
 
-import sys
-
 import torch
-from tqdm import tqdm
 
 from graphc.ir import Step
 from graphc.plan import parse_graph_id
@@ -159,7 +156,7 @@ class Graphs:
         self.warm_eager()
         # warm-up on the current stream: lazy init and FlashInfer's first-call buffers. (A side stream
         # would get a cuBLAS workspace of its own, 32 MiB the ledger does not hold: seen on the H200.)
-        with torch.inference_mode(), _bar(len(keys), "warming graphs") as bar:
+        with torch.inference_mode(), self.boot.phase("graph warm-up", len(keys), "graph", "run") as bar:
             for node, family, rung in keys:
                 step = self.boot.ir.family(node, family)
                 inputs = self.static_inputs(node, family, step, rung)
@@ -174,7 +171,7 @@ class Graphs:
         # device current then (another replica's GPU, where this device's work cannot be captured)
         stream = torch.cuda.Stream(self.boot.device)
         outside_before = self._outside()
-        with torch.inference_mode(), _bar(len(keys), "capturing graphs") as bar:
+        with torch.inference_mode(), self.boot.phase("capture", len(keys), "graph", "captured") as bar:
             for node, family, rung in keys:
                 step = self.boot.ir.family(node, family)
                 inputs = self.static_inputs(node, family, step, rung)
@@ -224,7 +221,7 @@ class Graphs:
         back): kernels that tune themselves on first use (Triton's autotuners: flash-linear-attention's,
         keyed partly by the step's rows) tune now, not in a served step, and their benchmark buffers are
         freed before the pools that the ledger measures grow."""
-        with torch.inference_mode(), _bar(len(self._eager_steps()), "warming eager steps") as bar:
+        with torch.inference_mode(), self.boot.phase("eager warm-up", len(self._eager_steps()), "step", "run") as bar:
             for step in self._eager_steps():
                 rungs = self.boot.plan.nodes[step.node].buckets[step.walk].rungs
                 for rung in sorted({rungs[0] if rungs else 1, step.budget}):
@@ -249,10 +246,6 @@ def pool_bytes(pool) -> int:
                if tuple(seg.get("segment_pool_id", (0, 0))) == tuple(pool))
 
 
-def _bar(total: int, desc: str):
-    return tqdm(total=total, desc=desc, unit="graph", file=sys.stderr, disable=None, leave=False)
-
-
 def prime_convolutions(boot: DeviceBoot) -> None:
     """cuDNN chooses a convolution's engine on its first call and keeps it, but takes its first
     choice (the workspace graphc/convws.py measured) only if that workspace can be allocated then.
@@ -263,7 +256,7 @@ def prime_convolutions(boot: DeviceBoot) -> None:
         return
     from graphc.convws import convolution
 
-    with _bar(len(sigs), "choosing convolution engines") as bar:
+    with boot.phase("convolutions", len(sigs), "engine", "chosen") as bar:
         for sig in sigs:
             convolution(sig, boot.device)()
             bar.update(1)

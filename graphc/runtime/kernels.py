@@ -19,10 +19,9 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from tqdm import tqdm
-
 from graphc.ir import IR
 from graphc.plan import Plan
+from graphc.runtime.progress import BootProgress
 from resources.capabilities import flashinfer_modules, phases
 from resources.paged_kv import PagedKVSpec, new_cache
 from resources.ragged_attention import RaggedAttentionSpec
@@ -112,10 +111,11 @@ def run_job(job: KernelJob) -> None:
     torch.cuda.synchronize()
 
 
-def warm(jobs: list[KernelJob], cpus: int | None = None, gpu: int = 0) -> dict[str, float]:
+def warm(jobs: list[KernelJob], cpus: int | None = None, gpu: int = 0,
+         progress: BootProgress | None = None) -> dict[str, float]:
     """Run the jobs in parallel child processes that see only CUDA device `gpu` (the one the boot is for:
     another may be full, and a context there would not fit); {job label: seconds}. Raises with the child's
-    error when a module fails to build or run."""
+    error when a module fails to build or run. progress: where the `kernels` phase is reported (the boot's)."""
     if not jobs:
         return {}
     cpus = cpus or os.cpu_count() or 2
@@ -128,8 +128,7 @@ def warm(jobs: list[KernelJob], cpus: int | None = None, gpu: int = 0) -> dict[s
              for job in jobs}
     seconds: dict[str, float] = {}
     failed: list[str] = []
-    with tqdm(total=len(jobs), desc="compiling kernels", unit="module", file=sys.stderr, disable=None,
-              leave=False) as bar:
+    with (progress or BootProgress()).phase("kernels", len(jobs), "job", "built or loaded") as bar:
         while procs:
             for label, proc in list(procs.items()):
                 if proc.poll() is None:
@@ -141,8 +140,8 @@ def warm(jobs: list[KernelJob], cpus: int | None = None, gpu: int = 0) -> dict[s
                     failed.append(f"{label}: exit {proc.returncode}\n{out[-3000:]}")
                 bar.update(1)
             time.sleep(0.2)
-    if failed:
-        raise RuntimeError("FlashInfer kernels failed to build or run:\n" + "\n".join(failed))
+        if failed:                              # raised inside the phase: it is not reported as done
+            raise RuntimeError("FlashInfer kernels failed to build or run:\n" + "\n".join(failed))
     return seconds
 
 

@@ -25,6 +25,7 @@ import threading
 from graphc.errors import GraphcError, InvalidInput
 from graphc.plan import Plan
 from graphc.runtime.batch import run_batch
+from graphc.runtime.progress import shown
 from graphc.runtime.workers import STEP_TIMEOUT_S, DeviceWorker, WorkerDied
 
 PG_TIMEOUT_S = 120.0           # the longest to wait for the cluster to hold the plan's bundles
@@ -147,12 +148,13 @@ def _classes(ray):
     class EngineActor:
         """The LLM node's device: the engine, driving the other devices' actors."""
 
-        def __init__(self, plan_json: str, actors: dict, options: dict):
+        def __init__(self, plan_json: str, actors: dict, options: dict, quiet: bool):
             from graphc.runtime.engine import Engine
 
             links = {d: RayLink(a) for d, a in actors.items()}
-            self.engine = Engine(Plan.model_validate_json(plan_json), links=links,
-                                 host=ray.util.get_node_ip_address(), **options)
+            with shown(quiet):          # its boot's lines, which Ray shows prefixed with the actor (progress.py)
+                self.engine = Engine(Plan.model_validate_json(plan_json), links=links,
+                                     host=ray.util.get_node_ip_address(), **options)
 
         def summary(self) -> str:
             return self.engine.summary()
@@ -186,7 +188,8 @@ class RayServing:
     def __init__(self, plan: Plan, address: str, *, llm_device: int, checkpoint: str | None = None,
                  random_weights: bool = False, seed: int = 0, emulate: bool = False, force: bool = False,
                  prefix_cache: bool = True, overlap: bool = True, default_max_tokens: int | None = None,
-                 chat_template: str | None = None):
+                 chat_template: str | None = None, quiet: bool = False):
+        """quiet: the engine actor reports no boot phases (graphc run -q)."""
         ray = self.ray = import_ray()
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -221,7 +224,7 @@ class RayServing:
             options = {"checkpoint": checkpoint, "random_weights": random_weights, "seed": seed, "emulate": emulate,
                        "prefix_cache": prefix_cache, "overlap": overlap, "force": force,
                        "default_max_tokens": default_max_tokens, "chat_template": chat_template}
-            self.engine = EngineActor.options(**place(llm_device)).remote(plan.model_dump_json(), self.actors, options)
+            self.engine = EngineActor.options(**place(llm_device)).remote(plan.model_dump_json(), self.actors, options, quiet)
             self.summary = self._get(self.engine.summary.remote(), None)
         except BaseException:
             self.close()

@@ -17,6 +17,7 @@ import torch
 from graphc.errors import InvalidInput
 from graphc.plan import Plan, load_plan
 from graphc.runtime.engine import Engine, Output, refused
+from graphc.runtime.progress import log
 
 
 def pick(loads: list[dict]) -> int:
@@ -53,7 +54,7 @@ class Replicas:
         t0 = time.perf_counter()
         self.engines: list[Engine] = []
         for r in range(self.plan.replicas):
-            print(f"graphc run: booting replica {r + 1} of {self.plan.replicas}", file=sys.stderr, flush=True)
+            log.info("boot replica %d: replica %d of %d", r, r + 1, self.plan.replicas)     # graphc/runtime/progress.py
             on_gpu = self.plan.target.arch != "cpu" and torch.cuda.is_available()
             with torch.cuda.device(r) if on_gpu else nullcontext():
                 self.engines.append(Engine(self.plan, checkpoint, replica=r, **opts))

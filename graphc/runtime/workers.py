@@ -52,6 +52,7 @@ import torch.distributed as dist
 from graphc.errors import GraphcError, InvalidInput
 from graphc.plan import Plan
 from graphc.runtime.check import compare, verdict
+from graphc.runtime.progress import BootProgress
 from graphc.step import TORCH_DTYPES
 from resources.paged_kv import PageAllocator
 
@@ -303,10 +304,12 @@ class Workers:
 
     def __init__(self, plan: Plan, local: int, device: torch.device, boot_local, *, checkpoint: str | None = None,
                  seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True,
-                 links: dict | None = None, host: str = "127.0.0.1"):
+                 links: dict | None = None, host: str = "127.0.0.1", progress: BootProgress | None = None):
         """boot_local(): boots the engine's own device (its DeviceBoot) while the workers boot theirs.
         links: the workers' links when something else started them (Ray actors: ray_run.py), else one
-        process each is started here. host: this process's address as the other ranks reach it."""
+        process each is started here. host: this process's address as the other ranks reach it. progress:
+        where the `workers` phase (the wait, after this process's own boot, for each worker's) is reported; the
+        workers themselves report nothing (graphc/runtime/progress.py)."""
         if dist.is_initialized():
             raise InvalidInput("this process already drives a multi-device plan",
                                "its devices share torch.distributed's one process group",
@@ -319,7 +322,7 @@ class Workers:
             if links is None:
                 self._start_processes(world, local)
             opts = {"checkpoint": checkpoint, "seed": seed, "emulate": emulate, "force": force, "prebuild": prebuild}
-            self._boot_all(plan, boot_local, opts)
+            self._boot_all(plan, boot_local, opts, progress or BootProgress())
             self._join_all(world, host)
         except BaseException:
             self.close()
@@ -336,13 +339,17 @@ class Workers:
                       "recv_seconds": 0.0}
         self.recent = deque(maxlen=4096)       # (seconds, recv seconds) of the latest node steps
 
-    def _boot_all(self, plan: Plan, boot_local, opts: dict) -> None:
+    def _boot_all(self, plan: Plan, boot_local, opts: dict, progress: BootProgress) -> None:
         """Every worker boots its device while this process boots its own; a worker's faults end the boot."""
         for d, link in self.links.items():
             gpu = visible_gpu(d) if self.device.type == "cuda" and isinstance(link, ProcessLink) else None
             link.request(("boot", plan.model_dump_json(), opts | {"gpu": gpu}))
         self.booted = boot_local()
-        self.summaries = {d: self._wait(d, "booted", BOOT_TIMEOUT_S) for d in self.links}
+        self.summaries = {}
+        with progress.phase("workers", len(self.links), "device", "booted") as phase:
+            for d in self.links:
+                self.summaries[d] = self._wait(d, "booted", BOOT_TIMEOUT_S)
+                phase.update(1)
         for d, s in self.summaries.items():
             if s["faults"]:
                 raise WorkerDied(f"device {d} booted with faults", "; ".join(s["faults"][:3]),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from graphc.errors import InvalidInput
+from graphc.errors import InvalidInput, Stopped
 from graphc.runtime.engine import Engine
 from graphc.runtime.inputs import Sources
 from graphc.runtime.workers import WorkerDied
@@ -56,10 +56,10 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, api_key:
           media_dir: str | None = None, media_urls: bool = False, exit_on_death: bool = True,
           shutdown_timeout: float = DEFAULT_SHUTDOWN_S, served_model_name: list[str] | None = None,
           trust_request_chat_template: bool = False) -> WorkerDied | None:
-    """Serve until stopped. SIGINT or SIGTERM stops it within shutdown_timeout seconds (Stopping). A device's
-    worker that dies ends it: the process exits with code 3 a moment after the requests in flight got their
-    error, or, with exit_on_death=False (graphc run --ray: the server runs in a Ray actor), the server stops
-    and the WorkerDied is returned."""
+    """Serve until stopped. SIGINT or SIGTERM stops it within shutdown_timeout seconds (stopping_server); a second
+    one stops it at once and raises Stopped. A device's worker that dies ends it: the process exits with code 3 a
+    moment after the requests in flight got their error, or, with exit_on_death=False (graphc run --ray: the
+    server runs in a Ray actor), the server stops and the WorkerDied is returned."""
     import uvicorn
 
     died: list[WorkerDied] = []
@@ -79,6 +79,9 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, api_key:
                             timeout_graceful_shutdown=shutdown_timeout + FAIL_GRACE_S)
     server = stopping_server(config, app.state.driver, shutdown_timeout)
     server.run()
+    if server.forced is not None:
+        app.state.driver.close()          # the engine thread ends after its step (no lifespan shutdown ran)
+        raise Stopped(server.forced)
     return died[0] if died else None
 
 
@@ -86,22 +89,41 @@ def stopping_server(config, driver, shutdown_timeout: float):
     """uvicorn's Server, stopping as graphc run promises: the first SIGINT or SIGTERM prints one line, the
     server takes no new connection, requests in flight get shutdown_timeout seconds to finish, then every one
     left ends with an error event (driver.fail_all) and the process leaves without re-raising the signal (exit
-    0, no traceback). A second SIGINT stops at once, as uvicorn's does."""
+    0, no traceback). A second SIGINT or SIGTERM prints one line, ends every request left with an error event
+    at once, gives those events FAIL_GRACE_S to leave, then stops without waiting for the connections; its
+    number is `forced` (serve raises Stopped: graphc run exits 130 or 143, no traceback). A third stops
+    without the grace."""
+    import signal
+    import sys
+
     import uvicorn
 
     class Stopping(uvicorn.Server):
+        forced: int | None = None              # the signal that stopped the server at once
+
         def handle_exit(self, sig, frame) -> None:
-            first = not self.should_exit
+            if self.should_exit:
+                self.stop_now(sig)
+                return
             super().handle_exit(sig, frame)
             self._captured_signals.clear()          # stopped as asked: nothing to re-raise after the shutdown
-            if not first:
-                return
-            import signal
-            import sys
-
             print(f"graphc run: {signal.Signals(sig).name}: stopping; requests in flight have "
                   f"{shutdown_timeout:g} s to finish", file=sys.stderr, flush=True)
             timer = threading.Timer(shutdown_timeout, driver.fail_all, ("the server is shutting down (SIGINT or SIGTERM)",))
+            timer.daemon = True
+            timer.start()
+
+        def stop_now(self, sig) -> None:
+            if self.forced is not None:
+                self.force_exit = True
+                return
+            self.forced = sig
+            print(f"graphc run: {signal.Signals(sig).name} again: stopping now; requests in flight end with an "
+                  "error", file=sys.stderr, flush=True)
+            # the tasks cancelled below are stopped as asked: uvicorn would log each with its traceback
+            logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL + 1)
+            driver.fail_all("the server is stopping now (a second SIGINT or SIGTERM)")
+            timer = threading.Timer(FAIL_GRACE_S, setattr, (self, "force_exit", True))
             timer.daemon = True
             timer.start()
 
