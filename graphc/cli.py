@@ -150,6 +150,9 @@ def _add_run(sub) -> None:
     rn.add_argument("--chat-template", default=None, metavar="FILE|TEXT",
                     help="render chat requests with this template (a file, or the template's text when it holds a "
                          "'{') instead of the checkpoint's")
+    rn.add_argument("--trust-request-chat-template", action="store_true",
+                    help="let a chat request bring its own chat_template (rendered in the same sandbox); "
+                         "without it such a request is refused")
     rn.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                     help="the names the server answers to (requests may give any; responses carry the first; "
                          "default: the plan's model name)")
@@ -352,7 +355,8 @@ def _server_options(args) -> dict:
     return {"api_key": args.api_key or os.environ.get("GRAPHC_API_KEY") or None, "access_log": args.access_log,
             "max_audio_bytes": int(args.max_upload_mb * 1024 * 1024), "max_waiting": args.max_waiting,
             "media_dir": args.media_dir, "media_urls": args.media_urls, "shutdown_timeout": args.shutdown_timeout,
-            "served_model_name": args.served_model_name}
+            "served_model_name": args.served_model_name,
+            "trust_request_chat_template": args.trust_request_chat_template}
 
 
 def _serving_on(host: str, args, api_key, where: str = "") -> None:

@@ -28,7 +28,7 @@ from graphc.runtime.check import compare, verdict
 from graphc.runtime.executor import Executor, llm_node, scratch_pages, text_kind
 from graphc.runtime.flight import Flight, placeholder
 from graphc.runtime.request import Request
-from graphc.runtime.sampler import Sampler, SamplingParams, needs_history, new_generator
+from graphc.runtime.sampler import Sampler, SamplingParams, needs_history, new_generator, score
 from graphc.runtime.scheduler import Scheduler, StepPlan
 from graphc.runtime.speech import SpeechLane, SpeechParams
 from graphc.runtime.workers import WorkerDied, device_memory
@@ -46,6 +46,7 @@ class Output:
     text: str | None
     finish_reason: str | None
     logprobs: list[dict] | None = None
+    prompt_logprobs: list[dict | None] | None = None      # per prompt token (the first None), when asked
     error: str | None = None
     times: dict[str, float] = field(default_factory=dict)
     audio: Any = None                  # float32 samples in [-1, 1] at sample_rate, when it spoke
@@ -256,29 +257,36 @@ class Engine:
         return Limits(seconds, frames, f"a prompt of this plan holds at most {most:,} rows")
 
     def tokenize(self, messages: list[dict] | None = None, prompt: str | None = None,
-                 template_kwargs: dict | None = None, add_generation_prompt: bool = True) -> list[int]:
+                 template_kwargs: dict | None = None, add_generation_prompt: bool = True,
+                 chat_template: str | None = None) -> list[int]:
         """The token ids of a prompt, or of messages as the chat template renders them (with template_kwargs,
-        the template's own variables, in scope)."""
+        the template's own variables, in scope); chat_template: a request's own template text instead of the
+        engine's, with the checkpoint's special tokens."""
         if self.tokenizer is None:
             raise InvalidInput("this engine has no tokenizer", "it was started without a checkpoint tokenizer.json",
                                "send prompt_token_ids, or start it with --checkpoint DIR holding tokenizer.json")
         if messages is not None:
-            if self.template is None:
+            template = self.template
+            if chat_template is not None:
+                from graphc.runtime.chat import ChatTemplate
+                template = ChatTemplate(chat_template, template.special if template is not None else None)
+            if template is None:
                 raise InvalidInput("the checkpoint has no chat template", "", "send prompt or prompt_token_ids")
-            prompt = self.template.render(messages, add_generation_prompt, variables=template_kwargs)
+            prompt = template.render(messages, add_generation_prompt, variables=template_kwargs)
         return self.tokenizer.encode(prompt, add_special_tokens=False).ids
 
     def add(self, *, prompt_token_ids: list[int] | None = None, messages: list[dict] | None = None,
             prompt: str | None = None, media: list[Media] = (), params: SamplingParams | None = None,
             request_id: str | None = None, user: Any = None, use_audio_in_video: bool = False,
             speech: SpeechParams | None = None, speak: list[int] | None = None, split: bool = False,
-            template_kwargs: dict | None = None) -> Request:
+            template_kwargs: dict | None = None, chat_template: str | None = None) -> Request:
         """speech: answer with speech too (a speaking kind: t2s, a2s); its voice and frame limit.
         speak: the answer's text token ids, spoken as given (text to speech): the LLM does not run,
         since the follow stage reads only its embedding table for text rows. split: messages come from
         split_messages already (the server decodes media in its handlers, not in the engine's thread),
         their media in `media`; else their media parts are read here, from any path they name.
-        template_kwargs: the chat template's own variables (chat_template_kwargs)."""
+        template_kwargs: the chat template's own variables (chat_template_kwargs); chat_template: the request's
+        own template text (the server's --trust-request-chat-template)."""
         params = params or SamplingParams()
         given = [x is not None for x in (prompt_token_ids, messages, prompt)]
         if sum(given) != 1:
@@ -290,7 +298,7 @@ class Engine:
             messages, found = split_messages(messages, use_audio_in_video, limits=self.media_limits())
             media += found
         ids = list(prompt_token_ids) if prompt_token_ids is not None else \
-            self.tokenize(messages, prompt, template_kwargs)
+            self.tokenize(messages, prompt, template_kwargs, chat_template=chat_template)
         self._check_ids(ids, "prompt token ids")
         self._check_ids([t for t, _ in params.logit_bias], "logit_bias ids")
         rp = self.host.prompt(ids, media)
@@ -310,6 +318,7 @@ class Engine:
         req.generator = new_generator(params.seed, self.boot.device) if params.seed is not None else None
         req.detok = self._detokenizer(params)
         req.logprobs = [] if params.logprobs else None
+        req.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
         if speak is not None:
             self._spoken_as_given(req, state, speak)
         else:
@@ -513,6 +522,7 @@ class Engine:
             return None, self._fail([c.req for c in plan.chunks], e)
         for c in plan.chunks:
             c.req.computed = c.end
+        self._score(plan, result)
         if self.speech is not None:
             self._keep_hidden(plan, result)
         reqs = [c.req for c in plan.chunks if c.sample]
@@ -528,13 +538,22 @@ class Engine:
         flight.stays = self.overlap and all(r.speech is None and not needs_history(r.params) for r in reqs)
         return flight, []
 
+    @staticmethod
+    def _score(plan: StepPlan, result) -> None:
+        """The prompt logprobs of the step's scored rows, read now (only requests that ask have them)."""
+        at = 0
+        for c in plan.chunks:
+            if c.score is not None:
+                a, b = c.score
+                c.req.prompt_logprobs += score(result.scores[at:at + b - a], c.req.prompt.ids[a + 1:b + 1],
+                                               c.req.params.prompt_logprobs)
+                at += b - a
+
     def _read(self) -> list[Event]:
         """Read the step in flight: each live request's token, accepted as if sampled now."""
         flight, self.inflight = self.inflight, None
         events = []
-        for req, pos, tok, logprob in flight.read():
-            if logprob is not None:
-                req.logprobs.append(logprob)
+        for req, pos, tok in flight.read():
             events.append(self._accept(req, tok, pos))
         return events
 
@@ -606,7 +625,7 @@ class Engine:
             times["total_s"] = t["finished"] - t["arrived"]
         out = Output(id=req.id, kind=req.kind, prompt_tokens=len(req.prompt.ids), token_ids=list(req.output),
                      text=req.detok.text if req.detok is not None else None, finish_reason=req.finish_reason,
-                     logprobs=req.logprobs, error=req.error, times=times)
+                     logprobs=req.logprobs, prompt_logprobs=req.prompt_logprobs, error=req.error, times=times)
         s = req.speech
         if s is not None:
             import numpy as np

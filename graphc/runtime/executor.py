@@ -1,6 +1,6 @@
 """Runs one scheduled step on a booted device: the walk's encoders on their pieces, then the LLM node on
 the step's rows, with encoder rows spliced through the declaration's edges. Returns the logits of the
-rows that sample.
+rows that sample, and of the prompt rows that score the next prompt token (prompt logprobs).
 
 The CPU runs every step eagerly on the torch backends. On a GPU a step at a captured rung copies its
 inputs into the family's static buffers, plans the rung's backends and replays the graph; a step past
@@ -50,6 +50,7 @@ class StepResult:
     logits: torch.Tensor                      # [S, vocab] of the rows that sample, in chunk order
     outputs: dict[str, torch.Tensor]          # every output of the LLM node (views: read before the next step)
     rows: list[tuple[str, int]]               # (request id, row) of each LLM row
+    scores: torch.Tensor | None = None        # [R, vocab] of the chunks' scored rows (Chunk.score), in chunk order
 
 
 def scratch_pages(boot: DeviceBoot) -> dict[str, int]:
@@ -154,8 +155,10 @@ class Executor:
 
     def _llm(self, plan: StepPlan, walk, spliced: dict, pending: torch.Tensor | None) -> StepResult:
         decl = self.model.node(self.llm)
-        ids, positions, sample, qo, kv, tables, order = [], [], [], [], [], [], []
+        ids, positions, sample, qo, kv, tables, order, scored = [], [], [], [], [], [], [], []
         for c in plan.chunks:
+            if c.score is not None:
+                scored += range(len(ids) + c.score[0] - c.start, len(ids) + c.score[1] - c.start)
             ids += c.req.row_ids(c.start, c.end)
             positions.append(c.req.prompt.positions_of(c.start, c.end))
             order += [(c.req.id, r) for r in range(c.start, c.end)]
@@ -168,7 +171,7 @@ class Executor:
         if len(decl.inputs["positions"].shape) == 1:
             pos = pos[0]
         inputs = {"token_ids": resolve(ids, pending), "positions": pos,
-                  "sample_rows": torch.tensor(sample, dtype=torch.int64)}
+                  "sample_rows": torch.tensor(sample + scored, dtype=torch.int64)}
         step = self.steps[(self.llm, plan.walk)]
         fed = set(step.inputs)
         for e in self.model.edges:
@@ -189,4 +192,5 @@ class Executor:
                   for role, res in decl.resources.items() if isinstance(self.model.resource(res), LinearStateSpec)}
         out = self.run_node(self.llm, plan.walk, plan.rungs.get(self.llm), plan.sizes[self.llm], inputs,
                             {self.kv_role: (qo, kv, tables), **states})
-        return StepResult(out["logits"][:len(sample)], out, order)
+        n = len(sample)
+        return StepResult(out["logits"][:n], out, order, out["logits"][n:n + len(scored)] if scored else None)

@@ -81,9 +81,10 @@ class Flight:
         """The sampled tokens on the device (what the next step's placeholders resolve from)."""
         return self.sampled.tokens
 
-    def read(self) -> list[tuple[Request, int, int, dict | None]]:
-        """Wait for the copies, write each live request's token over its placeholder: (request, index, token,
-        its logprob entry or None) for each, skipping requests that closed since the launch."""
+    def read(self) -> list[tuple[Request, int, int]]:
+        """Wait for the copies, write each live request's token over its placeholder, its logprob entry (when
+        asked) first, so that a reader in another thread that sees the token sees its entry: (request, index,
+        token) for each, skipping requests that closed since the launch."""
         if self.done is not None:
             self.done.synchronize()
         tokens = self.host[0].tolist()
@@ -91,13 +92,13 @@ class Flight:
         for i, ((req, pos), tok) in enumerate(zip(self.rows, tokens)):
             if req.closed:
                 continue
+            if req.logprobs is not None:
+                req.logprobs.append(self._logprob(i, req, tok))
             req.output[pos] = tok
-            out.append((req, pos, tok, self._logprob(i, req, tok)))
+            out.append((req, pos, tok))
         return out
 
-    def _logprob(self, i: int, req: Request, tok: int) -> dict | None:
-        if req.logprobs is None:
-            return None
+    def _logprob(self, i: int, req: Request, tok: int) -> dict:
         _, lp, top_ids, top_lp = self.host
         n = req.params.top_logprobs
         return {"token_id": tok, "logprob": float(lp[i]),

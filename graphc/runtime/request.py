@@ -46,6 +46,7 @@ class Request:
     generator: Any = None              # its own seeded torch.Generator, or None (the engine's)
     detok: Any = None                  # its Detokenizer when the engine has a tokenizer
     logprobs: list | None = None       # per token, when asked
+    prompt_logprobs: list | None = None   # per prompt token when asked (sampler.score's entries; the first None)
     user: Any = None                   # what the engine's caller keeps with it (a stream, ...)
     speech: Any = None                 # its SpeechState when it speaks (graphc/runtime/speech.py)
     closed: bool = False               # the engine is done with it: text (and speech) ended, or it failed
@@ -67,6 +68,19 @@ class Request:
     @property
     def decoding(self) -> bool:
         return bool(self.output) and self.computed == self.rows - 1
+
+    @property
+    def scoring(self) -> bool:
+        """It asked for prompt logprobs and some prompt token has none yet."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt.ids)
+
+    def scored_rows(self, start: int, end: int) -> tuple[int, int] | None:
+        """The rows in [start, end) whose logits score a prompt token not yet scored (row r scores token r + 1),
+        as a range, or None."""
+        if not self.scoring:
+            return None
+        a, b = max(start, len(self.prompt_logprobs) - 1), min(end, len(self.prompt.ids) - 1)
+        return (a, b) if a < b else None
 
     @property
     def known(self) -> list[int]:

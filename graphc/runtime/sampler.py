@@ -41,6 +41,8 @@ class SamplingParams(Strict):
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+    # each prompt token's logprob (the first has none) and this many top alternatives; None: not asked
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     # token id -> added to its logit, clamped to +-MAX_BIAS; given as a mapping, held as sorted (id, bias) pairs
     logit_bias: tuple[tuple[int, float], ...] = ()
 
@@ -78,6 +80,17 @@ class Sampled:
     logprobs: torch.Tensor               # [B] fp32: each chosen token's logprob (NaN where not asked)
     top_ids: torch.Tensor                # [B, n] int64, n = the batch's largest top_logprobs
     top_logprobs: torch.Tensor           # [B, n] fp32, descending
+
+
+def score(logits: torch.Tensor, targets: list[int], top: int) -> list[dict]:
+    """Prompt logprobs: each row's log-softmax read at its target (the prompt's next token), as entries
+    {token_id, logprob, rank (1: the most likely token), top: the `top` most likely (id, logprob) pairs}."""
+    lp = logits.float().log_softmax(dim=-1)
+    chosen = lp.gather(1, torch.tensor(targets, dtype=torch.int64, device=lp.device)[:, None])
+    rank = (lp > chosen).sum(dim=-1) + 1
+    tv, ti = lp.topk(top, dim=-1) if top else (lp.new_empty(len(targets), 0), rank.new_empty(len(targets), 0))
+    return [{"token_id": t, "logprob": c, "rank": r, "top": list(zip(i, v))}
+            for t, c, r, i, v in zip(targets, chosen[:, 0].tolist(), rank.tolist(), ti.tolist(), tv.tolist())]
 
 
 def new_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:

@@ -12,6 +12,9 @@ Policy (nano-vllm's, with walks):
   - A text prefill joins the decoding requests' rows through the mixed walk when the plan has one.
   - Decode grows each request by a page when its next row needs one; when the pool is empty the
     youngest running request is preempted (pages freed, recomputed later).
+  - A request that asks for prompt logprobs takes no cached pages, and each row of its chunk counts as a
+    sequence of the step: every row's logits are read, and a step's logits stay within the rows planned
+    for its sequences. Such a step runs eagerly (a captured rung reads one row a sequence).
   - Each node on the walk is padded to the smallest captured rung that holds it (the plan's graphs);
     past the captured rungs the step runs eagerly, as the plan says. Steps, rungs and padding are counted.
 """
@@ -38,6 +41,7 @@ class Chunk:
     end: int
     pieces: list[Piece]
     sample: bool                 # its last row's logits give the request's next token
+    score: tuple[int, int] | None = None     # rows [a, b) whose logits score prompt tokens a + 1 .. b
 
 
 @dataclass
@@ -202,7 +206,7 @@ class Scheduler:
 
     def _lookup(self, req: Request) -> list[int]:
         """The cached pages that hold the request's first rows (held now), keeping its last row to compute."""
-        if self.shared is None or req.speech is not None:
+        if self.shared is None or req.speech is not None or req.scoring:
             return []
         return self.shared.share(self._keys(req, req.target - 1))
 
@@ -296,12 +300,13 @@ class Scheduler:
                 break
             if req.status is not Status.RUNNING or req.stage() != stage_walk:
                 continue                  # preempted just now to grow a decoding request, or on another stage
-            end, pieces = cut(req, stage_walk, tokens, left)
+            end, pieces = cut(req, stage_walk, min(tokens, seqs) if req.scoring else tokens, left)
             if end <= req.computed:
                 continue
-            chunks.append(Chunk(req, req.computed, end, pieces, sample=end == req.target and not req.output))
+            chunks.append(Chunk(req, req.computed, end, pieces, sample=end == req.target and not req.output,
+                                score=req.scored_rows(req.computed, end)))
             tokens -= end - req.computed
-            seqs -= 1
+            seqs -= end - req.computed if req.scoring else 1
             for p in pieces:
                 node = _node(p, stage_walk, per)
                 u, sg = left[node]
@@ -319,7 +324,7 @@ class Scheduler:
                 continue
             b = self.plan.nodes[node].buckets[plan.walk]
             fits = [r for r in b.captured if r >= size]
-            rung = min(fits) if fits else None
+            rung = min(fits) if fits and not (node == self.llm and any(c.score for c in plan.chunks)) else None
             plan.rungs[node] = rung
             self.stats.rungs[(plan.walk, node, rung if rung is not None else "eager")] += 1
             self.stats.used[(plan.walk, node)] += size

@@ -22,13 +22,14 @@ FAIL_GRACE_S = 1.0            # after that, the seconds their error events get t
 
 def build_app(engine: Engine, name: str | list[str] | None = None, *, api_key: str | None = None, access_log: bool = False,
               max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES, on_death=None, max_waiting: int | None = None,
-              sources: Sources = Sources(paths=False)):
+              sources: Sources = Sources(paths=False), trust_request_chat_template: bool = False):
     """name: the model's name the routes answer to (default: the plan's), or several (responses carry the
     first: --served-model-name); api_key: every route but /health
     wants it as a bearer token; access_log: a JSON line a request on `graphc.access` (middleware.py);
     max_audio_bytes: the largest transcription upload (transcriptions.py), and the media a JSON body may
     carry; on_death: Driver's; max_waiting: the queue's bound (Driver's); sources: where media parts may be
-    read from (default: their bytes only, no file and no URL)."""
+    read from (default: their bytes only, no file and no URL); trust_request_chat_template: a chat request may
+    bring its own chat_template (else it is refused)."""
     from fastapi import FastAPI
 
     app = FastAPI(title="graphc", version="1")
@@ -40,7 +41,8 @@ def build_app(engine: Engine, name: str | list[str] | None = None, *, api_key: s
     app.state.driver = driver
     app.router.on_shutdown.append(driver.close)
     names = [name] if isinstance(name, str) else list(name or [engine.model_name])
-    ctx = Context(engine, driver, names[0], max_audio_bytes, sources, engine.media_limits(), tuple(names[1:]))
+    ctx = Context(engine, driver, names[0], max_audio_bytes, sources, engine.media_limits(), tuple(names[1:]),
+                  trust_request_chat_template)
     install_handlers(app)
     for routes in (ops, completions, speech, transcriptions, tokens):
         routes.register(app, ctx)
@@ -52,7 +54,8 @@ def build_app(engine: Engine, name: str | list[str] | None = None, *, api_key: s
 def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, api_key: str | None = None,
           access_log: bool = False, max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES, max_waiting: int | None = None,
           media_dir: str | None = None, media_urls: bool = False, exit_on_death: bool = True,
-          shutdown_timeout: float = DEFAULT_SHUTDOWN_S, served_model_name: list[str] | None = None) -> WorkerDied | None:
+          shutdown_timeout: float = DEFAULT_SHUTDOWN_S, served_model_name: list[str] | None = None,
+          trust_request_chat_template: bool = False) -> WorkerDied | None:
     """Serve until stopped. SIGINT or SIGTERM stops it within shutdown_timeout seconds (Stopping). A device's
     worker that dies ends it: the process exits with code 3 a moment after the requests in flight got their
     error, or, with exit_on_death=False (graphc run --ray: the server runs in a Ray actor), the server stops
@@ -68,7 +71,8 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, api_key:
 
     app = build_app(engine, served_model_name, api_key=api_key, access_log=access_log, max_audio_bytes=max_audio_bytes,
                     on_death=None if exit_on_death else stop, max_waiting=max_waiting,
-                    sources=media_sources(media_dir, media_urls))
+                    sources=media_sources(media_dir, media_urls),
+                    trust_request_chat_template=trust_request_chat_template)
     if access_log:
         middleware.access_log_to_stderr()
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import time
 import uuid
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
@@ -20,6 +21,7 @@ from graphc.runtime.speech import SpeechParams
 from graphc.serve.audio_out import Stream, check_format, encode, whole
 from graphc.serve.context import Context
 from graphc.serve.errors import error, refusal, stream_error, wrong_model
+from graphc.serve.logprobs import chat_logprobs, completion_logprobs, output_entries, prompt_entries, prompt_logprobs
 from graphc.serve.middleware import request_id
 from graphc.serve.schemas import Body, ChatBody, CompletionBody
 from graphc.serve.streaming import collect, sse
@@ -48,6 +50,9 @@ def check_model(ctx: Context, body: Body):
         return bad
     if body.n > MAX_N:
         return error(400, f"n={body.n}: at most {MAX_N} choices a request", param="n")
+    if body.stream and body.prompt_logprobs is not None:
+        return error(400, "prompt_logprobs is served on whole answers, not streamed ones; stream /v1/completions "
+                     "with echo and logprobs to see the prompt's logprobs in its first chunk", param="prompt_logprobs")
     return None
 
 
@@ -81,36 +86,25 @@ def usage(req) -> dict:
     return out
 
 
-def chat_logprobs(tokenizer, req, start: int, end: int) -> dict | None:
-    """Chat's logprobs {content: [...]} of output tokens start..end, None when not asked for."""
-    if req.logprobs is None:
-        return None
+@dataclass(frozen=True)
+class TextView:
+    """How /v1/completions shows each choice: the prompt's text first when echoed, logprobs of `top`
+    alternatives when asked (the echoed prompt's first)."""
+    echo: str | None = None          # the prompt's text, when echoed
+    top: int | None = None           # logprobs asked for (None: none)
 
-    def entry(tid, lp):
-        text = tokenizer.decode([tid], skip_special_tokens=False) if tokenizer else str(tid)
-        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
-    return {"content": [{**entry(e["token_id"], e["logprob"]),
-                         "top_logprobs": [entry(t, v) for t, v in e["top"]]} for e in req.logprobs[start:end]]}
-
-
-def completion_logprobs(tokenizer, req, start: int, end: int, offset: int) -> tuple[dict | None, int]:
-    """/v1/completions' logprobs of output tokens start..end as OpenAI shows them (each token's text, its logprob,
-    the top alternatives keyed by text, each token's character offset from `offset`), and the offset after them;
-    (None, offset) when not asked for. Text is the token's own decoding (its id without a tokenizer)."""
-    if req.logprobs is None:
-        return None, offset
-
-    def text(tid: int) -> str:
-        return tokenizer.decode([tid], skip_special_tokens=False) if tokenizer else str(tid)
-    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    for e in req.logprobs[start:end]:
-        t = text(e["token_id"])
-        out["tokens"].append(t)
-        out["token_logprobs"].append(e["logprob"])
-        out["top_logprobs"].append({text(i): v for i, v in e["top"]})
-        out["text_offset"].append(offset)
-        offset += len(t)
-    return out, offset
+    def show(self, tokenizer, req, start: int, end: int, offset: int, first: bool) -> tuple[str, dict | None, int]:
+        """(the text before output tokens start..end's own, their logprobs, the character offset after them);
+        first: the choice's first piece, where an echoed prompt goes."""
+        echo = first and self.echo is not None
+        prefix = self.echo if echo else ""
+        if self.top is None:
+            return prefix, None, offset
+        out = None
+        if echo:
+            out, offset = completion_logprobs(tokenizer, prompt_entries(req), self.top, offset)
+        out, offset = completion_logprobs(tokenizer, output_entries(req, start, end), self.top, offset, out)
+        return prefix, out, offset
 
 
 def audio_id() -> str:
@@ -169,11 +163,13 @@ async def merged(subs: list):
             t.cancel()
 
 
-async def chunks(ctx: Context, subs: list, head: dict, include_usage: bool, audio: AudioDeltas | None):
+async def chunks(ctx: Context, subs: list, head: dict, include_usage: bool, audio: AudioDeltas | None,
+                 view: TextView):
     """The stream's events, each choice's under its index; a client that goes away frees every choice's pages."""
     chat = head["object"] == "chat.completion.chunk"
     reqs = [req for req, _ in subs]
     sent, offset = [0] * len(reqs), [0] * len(reqs)    # tokens sent; characters of their logprobs' text
+    shown = [False] * len(reqs)                        # a piece of the choice went (an echoed prompt with it)
     try:
         if chat:
             yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
@@ -182,8 +178,11 @@ async def chunks(ctx: Context, subs: list, head: dict, include_usage: bool, audi
             req, n = reqs[i], len(reqs[i].known)    # the engine thread may add more meanwhile
             piece = choice(ctx.engine.tokenizer, req, ev, chat, audio, sent[i], n, i)
             if not chat:
-                piece["logprobs"], offset[i] = completion_logprobs(ctx.engine.tokenizer, req, sent[i], n, offset[i])
-            if ev.token_ids or ev.text or ev.finished or piece.get("delta"):
+                prefix, piece["logprobs"], offset[i] = view.show(ctx.engine.tokenizer, req, sent[i], n, offset[i],
+                                                                 not shown[i])
+                piece["text"] = prefix + piece["text"]
+            if ev.token_ids or ev.text or ev.finished or piece.get("delta") or piece.get("text"):
+                shown[i] = True
                 yield sse({**head, "choices": [piece]})
             sent[i] = n
             if ev.finished and req.error:
@@ -197,9 +196,11 @@ async def chunks(ctx: Context, subs: list, head: dict, include_usage: bool, audi
                 ctx.driver.abort(req.id)
 
 
-async def answer(ctx: Context, chat: bool, rid: str, body: Body, kwargs: dict, audio: str | None = None):
+async def answer(ctx: Context, chat: bool, rid: str, body: Body, kwargs: dict, audio: str | None = None,
+                 view: TextView = TextView()):
     """Submit body.n choices; a streamed response, an error response, or ([(request, its events)], created)
-    once every choice finished. audio: the format of a speaking request's audio."""
+    once every choice finished. audio: the format of a speaking request's audio; view: how completions show
+    a choice."""
     from fastapi.responses import StreamingResponse
 
     subs = []
@@ -216,7 +217,7 @@ async def answer(ctx: Context, chat: bool, rid: str, body: Body, kwargs: dict, a
                 "model": ctx.model_name}
         deltas = AudioDeltas(audio, ctx.engine.sample_rate, created) if audio else None
         include_usage = bool((body.stream_options or {}).get("include_usage"))
-        return StreamingResponse(chunks(ctx, subs, head, include_usage, deltas), media_type="text/event-stream")
+        return StreamingResponse(chunks(ctx, subs, head, include_usage, deltas, view), media_type="text/event-stream")
     done = [(req, await collect(events)) for req, events in subs]
     failed = next((req.error for req, _ in done if req.error), None)
     if failed:
@@ -274,8 +275,9 @@ async def chat_completion(ctx: Context, body: ChatBody):
         return bad
     if speech is not None and body.n > 1:
         return error(400, f"n={body.n} with audio out: a spoken answer is served for one choice", param="n")
-    if body.chat_template is not None:
-        return error(400, "a request's own chat_template is not served: requests render with the server's template",
+    if body.chat_template is not None and not ctx.own_templates:
+        return error(400, "a request's own chat_template is refused: requests render with the server's template; "
+                     "start graphc run with --trust-request-chat-template to let requests bring their own",
                      param="chat_template")
     if body.max_tokens is not None and body.max_completion_tokens is not None:
         return error(400, "give max_tokens or max_completion_tokens, not both", param="max_tokens")
@@ -292,35 +294,54 @@ async def chat_completion(ctx: Context, body: ChatBody):
     fmt = body.audio.format if speech is not None else None
     done = await answer(ctx, True, rid, body, dict(messages=messages, media=media, split=True, params=params,
                                                    template_kwargs=body.chat_template_kwargs,
+                                                   chat_template=body.chat_template,
                                                    request_id=rid, speech=speech), audio=fmt)
     if not isinstance(done, tuple):
         return done
     subs, created = done
-    return {"id": rid, "object": "chat.completion", "created": created, "model": ctx.model_name,
-            "choices": [{"index": i, "message": chat_message(ctx, req, evs, fmt, created),
-                         "logprobs": chat_logprobs(ctx.engine.tokenizer, req, 0, len(req.output)),
-                         "finish_reason": req.finish_reason} for i, (req, evs) in enumerate(subs)],
-            "usage": usage_of([req for req, _ in subs])}
+    out = {"id": rid, "object": "chat.completion", "created": created, "model": ctx.model_name,
+           "choices": [{"index": i, "message": chat_message(ctx, req, evs, fmt, created),
+                        "logprobs": chat_logprobs(ctx.engine.tokenizer, req, 0, len(req.output)),
+                        "finish_reason": req.finish_reason} for i, (req, evs) in enumerate(subs)],
+           "usage": usage_of([req for req, _ in subs])}
+    if body.prompt_logprobs is not None:
+        out["prompt_logprobs"] = prompt_logprobs(ctx.engine.tokenizer, subs[0][0], body.prompt_logprobs)
+    return out
 
 
 async def completion(ctx: Context, body: CompletionBody):
     if (bad := check_model(ctx, body)) is not None:
         return bad
-    if body.echo:
-        return error(400, "echo is not served", param="echo")
+    tokenizer = ctx.engine.tokenizer
+    if body.echo and tokenizer is None and isinstance(body.prompt, list):
+        return error(400, "echo of token ids needs the checkpoint's tokenizer, and this server has none; start "
+                     "graphc run with --checkpoint DIR holding tokenizer.json", param="echo")
+    scored = [k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None]
     try:
-        params = body.params(logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0)
+        params = body.params(logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0,
+                             prompt_logprobs=max(scored) if scored else None)
     except ValidationError as e:
         return error(400, str(e.errors()[0]["msg"]))
     rid = f"cmpl-{request_id() or uuid.uuid4().hex}"
     kw = dict(prompt_token_ids=body.prompt) if isinstance(body.prompt, list) else dict(prompt=body.prompt)
-    done = await answer(ctx, False, rid, body, dict(**kw, params=params, request_id=rid))
+    echo = None if not body.echo else body.prompt if isinstance(body.prompt, str) else \
+        tokenizer.decode(body.prompt, skip_special_tokens=False)
+    view = TextView(echo, body.logprobs)
+    done = await answer(ctx, False, rid, body, dict(**kw, params=params, request_id=rid), view=view)
     if not isinstance(done, tuple):
         return done
     subs, created = done
     return {"id": rid, "object": "text_completion", "created": created, "model": ctx.model_name,
-            "choices": [{"index": i, "text": req.detok.text if req.detok is not None else "",
-                         "token_ids": list(req.output),
-                         "logprobs": completion_logprobs(ctx.engine.tokenizer, req, 0, len(req.output), 0)[0],
-                         "finish_reason": req.finish_reason} for i, (req, _) in enumerate(subs)],
+            "choices": [text_choice(tokenizer, req, i, view, body.prompt_logprobs) for i, (req, _) in enumerate(subs)],
             "usage": usage_of([req for req, _ in subs])}
+
+
+def text_choice(tokenizer, req, index: int, view: TextView, prompt_top: int | None) -> dict:
+    """A whole /v1/completions choice: its text (after the echoed prompt), token ids, logprobs, and the
+    prompt's logprobs when asked (prompt_logprobs)."""
+    prefix, logprobs, _ = view.show(tokenizer, req, 0, len(req.output), 0, True)
+    out = {"index": index, "text": prefix + (req.detok.text if req.detok is not None else ""),
+           "token_ids": list(req.output), "logprobs": logprobs, "finish_reason": req.finish_reason}
+    if prompt_top is not None:
+        out["prompt_logprobs"] = prompt_logprobs(tokenizer, req, prompt_top)
+    return out

@@ -20,6 +20,7 @@ class Context:
     sources: Sources               # where media parts may be read from
     limits: Limits                 # the longest audio and video a prompt of the plan can hold
     aliases: tuple[str, ...] = ()  # other names the routes answer to (--served-model-name's after the first)
+    own_templates: bool = False    # a chat request may bring its own chat_template (--trust-request-chat-template)
 
     @property
     def names(self) -> tuple[str, ...]:

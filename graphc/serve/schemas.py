@@ -2,7 +2,7 @@
 
 Every body is strict: a field that is not declared here is refused (400, naming it). graphc's own fields
 beside OpenAI's: the sampling knobs SamplingParams takes (top_k, min_p, repetition_penalty,
-stop_token_ids, ignore_eos), max_frames and seed on speech, use_audio_in_video on chat.
+stop_token_ids, ignore_eos, prompt_logprobs), max_frames and seed on speech, use_audio_in_video on chat.
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ class Body(BaseModel):
     n: int = Field(1, ge=1)
     user: str | None = None
     logit_bias: dict[str, float] | None = None     # token id (as text, OpenAI's keys) -> bias, clamped to +-100
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)   # each prompt token's (vLLM's field)
 
     def params(self, **extra) -> SamplingParams:
         """The engine's SamplingParams of the fields sent, with `extra` over them."""
@@ -68,7 +69,7 @@ class ChatBody(Body):
     audio: AudioOut | None = None
     use_audio_in_video: bool = False          # hear each video's own sound track (where the model takes it)
     chat_template_kwargs: dict[str, Any] | None = None    # the template's own variables (enable_thinking, ...)
-    chat_template: str | None = None          # refused: the server renders with its own (--chat-template)
+    chat_template: str | None = None          # the request's own template: refused unless --trust-request-chat-template
 
 
 class CompletionBody(Body):
@@ -76,7 +77,7 @@ class CompletionBody(Body):
 
     prompt: str | list[int]
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    echo: bool = False
+    echo: bool = False                        # the prompt first in each choice's text (and logprobs)
 
 
 class SpeechBody(BaseModel):

@@ -117,3 +117,21 @@ def test_a_request_naming_no_max_tokens_gets_the_servers_default_and_never_past_
     assert [len(engine.output(r).token_ids) for r in reqs] == [3, 5, 2]          # by hand: most - (most - 2)
     with pytest.raises(InvalidInput, match="default max_tokens 0"):
         Engine(plan_path, random_weights=True, default_max_tokens=0)
+
+
+def test_a_token_read_back_comes_after_its_logprob(engines):
+    """The server's thread sends the logprobs of the output tokens it sees (graphc/serve/completions.py): a
+    token is written over its placeholder only once its logprob entry is there, else a stream can skip one."""
+    engine = engines[True]
+    req = engine.add(prompt_token_ids=PROMPTS[0], params=greedy(6, logprobs=True))
+    seen = []
+
+    class Watched(list):
+        def __setitem__(self, i, v):
+            if v >= 0:
+                seen.append((i, len(req.logprobs)))
+            super().__setitem__(i, v)
+    req.output = Watched(req.output)
+    while engine.has_work():
+        engine.step()
+    assert len(seen) == 6 and all(n > i for i, n in seen), seen
