@@ -113,17 +113,21 @@ def hf_loglikelihood(ckpt: Path):
 
 
 def test_lm_eval_multiple_choice_scores_each_choice_from_the_servers_prompt_logprobs(served, tmp_path):
-    """graphc_mc completes with acc a number in [0, 1], and the loglikelihood lm-eval read for each choice (from
-    echo's prompt logprobs) is HF's for the same tokens."""
+    """graphc_mc completes, and the loglikelihood and is-greedy flag lm-eval read for each choice (from echo's
+    prompt logprobs) are HF's for the same tokens; acc is the share of documents whose answer HF scores
+    highest."""
     results, samples = lm_eval(served["port"], "graphc_mc", tmp_path)
-    assert a_fraction(results["results"]["graphc_mc"]["acc,none"]), results["results"]
     assert len(samples) == 4
-    score = hf_loglikelihood(served["dir"] / "ckpt")
+    score, right = hf_loglikelihood(served["dir"] / "ckpt"), 0
     for s in samples:
-        for i, ((lp, greedy),) in enumerate(s["resps"]):
-            ctx, cont = s["arguments"][f"gen_args_{i}"]["arg_0"], s["arguments"][f"gen_args_{i}"]["arg_1"]
-            want_lp, want_greedy = score(ctx, cont)
-            assert lp == pytest.approx(want_lp, abs=1e-3) and greedy == want_greedy, (ctx, cont, lp, want_lp)
+        want = []
+        for i, ((lp, greedy),) in enumerate(s["resps"]):           # the samples file holds them as text
+            args = s["arguments"][f"gen_args_{i}"]
+            want.append(score(args["arg_0"], args["arg_1"]))
+            assert float(lp) == pytest.approx(want[-1][0], abs=1e-3) and greedy == str(want[-1][1]), (args, lp, want)
+        right += max(range(len(want)), key=lambda i: want[i][0]) == s["doc"]["answer"]
+    acc = results["results"]["graphc_mc"]["acc,none"]
+    assert a_fraction(acc) and acc == right / 4, (acc, right)
 
 
 def aiperf(port: int, tmp: Path, ckpt: Path, requests: int, out_tokens: int) -> tuple[dict, list[dict], dict, dict]:
