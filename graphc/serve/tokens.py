@@ -5,7 +5,9 @@
                         holds); `return_token_strs` adds each id's text. Messages render through the chat
                         template as chat requests do; media parts are refused (their rows depend on the
                         media: send the chat request); tools are checked and rendered as chat renders them
-                        with tool_choice auto
+                        with tool_choice auto. `add_special_tokens` may be false (what the engine does: text
+                        is encoded without the tokenizer's added special tokens); true is refused, since
+                        those ids would not be the ones run
   POST /detokenize      {tokens}: their text (ids outside the tokenizer's vocabulary are a 400)
   GET  /tokenizer_info  the tokenizer's vocabulary size, special tokens, chat template and max_model_len
 
@@ -34,6 +36,7 @@ class TokenizeBody(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Tool] | None = None
     return_token_strs: bool = False
+    add_special_tokens: bool = False
 
 
 class DetokenizeBody(BaseModel):
@@ -61,6 +64,10 @@ def tokenize(ctx: Context, body: TokenizeBody) -> dict:
     tok = _tokenizer(ctx)
     if (body.prompt is None) == (body.messages is None):
         raise InvalidInput("send prompt or messages, one of them", "", "e.g. {\"prompt\": \"hello\"}")
+    if body.add_special_tokens:
+        raise InvalidInput("add_special_tokens is true", "the engine encodes text without the tokenizer's added "
+                           "special tokens, so those ids would not be the ones a request runs",
+                           "send false or leave it out")
     media = _media_parts(body.messages or [])
     if media:
         raise InvalidInput(f"{len(media)} media part(s) in the messages ({', '.join(map(str, media[:4]))})",

@@ -256,6 +256,8 @@ def test_tokenize_and_detokenize_agree_with_hf_tokenizer_and_template(served):
     want = hf.encode(text, add_special_tokens=False)
     assert _post(port, "/tokenize", {"prompt": text, "return_token_strs": True}) == (200, {
         "count": len(want), "max_model_len": most, "tokens": want, "token_strs": hf.convert_ids_to_tokens(want)})
+    assert _post(port, "/tokenize", {"prompt": text, "add_special_tokens": False}) == (200, {   # as lm-eval asks
+        "count": len(want), "max_model_len": most, "tokens": want})
     chat = hf.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
     chat = chat["input_ids"] if isinstance(chat, dict) or hasattr(chat, "keys") else chat
     status, got = _post(port, "/tokenize", {"messages": MESSAGES, "model": served["engine"].model_name})
@@ -273,6 +275,7 @@ def test_tokenize_and_detokenize_agree_with_hf_tokenizer_and_template(served):
     ("/tokenize", {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {
         "data": base64.b64encode(b"RIFF").decode()}}]}]}, 400, "media"),
     ("/tokenize", {"prompt": "a", "bogus": 1}, 400, "bogus"),
+    ("/tokenize", {"prompt": "a", "add_special_tokens": True}, 400, "add_special_tokens is true"),
     ("/tokenize", {"prompt": "a", "model": "gpt-4"}, 404, "'gpt-4' is not served here"),
     ("/detokenize", {"tokens": [1, 10**6]}, 400, "[1000000] are outside the vocabulary"),
 ])
