@@ -51,6 +51,7 @@ class Request:
     speech: Any = None                 # its SpeechState when it speaks (graphc/runtime/speech.py)
     closed: bool = False               # the engine is done with it: text (and speech) ended, or it failed
     media_keys: dict = field(default_factory=dict)   # id(piece) -> its content digest (prefix caching)
+    cached: int = 0                    # prompt rows its first admission took from the prefix cache
 
     @property
     def rows(self) -> int:

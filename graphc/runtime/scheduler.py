@@ -230,6 +230,8 @@ class Scheduler:
             req.computed = len(hit) * self.kv.page_size
             if hit:
                 self.shared.hit_rows += req.computed
+                if not req.preemptions:
+                    req.cached = req.computed
             req.slots = {res: a.allocate() for res, a in self.slots.items()}
             req.status = Status.RUNNING
             self.running.append(req)

@@ -5,7 +5,8 @@ thread, never in the engine's, and bounded by what the plan's prompts can hold);
 ["text", "audio"] and audio {voice, format} the answer is spoken too (message.audio: the waveform and
 its transcript). With tools, chat answers' `<tool_call>` blocks become tool_calls (graphc/serve/tools.py).
 Completions take a text prompt or token ids. Both stream as server-sent events ending in `data: [DONE]`,
-with a usage chunk when stream_options.include_usage.
+with a usage chunk when stream_options.include_usage (and the usage so far in every chunk with
+continuous_usage_stats). A completions prompt may be a batch: each prompt's n choices in turn.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from graphc.serve.context import Context
 from graphc.serve.errors import error, refusal, stream_error, wrong_model
 from graphc.serve.logprobs import chat_logprobs, completion_logprobs, output_entries, prompt_entries, prompt_logprobs
 from graphc.serve.middleware import request_id
-from graphc.serve.schemas import Body, ChatBody, CompletionBody
+from graphc.serve.schemas import Body, ChatBody, CompletionBody, StreamOptions
 from graphc.serve.streaming import collect, sse
 import graphc.serve.tools as tools
 
@@ -52,19 +53,28 @@ def check_model(ctx: Context, body: Body):
         return bad
     if body.n > MAX_N:
         return error(400, f"n={body.n}: at most {MAX_N} choices a request", param="n")
+    if body.stream_options is not None and not body.stream:
+        return error(400, "stream_options is for streamed requests: send stream true, or leave it out",
+                     param="stream_options")
     if body.stream and body.prompt_logprobs is not None:
         return error(400, "prompt_logprobs is served on whole answers, not streamed ones; stream /v1/completions "
                      "with echo and logprobs to see the prompt's logprobs in its first chunk", param="prompt_logprobs")
     return None
 
 
-def usage_of(reqs: list) -> dict:
-    """The usage of a request's choices: the prompt counted once, every choice's tokens."""
-    out = usage(reqs[0])
-    for req in reqs[1:]:
-        more = usage(req)
-        out["completion_tokens"] += more["completion_tokens"]
-        out["total_tokens"] += more["completion_tokens"]
+def usage_of(reqs: list, n: int = 1) -> dict:
+    """The usage of a request's choices, n to a prompt: each prompt (and its cached rows) counted once, every
+    choice's tokens."""
+    out = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "prompt_tokens_details": {"cached_tokens": 0}}
+    for i, req in enumerate(reqs):
+        one = usage(req)
+        first = i % n == 0
+        out["prompt_tokens"] += one["prompt_tokens"] if first else 0
+        out["prompt_tokens_details"]["cached_tokens"] += req.cached if first else 0
+        out["completion_tokens"] += one["completion_tokens"]
+        if "completion_tokens_details" in one:
+            out["completion_tokens_details"] = one["completion_tokens_details"]     # speech: one choice
+    out["total_tokens"] = out["prompt_tokens"] + out["completion_tokens"]
     return out
 
 
@@ -79,12 +89,21 @@ def choice_kwargs(kwargs: dict, rid: str, n: int) -> list[dict]:
             for i in range(n)]
 
 
+def batch_kwargs(prompts: list[dict], rid: str, n: int) -> list[dict]:
+    """The engine requests of every prompt's n choices, in turn: prompt p's ids based on rid-p (rid alone for one
+    prompt)."""
+    if len(prompts) == 1:
+        return choice_kwargs(prompts[0], rid, n)
+    return [kw for p, one in enumerate(prompts) for kw in choice_kwargs({**one, "request_id": f"{rid}-{p}"},
+                                                                          f"{rid}-{p}", n)]
+
+
 def usage(req) -> dict:
     """OpenAI's token usage; a speaking request's codec frames (12.5 a second of audio) as audio tokens."""
-    out = {"prompt_tokens": len(req.prompt.ids), "completion_tokens": len(req.output),
-           "total_tokens": len(req.prompt.ids) + len(req.output)}
+    done = len(req.known)             # streamed, a token still in flight is not counted yet
+    out = {"prompt_tokens": len(req.prompt.ids), "completion_tokens": done, "total_tokens": len(req.prompt.ids) + done}
     if req.speech is not None:
-        out["completion_tokens_details"] = {"audio_tokens": len(req.speech.frames), "text_tokens": len(req.output)}
+        out["completion_tokens_details"] = {"audio_tokens": len(req.speech.frames), "text_tokens": done}
     return out
 
 
@@ -92,14 +111,16 @@ def usage(req) -> dict:
 class TextView:
     """How /v1/completions shows each choice: the prompt's text first when echoed, logprobs of `top`
     alternatives when asked (the echoed prompt's first)."""
-    echo: str | None = None          # the prompt's text, when echoed
-    top: int | None = None           # logprobs asked for (None: none)
+    echo: tuple[str, ...] | None = None      # each prompt's text, when echoed
+    top: int | None = None                   # logprobs asked for (None: none)
+    n: int = 1                               # choices a prompt
 
-    def show(self, tokenizer, req, start: int, end: int, offset: int, first: bool) -> tuple[str, dict | None, int]:
-        """(the text before output tokens start..end's own, their logprobs, the character offset after them);
-        first: the choice's first piece, where an echoed prompt goes."""
+    def show(self, tokenizer, req, index: int, start: int, end: int, offset: int,
+             first: bool) -> tuple[str, dict | None, int]:
+        """(the text before output tokens start..end's own, their logprobs, the character offset after them) of
+        choice `index`; first: the choice's first piece, where an echoed prompt goes."""
         echo = first and self.echo is not None
-        prefix = self.echo if echo else ""
+        prefix = self.echo[index // self.n] if echo else ""
         if self.top is None:
             return prefix, None, offset
         out = None
@@ -165,10 +186,11 @@ async def merged(subs: list):
             t.cancel()
 
 
-async def chunks(ctx: Context, subs: list, head: dict, include_usage: bool, audio: AudioDeltas | None,
+async def chunks(ctx: Context, subs: list, head: dict, opts: StreamOptions, n: int, audio: AudioDeltas | None,
                  view: TextView = TextView(), calls: tools.Calls = tools.Calls()):
-    """The stream's events, each choice's under its index (a completion's as `view` shows it; a chat answer's text
-    parsed for tool calls where `calls` says); a client that goes away frees every choice's pages."""
+    """The stream's events, each choice's under its index (n to a prompt; a completion's as `view` shows it; a
+    chat answer's text parsed for tool calls where `calls` says), with the usage as `opts` asks; a client that
+    goes away frees every choice's pages."""
     chat = head["object"] == "chat.completion.chunk"
     reqs = [req for req, _ in subs]
     streams = [tools.CallStream(calls.most) for _ in reqs] if calls.parse else None
@@ -179,22 +201,23 @@ async def chunks(ctx: Context, subs: list, head: dict, include_usage: bool, audi
             yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                             "finish_reason": None} for i in range(len(reqs))]})
         async for i, ev in merged(subs):
-            req, n = reqs[i], len(reqs[i].known)    # the engine thread may add more meanwhile
-            piece = choice(ctx.engine.tokenizer, req, ev, chat, audio, sent[i], n, i)
+            req, known = reqs[i], len(reqs[i].known)    # the engine thread may add more meanwhile
+            piece = choice(ctx.engine.tokenizer, req, ev, chat, audio, sent[i], known, i)
             if streams:
                 piece = tools.stream_piece(streams[i], piece, ev.text, ev.finished)
             if not chat:
-                prefix, piece["logprobs"], offset[i] = view.show(ctx.engine.tokenizer, req, sent[i], n, offset[i],
-                                                                 not shown[i])
+                prefix, piece["logprobs"], offset[i] = view.show(ctx.engine.tokenizer, req, i, sent[i], known,
+                                                                 offset[i], not shown[i])
                 piece["text"] = prefix + piece["text"]
             if ev.token_ids or ev.text or ev.finished or piece.get("delta") or piece.get("text"):
                 shown[i] = True
-                yield sse({**head, "choices": [piece]})
-            sent[i] = n
+                yield sse({**head, "choices": [piece]} | ({"usage": usage_of(reqs, n)} if opts.continuous_usage_stats
+                                                         else {}))
+            sent[i] = known
             if ev.finished and req.error:
                 yield sse(stream_error(req.error))
-        if include_usage:
-            yield sse({**head, "choices": [], "usage": usage_of(reqs)})
+        if opts.include_usage:
+            yield sse({**head, "choices": [], "usage": usage_of(reqs, n)})
         yield "data: [DONE]\n\n"
     finally:
         for req in reqs:
@@ -202,15 +225,15 @@ async def chunks(ctx: Context, subs: list, head: dict, include_usage: bool, audi
                 ctx.driver.abort(req.id)
 
 
-async def answer(ctx: Context, chat: bool, rid: str, body: Body, kwargs: dict, audio: str | None = None,
+async def answer(ctx: Context, chat: bool, rid: str, body: Body, prompts: list[dict], audio: str | None = None,
                  view: TextView = TextView(), calls: tools.Calls = tools.Calls()):
-    """Submit body.n choices; a streamed response, an error response, or ([(request, its events)], created)
-    once every choice finished. audio: the format of a speaking request's audio; view: how completions show a
-    choice; calls: how chat parses its tool calls."""
+    """Submit body.n choices of each prompt (the engine's add() kwargs of each); a streamed response, an error
+    response, or ([(request, its events)], created) once every choice finished. audio: the format of a speaking
+    request's audio; view: how completions show a choice; calls: how chat parses its tool calls."""
     from fastapi.responses import StreamingResponse
 
     subs = []
-    for kw in choice_kwargs(kwargs, rid, body.n):
+    for kw in batch_kwargs(prompts, rid, body.n):
         started, bad = await ctx.submit(kw)
         if bad is not None:
             for req, _ in subs:
@@ -222,8 +245,8 @@ async def answer(ctx: Context, chat: bool, rid: str, body: Body, kwargs: dict, a
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
                 "model": ctx.model_name}
         deltas = AudioDeltas(audio, ctx.engine.sample_rate, created) if audio else None
-        include_usage = bool((body.stream_options or {}).get("include_usage"))
-        return StreamingResponse(chunks(ctx, subs, head, include_usage, deltas, view, calls),
+        return StreamingResponse(chunks(ctx, subs, head, body.stream_options or StreamOptions(), body.n, deltas, view,
+                                        calls),
                                  media_type="text/event-stream")
     done = [(req, await collect(events)) for req, events in subs]
     failed = next((req.error for req, _ in done if req.error), None)
@@ -305,9 +328,9 @@ async def chat_completion(ctx: Context, body: ChatBody):
     messages, media = parsed
     rid = f"chatcmpl-{request_id() or uuid.uuid4().hex}"
     fmt = body.audio.format if speech is not None else None
-    done = await answer(ctx, True, rid, body, dict(messages=messages, media=media, split=True, params=params,
-                                                   template_kwargs=template_kwargs, chat_template=body.chat_template,
-                                                   request_id=rid, speech=speech), audio=fmt, calls=calls)
+    done = await answer(ctx, True, rid, body, [dict(messages=messages, media=media, split=True, params=params,
+                                                    template_kwargs=template_kwargs, chat_template=body.chat_template,
+                                                    request_id=rid, speech=speech)], audio=fmt, calls=calls)
     if not isinstance(done, tuple):
         return done
     return chat_response(ctx, body, rid, *done, fmt, calls)
@@ -322,7 +345,7 @@ def chat_response(ctx: Context, body: ChatBody, rid: str, subs: list, created: i
            "choices": [parsed({"index": i, "message": chat_message(ctx, req, evs, fmt, created),
                                "logprobs": chat_logprobs(ctx.engine.tokenizer, req, 0, len(req.output)),
                                "finish_reason": req.finish_reason}) for i, (req, evs) in enumerate(subs)],
-           "usage": usage_of([req for req, _ in subs])}
+           "usage": usage_of([req for req, _ in subs], body.n)}
     if body.prompt_logprobs is not None:
         out["prompt_logprobs"] = prompt_logprobs(ctx.engine.tokenizer, subs[0][0], body.prompt_logprobs)
     return out
@@ -332,7 +355,10 @@ async def completion(ctx: Context, body: CompletionBody):
     if (bad := check_model(ctx, body)) is not None:
         return bad
     tokenizer = ctx.engine.tokenizer
-    if body.echo and tokenizer is None and isinstance(body.prompt, list):
+    prompts = batch_of(body.prompt)
+    if not prompts:
+        return error(400, "prompt is an empty batch: send a prompt, or a list of them", param="prompt")
+    if body.echo and tokenizer is None and any(isinstance(p, list) for p in prompts):
         return error(400, "echo of token ids needs the checkpoint's tokenizer, and this server has none; start "
                      "graphc run with --checkpoint DIR holding tokenizer.json", param="echo")
     scored = [k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None]
@@ -342,23 +368,31 @@ async def completion(ctx: Context, body: CompletionBody):
     except ValidationError as e:
         return error(400, str(e.errors()[0]["msg"]))
     rid = f"cmpl-{request_id() or uuid.uuid4().hex}"
-    kw = dict(prompt_token_ids=body.prompt) if isinstance(body.prompt, list) else dict(prompt=body.prompt)
-    echo = None if not body.echo else body.prompt if isinstance(body.prompt, str) else \
-        tokenizer.decode(body.prompt, skip_special_tokens=False)
-    view = TextView(echo, body.logprobs)
-    done = await answer(ctx, False, rid, body, dict(**kw, params=params, request_id=rid), view=view)
+    echo = None if not body.echo else tuple(
+        p if isinstance(p, str) else tokenizer.decode(p, skip_special_tokens=False) for p in prompts)
+    view = TextView(echo, body.logprobs, body.n)
+    done = await answer(ctx, False, rid, body, [dict(prompt_token_ids=p, params=params, request_id=rid)
+                                                if isinstance(p, list) else dict(prompt=p, params=params, request_id=rid)
+                                                for p in prompts], view=view)
     if not isinstance(done, tuple):
         return done
     subs, created = done
     return {"id": rid, "object": "text_completion", "created": created, "model": ctx.model_name,
             "choices": [text_choice(tokenizer, req, i, view, body.prompt_logprobs) for i, (req, _) in enumerate(subs)],
-            "usage": usage_of([req for req, _ in subs])}
+            "usage": usage_of([req for req, _ in subs], body.n)}
+
+
+def batch_of(prompt) -> list:
+    """A completions prompt as a batch: one text, one list of ids, or a list of either."""
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        return [prompt]
+    return list(prompt)
 
 
 def text_choice(tokenizer, req, index: int, view: TextView, prompt_top: int | None) -> dict:
     """A whole /v1/completions choice: its text (after the echoed prompt), token ids, logprobs, and the
     prompt's logprobs when asked (prompt_logprobs)."""
-    prefix, logprobs, _ = view.show(tokenizer, req, 0, len(req.output), 0, True)
+    prefix, logprobs, _ = view.show(tokenizer, req, index, 0, len(req.output), 0, True)
     out = {"index": index, "text": prefix + (req.detok.text if req.detok is not None else ""),
            "token_ids": list(req.output), "logprobs": logprobs, "finish_reason": req.finish_reason}
     if prompt_top is not None:

@@ -18,6 +18,15 @@ JSON_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/audio/speech", "/
                "/detokenize")                                          # the routes whose body is JSON
 
 
+class StreamOptions(BaseModel):
+    """stream_options: include_usage (a last chunk with the usage), continuous_usage_stats (vLLM's: every
+    chunk carries the usage so far)."""
+
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
 class Body(BaseModel):
     """What chat and completion requests share: the model's name, sampling, stop, streaming."""
 
@@ -36,7 +45,7 @@ class Body(BaseModel):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
     stream: bool = False
-    stream_options: dict | None = None
+    stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1)
     user: str | None = None
     logit_bias: dict[str, float] | None = None     # token id (as text, OpenAI's keys) -> bias, clamped to +-100
@@ -109,9 +118,10 @@ class ChatBody(Body):
 
 
 class CompletionBody(Body):
-    """POST /v1/completions: a text prompt or its token ids."""
+    """POST /v1/completions: a text prompt or its token ids, or a batch of either (each prompt's n choices in
+    turn: choice index = prompt index x n + its own)."""
 
-    prompt: str | list[int]
+    prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False                        # the prompt first in each choice's text (and logprobs)
 

@@ -61,13 +61,12 @@ def run_client(args: list[str], tmp: Path, offline: bool, timeout: float = 300) 
 
 
 def lm_eval(port: int, task: str, tmp: Path) -> tuple[dict, list[dict]]:
-    """lm-eval's local-completions on `task` against the server: (its results file, its logged samples).
-    tokenized_requests=False: each request's prompt is one string (graphc's /v1/completions takes one prompt
-    a request, text or ids, not lm-eval's batch of id lists)."""
-    args = (f"base_url=http://127.0.0.1:{port}/v1/completions,model={NAME},num_concurrent=1,max_retries=1,"
-            "tokenized_requests=False")
+    """lm-eval's local-completions on `task` against the server, as it runs by default (its prompts tokenized by
+    the server's /tokenize, sent as batches of token-id lists, two a request): (its results file, its logged
+    samples)."""
+    args = f"base_url=http://127.0.0.1:{port}/v1/completions,model={NAME},num_concurrent=1,max_retries=1"
     run_client([sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", args,
-                "--tasks", task, "--include_path", str(TASKS), "--output_path", str(tmp / "out"), "--log_samples"],
+                "--batch_size", "2", "--tasks", task, "--include_path", str(TASKS), "--output_path", str(tmp / "out"), "--log_samples"],
                tmp, offline=True)
     [results] = glob.glob(str(tmp / "out" / "*" / "results_*.json"))
     [samples] = glob.glob(str(tmp / "out" / "*" / f"samples_{task}_*.jsonl"))

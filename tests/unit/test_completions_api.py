@@ -1,6 +1,7 @@
-"""/v1/completions' echo with prompt logprobs, the prompt_logprobs field, and a request's own chat template
-(issue 38), through the openai client on a tiny Qwen3-Omni thinker (weights re-drawn). The expected logprobs
-are HF's log-softmax of the same ids; the expected texts are the tokenizer's own decodings."""
+"""/v1/completions' echo with prompt logprobs, the prompt_logprobs field, a request's own chat template, batched
+prompts, stream_options and the usage's cached tokens (issue 38), through the openai client on a tiny Qwen3-Omni
+thinker (weights re-drawn). The expected logprobs are HF's log-softmax of the same ids; the expected texts are
+the tokenizer's own decodings; a batch's choices are the same prompts sent one by one."""
 from __future__ import annotations
 
 import json
@@ -136,3 +137,48 @@ def test_a_requests_own_chat_template_only_when_trusted(served):
     with pytest.raises(openai.BadRequestError, match="does not parse"):
         trusting.chat.completions.create(model=NAME, messages=msgs, max_tokens=1,
                                          extra_body={"chat_template": "{% for %}"})
+
+
+def test_a_batch_of_prompts_is_each_prompts_n_choices_in_turn(served):
+    c, tok = served["client"], served["tok"]
+    prompts = ["the cat sat", "on the mat, and then it", "hello"]
+    kw = dict(model=NAME, max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+    alone = [c.completions.create(prompt=p, **kw).choices[0].text for p in prompts]
+    r = c.completions.create(prompt=prompts, n=2, **kw)
+    assert [ch.index for ch in r.choices] == list(range(6))
+    assert [ch.text for ch in r.choices] == [t for t in alone for _ in range(2)]
+    assert r.usage.prompt_tokens == sum(len(tok.encode(p).ids) for p in prompts)
+    assert r.usage.completion_tokens == 6 * 4
+    ids = [tok.encode(p).ids for p in prompts]
+    streamed = {}
+    for ch in c.completions.create(prompt=ids, stream=True, echo=True, **kw):
+        for piece in ch.choices:
+            streamed[piece.index] = streamed.get(piece.index, "") + piece.text
+    assert streamed == {i: p + t for i, (p, t) in enumerate(zip(prompts, alone))}
+    with pytest.raises(openai.BadRequestError, match="empty batch"):
+        c.completions.create(prompt=[], **kw)
+
+
+def test_stream_options_are_strict_and_usage_may_come_in_every_chunk(served):
+    c = served["client"]
+    kw = dict(model=NAME, prompt=PROMPT, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    chunks = list(c.completions.create(stream=True, stream_options={"include_usage": True,
+                                                                    "continuous_usage_stats": True}, **kw))
+    counts = [ch.usage.completion_tokens for ch in chunks]
+    assert counts == sorted(counts) and counts[-1] == 5 and all(ch.usage is not None for ch in chunks)
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == len(served["tok"].encode(PROMPT).ids)
+    with pytest.raises(openai.BadRequestError, match="bogus"):
+        c.completions.create(stream=True, stream_options={"bogus": 1}, **kw)
+    with pytest.raises(openai.BadRequestError, match="stream_options is for streamed requests"):
+        c.completions.create(stream_options={"include_usage": True}, **kw)
+
+
+def test_usage_counts_the_prompt_rows_taken_from_the_cache(served):
+    c, engine = served["client"], served["engine"]
+    page = engine.executor.kv_spec.page_size
+    ids = list(range(20, 20 + 3 * page + 5))               # three full pages and some
+    kw = dict(model=NAME, prompt=ids, max_tokens=2, temperature=0)
+    first = c.completions.create(**kw).usage
+    again = c.completions.create(**kw).usage
+    assert first.prompt_tokens_details.cached_tokens == 0
+    assert again.prompt_tokens_details.cached_tokens == 3 * page      # every full page; the last row is computed
