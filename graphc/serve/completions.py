@@ -4,7 +4,8 @@ Chat takes OpenAI's messages (text, and the media parts the plan's kinds take: d
 thread, never in the engine's, and bounded by what the plan's prompts can hold); with modalities
 ["text", "audio"] and audio {voice, format} the answer is spoken too (message.audio: the waveform and
 its transcript). Completions take a text prompt or token ids. Both stream as server-sent events ending
-in `data: [DONE]`, with a usage chunk when stream_options.include_usage.
+in `data: [DONE]`, with a usage chunk when stream_options.include_usage. Both take response_format (text,
+json_object, json_schema): the answer is then decoded under its grammar (graphc/runtime/grammar.py).
 """
 from __future__ import annotations
 
@@ -197,11 +198,27 @@ async def chunks(ctx: Context, subs: list, head: dict, include_usage: bool, audi
                 ctx.driver.abort(req.id)
 
 
+async def compile_guide(ctx: Context, params):
+    """The refusal of a guide (response_format) that does not compile, else None: compiled in a worker thread,
+    so that the engine thread's compile of it is a cache hit (a large schema takes long to compile)."""
+    from starlette.concurrency import run_in_threadpool
+
+    if params.guide is None:
+        return None
+    try:
+        await run_in_threadpool(ctx.engine.compile_guide, params.guide)
+    except InvalidInput as e:
+        return error(400, str(e), param=e.param)
+    return None
+
+
 async def answer(ctx: Context, chat: bool, rid: str, body: Body, kwargs: dict, audio: str | None = None):
     """Submit body.n choices; a streamed response, an error response, or ([(request, its events)], created)
     once every choice finished. audio: the format of a speaking request's audio."""
     from fastapi.responses import StreamingResponse
 
+    if (bad := await compile_guide(ctx, kwargs["params"])) is not None:
+        return bad
     subs = []
     for kw in choice_kwargs(kwargs, rid, body.n):
         started, bad = await ctx.submit(kw)
