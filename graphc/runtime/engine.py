@@ -541,7 +541,10 @@ class Engine:
         reqs = [c.req for c in plan.chunks if c.sample]
         if not reqs:
             return None, []
-        mask = step_mask([r.guide for r in reqs], [len(r.output) for r in reqs], result.logits.shape[-1])
+        try:                                     # a matcher that cannot mask fails its step's requests, not the engine
+            mask = step_mask([r.guide for r in reqs], [len(r.output) for r in reqs], result.logits.shape[-1])
+        except RuntimeError as e:
+            return None, self._fail(reqs, e)
         sampled = self.sampler(result.logits, [r.params for r in reqs], [r.prompt.ids for r in reqs],
                                [r.output for r in reqs], [r.generator for r in reqs], mask)
         rows = []
