@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from graphc.runtime.check import compare, verdict
 from graphc.runtime.executor import Executor, llm_node, scratch_pages, text_kind
 from graphc.runtime.flight import Flight, placeholder
 from graphc.runtime.progress import BootProgress
+from graphc.runtime.grammar import Grammars, Guide, step_mask
 from graphc.runtime.request import Request
 from graphc.runtime.sampler import Sampler, SamplingParams, needs_history, new_generator, score
 from graphc.runtime.scheduler import Scheduler, StepPlan
@@ -124,6 +126,8 @@ class Engine:
         self.overlap = overlap and self.llm in self.boot.nodes
         self.inflight: Flight | None = None       # the LLM step launched and not yet read back
         self.tokenizer, self.template = self._text_tools()
+        self._grammars: Grammars | None = None    # built at the first guided request (xgrammar imports slowly)
+        self._grammar_lock = threading.Lock()     # the server compiles guides in worker threads
         self._ids = itertools.count()
         self.requests: dict[str, Request] = {}
         self.dead: str | None = None              # why the engine stopped (a worker died)
@@ -318,6 +322,7 @@ class Engine:
                       user=user)
         req.generator = new_generator(params.seed, self.boot.device) if params.seed is not None else None
         req.detok = self._detokenizer(params)
+        req.guide = self.grammars().matcher(params.guide) if params.guide is not None else None
         req.logprobs = [] if params.logprobs else None
         req.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
         if speak is not None:
@@ -350,6 +355,24 @@ class Engine:
         state = self.speech.new_state(speech)
         self.host.speech.check(rp)
         return state
+
+    def grammars(self) -> Grammars:
+        """The engine's grammar compiler (graphc/runtime/grammar.py), built on first use; from any thread."""
+        with self._grammar_lock:
+            if self._grammars is None:
+                if self.tokenizer is None:
+                    raise InvalidInput("guided decoding (response_format, tool_choice) needs a tokenizer",
+                                       "this engine serves token ids only",
+                                       "start it with --checkpoint DIR holding tokenizer.json",
+                                       param="response_format")
+                width = self.model.node(self.llm).outputs["logits"].shape[-1]
+                self._grammars = Grammars(self.tokenizer, width, list(self.host.eos_token_ids))
+            return self._grammars
+
+    def compile_guide(self, guide: Guide) -> None:
+        """Compile a guide into the engine's cache, or refuse it (InvalidInput): the server calls it in a worker
+        thread, so that the engine thread's compile of the same guide is a cache hit."""
+        self.grammars().compile(guide)
 
     def _detokenizer(self, params: SamplingParams):
         if self.tokenizer is not None:
@@ -529,14 +552,20 @@ class Engine:
         reqs = [c.req for c in plan.chunks if c.sample]
         if not reqs:
             return None, []
+        try:                                     # a matcher that cannot mask fails its step's requests, not the engine
+            mask = step_mask([r.guide for r in reqs], [len(r.output) for r in reqs], result.logits.shape[-1])
+        except RuntimeError as e:
+            return None, self._fail(reqs, e)
         sampled = self.sampler(result.logits, [r.params for r in reqs], [r.prompt.ids for r in reqs],
-                               [r.output for r in reqs], [r.generator for r in reqs])
+                               [r.output for r in reqs], [r.generator for r in reqs], mask)
         rows = []
         for i, req in enumerate(reqs):
             rows.append((req, len(req.output)))
             req.output.append(placeholder(i))
         flight = Flight.launch(rows, sampled)
-        flight.stays = self.overlap and all(r.speech is None and not needs_history(r.params) for r in reqs)
+        # a guided request's matcher takes its token before its next mask is filled
+        flight.stays = self.overlap and all(r.speech is None and r.guide is None and not needs_history(r.params)
+                                            for r in reqs)
         return flight, []
 
     @staticmethod
@@ -563,8 +592,12 @@ class Engine:
         now = time.perf_counter()
         req.times.setdefault("first_token", now)
         text = req.detok.add([tok]) if req.detok is not None else ""
-        p = req.params
-        if not p.ignore_eos and tok in self.host.eos_token_ids or tok in p.stop_token_ids:
+        p, g = req.params, req.guide
+        if g is not None and not g.accept(tok):
+            req.finish_reason, req.error = "error", f"token {tok} is outside the request's grammar"
+        elif g is not None and g.terminated:        # complete, and its end token taken (ignore_eos or not)
+            req.finish_reason = "stop"
+        elif not p.ignore_eos and tok in self.host.eos_token_ids or tok in p.stop_token_ids:
             req.finish_reason = "stop"
         elif req.detok is not None and req.detok.stopped:
             req.finish_reason = "stop"

@@ -45,6 +45,7 @@ class Request:
     max_tokens: int = 0
     generator: Any = None              # its own seeded torch.Generator, or None (the engine's)
     detok: Any = None                  # its Detokenizer when the engine has a tokenizer
+    guide: Any = None                  # its grammar.Matcher when its params have a guide (it took every known token)
     logprobs: list | None = None       # per token, when asked
     prompt_logprobs: list | None = None   # per prompt token when asked (sampler.score's entries; the first None)
     user: Any = None                   # what the engine's caller keeps with it (a stream, ...)

@@ -1,13 +1,15 @@
 """Sampling: one batch of last-position logits to one token per request, each row by its own params.
 
-Each request's logit_bias first; then HF generate's order: repetition penalty (over prompt and output),
+A guided request's grammar mask first (graphc/runtime/grammar.py: the tokens its grammar refuses at -inf);
+then each request's logit_bias; then HF generate's order: repetition penalty (over prompt and output),
 presence and frequency penalties (over the output, OpenAI's formula), then temperature, top-k, top-p and
 min-p. Temperature 0 is greedy: the argmax of the penalised logits. A request with a seed draws from its own generator,
 so its tokens do not depend on what else is in the batch; the others share the engine's generator.
 Drawing is an exponential race (argmax of p / E, E ~ Exp(1)), which samples p exactly.
 
 Logprobs are of the model's own distribution (log-softmax of the logits before penalties and
-temperature), as the OpenAI API reports them.
+temperature), as the OpenAI API reports them; a guided request's too, before its mask (so every one is
+finite, and its top alternatives may be tokens its grammar refused).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 from pydantic import Field, field_validator, model_validator
 
+from graphc.runtime.grammar import Guide, Mask, apply_mask
 from graphc.strict import Strict
 
 MAX_TOP_LOGPROBS = 20
@@ -45,6 +48,7 @@ class SamplingParams(Strict):
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     # token id -> added to its logit, clamped to +-MAX_BIAS; given as a mapping, held as sorted (id, bias) pairs
     logit_bias: tuple[tuple[int, float], ...] = ()
+    guide: Guide | None = None     # what the output must match (graphc/runtime/grammar.py): JSON, a regex, tools
 
     @field_validator("logit_bias", mode="before")
     @classmethod
@@ -178,12 +182,15 @@ class Sampler:
         self.shared = new_generator(seed, device)
 
     def __call__(self, logits: torch.Tensor, params: list[SamplingParams], prompts: list[list[int]],
-                 outputs: list[list[int]], generators: list[torch.Generator | None]) -> Sampled:
+                 outputs: list[list[int]], generators: list[torch.Generator | None],
+                 mask: Mask | None = None) -> Sampled:
+        """mask: the guided rows' grammar bitmask (graphc/runtime/grammar.py step_mask)."""
         if logits.dim() != 2 or logits.shape[0] != len(params) or len(generators) != len(params):
             raise ValueError(f"logits {list(logits.shape)} for {len(params)} params and {len(generators)} generators")
-        logits = logits.float()
+        raw = logits.float()
+        logits = apply_mask(raw, mask) if mask is not None else raw
         if all(p.greedy and not needs_history(p) and not p.logit_bias for p in params):   # warp keeps the argmax
-            return self._logprobs(logits, logits.argmax(dim=-1), params)
+            return self._logprobs(raw, logits.argmax(dim=-1), params)
         processed = warp(penalise(bias(logits, params), params, prompts, outputs), params)
         probs = processed.softmax(dim=-1)
         race = torch.empty_like(probs)
@@ -196,7 +203,7 @@ class Sampler:
                 race[i] = torch.empty(probs.shape[1], device=probs.device).exponential_(generator=g)
         greedy = _on([p.greedy for p in params], torch.bool, logits.device)
         tokens = torch.where(greedy, processed.argmax(dim=-1), (probs / race).argmax(dim=-1))
-        return self._logprobs(logits, tokens, params)
+        return self._logprobs(raw, tokens, params)
 
     @staticmethod
     def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]) -> Sampled:

@@ -6,7 +6,9 @@ thread, never in the engine's, and bounded by what the plan's prompts can hold);
 its transcript). With tools, chat answers' `<tool_call>` blocks become tool_calls (graphc/serve/tools.py).
 Completions take a text prompt or token ids. Both stream as server-sent events ending in `data: [DONE]`,
 with a usage chunk when stream_options.include_usage (and the usage so far in every chunk with
-continuous_usage_stats). A completions prompt may be a batch: each prompt's n choices in turn.
+continuous_usage_stats). A completions prompt may be a batch: each prompt's n choices in turn. Both take
+response_format (text, json_object, json_schema): the answer is then decoded under its grammar
+(graphc/runtime/grammar.py).
 """
 from __future__ import annotations
 
@@ -225,6 +227,20 @@ async def chunks(ctx: Context, subs: list, head: dict, opts: StreamOptions, n: i
                 ctx.driver.abort(req.id)
 
 
+async def compile_guide(ctx: Context, params):
+    """The refusal of a guide (response_format) that does not compile, else None: compiled in a worker thread,
+    so that the engine thread's compile of it is a cache hit (a large schema takes long to compile)."""
+    from starlette.concurrency import run_in_threadpool
+
+    if params.guide is None:
+        return None
+    try:
+        await run_in_threadpool(ctx.engine.compile_guide, params.guide)
+    except InvalidInput as e:
+        return error(400, str(e), param=e.param)
+    return None
+
+
 async def answer(ctx: Context, chat: bool, rid: str, body: Body, prompts: list[dict], audio: str | None = None,
                  view: TextView = TextView(), calls: tools.Calls = tools.Calls()):
     """Submit body.n choices of each prompt (the engine's add() kwargs of each); a streamed response, an error
@@ -232,6 +248,8 @@ async def answer(ctx: Context, chat: bool, rid: str, body: Body, prompts: list[d
     request's audio; view: how completions show a choice; calls: how chat parses its tool calls."""
     from fastapi.responses import StreamingResponse
 
+    if (bad := await compile_guide(ctx, prompts[0]["params"])) is not None:
+        return bad
     subs = []
     for kw in batch_kwargs(prompts, rid, body.n):
         started, bad = await ctx.submit(kw)

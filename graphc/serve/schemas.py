@@ -4,14 +4,16 @@ Every body is strict: a field that is not declared here is refused (400, naming 
 beside OpenAI's: the sampling knobs SamplingParams takes (top_k, min_p, repetition_penalty,
 stop_token_ids, ignore_eos, prompt_logprobs), max_frames and seed on speech, use_audio_in_video on chat. Chat's
 tools and tool_choice are checked beyond their shapes (unique names, schemas, a named choice declared) in
-graphc/serve/tools.py.
+graphc/serve/tools.py. response_format (chat and completions) becomes the request's guide
+(graphc/runtime/grammar.py).
 """
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from graphc.runtime.grammar import Guide
 from graphc.runtime.sampler import MAX_TOP_LOGPROBS, SamplingParams
 
 JSON_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/audio/speech", "/tokenize",
@@ -25,6 +27,39 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
     continuous_usage_stats: bool = False
+
+
+class JSONSchemaSpec(BaseModel):
+    """response_format's json_schema: OpenAI's name, description, schema and strict (the output always
+    follows the schema, keys it does not declare refused, strict or not)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")   # {}: any JSON value
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: text (no guide), json_object, or json_schema with its json_schema."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> "ResponseFormat":
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError(f"type {self.type!r} " + ("takes json_schema {name, schema}" if self.type == "json_schema"
+                                                        else "takes no json_schema (that is type 'json_schema')"))
+        return self
+
+    def guide(self) -> Guide | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return Guide(kind="json_object")
+        return Guide(kind="json_schema", json_schema=self.json_schema.json_schema)
 
 
 class Body(BaseModel):
@@ -50,6 +85,7 @@ class Body(BaseModel):
     user: str | None = None
     logit_bias: dict[str, float] | None = None     # token id (as text, OpenAI's keys) -> bias, clamped to +-100
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)   # each prompt token's (vLLM's field)
+    response_format: ResponseFormat | None = None
 
     def params(self, **extra) -> SamplingParams:
         """The engine's SamplingParams of the fields sent, with `extra` over them."""
@@ -57,6 +93,8 @@ class Body(BaseModel):
                  if k in SamplingParams.model_fields}
         if isinstance(given.get("stop"), str):
             given["stop"] = [given["stop"]]
+        if self.response_format is not None:
+            given["guide"] = self.response_format.guide()
         return SamplingParams(**(given | extra))        # max_completion_tokens over a max_tokens sent as null
 
 

@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass
 
 from graphc.errors import InvalidInput
+from graphc.runtime.grammar import Guide, ToolFunction
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")          # OpenAI's function names
@@ -62,7 +63,7 @@ def check(tools: list | None, tool_choice, parallel: bool = True, speaking: bool
         raise InvalidInput("tools with audio output", "a spoken answer would speak the calls' text",
                            "send tools without modalities [\"text\", \"audio\"], or tool_choice none", param="tools")
     rendered = [t.model_dump(exclude_unset=True) for t in tools]
-    return Calls(render=rendered, parse=True, guide=guide_of(rendered, choice), most=None if parallel else 1)
+    return Calls(render=rendered, parse=True, guide=guide_of(rendered, choice, parallel), most=None if parallel else 1)
 
 
 def _checked(fn, i: int) -> str:
@@ -86,26 +87,27 @@ def _checked(fn, i: int) -> str:
     return fn.name
 
 
-def guide_of(tools: list[dict], tool_choice) -> dict | None:
-    """The constraint on decoding that tool_choice asks (None for auto): required, every tool; a named
-    function, that one. {"kind": "tool_calls", "functions": [[name, parameters schema], ...], "required": True}."""
+def guide_of(tools: list[dict], tool_choice, parallel: bool = True) -> Guide | None:
+    """The constraint on decoding that tool_choice asks (None for auto): required, calls to any of the tools; a
+    named function, calls to that one; parallel false, one call (graphc/runtime/grammar.py, kind tool_calls)."""
     if isinstance(tool_choice, str) and tool_choice != "required":
         return None
     wanted = None if isinstance(tool_choice, str) else tool_choice.function.name
-    functions = [[t["function"]["name"], t["function"].get("parameters") or NO_ARGUMENTS] for t in tools
-                 if wanted in (None, t["function"]["name"])]
-    return {"kind": "tool_calls", "functions": functions, "required": True}
+    functions = [ToolFunction(name=t["function"]["name"], parameters=t["function"].get("parameters") or NO_ARGUMENTS)
+                 for t in tools if wanted in (None, t["function"]["name"])]
+    return Guide(kind="tool_calls", functions=functions, required=True, parallel=parallel)
 
 
-def constrained(params, guide: dict | None):
-    """params (SamplingParams) with the decoding constraint `guide`; the server has no constrained decoding
-    yet, so a guide is refused."""
+def constrained(params, guide: Guide | None):
+    """params (SamplingParams) decoded under `guide`; a request's response_format beside a tool_choice that
+    constrains is refused (one grammar a request)."""
     if guide is None:
         return params
-    raise InvalidInput("tool_choice required or a named function needs constrained decoding",
-                       "this server does not constrain decoding, and a call the model is only asked for may not "
-                       "come", "send tool_choice auto (calls are parsed when the model writes them)",
-                       param="tool_choice")
+    if params.guide is not None:
+        raise InvalidInput("response_format with tool_choice required or a named function",
+                           "the answer is either calls or the format's JSON, not both", "send one of them",
+                           param="tool_choice")
+    return params.model_copy(update={"guide": guide})
 
 
 def variables(kwargs: dict | None, calls: Calls) -> dict | None:

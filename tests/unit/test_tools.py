@@ -5,8 +5,8 @@ trip rendered as Qwen3's template writes them (against a hand-written render and
 
 The random-weight tiny model writes no calls of its own, so what the route does with a call is shown on
 hand-made events (stream_piece, whole_choice); the served requests show the request side and the answer's
-shape. tool_choice required and a named function need constrained decoding: their tests are marked
-xfail(strict) until it is wired (then they pass, xfail fails, and the marks are removed)."""
+shape. tool_choice required and a named function are enforced by constrained decoding (graphc/runtime/grammar.py):
+the random model's answers are then calls to the allowed tools, their arguments valid against the schemas."""
 import json
 
 import pytest
@@ -158,14 +158,18 @@ def test_two_choices_parse_apart():
 def test_guide_of_required_and_named():
     schema = WEATHER["function"]["parameters"]
     assert guide_of(TOOLS, "auto") is None and guide_of(TOOLS, "none") is None
-    assert guide_of(TOOLS, "required") == {"kind": "tool_calls", "required": True, "functions": [
-        ["get_weather", schema], ["get_time", {"type": "object", "properties": {}}]]}
+
+    def fns(g):
+        return [(f.name, f.parameters) for f in g.functions]
+    req = guide_of(TOOLS, "required")
+    assert req.kind == "tool_calls" and req.required and req.parallel
+    assert fns(req) == [("get_weather", schema), ("get_time", {"type": "object", "properties": {}})]
     from graphc.serve.schemas import NamedToolChoice
-    named = NamedToolChoice(type="function", function={"name": "get_weather"})
-    assert guide_of(TOOLS, named) == {"kind": "tool_calls", "required": True, "functions": [["get_weather", schema]]}
+    named = guide_of(TOOLS, NamedToolChoice(type="function", function={"name": "get_weather"}), parallel=False)
+    assert fns(named) == [("get_weather", schema)] and named.required and not named.parallel
     no_params = [{"type": "function", "function": {"name": "ping"}}]
-    assert guide_of(no_params, "required")["functions"] == [
-        ["ping", {"type": "object", "properties": {}, "additionalProperties": False}]]
+    assert fns(guide_of(no_params, "required")) == [
+        ("ping", {"type": "object", "properties": {}, "additionalProperties": False})]
 
 
 class FakeRoute:
@@ -192,7 +196,7 @@ class FakeRoute:
         self.submitted.append(kwargs)
         req = SimpleNamespace(id=kwargs["request_id"], prompt=SimpleNamespace(ids=[1, 2]), output=[7] * len(pieces),
                               known=[7] * len(pieces), logprobs=None, finish_reason=self.finish_reason, error=None,
-                              closed=True, detok=None, speech=None)
+                              closed=True, detok=None, speech=None, cached=0)
         events = asyncio.Queue()
         for j, text in enumerate(pieces):
             events.put_nowait(Event(req, [7], text, j == len(pieces) - 1))
@@ -390,26 +394,26 @@ def test_bad_tool_requests_are_refused_saying_why(served, extra, words):
     assert status == 400 and words in got["error"]["message"], got
 
 
-def test_required_is_refused_until_decoding_is_constrained(served):
-    """Remove when constrained decoding is wired (test_required_and_named_are_enforced then passes)."""
-    for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
-        with pytest.raises(openai.BadRequestError, match="needs constrained decoding"):
-            served["client"].chat.completions.create(model=served["engine"].model_name, tools=TOOLS,
-                                                     tool_choice=choice, max_tokens=4,
-                                                     messages=[{"role": "user", "content": "hi"}])
+def test_a_tool_choice_that_constrains_is_not_sent_with_a_response_format(served):
+    with pytest.raises(openai.BadRequestError, match="response_format with tool_choice required"):
+        served["client"].chat.completions.create(model=served["engine"].model_name, tools=TOOLS, tool_choice="required",
+                                                 response_format={"type": "json_object"}, max_tokens=4,
+                                                 messages=[{"role": "user", "content": "hi"}])
 
 
-@pytest.mark.xfail(strict=True, reason="tool_choice required/named need constrained decoding (the sampler's guide), "
-                                       "not wired yet: wire tools.constrained, then remove this mark")
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_required_and_named_are_enforced(served, choice, stream):
     """The random model, constrained: every choice's answer is calls to the allowed tools, whose arguments
-    meet the tool's schema (checked by jsonschema), finish_reason tool_calls."""
+    meet the tool's schema (checked by jsonschema), finish_reason tool_calls; a named one with
+    parallel_tool_calls false, one call."""
     import jsonschema
 
-    client, name = served["client"], served["engine"].model_name
-    kw = dict(model=name, tools=TOOLS, tool_choice=choice, max_tokens=300, seed=1,
+    client, engine = served["client"], served["engine"]
+    # the near-uniform tiny model writes a string until it draws '"': a bias on it (and on '}') ends strings and
+    # objects in tens of tokens, not hundreds; the grammar's mask comes first, so it never makes one invalid
+    bias = {str(engine.tokenizer.token_to_id(c)): 6 for c in ('"', "}")}
+    kw = dict(model=engine.model_name, tools=TOOLS, tool_choice=choice, max_tokens=300, seed=1, logit_bias=bias,
               messages=[{"role": "user", "content": "Weather in Zürich?"}])
     if stream:
         with client.chat.completions.stream(**kw) as s:
