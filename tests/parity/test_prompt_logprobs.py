@@ -9,23 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
-from graphc.cli import main
 from graphc.runtime.engine import Engine
 from graphc.runtime.sampler import SamplingParams
-from tests.parity.weights import randomize
+from tests.unit.loopback import tiny_omni_hf
 
 
 @pytest.fixture(scope="module")
 def omni(tmp_path_factory):
     d = tmp_path_factory.mktemp("plp")
-    tok = build_tokenizer()
-    hf = omni_model(tok)
-    randomize(hf, seed=5)
-    save(hf, tok, d / "ckpt")
-    assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu",
-                 "-o", str(d / "p.plan"), "-q"]) == 0
-    return hf.eval(), Engine(d / "p.plan", checkpoint=d / "ckpt")
+    hf, _ = tiny_omni_hf(d, seed=5)
+    return hf, Engine(d / "p.plan", checkpoint=d / "ckpt")
 
 
 def hf_scores(hf, ids: list[int]) -> torch.Tensor:

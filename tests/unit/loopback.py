@@ -27,18 +27,39 @@ def serve(engine, **app_kwargs):
 def tiny_omni(d, speech: bool = False):
     """A tiny Qwen3-Omni checkpoint (d/ckpt; with talker and Code2Wav when speech, its weights re-drawn so the
     talker speaks) and its CPU plan (d/p.plan), as the server tests serve it: d."""
+    tiny_omni_hf(d, seed=3 if speech else None, speech=speech)
+    return d
+
+
+def tiny_omni_hf(d, seed: int | None, speech: bool = False):
+    """tiny_omni's checkpoint and plan in d, its weights re-drawn with `seed` (None: HF's defaults): (the HF model
+    in eval mode, its tokenizer), the independent reference of tests that compare with HF."""
     from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
     from graphc.cli import main
 
     tok = build_tokenizer()
     hf = omni_model(tok, speech=speech)
-    if speech:
+    if seed is not None:
         from tests.parity.weights import randomize
-        randomize(hf, seed=3)
+        randomize(hf, seed=seed)
     save(hf, tok, d / "ckpt")
     assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu",
                  "-o", str(d / "p.plan"), "-q"]) == 0
-    return d
+    return hf.eval(), tok
+
+
+def post(port: int, path: str, body: dict) -> tuple[int, dict]:
+    """POST a JSON body to the loopback server: (status, the JSON answer), an error status included."""
+    import json
+    from urllib.error import HTTPError
+    from urllib.request import Request, urlopen
+
+    req = Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urlopen(req) as r:
+            return r.status, json.loads(r.read())
+    except HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 async def drop_after(port: int, path: str, body: dict, after_bytes: int) -> None:

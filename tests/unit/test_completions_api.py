@@ -4,18 +4,12 @@ thinker (weights re-drawn). The expected logprobs are HF's log-softmax of the sa
 the tokenizer's own decodings; a batch's choices are the same prompts sent one by one."""
 from __future__ import annotations
 
-import json
-import urllib.request
-
 import numpy as np
 import pytest
 import torch
 
-from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
-from graphc.cli import main
 from graphc.runtime.engine import Engine
-from tests.parity.weights import randomize
-from tests.unit.loopback import serve
+from tests.unit.loopback import post, serve, tiny_omni_hf
 
 openai = pytest.importorskip("openai")
 NAME = None                       # the plan's model name: a request may leave it out
@@ -25,18 +19,13 @@ PROMPT = "the cat sat on the mat, and then"
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     d = tmp_path_factory.mktemp("echo")
-    tok = build_tokenizer()
-    hf = omni_model(tok)
-    randomize(hf, seed=7)
-    save(hf, tok, d / "ckpt")
-    assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu",
-                 "-o", str(d / "p.plan"), "-q"]) == 0
+    hf, tok = tiny_omni_hf(d, seed=7)
     engine = Engine(d / "p.plan", checkpoint=d / "ckpt")
     # a server's Driver is the only thread that steps its engine: the trusting server gets its own
     servers = [serve(engine), serve(Engine(d / "p.plan", checkpoint=d / "ckpt"), trust_request_chat_template=True)]
     clients = [openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
                for _, port in servers]
-    yield dict(hf=hf.eval(), tok=tok, engine=engine, client=clients[0], trusting=clients[1], port=servers[0][1])
+    yield dict(hf=hf, tok=tok, engine=engine, client=clients[0], trusting=clients[1], port=servers[0][1])
     for server, _ in servers:
         server.should_exit = True
 
@@ -44,13 +33,6 @@ def served(tmp_path_factory):
 def text(tok, tid: int) -> str:
     """A token's text as OpenAI shows a logprob's token: its own decoding, special tokens included."""
     return tok.decode([tid], skip_special_tokens=False)
-
-
-def tokenize(port: int, body: dict) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/tokenize", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
 
 
 def hf_logprobs(hf, ids: list[int]) -> torch.Tensor:
@@ -118,7 +100,7 @@ def test_prompt_logprobs_on_both_routes(served):
         assert all(v["decoded_token"] == text(tok, int(k)) for k, v in got[i].items())
     msgs = [{"role": "user", "content": PROMPT}]
     chat = c.chat.completions.create(model=NAME, messages=msgs, max_tokens=1, extra_body={"prompt_logprobs": 0})
-    rendered = tokenize(served["port"], {"messages": msgs})["tokens"]
+    rendered = post(served["port"], "/tokenize", {"messages": msgs})[1]["tokens"]
     plp = chat.model_extra["prompt_logprobs"]
     assert len(plp) == len(rendered) == chat.usage.prompt_tokens
     assert [int(next(iter(e))) for e in plp[1:]] == rendered[1:]

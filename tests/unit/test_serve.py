@@ -12,7 +12,7 @@ from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
 from graphc.cli import main
 from graphc.runtime.engine import Engine
 from graphc.runtime.sampler import SamplingParams
-from tests.unit.loopback import serve
+from tests.unit.loopback import post, serve
 
 openai = pytest.importorskip("openai")
 
@@ -234,18 +234,6 @@ def test_transcription_on_qwen3_omni_asks_it_to_transcribe(served):
     assert got.text == ref.output(req).text and len(req.output) > 1
 
 
-def _post(port: int, path: str, body: dict) -> tuple[int, dict]:
-    from urllib.error import HTTPError
-    from urllib.request import Request, urlopen
-
-    req = Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urlopen(req) as r:
-            return r.status, json.loads(r.read())
-    except HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def test_tokenize_and_detokenize_agree_with_hf_tokenizer_and_template(served):
     """/tokenize, /detokenize and /tokenizer_info against HF's tokenizer of the same files (issue 38)."""
     from transformers import AutoTokenizer
@@ -254,15 +242,15 @@ def test_tokenize_and_detokenize_agree_with_hf_tokenizer_and_template(served):
     port, most = served["port"], served["engine"].max_seq_len
     text = "hello world, how are you today?"
     want = hf.encode(text, add_special_tokens=False)
-    assert _post(port, "/tokenize", {"prompt": text, "return_token_strs": True}) == (200, {
+    assert post(port, "/tokenize", {"prompt": text, "return_token_strs": True}) == (200, {
         "count": len(want), "max_model_len": most, "tokens": want, "token_strs": hf.convert_ids_to_tokens(want)})
-    assert _post(port, "/tokenize", {"prompt": text, "add_special_tokens": False}) == (200, {   # as lm-eval asks
+    assert post(port, "/tokenize", {"prompt": text, "add_special_tokens": False}) == (200, {   # as lm-eval asks
         "count": len(want), "max_model_len": most, "tokens": want})
     chat = hf.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
     chat = chat["input_ids"] if isinstance(chat, dict) or hasattr(chat, "keys") else chat
-    status, got = _post(port, "/tokenize", {"messages": MESSAGES, "model": served["engine"].model_name})
+    status, got = post(port, "/tokenize", {"messages": MESSAGES, "model": served["engine"].model_name})
     assert status == 200 and got["tokens"] == list(chat) and got["count"] == len(chat)
-    assert _post(port, "/detokenize", {"tokens": want}) == (200, {"prompt": hf.decode(want)})
+    assert post(port, "/detokenize", {"tokens": want}) == (200, {"prompt": hf.decode(want)})
     import urllib.request
     info = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/tokenizer_info").read())
     assert info["vocab_size"] == len(hf) and info["max_model_len"] == most and info["chat_template"] == hf.chat_template
@@ -280,7 +268,7 @@ def test_tokenize_and_detokenize_agree_with_hf_tokenizer_and_template(served):
     ("/detokenize", {"tokens": [1, 10**6]}, 400, "[1000000] are outside the vocabulary"),
 ])
 def test_the_tokenizer_routes_refuse_what_they_cannot_answer(served, path, body, status, words):
-    got_status, got = _post(served["port"], path, body)
+    got_status, got = post(served["port"], path, body)
     assert got_status == status and words in got["error"]["message"], got
 
 
@@ -314,10 +302,10 @@ def test_chat_template_given_at_start_and_its_kwargs_per_request(served, tmp_pat
 
 def test_a_chat_requests_template_kwargs_reach_the_template_and_its_own_template_is_refused(served):
     port = served["port"]
-    status, got = _post(port, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 1,
+    status, got = post(port, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 1,
                                                        "chat_template_kwargs": {"messages": []}})
     assert status == 400 and "are the template's own inputs" in got["error"]["message"]
-    status, got = _post(port, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 1, "chat_template": "x"})
+    status, got = post(port, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 1, "chat_template": "x"})
     assert status == 400 and got["error"]["param"] == "chat_template"
 
 
@@ -329,7 +317,7 @@ def test_logit_bias_through_the_completions_route(served):
     assert out.usage.completion_tokens == 4
     got = served["engine"].tokenize(prompt=out.choices[0].text)
     assert got == [17] * 4, got
-    status, err = _post(served["port"], "/v1/completions", {"prompt": [1, 2], "max_tokens": 1,
+    status, err = post(served["port"], "/v1/completions", {"prompt": [1, 2], "max_tokens": 1,
                                                             "logit_bias": {"1000000": 5}})
     assert status == 400 and "logit_bias ids [1000000] are outside the vocabulary" in err["error"]["message"]
 

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from graphc.serve.tools import CallStream, Calls, guide_of, parse, stream_piece, whole_choice
+from tests.unit.loopback import post
 
 openai = pytest.importorskip("openai")
 
@@ -263,23 +264,11 @@ def served(tmp_path_factory):
     engine.close()
 
 
-def _post(port: int, path: str, body: dict) -> tuple[int, dict]:
-    from urllib.error import HTTPError
-    from urllib.request import Request, urlopen
-
-    req = Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urlopen(req) as r:
-            return r.status, json.loads(r.read())
-    except HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def _rendered(port: int, messages: list, tools: list | None) -> str:
     """The prompt the server runs for messages and tools: /tokenize, then /detokenize of its ids."""
-    status, got = _post(port, "/tokenize", {"messages": messages, "tools": tools} if tools else {"messages": messages})
+    status, got = post(port, "/tokenize", {"messages": messages, "tools": tools} if tools else {"messages": messages})
     assert status == 200, got
-    status, text = _post(port, "/detokenize", {"tokens": got["tokens"]})
+    status, text = post(port, "/detokenize", {"tokens": got["tokens"]})
     assert status == 200, text
     return text["prompt"]
 
@@ -390,7 +379,7 @@ BAD = [
 def test_bad_tool_requests_are_refused_saying_why(served, extra, words):
     body = {"model": served["engine"].model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
             **extra}
-    status, got = _post(served["port"], "/v1/chat/completions", body)
+    status, got = post(served["port"], "/v1/chat/completions", body)
     assert status == 400 and words in got["error"]["message"], got
 
 
