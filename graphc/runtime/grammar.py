@@ -11,11 +11,12 @@ A guide (SamplingParams.guide) is one of
     {"kind": "tool_calls", "functions": [{"name": "get_weather", "parameters": {...}}],
      "required": true, "parallel": true}
 
-tool_calls is the Qwen3 family's format: blocks `<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>`,
-ARGS valid against that function's parameters (a JSON schema; none: an empty object). required: the answer is
-one or more blocks joined by "\\n" and nothing else (OpenAI's tool_choice "required"; with a single function,
-tool_choice naming it). Not required: free text, in which every `<tool_call>` opens a well-formed block
-(tool_choice "auto"). parallel false: at most one block (parallel_tool_calls false).
+tool_calls is the `<tool_call>` JSON form (Hermes', as chat templates teach it): blocks
+`<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>`, ARGS valid against that function's
+parameters (a JSON schema; none: an empty object). required: the answer is one or more blocks joined by "\\n"
+and nothing else (OpenAI's tool_choice "required"; with a single function, tool_choice naming it). Not
+required: free text, in which every `<tool_call>` opens a well-formed block (tool_choice "auto"). parallel
+false: at most one block (parallel_tool_calls false).
 
 JSON takes at most MAX_WHITESPACE whitespace characters between two tokens of its syntax, so a model that
 loops on blank space still ends. A guided request ends (finish_reason "stop") when its grammar is complete
