@@ -2,6 +2,7 @@
 applied to the logits (graphc/runtime/grammar.py), at a Qwen-sized vocabulary (151,936 logits).
 
     python examples/bench/grammar_mask.py --json OUT.json
+    python examples/bench/grammar_mask.py --device cuda --json OUT.json     # the mask applied on a GPU
 
 The vocabulary is synthetic byte-level BPE (no checkpoint is needed): the 256 byte symbols, then words and
 identifiers of Python's standard library with and without a leading space, then runs of digits and
@@ -60,18 +61,20 @@ def tokenizer(vocab: list[str]):
     return tok
 
 
-def run(grammars, guide, batch: int, steps: int, seed: int = 0) -> dict:
+def run(grammars, guide, batch: int, steps: int, seed: int = 0, device: str = "cpu") -> dict:
     from graphc.runtime.grammar import apply_mask, step_mask
 
     torch.manual_seed(seed)
     matchers = [grammars.matcher(guide) for _ in range(batch)]
     fill, apply = [], []
     for _ in range(steps):
-        logits = torch.randn(batch, WIDTH)
+        logits = torch.randn(batch, WIDTH, device=device)
+        sync(device)
         t0 = time.perf_counter()
         mask = step_mask(matchers, [m.accepted for m in matchers], WIDTH)
         t1 = time.perf_counter()
         masked = apply_mask(logits, mask)
+        sync(device)                                        # the apply's time is the device's
         t2 = time.perf_counter()
         fill.append((t1 - t0) * 1e3)
         apply.append((t2 - t1) * 1e3)
@@ -84,11 +87,17 @@ def run(grammars, guide, batch: int, steps: int, seed: int = 0) -> dict:
             "apply_ms_p50": statistics.median(apply), "step_ms_p50": statistics.median(a + b for a, b in zip(fill, apply))}
 
 
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--device", default="cpu", help="where the logits are and the mask is applied (cpu, cuda)")
     args = ap.parse_args(argv)
     from graphc.runtime.grammar import Grammars, Guide
 
@@ -96,14 +105,14 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     grammars = Grammars(tok, WIDTH, [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")])
     out = {"vocab": tok.get_vocab_size(), "width": WIDTH, "tokenizer_info_s": time.perf_counter() - t0,
-           "threads": torch.get_num_threads(), "runs": []}
+           "threads": torch.get_num_threads(), "device": args.device, "runs": []}
     for kind, guide in (("json_schema", Guide(kind="json_schema", json_schema=SCHEMA)),
                         ("json_object", Guide(kind="json_object"))):
         t0 = time.perf_counter()
         grammars.compile(guide)
         out[f"compile_{kind}_s"] = time.perf_counter() - t0
         for b in args.batch:
-            out["runs"].append({"guide": kind} | run(grammars, guide, b, args.steps))
+            out["runs"].append({"guide": kind} | run(grammars, guide, b, args.steps, device=args.device))
             print(json.dumps(out["runs"][-1]), file=sys.stderr)
     text = json.dumps(out, indent=1)
     if args.json:
