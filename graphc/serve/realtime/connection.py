@@ -251,7 +251,7 @@ class Connection:
         if not isinstance(end, int) or isinstance(end, bool) or not 0 <= end <= part.spoken_ms:
             raise InvalidInput(f"audio_end_ms {end!r}", f"the item's audio is {part.spoken_ms} ms long",
                                f"give 0 to {part.spoken_ms}", param="audio_end_ms")
-        part.spoken_ms, part.text = end, ""      # what was not heard is gone, and so is the transcript
+        part.spoken, part.text = end * WIRE_RATE // 1000, ""     # what was not heard is gone, and the transcript
         self.send(self.wire.event("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=end))
 
     async def on_conversation_item_delete(self, event: dict) -> None:

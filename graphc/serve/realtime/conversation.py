@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphc.errors import InvalidInput
-from graphc.serve.realtime.audio import ENCODER_RATE
+from graphc.serve.realtime.audio import ENCODER_RATE, WIRE_RATE
 from graphc.serving import Media
 
 MAX_ITEMS = 64             # items a response reads at most
@@ -27,7 +27,11 @@ class Part:
     kind: str
     text: str | None = None
     media: Media | None = None
-    spoken_ms: int = 0            # an assistant's audio: the milliseconds sent (truncate cuts it)
+    spoken: int = 0               # an assistant's audio: the 24 kHz samples sent (truncate cuts it)
+
+    @property
+    def spoken_ms(self) -> int:
+        return self.spoken * 1000 // WIRE_RATE
 
 
 @dataclass

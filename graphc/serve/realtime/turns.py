@@ -184,9 +184,9 @@ class Response:
         if not len(samples):
             return
         part = self.item.parts[0]
-        if part.spoken_ms == 0 and self.since is not None:
+        if part.spoken == 0 and self.since is not None:
             self.conn.metrics.first_audio(time.perf_counter() - self.since)
-        part.spoken_ms += len(samples) * 1000 // WIRE_RATE
+        part.spoken += len(samples)
         self.send("response.output_audio.delta", **self.ids(), delta=encode_pcm16(samples))
 
     def _finish(self, status: str) -> None:
