@@ -108,6 +108,13 @@ def metric(s, name: str) -> float:
     return 0.0
 
 
+def aborted(s) -> float:
+    """Engine requests that ended aborted, as /metrics counts them."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{s.port}/metrics", timeout=30) as r:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
+                   if line.startswith("graphc_requests_total{") and 'status="abort"' in line)
+
+
 SPEECH_TURN = [
     "input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
     "conversation.item.created", "response.created", "response.output_item.added", "conversation.item.created",
@@ -141,7 +148,7 @@ def test_server_vad_turn_gives_the_whole_sequence_with_decodable_audio(served):
     frames = done.usage.output_token_details.audio_tokens
     assert frames > 0 and len(audio) == served.engine.host.speech.vcfg.samples(frames)   # 24 kHz: the plan's rate
     transcript = "".join(e.delta for e in evs if e.type == "response.output_audio_transcript.delta")
-    assert transcript == evs[-5].transcript == done.output[0].content[0].transcript
+    assert transcript == evs[-4].transcript == done.output[0].content[0].transcript
     assert metric(served, "graphc_realtime_first_audio_seconds_count") >= 1
     assert metric(served, "graphc_realtime_vad_seconds_total") > 0
     assert idle(served)
@@ -197,6 +204,7 @@ def speak_text(ws, text: str = "tell me a long story", **response) -> None:
 
 
 def test_cancel_leaves_no_delta_after_response_done(served):
+    before = aborted(served)
     with raw(served) as ws:
         raw_until(ws, "session.created")
         speak_text(ws)
@@ -208,10 +216,11 @@ def test_cancel_leaves_no_delta_after_response_done(served):
         send(ws, "response.cancel")                       # nothing in progress now: an error, the session goes on
         later = raw_until(ws, "error", limit=5)
         assert not any(e["type"] in DELTAS for e in later) and later[-1]["error"]["code"] == "response_cancel_not_active"
-    assert idle(served)
+    assert idle(served) and aborted(served) == before + 1          # the engine's request was aborted, not finished
 
 
 def test_barge_in_cancels_the_answer_and_answers_the_new_speech(served):
+    before = aborted(served)
     with raw(served) as ws:
         raw_until(ws, "session.created")
         for c in chunks(turn(0.3, 1.0, 0.7)):
@@ -236,7 +245,7 @@ def test_barge_in_cancels_the_answer_and_answers_the_new_speech(served):
     second = evs[-1]["response"]
     assert second["status"] in ("completed", "incomplete") and types.index("input_audio_buffer.speech_stopped") > cancelled
     assert "response.output_audio.delta" in types[cancelled:]
-    assert idle(served)
+    assert idle(served) and aborted(served) >= before + 1
 
 
 def test_truncate_cuts_the_spoken_item(served):
@@ -260,10 +269,14 @@ def test_truncate_cuts_the_spoken_item(served):
 def test_partial_session_update_keeps_vad_on_and_a_bad_one_changes_nothing(served):
     with raw(served) as ws:
         raw_until(ws, "session.created")
-        send(ws, "session.update", session={"audio": {"input": {"turn_detection": {"silence_duration_ms": 800}}},
-                                            "max_output_tokens": SHORT})
-        vad = raw_until(ws, "session.updated")[-1]["session"]["audio"]["input"]["turn_detection"]
-        assert vad["type"] == "server_vad" and vad["threshold"] == 0.5 and vad["silence_duration_ms"] == 800
+        send(ws, "session.update", session={"audio": {"input": {"turn_detection": {"threshold": 0.6}},
+                                                      "output": {"voice": "aiden"}}, "max_output_tokens": SHORT})
+        raw_until(ws, "session.updated")
+        send(ws, "session.update", session={"audio": {"input": {"turn_detection": {"silence_duration_ms": 800}}}})
+        audio = raw_until(ws, "session.updated")[-1]["session"]["audio"]
+        vad = audio["input"]["turn_detection"]           # what the first update set is kept
+        assert (vad["type"], vad["threshold"], vad["prefix_padding_ms"], vad["silence_duration_ms"]) == \
+            ("server_vad", 0.6, 300, 800) and audio["output"]["voice"] == "aiden"
         send(ws, "session.update", session={"instructions": "be brief",
                                             "audio": {"input": {"turn_detection": {"threshold": 2}}}})
         assert raw_until(ws, "error")[-1]["error"]["param"].endswith("threshold")
@@ -296,12 +309,13 @@ def test_bad_frames_get_errors_and_the_session_goes_on(served):
 
 
 def test_abrupt_close_leaks_nothing(served):
+    before = aborted(served)
     ws = raw(served).__enter__()
     raw_until(ws, "session.created")
     speak_text(ws)
     raw_until(ws, "response.output_audio.delta")
     ws.socket.close()                                  # no close frame: the client is gone
-    assert idle(served)
+    assert idle(served) and aborted(served) == before + 1
     t0 = time.time()
     while metric(served, "graphc_realtime_sessions_open") and time.time() - t0 < 10:
         time.sleep(0.05)
