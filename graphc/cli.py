@@ -112,6 +112,16 @@ def _add_check(sub) -> None:
     ck.add_argument("-q", "--quiet", action="store_true", help="no boot progress on stderr")
 
 
+def _add_realtime(rn) -> None:
+    """graphc run's options of WS /v1/realtime (graphc/serve/realtime/route.py)."""
+    rn.add_argument("--max-realtime-sessions", type=int, default=64, metavar="N",
+                    help="the most WS /v1/realtime sessions open at once; another is closed with code 1013 "
+                         "(default 64)")
+    rn.add_argument("--realtime-idle-timeout", type=float, default=600.0, metavar="S",
+                    help="a realtime session with no client event and nothing generating for S seconds is closed "
+                         "(default 600)")
+
+
 def _add_run(sub) -> None:
     """`graphc run PLAN`: serve it over HTTP, or run a JSONL batch offline."""
     rn = sub.add_parser("run", help="serve a plan: an OpenAI-compatible server, or a JSONL batch offline",
@@ -157,12 +167,7 @@ def _add_run(sub) -> None:
     rn.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                     help="the names the server answers to (requests may give any; responses carry the first; "
                          "default: the plan's model name)")
-    rn.add_argument("--max-realtime-sessions", type=int, default=64, metavar="N",
-                    help="the most WS /v1/realtime sessions open at once; another is closed with code 1013 "
-                         "(default 64)")
-    rn.add_argument("--realtime-idle-timeout", type=float, default=600.0, metavar="S",
-                    help="a realtime session with no client event and nothing generating for S seconds is closed "
-                         "(default 600)")
+    _add_realtime(rn)
     rn.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
                     help="on SIGINT or SIGTERM, the seconds requests in flight get to finish before each left ends "
                          "with an error event; then the server exits 0 (default 30)")
