@@ -83,6 +83,13 @@ def pcm(deltas) -> np.ndarray:
     return np.frombuffer(data, "<i2")
 
 
+def post(s, path: str, body: dict) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{s.port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
 def get_json(s, path: str) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{s.port}{path}", timeout=30) as r:
         return json.loads(r.read())
@@ -189,12 +196,20 @@ def test_text_turn_answers_as_chat_does(served):
         assert conn.recv().type == "conversation.item.created"
         conn.response.create(response={"output_modalities": ["text"], "max_output_tokens": SHORT})
         evs = until(conn, "response.done")
+        conn.conversation.item.create(item={"type": "message", "role": "user",
+                                            "content": [{"type": "input_text", "text": "and again"}]})
+        conn.response.create(response={"output_modalities": ["text"], "max_output_tokens": SHORT})
+        second = until(conn, "response.done")[-1].response
     text = "".join(e.delta for e in evs if e.type == "response.output_text.delta")
     assert text == want and evs[-1].response.output[0].content[0].text == want
     assert not any("audio" in e.type for e in evs)
     done = evs[-1].response
     assert done.status == "incomplete" and done.status_details.reason == "max_output_tokens"
     assert done.usage.output_tokens == SHORT
+    # the second turn reads the first: its prompt is the chat template's of the three messages
+    turns = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": want},
+             {"role": "user", "content": "and again"}]
+    assert second.usage.input_tokens == post(served, "/tokenize", {"messages": turns, "add_generation_prompt": True})["count"]
 
 
 def speak_text(ws, text: str = "tell me a long story", **response) -> None:

@@ -95,8 +95,11 @@ class Connection:
             await self.handle(msg["text"])
 
     async def _close(self, code: int, reason: str) -> None:
+        """Say why, give the writer a moment to send what is queued, close."""
         self.send(self.wire.error(reason, "session_closed"))
-        while not self.out.empty():
+        for _ in range(100):
+            if self.out.empty():
+                break
             await asyncio.sleep(0.01)
         await self.ws.close(code, reason)
 

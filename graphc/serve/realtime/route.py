@@ -29,13 +29,11 @@ class RealtimeLimits:
 
 def voices(ctx: Context) -> tuple[str, ...]:
     """The plan's voices (none when it does not speak)."""
-    speech = getattr(ctx.engine, "speech", None)
-    return tuple(sorted(speech.sh.voices)) if speech is not None else ()
+    return tuple(sorted(ctx.engine.host.speech.voices)) if ctx.engine.speaks else ()
 
 
 def default_voice(ctx: Context) -> str | None:
-    speech = getattr(ctx.engine, "speech", None)
-    return speech.sh.default_voice if speech is not None else None
+    return ctx.engine.host.speech.default_voice if ctx.engine.speaks else None
 
 
 def register(app, ctx: Context) -> None:
@@ -77,9 +75,6 @@ def refusal(ctx: Context, query, open_now: int, limits: RealtimeLimits) -> tuple
     intent = query.get("intent")
     if intent not in (None, "transcription"):
         return 1008, f"intent '{intent}' is not served; leave it out, or give intent=transcription", "intent"
-    if intent is None and "a2s" not in ctx.engine.kinds() and "t2s" not in ctx.engine.kinds():
-        return 1008, (f"this plan does not speak (its kinds: {', '.join(ctx.engine.kinds())}): open a "
-                      "transcription session, /v1/realtime?intent=transcription"), "model"
     return None
 
 
@@ -100,6 +95,6 @@ async def session(ws, ctx: Context, wire: Wire, metrics, limits: RealtimeLimits)
             await ws.send_json(wire.error(str(e), "session_refused", param="intent"))
             await ws.close(1008, "this plan cannot transcribe")
             return
-    config = new_config(new_id("sess"), ctx.model_name, default_voice(ctx), transcription)
+    config = new_config(new_id("sess"), ctx.model_name, default_voice(ctx), transcription, ctx.engine.speaks)
     model = await run_in_threadpool(new_model)
     await Connection(ws, ctx, wire, config, metrics, model, limits.idle_s, voices(ctx)).run()

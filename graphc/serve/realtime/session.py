@@ -9,7 +9,7 @@ name. The fields (GA names; protocol.py maps the beta ones):
   type                 "realtime" (answers spoken or written) or "transcription" (the input transcribed,
                        no responses)
   instructions         the system turn of every response ("" : none)
-  output_modalities    ["audio"] (speech and its transcript) or ["text"]
+  output_modalities    ["audio"] (speech and its transcript; the default when the plan speaks) or ["text"]
   max_output_tokens    the most tokens a response generates, or "inf" (what the plan allows)
   temperature          the text's sampling temperature (0: greedy; null: the sampler's default)
   audio.input          format: 24 kHz pcm16 ({type: audio/pcm, rate: 24000}); transcription {model,
@@ -141,9 +141,10 @@ def check_voice(voice: str | None, voices: tuple[str, ...], param: str) -> None:
                            "pick one of those voices", param=param)
 
 
-def new_config(session_id: str, model: str, voice: str | None, transcription: bool) -> Config:
-    """A new session's settings: the defaults, the plan's default voice, server VAD on."""
+def new_config(session_id: str, model: str, voice: str | None, transcription: bool, speaks: bool) -> Config:
+    """A new session's settings: the defaults, the plan's default voice (written answers when it does not
+    speak), server VAD on."""
     kind = "transcription" if transcription else "realtime"
     audio_in = AudioInput(transcription=Transcription() if transcription else None)
-    return Config(id=session_id, model=model, type=kind,
+    return Config(id=session_id, model=model, type=kind, output_modalities=["audio" if speaks else "text"],
                   audio=Audio(input=audio_in, output=AudioOutput(voice=voice)))

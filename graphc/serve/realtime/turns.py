@@ -57,6 +57,9 @@ def options(given, config: Config, voices: tuple[str, ...], read_item) -> Option
     if audio is not None:
         picked["audio"] = {"output": (audio or {}).get("output") or {}}
     merged = updated(config, picked, voices, param="response")
+    if merged.output_modalities == ["audio"] and not voices:
+        raise InvalidInput("this plan does not speak: output_modalities ['audio'] is not served", "",
+                           "ask for output_modalities ['text']", param="response.output_modalities")
     conv = given.get("conversation", "auto")
     if conv not in ("auto", "none"):
         raise InvalidInput(f"response.conversation {conv!r}", "'auto' (the default conversation) or 'none'", "",
