@@ -399,3 +399,29 @@ def test_api_key_is_checked_at_the_upgrade():
             with tc.websocket_connect("/v1/realtime", headers=headers):
                 pass
         assert refused.value.code == 1008
+
+
+def test_image_item_is_seen_by_the_answer(served):
+    import io
+
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(png, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    with raw(served) as ws:
+        raw_until(ws, "session.created")
+        send(ws, "conversation.item.create", item={"type": "message", "role": "user", "content": [
+            {"type": "input_image", "image_url": url}, {"type": "input_text", "text": "what is it?"}]})
+        item = raw_until(ws, "conversation.item.created")[-1]["item"]
+        assert [p["type"] for p in item["content"]] == ["input_image", "input_text"]
+        send(ws, "response.create", response={"output_modalities": ["text"], "max_output_tokens": SHORT})
+        done = raw_until(ws, "response.done")[-1]["response"]
+        send(ws, "conversation.item.create", item={"type": "message", "role": "user", "content": [
+            {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]})
+        bad = raw_until(ws, "error")[-1]["error"]
+    text_only = post(served, "/tokenize", {"messages": [{"role": "user", "content": "what is it?"}],
+                                           "add_generation_prompt": True})["count"]
+    assert done["status"] in ("completed", "incomplete") and done["usage"]["input_tokens"] > text_only
+    assert bad["param"] == "item.content[0].image_url" and bad["message"].startswith("item.content[0].image_url")
+

@@ -51,8 +51,12 @@ def _user_part(part: dict, where: str, sources: Sources, limits: Limits) -> Part
         if not isinstance(url, str) or not url.startswith("data:image/"):
             raise InvalidInput(f"{where}.image_url must be a data URL of an image", f"got {str(url)[:40]!r}",
                                "send data:image/png;base64,...", param=f"{where}.image_url")
-        _, media = split_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
-                                  sources=sources, limits=limits)
+        try:
+            _, media = split_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+                                      sources=sources, limits=limits)
+        except InvalidInput as e:
+            raise InvalidInput(f"{where}.image_url: {e.what.split(': ', 1)[-1]}", e.why, e.fix,
+                               param=f"{where}.image_url") from None
         return Part("image", media=media[0])
     raise InvalidInput(f"{where} has type {kind!r}", "a user's parts: input_text, input_audio, input_image",
                        "send one of those", param=f"{where}.type")
