@@ -425,3 +425,38 @@ def test_image_item_is_seen_by_the_answer(served):
     assert done["status"] in ("completed", "incomplete") and done["usage"]["input_tokens"] > text_only
     assert bad["param"] == "item.content[0].image_url" and bad["message"].startswith("item.content[0].image_url")
 
+
+
+def test_an_idle_session_is_closed():
+    """A session with no client event and nothing generating for idle_s seconds is closed (1000), after an error
+    event saying so (no engine needed: nothing is generated)."""
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from graphc.runtime.inputs import Limits
+    from graphc.serve.realtime.connection import Connection
+    from graphc.serve.realtime.metrics import RealtimeMetrics
+    from graphc.serve.realtime.protocol import Wire
+    from graphc.serve.realtime.session import new_config
+
+    class Socket:
+        sent, closed = [], None
+
+        async def receive(self):
+            await asyncio.sleep(3600)
+
+        async def send_text(self, text):
+            self.sent.append(json.loads(text))
+
+        async def close(self, code, reason):
+            self.closed = (code, reason)
+
+    ws = Socket()
+    ctx = SimpleNamespace(limits=Limits(audio_seconds=30.0))
+    conn = Connection(ws, ctx, Wire(False), new_config("sess_1", "m", None, False, False),
+                      RealtimeMetrics(CollectorRegistry()), None, 0.2, ())
+    t0 = time.time()
+    asyncio.run(asyncio.wait_for(conn.run(), 10))
+    assert ws.closed == (1000, "idle for 0.2 s") and 0.2 <= time.time() - t0 < 5
+    assert [e["type"] for e in ws.sent] == ["session.created", "error"] and ws.sent[1]["error"]["code"] == "session_closed"
