@@ -198,7 +198,8 @@ def test_text_turn_answers_as_chat_does(served):
         evs = until(conn, "response.done")
         conn.conversation.item.create(item={"type": "message", "role": "user",
                                             "content": [{"type": "input_text", "text": "and again"}]})
-        conn.response.create(response={"output_modalities": ["text"], "max_output_tokens": SHORT})
+        conn.response.create(response={"output_modalities": ["text"], "max_output_tokens": SHORT,
+                                       "instructions": "be brief"})
         second = until(conn, "response.done")[-1].response
     text = "".join(e.delta for e in evs if e.type == "response.output_text.delta")
     assert text == want and evs[-1].response.output[0].content[0].text == want
@@ -206,8 +207,8 @@ def test_text_turn_answers_as_chat_does(served):
     done = evs[-1].response
     assert done.status == "incomplete" and done.status_details.reason == "max_output_tokens"
     assert done.usage.output_tokens == SHORT
-    # the second turn reads the first: its prompt is the chat template's of the three messages
-    turns = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": want},
+    # the second turn reads the first, after its instructions: the chat template's prompt of the four messages
+    turns = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}, {"role": "assistant", "content": want},
              {"role": "user", "content": "and again"}]
     assert second.usage.input_tokens == post(served, "/tokenize", {"messages": turns, "add_generation_prompt": True})["count"]
 
@@ -319,6 +320,9 @@ def test_bad_frames_get_errors_and_the_session_goes_on(served):
         assert json.loads(ws.recv())["error"]["param"] == "extra"
         send(ws, "input_audio_buffer.commit")                      # nothing buffered: too little to commit
         assert "at least 100 ms" in json.loads(ws.recv())["error"]["message"]
+        send(ws, "session.update", session={"audio": {"output": {"voice": "nobody"}}})
+        err = json.loads(ws.recv())["error"]
+        assert err["param"] == "session.audio.output.voice" and "aiden, chelsie, ethan" in err["message"]
         send(ws, "input_audio_buffer.clear")
         assert json.loads(ws.recv())["type"] == "input_audio_buffer.cleared"
 
