@@ -464,3 +464,19 @@ def test_an_idle_session_is_closed():
     asyncio.run(asyncio.wait_for(conn.run(), 10))
     assert ws.closed == (1000, "idle for 0.2 s") and 0.2 <= time.time() - t0 < 5
     assert [e["type"] for e in ws.sent] == ["session.created", "error"] and ws.sent[1]["error"]["code"] == "session_closed"
+
+
+def test_the_input_buffer_holds_what_a_prompt_holds(served):
+    most = served.engine.media_limits().audio_seconds             # the plan's longest audio
+    with raw(served) as ws:
+        raw_until(ws, "session.created")
+        send(ws, "session.update", session={"audio": {"input": {"turn_detection": None}}})
+        raw_until(ws, "session.updated")
+        half = np.zeros(int(most * 24000 / 2) + 24000, np.float32)      # two of these are over the limit
+        send(ws, "input_audio_buffer.append", audio=chunks(half, ms=10 ** 6)[0])
+        send(ws, "input_audio_buffer.append", audio=chunks(half, ms=10 ** 6)[0])
+        err = raw_until(ws, "error")[-1]["error"]
+        assert err["param"] == "audio" and f"at most {most:.1f} s" in err["message"]
+        send(ws, "input_audio_buffer.commit")                       # what fitted is committed
+        committed = raw_until(ws, "conversation.item.created")
+        assert committed[0]["type"] == "input_audio_buffer.committed"
