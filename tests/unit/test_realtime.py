@@ -480,3 +480,33 @@ def test_the_input_buffer_holds_what_a_prompt_holds(served):
         send(ws, "input_audio_buffer.commit")                       # what fitted is committed
         committed = raw_until(ws, "conversation.item.created")
         assert committed[0]["type"] == "input_audio_buffer.committed"
+
+
+def test_resampling_keeps_the_pitch_and_pcm16_is_checked():
+    """A 440 Hz tone streamed in 20 ms chunks from 24 kHz to 16 kHz is still 440 Hz (numpy's FFT) and two thirds
+    as long; odd bytes or bad base64 are refused by name."""
+    from graphc.errors import InvalidInput
+    from graphc.serve.realtime.audio import Resampler, decode_pcm16, encode_pcm16
+
+    tone = np.sin(2 * np.pi * 440 * np.arange(24000) / 24000).astype(np.float32)
+    down = Resampler(24000, 16000)
+    out = np.concatenate([down(tone[i:i + 480]) for i in range(0, 24000, 480)] + [down(np.zeros(0), last=True)])
+    assert len(out) == 16000
+    assert np.argmax(np.abs(np.fft.rfft(out))) * 16000 / len(out) == 440
+    back = decode_pcm16(encode_pcm16(tone))
+    assert np.abs(back - tone).max() <= 2 / 32767          # 16-bit steps: written x 32767, read / 32768
+    for bad in ("AAA=", "%%%", 7):
+        with pytest.raises(InvalidInput):
+            decode_pcm16(bad)
+
+
+def test_beta_fields_read_as_ga_ones():
+    from graphc.serve.realtime.protocol import Wire
+
+    got = Wire(True).fields_in({"modalities": ["text", "audio"], "voice": "aiden", "input_audio_format": "pcm16",
+                                "turn_detection": None, "max_response_output_tokens": 5, "instructions": "x"})
+    assert got == {"output_modalities": ["audio"], "instructions": "x", "max_output_tokens": 5,
+                   "audio": {"output": {"voice": "aiden"},
+                             "input": {"format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": None}}}
+    assert Wire(False).event("response.output_audio.delta")["type"] == "response.output_audio.delta"
+    assert Wire(True).event("response.output_audio.delta")["type"] == "response.audio.delta"
