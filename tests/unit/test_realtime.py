@@ -495,7 +495,7 @@ def test_resampling_keeps_the_pitch_and_pcm16_is_checked():
     assert np.argmax(np.abs(np.fft.rfft(out))) * 16000 / len(out) == 440
     back = decode_pcm16(encode_pcm16(tone))
     assert np.abs(back - tone).max() <= 2 / 32767          # 16-bit steps: written x 32767, read / 32768
-    for bad in ("AAA=", "%%%", 7):
+    for bad in ("AAAA", "%%%", 7):             # 3 bytes: half a sample over; not base64; not a string
         with pytest.raises(InvalidInput):
             decode_pcm16(bad)
 
