@@ -194,7 +194,8 @@ def test_text_turn_answers_as_chat_does(served):
         conn.conversation.item.create(item={"type": "message", "role": "user",
                                             "content": [{"type": "input_text", "text": "hello there"}]})
         assert conn.recv().type == "conversation.item.created"
-        conn.response.create(response={"output_modalities": ["text"], "max_output_tokens": SHORT})
+        conn.response.create(response={"output_modalities": ["text"], "max_output_tokens": SHORT,
+                                       "metadata": {"turn": "1"}})
         evs = until(conn, "response.done")
         conn.conversation.item.create(item={"type": "message", "role": "user",
                                             "content": [{"type": "input_text", "text": "and again"}]})
@@ -206,7 +207,7 @@ def test_text_turn_answers_as_chat_does(served):
     assert not any("audio" in e.type for e in evs)
     done = evs[-1].response
     assert done.status == "incomplete" and done.status_details.reason == "max_output_tokens"
-    assert done.usage.output_tokens == SHORT
+    assert done.usage.output_tokens == SHORT and done.metadata == {"turn": "1"}
     # the second turn reads the first, after its instructions: the chat template's prompt of the four messages
     turns = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}, {"role": "assistant", "content": want},
              {"role": "user", "content": "and again"}]
@@ -323,6 +324,8 @@ def test_bad_frames_get_errors_and_the_session_goes_on(served):
         send(ws, "session.update", session={"audio": {"output": {"voice": "nobody"}}})
         err = json.loads(ws.recv())["error"]
         assert err["param"] == "session.audio.output.voice" and "aiden, chelsie, ethan" in err["message"]
+        send(ws, "response.create", response={"metadata": {"k": 1}})
+        assert json.loads(ws.recv())["error"]["param"] == "response.metadata"
         send(ws, "input_audio_buffer.clear")
         assert json.loads(ws.recv())["type"] == "input_audio_buffer.cleared"
 

@@ -64,6 +64,11 @@ def options(given, config: Config, voices: tuple[str, ...], read_item) -> Option
     if conv not in ("auto", "none"):
         raise InvalidInput(f"response.conversation {conv!r}", "'auto' (the default conversation) or 'none'", "",
                            param="response.conversation")
+    meta = given.get("metadata")
+    if meta is not None and (not isinstance(meta, dict) or len(meta) > 16 or not all(
+            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in meta.items())):
+        raise InvalidInput("response.metadata must map at most 16 keys (64 characters) to strings (512)",
+                           f"got {str(meta)[:60]}", "", param="response.metadata")
     items = given.get("input")
     if items is not None and not isinstance(items, list):
         raise InvalidInput("response.input must be a list of items", "", "", param="response.input")
@@ -83,7 +88,6 @@ class Response:
     task: asyncio.Task | None = None
     cancelled: str | None = None        # why it was cancelled
     req: object = None
-    rid: str = ""
     item: Item | None = None
     text: str = ""
 
@@ -127,9 +131,9 @@ class Response:
         self.conn.response_ended(self)
 
     def _abort(self) -> None:
-        self.rid = self.rid or self.id
-        if (self.req is None or not self.req.closed):
-            self.conn.ctx.driver.abort(self.rid)
+        """Abort its engine request (its id is the response's) unless it has closed."""
+        if self.req is None or not self.req.closed:
+            self.conn.ctx.driver.abort(self.id)
 
     def _announce(self) -> None:
         self.send("response.created", response=self.shape("in_progress"))
@@ -150,8 +154,7 @@ class Response:
         params = SamplingParams(max_tokens=opts.max_tokens,
                                 **({"temperature": opts.temperature} if opts.temperature is not None else {}))
         speech = SpeechParams(voice=opts.voice) if opts.modality == "audio" else None
-        self.rid = self.id
-        return dict(messages=msgs, media=media, split=True, params=params, request_id=self.rid, speech=speech)
+        return dict(messages=msgs, media=media, split=True, params=params, request_id=self.id, speech=speech)
 
     async def _run(self) -> None:
         started, bad = await self.conn.ctx.submit(self._request())
