@@ -310,8 +310,9 @@ def test_partial_session_update_keeps_vad_on_and_a_bad_one_changes_nothing(serve
 def test_bad_frames_get_errors_and_the_session_goes_on(served):
     with raw(served) as ws:
         raw_until(ws, "session.created")
-        ws.send("{not json")
-        assert json.loads(ws.recv())["error"]["code"] == "invalid_json"
+        for bad in ("{not json", "[" * 100_000):          # not JSON; nested past what a parser follows
+            ws.send(bad)
+            assert json.loads(ws.recv())["error"]["code"] == "invalid_json"
         send(ws, "no.such.event")
         err = json.loads(ws.recv())["error"]
         assert err["code"] == "unknown_event" and "no.such.event" in err["message"]

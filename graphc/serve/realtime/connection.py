@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 from graphc.errors import InvalidInput
@@ -25,6 +26,7 @@ from graphc.serve.realtime.transcribe import transcribe
 from graphc.serve.realtime.turns import Response, options
 from graphc.serve.realtime.vad import WINDOW, Vad
 
+log = logging.getLogger("graphc.server")
 MIN_COMMIT_MS = 100          # OpenAI's least audio a commit takes
 EVENT_KEYS = {
     "session.update": {"session"}, "transcription_session.update": {"session"},
@@ -124,6 +126,10 @@ class Connection:
             self.send(self.wire.error(str(e), e.code, e.event_id, e.param))
         except InvalidInput as e:
             self.send(self.wire.error(str(e), "invalid_value", eid, e.param))
+        except Exception as e:                   # a fault of the server's: said, logged, and the session goes on
+            log.exception("realtime: handling an event failed")
+            self.send(self.wire.error(f"the server failed on this event ({type(e).__name__}: {e})", None, eid,
+                                      kind="server_error"))
 
     # ---- the session
     def _session_event(self, kind: str) -> dict:

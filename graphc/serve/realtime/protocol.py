@@ -58,8 +58,9 @@ def read_event(text: str) -> dict:
     """A client frame as an event {type, ...}; ProtocolError when it is not one."""
     try:
         event = json.loads(text)
-    except ValueError as e:
-        raise ProtocolError(f"the message is not JSON ({e}); send one JSON object an event", "invalid_json") from None
+    except (ValueError, RecursionError) as e:       # RecursionError: nested past what the parser follows
+        raise ProtocolError(f"the message is not JSON that can be read ({str(e)[:80]}); send one JSON object an "
+                            "event", "invalid_json") from None
     if not isinstance(event, dict):
         raise ProtocolError(f"the message is a JSON {type(event).__name__}; send a JSON object {{\"type\": ...}}",
                             "invalid_event")
