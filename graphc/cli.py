@@ -112,6 +112,16 @@ def _add_check(sub) -> None:
     ck.add_argument("-q", "--quiet", action="store_true", help="no boot progress on stderr")
 
 
+def _add_realtime(rn) -> None:
+    """graphc run's options of WS /v1/realtime (graphc/serve/realtime/route.py)."""
+    rn.add_argument("--max-realtime-sessions", type=int, default=64, metavar="N",
+                    help="the most WS /v1/realtime sessions open at once; another is closed with code 1013 "
+                         "(default 64)")
+    rn.add_argument("--realtime-idle-timeout", type=float, default=600.0, metavar="S",
+                    help="a realtime session with no client event and nothing generating for S seconds is closed "
+                         "(default 600)")
+
+
 def _add_run(sub) -> None:
     """`graphc run PLAN`: serve it over HTTP, or run a JSONL batch offline."""
     rn = sub.add_parser("run", help="serve a plan: an OpenAI-compatible server, or a JSONL batch offline",
@@ -157,6 +167,7 @@ def _add_run(sub) -> None:
     rn.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                     help="the names the server answers to (requests may give any; responses carry the first; "
                          "default: the plan's model name)")
+    _add_realtime(rn)
     rn.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
                     help="on SIGINT or SIGTERM, the seconds requests in flight get to finish before each left ends "
                          "with an error event; then the server exits 0 (default 30)")
@@ -329,6 +340,10 @@ def cmd_run(args) -> int:
                            "e.g. --served-model-name my-model org/my-model")
     if not 0 <= args.shutdown_timeout < float("inf"):
         raise InvalidInput(f"--shutdown-timeout {args.shutdown_timeout} is not a time", "", "pass seconds, 0 or more")
+    if args.max_realtime_sessions < 0 or not 0 < args.realtime_idle_timeout < float("inf"):
+        raise InvalidInput(f"--max-realtime-sessions {args.max_realtime_sessions} --realtime-idle-timeout "
+                           f"{args.realtime_idle_timeout}", "sessions are 0 or more (0: none), the timeout seconds "
+                           "over 0", "pass e.g. --max-realtime-sessions 64 --realtime-idle-timeout 600")
     if args.max_waiting is not None and args.max_waiting < 1:
         raise InvalidInput(f"--max-waiting {args.max_waiting}", "at least one request must be able to wait",
                            "pass 1 or more")
@@ -368,7 +383,8 @@ def _server_options(args) -> dict:
             "max_audio_bytes": int(args.max_upload_mb * 1024 * 1024), "max_waiting": args.max_waiting,
             "media_dir": args.media_dir, "media_urls": args.media_urls, "shutdown_timeout": args.shutdown_timeout,
             "served_model_name": args.served_model_name,
-            "trust_request_chat_template": args.trust_request_chat_template}
+            "trust_request_chat_template": args.trust_request_chat_template,
+            "max_realtime_sessions": args.max_realtime_sessions, "realtime_idle_timeout": args.realtime_idle_timeout}
 
 
 def _serving_on(host: str, args, api_key, where: str = "") -> None:

@@ -2,7 +2,7 @@
 
 Routes: POST /v1/chat/completions and /v1/completions (completions.py), POST /v1/audio/speech
 (speech.py), POST /v1/audio/transcriptions (transcriptions.py), GET /v1/models, /health and /metrics
-(ops.py). One engine thread steps the engine (driver.py); handlers hand it requests and read their
+(ops.py), WS /v1/realtime (the realtime/ package: OpenAI's Realtime API, speech in and out). One engine thread steps the engine (driver.py); handlers hand it requests and read their
 events (context.py). Request bodies are strict (schemas.py); errors use OpenAI's body (errors.py); the
 API key, access log and body limit are middleware.py's. Media parts are decoded in the handlers (a
 thread pool), never in the engine's thread, and bounded by what the plan's prompts can hold. The server

@@ -12,6 +12,8 @@ from graphc.runtime.workers import WorkerDied
 from graphc.serve import completions, middleware, openapi, ops, speech, tokens, transcriptions
 from graphc.serve.context import Context
 from graphc.serve.driver import Driver
+from graphc.serve.realtime import route as realtime
+from graphc.serve.realtime.route import RealtimeLimits
 from graphc.serve.errors import install_handlers
 from graphc.serve.transcriptions import DEFAULT_MAX_AUDIO_BYTES
 
@@ -22,14 +24,16 @@ FAIL_GRACE_S = 1.0            # after that, the seconds their error events get t
 
 def build_app(engine: Engine, name: str | list[str] | None = None, *, api_key: str | None = None, access_log: bool = False,
               max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES, on_death=None, max_waiting: int | None = None,
-              sources: Sources = Sources(paths=False), trust_request_chat_template: bool = False):
+              sources: Sources = Sources(paths=False), trust_request_chat_template: bool = False,
+              realtime_limits: RealtimeLimits = RealtimeLimits()):
     """name: the model's name the routes answer to (default: the plan's), or several (responses carry the
     first: --served-model-name); api_key: every route but /health
     wants it as a bearer token; access_log: a JSON line a request on `graphc.access` (middleware.py);
     max_audio_bytes: the largest transcription upload (transcriptions.py), and the media a JSON body may
     carry; on_death: Driver's; max_waiting: the queue's bound (Driver's); sources: where media parts may be
     read from (default: their bytes only, no file and no URL); trust_request_chat_template: a chat request may
-    bring its own chat_template (else it is refused)."""
+    bring its own chat_template (else it is refused); realtime_limits: WS /v1/realtime's sessions at once and idle
+    time (realtime/route.py)."""
     from fastapi import FastAPI
 
     app = FastAPI(title="graphc", version="1")
@@ -44,7 +48,8 @@ def build_app(engine: Engine, name: str | list[str] | None = None, *, api_key: s
     ctx = Context(engine, driver, names[0], max_audio_bytes, sources, engine.media_limits(), tuple(names[1:]),
                   trust_request_chat_template)
     install_handlers(app)
-    for routes in (ops, completions, speech, transcriptions, tokens):
+    app.state.realtime = realtime_limits
+    for routes in (ops, completions, speech, transcriptions, tokens, realtime):
         routes.register(app, ctx)
     middleware.install(app, api_key, access_log, max_audio_bytes)
     openapi.install(app, bool(api_key))
@@ -55,7 +60,8 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, api_key:
           access_log: bool = False, max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES, max_waiting: int | None = None,
           media_dir: str | None = None, media_urls: bool = False, exit_on_death: bool = True,
           shutdown_timeout: float = DEFAULT_SHUTDOWN_S, served_model_name: list[str] | None = None,
-          trust_request_chat_template: bool = False) -> WorkerDied | None:
+          trust_request_chat_template: bool = False, max_realtime_sessions: int = RealtimeLimits.max_sessions,
+          realtime_idle_timeout: float = RealtimeLimits.idle_s) -> WorkerDied | None:
     """Serve until stopped. SIGINT or SIGTERM stops it within shutdown_timeout seconds (stopping_server); a second
     one stops it at once and raises Stopped. A device's worker that dies ends it: the process exits with code 3 a
     moment after the requests in flight got their error, or, with exit_on_death=False (graphc run --ray: the
@@ -72,7 +78,8 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, api_key:
     app = build_app(engine, served_model_name, api_key=api_key, access_log=access_log, max_audio_bytes=max_audio_bytes,
                     on_death=None if exit_on_death else stop, max_waiting=max_waiting,
                     sources=media_sources(media_dir, media_urls),
-                    trust_request_chat_template=trust_request_chat_template)
+                    trust_request_chat_template=trust_request_chat_template,
+                    realtime_limits=RealtimeLimits(max_realtime_sessions, realtime_idle_timeout))
     if access_log:
         middleware.access_log_to_stderr()
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",

@@ -2,7 +2,8 @@
 
   api key        every route but /health and /ping wants `Authorization: Bearer KEY` (/metrics,
                  /openapi.json and /docs too), else 401 in OpenAI's error body (code invalid_api_key); /health
-                 and /ping (liveness probes) stay open
+                 and /ping (liveness probes) stay open; a websocket's upgrade (WS /v1/realtime) without it is
+                 refused (HTTP 403)
   access log     one JSON line per HTTP request on the `graphc.access` logger: method, path, status,
                  duration_ms, request_id (the X-Request-Id header, when sent) and client
   body limit     a JSON body over its bound is a 413 from its Content-Length, before a byte of it is read
@@ -94,13 +95,22 @@ OPEN = ("/health", "/ping")          # liveness probes: no key, and they tell no
 
 class ApiKey:
     """ASGI middleware: every route but /health and /ping wants `Authorization: Bearer KEY`; a 401 in OpenAI's
-    body otherwise."""
+    body otherwise (a websocket's upgrade: refused, HTTP 403)."""
 
     def __init__(self, app, key: str):
         self.app, self.key = app, key.encode()
 
+    def allowed(self, scope) -> bool:
+        auth = dict(scope.get("headers") or []).get(b"authorization", b"")
+        scheme, _, token = auth.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "")
+        if scope["type"] == "websocket":       # WS /v1/realtime: refused at the upgrade (HTTP 403)
+            if self.allowed(scope):
+                return await self.app(scope, receive, send)
+            return await send({"type": "websocket.close", "code": 1008, "reason": "the API key is missing or wrong"})
         if scope["type"] == "http" and path not in OPEN:
             auth = dict(scope.get("headers") or []).get(b"authorization", b"")
             scheme, _, token = auth.partition(b" ")

@@ -1,0 +1,127 @@
+"""WS /v1/realtime latency against a running `graphc run`: N sessions at once each stream a spoken question in
+real time (20 ms appends, paced by the wall clock) and wait for the answer; then each speaks again while its
+answer plays (barge-in). Measured per session:
+
+  first_audio_ms   from the server's speech_stopped event to the answer's first output audio delta
+  barge_in_ms      from sending the append that holds the new speech's onset to the cancelled response.done
+                   (after which no audio of that answer comes): VAD's 32 ms window included
+
+The speech is a synthetic voiced signal (harmonics of a moving pitch through vowel formants) that Silero's VAD
+takes for speech; with seeded weights the model's own speech is noise to a VAD. The server needs a checkpoint
+with the tokenizer and chat template (realtime sessions render their conversation), e.g. seeded weights written by
+host_memory.py --write-checkpoint beside the real tokenizer files.
+
+    graphc run plans/qwen3_omni_h200.plan --checkpoint DIR --port 8000 &
+    python examples/bench/realtime_latency.py --port 8000 --sessions 1 8 32 --json OUT/realtime.json
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import math
+import statistics
+import time
+
+import numpy as np
+
+RATE, CHUNK_MS = 24_000, 20
+VOWELS = [(700, 1220, 2600), (300, 2300, 3000), (500, 900, 2400), (400, 1900, 2550), (600, 1000, 2500)]
+
+
+def voiced(seconds: float) -> np.ndarray:
+    t = np.arange(int(seconds * RATE)) / RATE
+    f0 = 130 + 25 * np.sin(2 * np.pi * 0.7 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / RATE
+    formants = np.array(VOWELS, float)[(t // 0.22).astype(int) % len(VOWELS)]
+    y = np.zeros(len(t))
+    for k in range(1, 30):
+        y += sum(1 / (1 + ((k * f0 - formants[:, j]) / (80 + 40 * j)) ** 2) for j in range(3)) / k ** 0.5 * np.sin(k * phase)
+    y *= np.sin(np.pi * (t % 0.22) / 0.22) ** 0.6
+    return (0.3 * y / np.abs(y).max()).astype(np.float32)
+
+
+def appends(samples: np.ndarray) -> list[str]:
+    n = RATE * CHUNK_MS // 1000
+    pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2")
+    return [json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i:i + n].tobytes()).decode()})
+            for i in range(0, len(pcm), n)]
+
+
+async def stream(ws, frames: list[str], onset_index: int | None = None) -> float | None:
+    """Send the appends in real time; the wall time the onset's append went, when asked."""
+    t0, onset = time.perf_counter(), None
+    for i, frame in enumerate(frames):
+        await asyncio.sleep(max(0.0, t0 + i * CHUNK_MS / 1000 - time.perf_counter()))
+        await ws.send(frame)
+        if i == onset_index:
+            onset = time.perf_counter()
+    return onset
+
+
+async def one_session(url: str, question: list[str], barge: list[str], onset_index: int, max_tokens: int) -> dict:
+    import websockets
+
+    async with websockets.connect(url, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "session.update", "session": {"max_output_tokens": max_tokens}}))
+        sender = asyncio.create_task(stream(ws, question))
+        stopped = first = None
+        while first is None:
+            ev = json.loads(await ws.recv())
+            if ev["type"] == "input_audio_buffer.speech_stopped":
+                stopped = time.perf_counter()
+            elif ev["type"] == "response.output_audio.delta" and stopped is not None:
+                first, answering = time.perf_counter(), ev["response_id"]
+        await sender
+        onset = asyncio.create_task(stream(ws, barge, onset_index))
+        while True:
+            ev = json.loads(await ws.recv())
+            if ev["type"] == "response.done" and ev["response"]["id"] == answering:
+                ended, status = time.perf_counter(), ev["response"]["status"]
+                break
+        sent = await onset
+        return {"first_audio_ms": (first - stopped) * 1e3,
+                "barge_in_ms": (ended - sent) * 1e3 if status == "cancelled" and sent else None, "status": status}
+
+
+def summary(values: list[float]) -> dict:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return {}
+    return {"n": len(values), "p50": round(statistics.median(values), 1),
+            "p90": round(values[max(0, math.ceil(0.9 * len(values)) - 1)], 1), "max": round(values[-1], 1)}
+
+
+async def main(args) -> dict:
+    url = f"ws://{args.host}:{args.port}/v1/realtime"
+    question = appends(np.concatenate([np.zeros(RATE // 2, np.float32), voiced(args.speech_s),
+                                       np.zeros(RATE, np.float32)]))
+    lead = RATE // 5                                        # 200 ms of silence before the barge-in speech
+    barge = appends(np.concatenate([np.zeros(lead, np.float32), voiced(1.0), np.zeros(RATE, np.float32)]))
+    onset_index = lead // (RATE * CHUNK_MS // 1000)
+    out = {}
+    for n in args.sessions:
+        runs = await asyncio.gather(*(one_session(url, question, barge, onset_index, args.max_tokens)
+                                      for _ in range(n)))
+        out[n] = {"first_audio_ms": summary([r["first_audio_ms"] for r in runs]),
+                  "barge_in_ms": summary([r["barge_in_ms"] for r in runs]),
+                  "not_cancelled": sum(r["status"] != "cancelled" for r in runs)}
+        print(f"{n:3d} sessions: first audio {out[n]['first_audio_ms']}, barge-in {out[n]['barge_in_ms']}", flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--speech-s", type=float, default=2.0, help="seconds of the spoken question")
+    ap.add_argument("--max-tokens", type=int, default=256, help="max_output_tokens of the answers (long enough to "
+                    "still be playing at the barge-in)")
+    ap.add_argument("--json", default=None, help="where the results go")
+    args = ap.parse_args()
+    results = asyncio.run(main(args))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
