@@ -155,10 +155,11 @@ def register(app, ctx: Context) -> None:
         from graphc import __version__
         return {"version": __version__}
 
-    @app.api_route("/ping", methods=["GET", "POST"])
     def ping():
         """Liveness, as vLLM and SageMaker ask it: 200 while the server runs."""
         return Response(status_code=200)
+    for method in ("GET", "POST"):                 # one route each: each its own OpenAPI operation id
+        app.add_api_route("/ping", ping, methods=[method], operation_id=f"ping_{method.lower()}")
 
     metrics = Metrics(ctx.engine)
     app.state.metrics = metrics

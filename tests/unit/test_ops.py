@@ -114,14 +114,19 @@ def test_the_access_log_writes_one_json_line_a_request(served, caplog):
     with caplog.at_level(logging.INFO, logger="graphc.access"):
         get(port, "/health", {"X-Request-Id": "abc-123"})
         get(port, "/v1/models", {"X-Request-Id": "def-456"})
-        for _ in range(100):                      # written once the response has gone
-            if len(caplog.records) >= 2:
+
+        def mine() -> list[dict]:
+            # a line is written once its response has gone (after the client has it), and an earlier test's
+            # request can be logged late: this test's lines, by request id
+            return sorted((x for r in caplog.records if r.name == "graphc.access"
+                           for x in [json.loads(r.getMessage())] if x["request_id"] in ("abc-123", "def-456")),
+                          key=lambda x: x["request_id"])
+        for _ in range(500):
+            if len(mine()) >= 2:
                 break
             time.sleep(0.01)
-        time.sleep(0.05)
-    # an earlier test's request can be logged late, once its response has gone: only this test's lines
-    lines = [x for r in caplog.records if r.name == "graphc.access"
-             for x in [json.loads(r.getMessage())] if x["request_id"] in ("abc-123", "def-456")]
+        time.sleep(0.05)                          # a third line, were one written, would come by now
+        lines = mine()
     assert [(x["method"], x["path"], x["status"], x["request_id"]) for x in lines] == \
         [("GET", "/health", 200, "abc-123"), ("GET", "/v1/models", 401, "def-456")]
     assert all(x["client"].startswith("127.0.0.1:") and x["duration_ms"] >= 0 for x in lines)
