@@ -1,6 +1,7 @@
 """The JSON request bodies of the server's routes, as OpenAI's API takes them.
 
-Every body is strict: a field that is not declared here is refused (400, naming it). graphc's own fields
+Every body is strict: a field that is not declared here is refused (400, naming it), and so is a value of
+another JSON type than the field's (true for a number, 1 for a boolean, "2" for an integer). graphc's own fields
 beside OpenAI's: the sampling knobs SamplingParams takes (top_k, min_p, repetition_penalty,
 stop_token_ids, ignore_eos, prompt_logprobs), max_frames and seed on speech, use_audio_in_video on chat. Chat's
 tools and tool_choice are checked beyond their shapes (unique names, schemas, a named choice declared) in
@@ -24,7 +25,7 @@ class StreamOptions(BaseModel):
     """stream_options: include_usage (a last chunk with the usage), continuous_usage_stats (vLLM's: every
     chunk carries the usage so far)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
@@ -33,7 +34,7 @@ class JSONSchemaSpec(BaseModel):
     """response_format's json_schema: OpenAI's name, description, schema and strict (the output always
     follows the schema, keys it does not declare refused, strict or not)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     description: str | None = None
     json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")   # {}: any JSON value
@@ -43,7 +44,7 @@ class JSONSchemaSpec(BaseModel):
 class ResponseFormat(BaseModel):
     """OpenAI's response_format: text (no guide), json_object, or json_schema with its json_schema."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaSpec | None = None
 
@@ -65,7 +66,7 @@ class ResponseFormat(BaseModel):
 class Body(BaseModel):
     """What chat and completion requests share: the model's name, sampling, stop, streaming."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
@@ -101,7 +102,7 @@ class Body(BaseModel):
 class AudioOut(BaseModel):
     """OpenAI's audio {voice, format}; max_frames (graphc's): the most codec frames (12.5 a second)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     voice: str
     format: str = "wav"
     max_frames: int | None = Field(None, ge=1)
@@ -110,7 +111,7 @@ class AudioOut(BaseModel):
 class FunctionDef(BaseModel):
     """A tool's function: its name, what it does, its arguments as a JSON schema of an object."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
@@ -120,20 +121,20 @@ class FunctionDef(BaseModel):
 class Tool(BaseModel):
     """One of chat's tools, OpenAI's {"type": "function", "function": {...}}."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["function"]
     function: FunctionDef
 
 
 class FunctionName(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     name: str
 
 
 class NamedToolChoice(BaseModel):
     """tool_choice naming the function that must be called."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["function"]
     function: FunctionName
 
@@ -169,7 +170,7 @@ class SpeechBody(BaseModel):
     pace), and graphc's seed (the speech stage's draws) and max_frames (the most codec frames, 12.5 a
     second)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     model: str | None = None
     input: str = Field(min_length=1, max_length=4096)
     voice: str

@@ -28,7 +28,7 @@ from graphc.serve.tools import check as check_tools, variables
 
 
 class TokenizeBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     model: str | None = None
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
@@ -40,7 +40,7 @@ class TokenizeBody(BaseModel):
 
 
 class DetokenizeBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     model: str | None = None
     tokens: list[int] = Field(min_length=0)
 

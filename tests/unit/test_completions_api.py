@@ -164,3 +164,16 @@ def test_usage_counts_the_prompt_rows_taken_from_the_cache(served):
     again = c.completions.create(**kw).usage
     assert first.prompt_tokens_details.cached_tokens == 0
     assert again.prompt_tokens_details.cached_tokens == 3 * page      # every full page; the last row is computed
+
+
+def test_a_value_of_another_json_type_is_refused(served):
+    """Strict bodies: pydantic's lax mode would take true as 1.0, false as 0 and "2" as 2."""
+    port = served["port"]
+    for route, body, field in (("/v1/completions", {"prompt": "hi", "frequency_penalty": True}, "frequency_penalty"),
+                               ("/v1/completions", {"prompt": "hi", "logprobs": False}, "logprobs"),
+                               ("/v1/completions", {"prompt": "hi", "n": "2"}, "n"),
+                               ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                         "stream": 1}, "stream"),
+                               ("/tokenize", {"prompt": "hi", "add_special_tokens": 0}, "add_special_tokens")):
+        status, got = post(port, route, body)
+        assert status == 400 and field in got["error"]["message"], (route, body, got)
