@@ -24,7 +24,10 @@ def _source(data: bytes | str | Path):
     return io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else str(data)
 
 
-def load_audio(data: bytes | str | Path, sample_rate: int = 16_000, max_seconds: float | None = None,
+AUDIO_RATE = 16_000            # the sample rate the audio encoders (and Silero's VAD) take
+
+
+def load_audio(data: bytes | str | Path, sample_rate: int = AUDIO_RATE, max_seconds: float | None = None,
                why: str = "") -> np.ndarray:
     """Decode, downmix and resample: float32 [n] at `sample_rate`. Longer than max_seconds (read from the
     header) is refused undecoded, the refusal saying `why` that is the limit."""
@@ -140,7 +143,7 @@ def load_video(data: bytes | str | Path, fps: float | None = None, max_frames: i
     return torch.stack(frames), fps
 
 
-def video_audio(data: bytes | str | Path, sample_rate: int = 16_000, max_seconds: float | None = None,
+def video_audio(data: bytes | str | Path, sample_rate: int = AUDIO_RATE, max_seconds: float | None = None,
                 why: str = "") -> np.ndarray:
     """A video file's first audio stream, decoded with PyAV, channels averaged, resampled with soxr:
     float32 [n] at `sample_rate` (what a model hears with use_audio_in_video)."""

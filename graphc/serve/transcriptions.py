@@ -30,7 +30,7 @@ import zlib
 from dataclasses import dataclass
 
 from graphc.errors import InvalidInput
-from graphc.runtime.media import MediaError, load_audio
+from graphc.runtime.media import AUDIO_RATE, MediaError, load_audio
 from graphc.runtime.sampler import SamplingParams
 from graphc.serve.context import Context
 from graphc.serve.default_transcription import DefaultTranscription
@@ -46,7 +46,6 @@ FIELDS = ("file", "model", "language", "prompt", "response_format", "temperature
 NOT_SERVED = ("include", "timestamp_granularities", "chunking_strategy", "known_speaker_names",
               "known_speaker_references")
 FORMATS = ("json", "text", "verbose_json")
-SAMPLE_RATE = 16_000
 MIN_TOKENS, TOKENS_PER_SECOND = 64, 30
 ROWS_PER_SECOND = 100          # audio rows a second the encoders give at most (mel frames; most give fewer)
 
@@ -205,7 +204,7 @@ async def read_audio(ctx: Context, upload):
         return None, too_large(ctx)
     try:
         ctx.driver.admit()                 # a full queue refuses before the audio is decoded
-        return await run_in_threadpool(load_audio, data, SAMPLE_RATE, ctx.limits.audio_seconds, ctx.limits.why), None
+        return await run_in_threadpool(load_audio, data, AUDIO_RATE, ctx.limits.audio_seconds, ctx.limits.why), None
     except MediaError as e:
         return None, error(400, f"file: {e}", param="file")
     except Exception as e:
@@ -226,7 +225,7 @@ async def transcribe(ctx: Context, how, form):
     wave, bad = await read_audio(ctx, fields["file"])
     if bad is not None:
         return bad
-    duration = len(wave) / SAMPLE_RATE
+    duration = len(wave) / AUDIO_RATE
     prompt = how.prompt(ctx.engine.template, opts.context, opts.language)
     params = SamplingParams(temperature=opts.temperature, logprobs=opts.fmt == "verbose_json",
                             max_tokens=output_cap(prompt, duration, ctx.engine.max_seq_len))

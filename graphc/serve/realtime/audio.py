@@ -12,7 +12,6 @@ from graphc.errors import InvalidInput
 from graphc.serve.audio_out import pcm16
 
 WIRE_RATE = 24_000            # what clients send and hear
-ENCODER_RATE = 16_000         # what the audio encoders (and Silero) take
 
 
 def decode_pcm16(data, param: str = "audio") -> np.ndarray:

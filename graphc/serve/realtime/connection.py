@@ -15,7 +15,8 @@ import logging
 import time
 
 from graphc.errors import InvalidInput
-from graphc.serve.realtime.audio import ENCODER_RATE, WIRE_RATE, Resampler, decode_pcm16
+from graphc.runtime.media import AUDIO_RATE
+from graphc.serve.realtime.audio import WIRE_RATE, Resampler, decode_pcm16
 from graphc.serve.realtime.buffer import InputBuffer
 from graphc.serve.realtime.conversation import Conversation, audio_item
 from graphc.serve.realtime.items import read_item, show_item
@@ -44,8 +45,8 @@ class Connection:
         self.vad_model, self.idle_s, self.voices = vad_model, idle_s, voices
         self.out: asyncio.Queue = asyncio.Queue()
         self.conversation, self.conversation_id = Conversation(), new_id("conv")
-        self.buffer, self.resample = InputBuffer(), Resampler(WIRE_RATE, ENCODER_RATE)
-        self.max_buffer = int((ctx.limits.audio_seconds or 900.0) * ENCODER_RATE)
+        self.buffer, self.resample = InputBuffer(), Resampler(WIRE_RATE, AUDIO_RATE)
+        self.max_buffer = int((ctx.limits.audio_seconds or 900.0) * AUDIO_RATE)
         self.audio_budget_s = (ctx.limits.audio_seconds or 900.0) / 2
         self.vad: Vad | None = None
         self.speech_item: str | None = None        # the id the speech under way will commit as
@@ -175,8 +176,8 @@ class Connection:
         samples = self.resample(decode_pcm16(event.get("audio"), "audio"))
         if self.buffer.total + len(samples) > self.max_buffer:
             if self.vad is None or self.vad.turn is None:
-                raise InvalidInput(f"the input buffer holds {self.buffer.total / ENCODER_RATE:.1f} s", "at most "
-                                   f"{self.max_buffer / ENCODER_RATE:.1f} s of audio fit a prompt of this plan",
+                raise InvalidInput(f"the input buffer holds {self.buffer.total / AUDIO_RATE:.1f} s", "at most "
+                                   f"{self.max_buffer / AUDIO_RATE:.1f} s of audio fit a prompt of this plan",
                                    "commit or clear it", param="audio")
             self.vad.turn.stop = self.vad.seen      # a turn as long as a prompt holds ends here
             await self._speech_stopped(self.vad.turn)
@@ -187,18 +188,18 @@ class Connection:
         for turn in self.vad.feed(samples):
             await (self._speech_started(turn) if turn.stop is None else self._speech_stopped(turn))
         if self.vad.turn is None:
-            self.buffer.keep_last(self.vad.padding + 2 * WINDOW + len(self.vad.pending), ENCODER_RATE)
+            self.buffer.keep_last(self.vad.padding + 2 * WINDOW + len(self.vad.pending), AUDIO_RATE)
 
     async def _speech_started(self, turn) -> None:
         self.speech_item = new_id("item")
-        self.send(self.wire.event("input_audio_buffer.speech_started", audio_start_ms=turn.start * 1000 // ENCODER_RATE,
+        self.send(self.wire.event("input_audio_buffer.speech_started", audio_start_ms=turn.start * 1000 // AUDIO_RATE,
                                   item_id=self.speech_item))
         if self.response is not None and self.config.audio.input.turn_detection.interrupt_response:
             await self.cancel_response("turn_detected")
 
     async def _speech_stopped(self, turn) -> None:
         item_id, self.speech_item = self.speech_item or new_id("item"), None
-        self.send(self.wire.event("input_audio_buffer.speech_stopped", audio_end_ms=turn.stop * 1000 // ENCODER_RATE,
+        self.send(self.wire.event("input_audio_buffer.speech_stopped", audio_end_ms=turn.stop * 1000 // AUDIO_RATE,
                                   item_id=item_id))
         stopped = time.perf_counter()
         self._commit(item_id, self.buffer.take(turn.start, turn.stop))
@@ -208,9 +209,9 @@ class Connection:
 
     async def on_input_audio_buffer_commit(self, event: dict) -> None:
         self.buffer.append(self.resample([], last=True))
-        self.resample = Resampler(WIRE_RATE, ENCODER_RATE)
-        if self.buffer.total * 1000 < MIN_COMMIT_MS * ENCODER_RATE:
-            raise InvalidInput(f"the input buffer holds {self.buffer.total * 1000 // ENCODER_RATE} ms of audio",
+        self.resample = Resampler(WIRE_RATE, AUDIO_RATE)
+        if self.buffer.total * 1000 < MIN_COMMIT_MS * AUDIO_RATE:
+            raise InvalidInput(f"the input buffer holds {self.buffer.total * 1000 // AUDIO_RATE} ms of audio",
                                f"a commit takes at least {MIN_COMMIT_MS} ms", "append more audio first")
         item_id = self.speech_item or new_id("item")
         self._commit(item_id, self.buffer.take(self.buffer.base, self.buffer.end))

