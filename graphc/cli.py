@@ -72,6 +72,9 @@ def _add_plan(sub) -> None:
     pl.add_argument("--replicas", type=int, default=None, metavar="R",
                     help="with --gpus N: 1 (one copy over the N devices) or N (a replica on each, requests routed "
                          "between them); default: the compiler chooses and the plan says why")
+    pl.add_argument("--tp", type=int, default=None, metavar="N",
+                    help="with --gpus N: split one copy over N tensor-parallel ranks, one a GPU (the model file's "
+                         "declare() takes tp); 1: never split; default: the compiler chooses and the plan says why")
     pl.add_argument("--preset", default=None, help="the model file's preset (default: its declare() default)")
     pl.add_argument("--checkpoint", default=None, metavar="DIR",
                     help="declare the nodes from DIR/config.json (HF field names); the plan records it")
@@ -203,7 +206,8 @@ def cmd_plan(args) -> int:
         with without_dynamo():               # a plan compiles nothing (graphc/dynamo_stub.py)
             compiled = compile_model(source, args.gpu, args.gpus, overrides, fit=args.fit,
                                      memory_cap=args.memory_cap, headroom=args.headroom,
-                                     remedies=not args.no_remedies, replicas=args.replicas)
+                                     remedies=not args.no_remedies, replicas=args.replicas,
+                                     tp=args.tp)
     except DoesNotFit as e:
         print(refusal(source.model.name, e.result, e.remedies) if e.result is not None else f"error: {e}",
               file=sys.stderr, end="")
@@ -260,7 +264,7 @@ def _sweep(source, gpus: list[str], counts: list[int], overrides: dict, args) ->
             model = c.result.sizing.ir.model
             row["fits"], row["kv"] = True, {r: sum(p.pages.values()) * model.resource(r).page_size
                                              for r, p in c.plan.resources.items() if p.pages}
-            row["trimmed"], row["replicas"] = len(c.plan.trimmed), c.plan.replicas
+            row["trimmed"], row["replicas"], row["tp"] = len(c.plan.trimmed), c.plan.replicas, c.plan.tensor_parallel
         except DoesNotFit as e:
             why = e.result.fit.problems[0].text if e.result is not None and e.result.fit.problems else e.what
             row["fits"], row["why"] = False, why.splitlines()[0]
@@ -275,6 +279,7 @@ def _sweep(source, gpus: list[str], counts: list[int], overrides: dict, args) ->
         if r["fits"]:
             kv = ", ".join(f"{k} {v:,}" for k, v in r["kv"].items()) or "no KV pools"
             kv += f" in each of {r['replicas']} replicas" if r["replicas"] > 1 else ""
+            kv += f" (the tokens' heads split over {r['tp']} tensor-parallel ranks)" if r["tp"] > 1 else ""
             kv += f" ({r['trimmed']} trims)" if r["trimmed"] else ""
             print(f"{r['gpu']:<12}{r['gpus']:>5}  {fmt_bytes(r['memory']):>11}  {'yes':<5} {kv}{mark}")
         else:
@@ -305,11 +310,27 @@ def cmd_check(args) -> int:
     from graphc.runtime.progress import shown
 
     plan = load_plan(args.plan)
+    ranks = None
     with shown(args.quiet):                  # the boot's phases on stderr (graphc/runtime/progress.py)
-        boots = boot_plan(plan, args.device, args.checkpoint, args.seed, args.emulate, args.force,
-                          prebuild=not args.no_prebuild)
+        if plan.tensor_parallel > 1:         # every rank boots at once (their steps sum over the ranks)
+            from graphc.runtime.tensor_parallel import Ranks
+
+            opts = dict(checkpoint=args.checkpoint, seed=args.seed, emulate=args.emulate, force=args.force,
+                        prebuild=not args.no_prebuild)
+            ranks = Ranks(plan, lambda: boot_plan(plan, rank=0, **opts)[0], opts)
+            boots = [ranks.booted]
+        else:
+            boots = boot_plan(plan, args.device, args.checkpoint, args.seed, args.emulate, args.force,
+                              prebuild=not args.no_prebuild)
     checks = [compare(b, args.tolerance) for b in boots]
     print(render("check.txt.j2", plan=plan, checks=checks, tolerance=args.tolerance), end="")
+    others = {}
+    if ranks is not None:
+        from graphc.runtime.engine import Engine
+
+        others = ranks.checks
+        print("".join(Engine.ledger_line(r, c).replace("device", "rank", 1) + "\n" for r, c in others.items()), end="")
+        ranks.close()
     if args.json:
         import dataclasses
         import json
@@ -317,7 +338,7 @@ def cmd_check(args) -> int:
         with open(args.json, "w") as f:
             json.dump({"plan": args.plan, "checks": [dataclasses.asdict(c) for c in checks],
                        "measured": [b.measured for b in boots]}, f, indent=1)
-    return EXIT_FITS if all(c.ok for c in checks) else EXIT_DOES_NOT_FIT
+    return EXIT_FITS if all(c.ok for c in checks) and all(c["ok"] for c in others.values()) else EXIT_DOES_NOT_FIT
 
 
 def cmd_run(args) -> int:
@@ -350,6 +371,10 @@ def cmd_run(args) -> int:
     if args.media_dir is not None and not os.path.isdir(args.media_dir):
         raise InvalidInput(f"--media-dir {args.media_dir} is not a folder", "", "name an existing folder")
     requests = read_jsonl(args.requests) if args.requests else None
+    if args.ray and plan.tensor_parallel > 1:
+        raise InvalidInput(f"--ray serves plans of one copy on whole devices; plan {args.plan} splits its nodes over "
+                           f"{plan.tensor_parallel} tensor-parallel ranks", "its ranks run as processes of one host",
+                           "run it without --ray, or plan it again with --tp 1")
     if args.ray and plan.replicas > 1:
         raise InvalidInput(f"--ray serves plans of one copy; plan {args.plan} has {plan.replicas} replicas",
                            "replicas run as engines of one process on one host",

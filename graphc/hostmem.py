@@ -65,7 +65,7 @@ def check_host_memory(plan, where: str = "the plan", have: tuple[int, str] | Non
     if have is None:
         return
     mine = [d for d in plan.devices if devices is None or d.index in devices]
-    mine = mine * (plan.replicas if devices is None else 1)       # every replica's devices live here too
+    mine = mine * (plan.replicas * plan.tensor_parallel if devices is None else 1)    # every replica and rank
     need = sum(d.host_total for d in mine)
     free, source = have
     if need <= free:

@@ -15,8 +15,8 @@ from graphc.errors import InvalidInput
 from graphc.strict import closest, explain_validation, read_yaml
 
 SECTIONS = {"walks": "walks", "resources": "resources", "nodes": "nodes"}
-# settings of the plan's layout, not of the model: read by compile_model (`replicas`: --replicas)
-LAYOUT = {"replicas"}
+# settings of the plan's layout, not of the model: read by compile_model (`replicas`: --replicas, `tp`: --tp)
+LAYOUT = {"replicas", "tp"}
 FIXED = {"walks": {"name", "kind", "path"}, "resources": {"name"},
          "nodes": {"name", "module", "config", "inputs", "outputs", "resources", "weight_prefix"}}
 

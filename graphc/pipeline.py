@@ -3,8 +3,9 @@
     verify_graph -> select_backends -> choose_buckets -> size_weights -> simulate_steps
     -> size_resources -> place_nodes -> check_fit -> [suggest_remedies] -> emit_plan (size_host per device)
 
-On more than one device, compile_model runs them for each layout choose_replicas offers (one copy over
-the devices, or a replica on each) and keeps the layout that runs the most requests at once.
+On more than one device, compile_model runs them for each layout choose_layout offers (one copy over
+the devices, a replica on each, or one copy split over tensor-parallel ranks) and keeps the layout that runs
+the most requests at once.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from graphc.declare import Model
 from graphc.errors import DoesNotFit
 from graphc.overrides import apply_overrides
 from graphc.errors import InvalidInput
-from graphc.passes import choose_replicas
+from graphc.passes import choose_layout
 from graphc.passes.check_fit import Fit, check_fit
 from graphc.passes.choose_buckets import choose_buckets
 from graphc.passes.emit_plan import emit_plan
@@ -75,28 +76,34 @@ class Compiled:
 
 def compile_model(source: ModelSource, gpu: str, num_devices: int = 1, overrides: dict | None = None,
                   fit: bool = False, memory_cap: int | None = None, headroom: int | None = None,
-                  remedies: bool = True, replicas: int | None = None) -> Compiled:
+                  remedies: bool = True, replicas: int | None = None, tp: int | None = None) -> Compiled:
     """Plan a model for a target. Raises DoesNotFit (with ranked remedies) unless it fits or fit=True
-    trims it until it does; raises InvalidInput for bad input. replicas: force a layout (choose_replicas);
-    it is recorded as the override `replicas`, which forces it too."""
+    trims it until it does; raises InvalidInput for bad input. replicas, tp: force a layout (choose_layout);
+    each is recorded as an override (`replicas`, `tp`), which forces it too."""
     overrides = dict(overrides or {})
-    if replicas is not None:
-        overrides["replicas"] = replicas
-    replicas = overrides.get("replicas")
-    if replicas is not None and (not isinstance(replicas, int) or isinstance(replicas, bool)):
-        raise InvalidInput(f"replicas={replicas!r} is not a whole number", "it counts copies of the model",
-                           f"pass --replicas 1 or --replicas {num_devices}")
+    for key, value in (("replicas", replicas), ("tp", tp)):
+        if value is not None:
+            overrides[key] = value
+        value = overrides.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise InvalidInput(f"{key}={value!r} is not a whole number",
+                               "it counts copies of the model" if key == "replicas" else "it counts ranks",
+                               f"pass --{key} 1 or --{key} {num_devices}")
     target = get_target(gpu, memory_cap, num_devices)
 
-    def replan(ov: dict, num_devices: int = num_devices, copies: int = 1) -> Result:
-        # the host's budget is split over every device of every replica (cpu), each replica gets num_devices/copies
-        return run_passes(apply_overrides(source.model, ov), get_target(gpu, memory_cap, num_devices),
-                          num_devices // copies, headroom)
+    def replan(ov: dict, layout: tuple[int, int] = (1, 1), num_devices: int = num_devices) -> Result:
+        # the host's budget is split over every device of every replica and rank (cpu); each replica gets
+        # num_devices/copies of them; a rank's declaration is planned on one device
+        copies, ranks = layout
+        return run_passes(apply_overrides(source.split(ranks), ov), get_target(gpu, memory_cap, num_devices),
+                          num_devices // copies // ranks, headroom)
 
-    layout, result, why = _choose_layout(replan, overrides, num_devices, replicas)
+    layout, result, why = _choose_layout(replan, overrides, num_devices, source.splits)
+    planned = num_devices
 
     def retry(ov: dict, num_devices: int = num_devices) -> Result:      # remedies keep the layout
-        return replan(ov, num_devices, 1 if layout.replicas == 1 else num_devices)
+        same = layout.key if num_devices == planned else (1, 1)     # --gpus N+1: one copy over them
+        return replan(ov, same, num_devices)
 
     trimmed: list[Remedy] = []
     if not result.fit.fits and fit:
@@ -109,27 +116,33 @@ def compile_model(source: ModelSource, gpu: str, num_devices: int = 1, overrides
             _remedy_text(found) if found else "no single change found; try a larger --gpu or more --gpus",
             remedies=found, result=result)
     plan = emit_plan(result.sizing, result.placement, source.record(), overrides, trimmed,
-                     replicas=layout.replicas, layout_why=why)
+                     replicas=layout.replicas, tp=layout.tp, layout_why=why)
     return Compiled(plan, result, [], trimmed)
 
 
-def _choose_layout(replan, overrides: dict, num_devices: int, forced: int | None):
-    """Plan each layout choose_replicas offers; the winner, its Result and why. A layout the model's pins
+def _choose_layout(replan, overrides: dict, num_devices: int, splits: bool):
+    """Plan each layout choose_layout offers; the winner, its Result and why. A layout the model's pins
     rule out (a node pinned past one device) is left out of the choice, and said so."""
+    forced, forced_tp = overrides.get("replicas"), overrides.get("tp")
     layouts, results, notes = [], {}, []
-    for r in choose_replicas.candidates(num_devices, forced):
+    for key in choose_layout.candidates(num_devices, forced, forced_tp, splits):
         try:
-            results[r] = replan(overrides, copies=r)
+            results[key] = replan(overrides, key)
         except InvalidInput as e:
-            if forced is not None or r == 1:
+            if forced is not None or (forced_tp or 1) > 1 or key == (1, 1):
                 raise
-            notes.append(f"{r} replicas ruled out: {e.what}")
+            notes.append(f"{_named(key)} ruled out: {e.what}")
             continue
-        layouts.append(choose_replicas.measure(results[r], r))
-    win, why = choose_replicas.choose(layouts, forced is not None)
-    if win.at_once == 0 and 1 in results:          # nothing fits: refuse (and remedy) the single copy
-        win = next(x for x in layouts if x.replicas == 1)
-    return win, results[win.replicas], "; ".join([why] + notes) if num_devices > 1 else ""
+        layouts.append(choose_layout.measure(results[key], *key))
+    win, why = choose_layout.choose(layouts, forced is not None or (forced_tp or 1) > 1)
+    if win.at_once == 0 and (1, 1) in results:          # nothing fits: refuse (and remedy) the single copy
+        win = next(x for x in layouts if x.key == (1, 1))
+    return win, results[win.key], "; ".join([why] + notes) if num_devices > 1 else ""
+
+
+def _named(key: tuple[int, int]) -> str:
+    replicas, tp = key
+    return f"{tp} tensor-parallel ranks" if tp > 1 else f"{replicas} replicas"
 
 
 def _remedy_text(remedies: list[Remedy]) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from graphc.errors import InvalidInput
 from graphc.stages import Pipeline
@@ -126,6 +126,9 @@ class Plan(Strict):
     overrides: dict[str, Any]
     trimmed: list[PlanTrim]
     replicas: int = Field(1, ge=1)            # copies of `devices`, each served alone on its own devices
+    # ranks of one copy, each on a device of its own with `devices`' one ledger: the model declared for one rank
+    # (declare(tp=N): every node's heads and MLP divided), every rank running every step
+    tensor_parallel: int = Field(1, ge=1)
     placement: str
     devices: list[PlanDevice]
     nodes: dict[str, PlanNode]
@@ -135,6 +138,16 @@ class Plan(Strict):
     pipeline: Pipeline | None = None          # how `graphc run` serves it; plans of models that declare none lack it
     fingerprint: str
 
+    @model_validator(mode="after")
+    def _one_rank_ledger(self) -> "Plan":
+        """A tensor-parallel plan is one copy whose every rank holds its one device's ledger."""
+        if self.tensor_parallel > 1 and (self.replicas > 1 or len(self.devices) != 1
+                                         or self.target.count != self.tensor_parallel):
+            raise ValueError(f"tensor_parallel {self.tensor_parallel} needs one replica, one device's ledger and "
+                             f"target.count {self.tensor_parallel}; the plan has {self.replicas} replica(s), "
+                             f"{len(self.devices)} device(s), count {self.target.count}")
+        return self
+
     def dump(self) -> dict:
         data = self.model_dump(mode="json")
         if data["model"]["config"] is None:          # plans of presets carry no checkpoint config
@@ -143,6 +156,8 @@ class Plan(Strict):
             del data["pipeline"]
         if data["replicas"] == 1:                    # one copy: plans say nothing (older plans too)
             del data["replicas"]
+        if data["tensor_parallel"] == 1:             # not split: plans say nothing
+            del data["tensor_parallel"]
         if data["target"]["host_bytes"] is None:      # GPU plans: each card has its own memory
             del data["target"]["host_bytes"]
         for res in data["resources"].values():        # only linear_state resources have slots

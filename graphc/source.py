@@ -26,6 +26,23 @@ class ModelSource:
     module: object = None          # the imported model file (its host() serves the model)
     config: dict | None = None     # the checkpoint config.json the nodes were declared from
 
+    @property
+    def splits(self) -> bool:
+        """Whether the model file declares tensor-parallel ranks (its declare() takes tp)."""
+        import inspect
+
+        try:
+            return "tp" in inspect.signature(self.module.declare).parameters
+        except (AttributeError, TypeError, ValueError):
+            return False
+
+    def split(self, tp: int) -> Model:
+        """One tensor-parallel rank's declaration: declare(preset, config=..., tp=tp), each node's heads and MLP
+        divided over tp ranks (graphc.StepContext.reduce sums their partial outputs). tp 1: the model as read."""
+        if tp == 1:
+            return self.model
+        return _declare(self.module, Path(self.file), self.preset, self.config, tp).model
+
     def record(self) -> dict:
         out = {"name": self.model.name, "file": self.file, "sha256": file_sha256(self.file), "preset": self.preset}
         if self.config is not None:
@@ -70,9 +87,9 @@ def first_difference(a, b, at: str = "") -> str | None:
     return None if a == b else f"{at or '(top)'}: {a!r} in the plan, {b!r} in the checkpoint"
 
 
-def load_model(path: str, preset: str | None = None, config: dict | None = None) -> ModelSource:
+def load_model(path: str, preset: str | None = None, config: dict | None = None, tp: int = 1) -> ModelSource:
     """Import a model file and call its declare(preset), or declare(preset, config=config) to declare
-    the nodes from a checkpoint's config.json."""
+    the nodes from a checkpoint's config.json; with tp > 1, one tensor-parallel rank's part (ModelSource.split)."""
     p = Path(path)
     if not p.is_file():
         raise InvalidInput(f"model file {path} does not exist", "", "pass the path of a model .py file")
@@ -91,6 +108,14 @@ def load_model(path: str, preset: str | None = None, config: dict | None = None)
     except (Exception, SystemExit) as e:      # a model file that calls sys.exit() is refused like one that raises
         sys.modules.pop(name, None)
         raise InvalidInput(f"model file {path} failed to import", _raised(e, p), "fix the model file") from e
+    src = _declare(mod, p, preset, config, tp)
+    rel = os.path.relpath(p.resolve(), Path.cwd()) if p.resolve().is_relative_to(Path.cwd()) else str(p.resolve())
+    return ModelSource(rel, src.preset, src.model, mod, config)
+
+
+def _declare(mod, p: Path, preset: str | None, config: dict | None, tp: int) -> ModelSource:
+    """Call an imported model file's declare(preset[, config=][, tp=]) and check what it returns."""
+    path = str(p)
     declare = getattr(mod, "declare", None)
     if not callable(declare):
         raise InvalidInput(f"model file {path} has no declare() function",
@@ -108,8 +133,14 @@ def load_model(path: str, preset: str | None = None, config: dict | None = None)
             raise InvalidInput(f"{path} cannot declare a model from a checkpoint's config.json",
                                "its declare() takes no config argument", "plan it from a preset (no --checkpoint)")
         kw["config"] = config
+    if tp != 1:
+        if "tp" not in params:
+            raise InvalidInput(f"{path} does not split its nodes over tensor-parallel ranks",
+                               "its declare() takes no tp argument (declare(preset, tp=N) declares one rank's part)",
+                               "plan one copy or replicas (--replicas), not --tp")
+        kw["tp"] = tp
     args = (preset,) if preset is not None else ()
-    called = f"declare({', '.join(map(repr, args))})"
+    called = f"declare({', '.join([*map(repr, args), *(f'tp={tp}' for _ in [tp] if tp != 1)])})"
     try:
         inspect.signature(declare).bind(*args, **kw)
     except TypeError as e:
@@ -128,8 +159,7 @@ def load_model(path: str, preset: str | None = None, config: dict | None = None)
     if preset is None:
         default = params["preset"].default if "preset" in params else inspect.Parameter.empty
         preset = "default" if default is inspect.Parameter.empty else default
-    rel = os.path.relpath(p.resolve(), Path.cwd()) if p.resolve().is_relative_to(Path.cwd()) else str(p.resolve())
-    return ModelSource(rel, str(preset), model, mod, config)
+    return ModelSource(path, str(preset), model, mod, config)
 
 
 def _declare_failed(e: BaseException, path: Path, called: str, from_config: bool) -> InvalidInput:

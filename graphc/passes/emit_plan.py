@@ -37,9 +37,10 @@ def _kernels(node, knobs: dict[str, int]) -> dict[str, int]:
 
 
 def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, trimmed: list, replicas: int = 1,
-              layout_why: str = "") -> Plan:
-    """replicas: copies of the placed devices, each served alone (graphc/passes/choose_replicas.py);
-    layout_why: why that layout, on more than one device."""
+              layout_why: str = "", tp: int = 1) -> Plan:
+    """replicas: copies of the placed devices, each served alone (graphc/passes/choose_layout.py); tp: the
+    tensor-parallel ranks of one rank's plan (its one device's ledger is every rank's); layout_why: why that
+    layout, on more than one device."""
     ir, a = s.ir, placement.assignment
     devices = []
     for d in placement.devices:
@@ -71,14 +72,14 @@ def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, tr
     walks = {w.name: PlanWalk(kind=w.kind, path=list(w.path), budget=w.budget.axes(), capture=w.capture)
              for w in ir.model.walks}
     requests = {r.name: [st if isinstance(st, str) else list(st) for st in r.stages] for r in ir.model.requests}
-    target = PlanTarget(gpu=ir.target.name, count=replicas * ir.num_devices, arch=ir.target.arch,
+    target = PlanTarget(gpu=ir.target.name, count=replicas * tp * ir.num_devices, arch=ir.target.arch,
                         capacity_bytes=ir.target.memory_bytes, memory_source=ir.target.memory_source,
                         num_sms=ir.target.num_sms, host_bytes=ir.target.host_bytes)
     body = dict(format=FORMAT, model=PlanModel(**source), target=target,
                 versions={"graphc": VERSION, "torch": memo.torch_version().split("+")[0],
                           "python": f"{sys.version_info.major}.{sys.version_info.minor}"},
                 overrides=overrides, trimmed=[PlanTrim(change=t.change, freed_bytes=t.freed, why=t.why) for t in trimmed],
-                replicas=replicas, placement=f"{layout_why}; within the copy: {placement.why}" if layout_why
+                replicas=replicas, tensor_parallel=tp, placement=f"{layout_why}; within the copy: {placement.why}" if layout_why
                 else placement.why, devices=devices, nodes=nodes, resources=resources, walks=walks,
                 requests=requests, pipeline=ir.model.pipeline)
     draft = Plan(**body, fingerprint="")

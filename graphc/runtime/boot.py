@@ -20,7 +20,7 @@ from graphc.errors import InvalidInput
 from graphc.ir import IR, Step
 from graphc.overrides import apply_overrides
 from graphc.plan import Plan, file_sha256
-from graphc.runtime.device import DeviceBoot, allocate
+from graphc.runtime.device import DeviceBoot, allocate, sum_over_ranks
 from graphc.runtime.progress import BootProgress
 from graphc.runtime.steps import layouts, synthetic_inputs
 from graphc.source import load_model
@@ -80,12 +80,12 @@ def plan_ir(plan: Plan) -> IR:
 
 def _plan_ir(plan: Plan) -> tuple[IR, object]:
     """The plan's IR, and the model file's module it was declared by."""
-    src = load_model(plan.model.file, plan.model.preset, plan.model.config)
+    src = load_model(plan.model.file, plan.model.preset, plan.model.config, tp=plan.tensor_parallel)
     model = apply_overrides(src.model, plan.overrides)
     t = plan.target
     whole = t.host_bytes if t.host_bytes is not None else t.capacity_bytes
     cap = None if whole == get_target(t.gpu).budget_bytes() else whole
-    # the host's budget is split over every device of every replica; the IR is one replica's
+    # the host's budget is split over every device of every replica and rank; the IR is one replica's (one rank's)
     return verify_graph(model, get_target(t.gpu, cap, t.count), len(plan.devices)), src.module
 
 
@@ -174,7 +174,7 @@ def run_every_rung(boot: DeviceBoot) -> Binder:
         for step, rung in todo:
             node = boot.ir.node(step.node)
             inputs = synthetic_inputs(node, step, rung, boot.device)
-            out, peak = run_step(boot.modules[step.node], StepContext(binder.bind(step, rung)), inputs)
+            out, peak = run_step(boot.modules[step.node], StepContext(binder.bind(step, rung), boot.reduce), inputs)
             sizes = step.sizes_at(rung)
             for name, port in node.outputs.items():
                 if tuple(out[name].shape) != port.concrete(sizes):
@@ -237,11 +237,12 @@ def measure_storages(boot: DeviceBoot, binder: Binder) -> None:
 
 def boot_plan(plan: Plan, devices: list[int] | None = None, checkpoint: str | None = None, seed: int = 0,
               emulate: bool = False, force: bool = False, prebuild: bool = True,
-              gpu: int | None = None, progress: BootProgress | None = None) -> list[DeviceBoot]:
+              gpu: int | None = None, progress: BootProgress | None = None, rank: int = 0) -> list[DeviceBoot]:
     """gpu: the CUDA device to boot on (cuda:0 unless given; a multi-device plan's engine boots its own
     device on the GPU of that index, its workers see one GPU each). progress: where the boot's phases are
     reported (graphc/runtime/progress.py); without one, a BootProgress of this boot's own, which also
-    reports the boot's end."""
+    reports the boot's end. rank: which tensor-parallel rank's weights to load; a plan of several ranks boots
+    in a process that joined their process group, every rank at once (its steps sum over the ranks)."""
     own = progress is None
     progress = BootProgress() if own else progress
     check_plan_source(plan, force)
@@ -253,7 +254,9 @@ def boot_plan(plan: Plan, devices: list[int] | None = None, checkpoint: str | No
     for d in wanted:
         if not 0 <= d < len(plan.devices):
             raise InvalidInput(f"device {d} is not in the plan", f"it has devices 0..{len(plan.devices) - 1}")
-    boots = [DeviceBoot(plan, d, device, ir, module=module, progress=progress) for d in wanted]
+    reduce = sum_over_ranks if plan.tensor_parallel > 1 else None
+    boots = [DeviceBoot(plan, d, device, ir, module=module, progress=progress, rank=rank, reduce=reduce)
+             for d in wanted]
     if device.type == "cuda":
         _boot_gpu(boots, checkpoint, seed, prebuild)
     else:

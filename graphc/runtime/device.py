@@ -4,6 +4,7 @@ the buffers other devices' outputs arrive in, in the ledger's order. The CPU boo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -45,6 +46,8 @@ class DeviceBoot:
     runtime: object = None                                      # GPU: the boot's gpu.Graphs, which serving replays
     module: object = None                                       # the imported model file (its host() serves it)
     progress: BootProgress = field(default_factory=BootProgress)   # where its phases are reported
+    rank: int = 0                                               # its tensor-parallel rank (plan.tensor_parallel)
+    reduce: Callable | None = None                              # StepContext.reduce of its nodes (ranks > 1)
 
     @property
     def nodes(self) -> list[str]:
@@ -57,6 +60,16 @@ class DeviceBoot:
         """A phase of this device's boot (BootProgress.phase), named with the device where the plan has several."""
         where = f"device {self.index} " if len(self.plan.devices) > 1 else ""
         return self.progress.phase(where + name, total, unit, verb)
+
+
+def sum_over_ranks(x: torch.Tensor) -> torch.Tensor:
+    """StepContext.reduce of a tensor-parallel boot: x summed over the process group's ranks (all-reduce: gloo
+    between CPU processes, NCCL between GPUs), every rank getting the same sum."""
+    import torch.distributed as dist
+
+    x = x.contiguous()
+    dist.all_reduce(x)
+    return x
 
 
 def owner(name: str, prefixes: dict[str, str]) -> str | None:
@@ -107,7 +120,8 @@ def allocate_weights(boot: DeviceBoot, checkpoint: str | None, seed: int) -> Non
             module, arena = materialize(node, boot.device)
             set_kernels(module, boot.plan.nodes[name].kernels)      # the plan's kernel choices (select_backends)
             if shards is not None:
-                used |= load_weights(module, shards, node.weight_prefix, strict=False, on_bytes=phase.update).used
+                used |= load_weights(module, shards, node.weight_prefix, strict=False, on_bytes=phase.update,
+                                     rank=boot.rank, tp=boot.plan.tensor_parallel).used
             else:
                 fill_seeded(module, seed)
                 phase.update(arena.numel())

@@ -103,10 +103,13 @@ class Engine:
         self.checkpoint = str(checkpoint) if checkpoint is not None else None
         self.llm = llm_node(self.plan)
         opts = dict(checkpoint=self.checkpoint, seed=seed, emulate=emulate, force=force, prebuild=prebuild)
-        self.workers = None
+        self.workers = self.ranks = None
         if boot is None and len(self.plan.devices) > 1:      # one worker process for each other device
             self.workers = self._start_workers(opts, links, host, progress)
             boot = self.workers.booted
+        if boot is None and self.plan.tensor_parallel > 1:   # one process for each other rank
+            self.ranks = self._start_ranks(opts, host, progress)
+            boot = self.ranks.booted
         if boot is None and self.plan.replicas > 1:
             boot = boot_plan(self.plan, gpu=replica, progress=progress, **opts)[0]
         self.boot = boot if boot is not None else boot_plan(self.plan, progress=progress, **opts)[0]
@@ -114,7 +117,10 @@ class Engine:
         self.host = self._host()
         kv_res = next(r for r in self.model.node(self.llm).resources.values() if r in self.boot.pages)
         # a captured paged rung runs exactly its sequences and rows: padding sits on one scratch page of each pool
-        self.executor = Executor(self.boot, self.host, self.llm, scratch_pages(self.boot), self.workers)
+        scratch = scratch_pages(self.boot)
+        if self.ranks is not None:
+            self.ranks.agree(scratch)
+        self.executor = Executor(self.boot, self.host, self.llm, scratch, self.workers, self.ranks)
         self.scheduler = Scheduler(self.plan, self.model, self.llm, self.executor.kv_spec, self.boot.pages[kv_res],
                                    reserved=self.executor.reserved.get(kv_res, 0),
                                    slots={r: self.boot.slots[r] for r in self.model.node(self.llm).resources.values()
@@ -135,6 +141,8 @@ class Engine:
         self.devices = {self.boot.index: verdict(compare(self.boot))}
         if self.workers is not None:
             self.devices |= self.workers.checks
+        if self.ranks is not None:                # rank r's device: the plan's one ledger, on GPU r
+            self.devices |= self.ranks.checks
         self.devices = dict(sorted(self.devices.items()))
         self.boot_seconds = progress.done()
 
@@ -150,6 +158,15 @@ class Engine:
 
         device = torch.device("cpu" if self.plan.target.arch == "cpu" else f"cuda:{gpu}")
         return Workers(self.plan, local, device, boot_local, links=links, host=host, progress=progress, **opts)
+
+    def _start_ranks(self, opts: dict, host: str, progress: BootProgress):
+        """A process for each tensor-parallel rank but 0, which this process boots (reporting to progress)."""
+        from graphc.runtime.tensor_parallel import Ranks
+
+        def boot_local():
+            return boot_plan(self.plan, rank=0, progress=progress, **opts)[0]
+
+        return Ranks(self.plan, boot_local, opts, host, progress)
 
     def _speech_lane(self, seed: int) -> tuple[SpeechLane | None, str | None]:
         """The pipeline's follow and chunk stages, when the model's host speaks and the plan has a speaking
@@ -198,6 +215,8 @@ class Engine:
         where = (f"{self.boot.device.type}" if self.boot.device.type == "cpu" else self.plan.target.gpu) + f" x{n}"
         if self.workers is not None:
             where += f" ({self.workers.kind} for devices {', '.join(map(str, self.workers.links))})"
+        if self.ranks is not None:
+            where = where.removesuffix(" x1") + f" x{self.plan.tensor_parallel} (tensor-parallel ranks)"
         line = (f"graphc run: {self.plan.model.name} on {where}, {graphs} graphs captured"
                 f"{' (CPU: every step eager)' if not self.boot.graphs else ''}, {pages * kv.page_size:,} KV tokens "
                 f"({pages:,} pages), kinds {', '.join(self.kinds())}, booted in {self.boot_seconds:.1f} s")
@@ -408,10 +427,13 @@ class Engine:
             self._close(req)
 
     def close(self) -> None:
-        """Stop the plan's worker processes (a one-device engine holds none)."""
+        """Stop the plan's worker and rank processes (a one-device engine holds none)."""
         if self.workers is not None:
             self.workers.close()
             self.workers = None
+        if self.ranks is not None:
+            self.ranks.close()
+            self.ranks = None
 
     def has_work(self) -> bool:
         return not self.scheduler.idle() or bool(self.talking) or (self.inflight is not None and self.inflight.live())
@@ -425,6 +447,8 @@ class Engine:
         try:
             if self.workers is not None:
                 self.workers.check()
+            if self.ranks is not None:
+                self.ranks.check()
             return self._step()
         except WorkerDied as e:
             self.dead = str(e)
@@ -754,8 +778,8 @@ class Engine:
 
     @property
     def has_workers(self) -> bool:
-        """Whether worker processes run other plan devices (an idle step() checks that they live)."""
-        return self.workers is not None
+        """Whether worker or rank processes run other plan devices (an idle step() checks that they live)."""
+        return self.workers is not None or self.ranks is not None
 
     @property
     def speaks(self) -> bool:

@@ -17,6 +17,7 @@ from graphc.ir import Step
 from graphc.plan import Plan
 from graphc.runtime.boot import DeviceBoot, torch_binding
 from graphc.runtime.flight import resolve
+from graphc.runtime.workers import WorkerDied
 from graphc.serving import Host
 from graphc.runtime.scheduler import StepPlan
 from graphc.step import TORCH_DTYPES, StepContext
@@ -65,9 +66,10 @@ def scratch_pages(boot: DeviceBoot) -> dict[str, int]:
 class NodeRunner:
     """Runs the nodes of one booted device: replays a captured rung (GPU) or runs eagerly."""
 
-    def __init__(self, boot: DeviceBoot, scratch: dict[str, int] | None = None):
-        """scratch: a page of each paged resource that padding rows of a captured rung write (GPU)."""
-        self.boot, self.model = boot, boot.ir.model
+    def __init__(self, boot: DeviceBoot, scratch: dict[str, int] | None = None, ranks=None):
+        """scratch: a page of each paged resource that padding rows of a captured rung write (GPU). ranks: the
+        other tensor-parallel ranks (graphc/runtime/tensor_parallel.py), which run every step this one runs."""
+        self.boot, self.model, self.ranks = boot, boot.ir.model, ranks
         self.gpu = None
         if boot.device.type == "cuda":
             from graphc.runtime.gpu_step import GpuSteps
@@ -80,7 +82,24 @@ class NodeRunner:
                 for k, v in inputs.items()}
 
     def run_node(self, node: str, walk: str, rung: int | None, size: int, inputs: dict, layouts: dict) -> dict:
-        """One node of a step: replay its rung (GPU), or run it eagerly. layouts: role -> its layout."""
+        """One node of a step: replay its rung (GPU), or run it eagerly. layouts: role -> its layout. With other
+        tensor-parallel ranks, they start the same step first; a step that fails here once they have leaves
+        the ranks out of step: WorkerDied (the engine stops)."""
+        if self.ranks is None:
+            return self._run_node(node, walk, rung, size, inputs, layouts)
+        self.ranks.launch(node, walk, rung, size, inputs, layouts)
+        try:
+            out = self._run_node(node, walk, rung, size, inputs, layouts)
+        except WorkerDied:
+            raise
+        except Exception as e:
+            self.ranks.check()                         # a rank that died is the cause: say so
+            raise WorkerDied(f"{node}'s step failed on rank 0 after the other tensor-parallel ranks started it",
+                             f"{type(e).__name__}: {e}", "the ranks are out of step; the engine stops") from e
+        self.ranks.ran(node, out)
+        return out
+
+    def _run_node(self, node: str, walk: str, rung: int | None, size: int, inputs: dict, layouts: dict) -> dict:
         decl = self.model.node(node)
         inputs = self._cast(decl, inputs)
         if self.gpu is not None:
@@ -91,14 +110,15 @@ class NodeRunner:
             lay = layouts[role]
             binds[role] = torch_binding(self.boot, spec, (lay,) if isinstance(spec, RaggedAttentionSpec) else lay)
         with torch.inference_mode():
-            return self.boot.modules[node](StepContext(binds), **inputs)
+            return self.boot.modules[node](StepContext(binds, self.boot.reduce), **inputs)
 
 
 class Executor:
     def __init__(self, boot: DeviceBoot, host: Host, llm: str, scratch: dict[str, int] | None = None,
-                 workers=None):
+                 workers=None, ranks=None):
         """scratch: a page of each paged resource that padding rows of a captured rung write (GPU).
-        workers: the plan's other devices (graphc/runtime/workers.py), for nodes this device does not hold."""
+        workers: the plan's other devices (graphc/runtime/workers.py), for nodes this device does not hold.
+        ranks: the plan's other tensor-parallel ranks (graphc/runtime/tensor_parallel.py)."""
         self.boot, self.host, self.llm = boot, host, llm
         self.reserved = {res: 1 for res in (scratch or {})}
         # every paged pool's page bookkeeping: this device's, and the workers' (their pages are kept here)
@@ -111,7 +131,7 @@ class Executor:
         self.kv_role, kv_res = next((role, r) for role, r in self.model.node(llm).resources.items()
                                     if isinstance(self.model.resource(r), PagedKVSpec))
         self.kv_spec: PagedKVSpec = self.model.resource(kv_res)
-        self.local = NodeRunner(boot, scratch)
+        self.local = NodeRunner(boot, scratch, ranks)
         self.gpu = self.local.gpu
         self.workers = workers
         # what the LLM reads of each encoder: the source ports of the edges into it

@@ -128,7 +128,7 @@ class Graphs:
 
     def forward(self, node: str, family: str, step: Step, rung: int, inputs: dict) -> dict:
         binds = self.backends[(node, family, rung)]
-        out = self.boot.modules[node](StepContext(binds), **inputs)
+        out = self.boot.modules[node](StepContext(binds, self.boot.reduce), **inputs)
         decl, sizes, bufs = self.boot.ir.node(node), step.sizes_at(rung), self.io[(node, family)]
         for p, port in decl.outputs.items():
             n = out[p].numel()
@@ -214,7 +214,7 @@ class Graphs:
                  for role, res in self.boot.ir.node(step.node).resources.items()}
         self.plan_step(binds, step, rung)
         inputs = synthetic_inputs(self.boot.ir.node(step.node), step, rung, self.boot.device)
-        self.boot.modules[step.node](StepContext(binds), **inputs)
+        self.boot.modules[step.node](StepContext(binds, self.boot.reduce), **inputs)
 
     def warm_eager(self) -> None:
         """Each eager step at its smallest rung and at its budget, before capture (whose warm-up blocks go

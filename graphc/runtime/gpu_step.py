@@ -108,4 +108,4 @@ class GpuSteps:
             elif isinstance(spec, PagedKVSpec):
                 binds[role].plan(*layouts[role])
         with torch.inference_mode():
-            return self.boot.modules[node](StepContext(binds), **inputs)
+            return self.boot.modules[node](StepContext(binds, self.boot.reduce), **inputs)

@@ -1,4 +1,4 @@
-"""A plan of R replicas (graphc/passes/choose_replicas.py): an Engine per replica, each on its own device
+"""A plan of R replicas (graphc/passes/choose_layout.py): an Engine per replica, each on its own device
 (GPU r, or this CPU), stepped by its own thread, with requests routed to the replica that has the most
 free decode slots, then the most free KV pages. Nothing crosses replicas within a step.
 

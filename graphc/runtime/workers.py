@@ -231,9 +231,7 @@ class DeviceWorker:
 
 def worker_main(address: str, index: int) -> None:
     """A worker process: connect to the engine, then answer its messages until told to stop (or it is gone)."""
-    host, port = address.rsplit(":", 1)
-    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ.pop("GRAPHC_WORKER_KEY")))
-    _send(conn, ("hello", index))
+    conn = connect(address, index)
     worker = DeviceWorker(index)
     while True:
         try:
@@ -297,6 +295,49 @@ class ProcessLink:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=5)
+
+
+def start_processes(indices: list[int], entry: str, env: dict[int, dict] | None = None) -> dict[int, ProcessLink]:
+    """`python -m ENTRY ADDRESS INDEX` for each index, each connected back to this process (loopback, a random
+    key); env: extra environment of an index's process. A process that dies before it connects is WorkerDied."""
+    key = secrets.token_bytes(32)
+    procs, links = {}, {}
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(POLL_S)
+        addr = "%s:%d" % server.getsockname()[:2]
+        for d in indices:
+            extra = {"GRAPHC_WORKER_KEY": key.hex(), **(env or {}).get(d, {})}
+            procs[d] = subprocess.Popen([sys.executable, "-m", entry, addr, str(d)], env={**os.environ, **extra})
+        try:
+            while len(links) < len(procs):
+                try:
+                    sock, _ = server.accept()
+                except TimeoutError:
+                    for d, p in procs.items():      # a worker that died before it connected
+                        if p.poll() is not None:
+                            raise WorkerDied(f"the worker of device {d} died (exit code {p.returncode})",
+                                             "it was starting", "see its output above; the engine stops")
+                    continue
+                sock.setblocking(True)
+                conn = Connection(sock.detach())
+                deliver_challenge(conn, key)         # what Listener(authkey=...) does on accept
+                answer_challenge(conn, key)
+                _, d = _recv(conn)
+                links[d] = ProcessLink(procs[d], conn)
+        except BaseException:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.kill()
+            raise
+    return links
+
+
+def connect(address: str, index: int) -> Connection:
+    """A started process's connection to the engine (start_processes), its hello sent."""
+    host, port = address.rsplit(":", 1)
+    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ.pop("GRAPHC_WORKER_KEY")))
+    _send(conn, ("hello", index))
+    return conn
 
 
 class Workers:
@@ -404,37 +445,7 @@ class Workers:
                     self.reserved[res] = 1
 
     def _start_processes(self, world: int, local: int) -> None:
-        key = secrets.token_bytes(32)
-        procs = {}
-        with socket.create_server(("127.0.0.1", 0)) as server:
-            server.settimeout(POLL_S)
-            addr = "%s:%d" % server.getsockname()[:2]
-            for d in range(world):
-                if d != local:
-                    env = {**os.environ, "GRAPHC_WORKER_KEY": key.hex()}
-                    procs[d] = subprocess.Popen([sys.executable, "-m", "graphc.runtime.workers", addr, str(d)],
-                                                env=env)
-            try:
-                while len(self.links) < len(procs):
-                    try:
-                        sock, _ = server.accept()
-                    except TimeoutError:
-                        for d, p in procs.items():      # a worker that died before it connected
-                            if p.poll() is not None:
-                                raise WorkerDied(f"the worker of device {d} died (exit code {p.returncode})",
-                                                 "it was starting", "see its output above; the engine stops")
-                        continue
-                    sock.setblocking(True)
-                    conn = Connection(sock.detach())
-                    deliver_challenge(conn, key)         # what Listener(authkey=...) does on accept
-                    answer_challenge(conn, key)
-                    _, d = _recv(conn)
-                    self.links[d] = ProcessLink(procs[d], conn)
-            except BaseException:
-                for p in procs.values():
-                    if p.poll() is None:
-                        p.kill()
-                raise
+        self.links.update(start_processes([d for d in range(world) if d != local], "graphc.runtime.workers"))
 
     @property
     def kind(self) -> str:

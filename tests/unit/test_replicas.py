@@ -1,13 +1,13 @@
 """Replicas: how --gpus N is laid out (one copy over the devices, or a replica on each) and where the
 runtime sends a request. Expected layouts come from planning each layout alone (--replicas forced) and
-working the rule of graphc/passes/choose_replicas.py's docstring by hand on those plans' pages."""
+working the rule of graphc/passes/choose_layout.py's docstring by hand on those plans' pages."""
 from __future__ import annotations
 
 import pytest
 
 from graphc.cli import main
 from graphc.errors import DoesNotFit, InvalidInput
-from graphc.passes.choose_replicas import Layout, candidates, choose
+from graphc.passes.choose_layout import Layout, candidates, choose
 from graphc.pipeline import compile_model
 from graphc.plan import load_plan
 from graphc.runtime.replicas import pick
@@ -80,7 +80,8 @@ def test_the_choice_ranks_by_requests_at_once_and_a_tie_keeps_one_copy():
     assert choose([two, one], False)[0] is one
     assert choose([one, Layout(2, 1, 64.5, "b")], False)[0].replicas == 2
     assert choose([Layout(1, 2, 0.0, "does not fit"), Layout(2, 1, 3.0, "c")], False)[0].replicas == 2
-    assert candidates(1, None) == [1] and candidates(3, None) == [1, 3] and candidates(3, 3) == [3]
+    assert candidates(1, None) == [(1, 1)] and candidates(3, None) == [(1, 1), (3, 1)]
+    assert candidates(3, 3) == [(3, 1)] and candidates(3, 1) == [(1, 1)]
 
 
 def load(running=0, waiting=0, pending=0, free_pages=100, max_running=8, cached=0) -> dict:
