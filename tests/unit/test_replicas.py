@@ -84,6 +84,28 @@ def test_the_choice_ranks_by_requests_at_once_and_a_tie_keeps_one_copy():
     assert candidates(3, 3) == [(3, 1)] and candidates(3, 1) == [(1, 1)]
 
 
+def test_ranks_are_offered_where_the_model_declares_them_and_win_a_tie_by_lighter_devices():
+    assert candidates(2, None, splits=True) == [(1, 1), (2, 1), (1, 2)]
+    assert candidates(2, None, 1, splits=True) == [(1, 1), (2, 1)]             # --tp 1: never split
+    assert candidates(2, None, 2, splits=True) == [(1, 2)] == candidates(2, 1, 2, splits=True)
+    assert candidates(1, None, splits=True) == [(1, 1)]
+    whole, ranks = Layout(1, 2, 64.0, "a", 1, 100), Layout(1, 2, 64.0, "b", 2, 60)
+    assert choose([whole, ranks], False)[0] is ranks                          # the same requests, fewer bytes
+    assert choose([ranks, Layout(1, 2, 64.0, "a", 1, 50)], False)[0].tp == 1
+    assert choose([ranks, Layout(2, 1, 64.0, "c", 1, 10)], False)[0] is ranks     # fewer replicas first
+    assert choose([ranks, Layout(2, 1, 70.0, "c", 1, 10)], False)[0].replicas == 2
+    win, why = choose([ranks], True)
+    assert why.startswith("one copy split over 2 tensor-parallel ranks (--tp 2): 64.0 longest requests at once")
+
+
+@pytest.mark.parametrize("n,forced,tp,message", [(3, None, 2, "--tp 2 with --gpus 3"),
+                                                 (2, 2, 2, "--tp 2 with --replicas 2"),
+                                                 (4, None, 0, "--tp 0 with --gpus 4")])
+def test_impossible_rank_counts_are_refused(n, forced, tp, message):
+    with pytest.raises(InvalidInput, match=message):
+        candidates(n, forced, tp, splits=True)
+
+
 def load(running=0, waiting=0, pending=0, free_pages=100, max_running=8, cached=0) -> dict:
     return dict(running=running, waiting=waiting, pending=pending, free_pages=free_pages, max_running=max_running,
                 cached=cached)
