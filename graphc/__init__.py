@@ -2,7 +2,7 @@
 
     import graphc as gc
     gc.Model, gc.Node, gc.Port, gc.Edge, gc.Link, gc.Walk, gc.Budget, gc.RequestKind, gc.AXES,
-    gc.NodeModule, gc.StepContext
+    gc.NodeModule, gc.StepContext, gc.Split
     gc.Pipeline, gc.LLMStage, gc.EncoderStage, gc.FollowStage, gc.ChunkStage      # how it is served
     gc.Host, gc.Speech, gc.Transcription, gc.Prompt, gc.Media, ...   # the contract its host() fulfils (graphc/serving.py)
     gc.Strict, gc.InvalidInput, gc.read_config, gc.ceil_div, gc.round_up, gc.MiB  # helpers model files use
@@ -27,7 +27,7 @@ _API = {"AXES": "graphc.declare", "Budget": "graphc.declare", "Edge": "graphc.de
         "EncodeBatch": "graphc.serving", "expand_placeholders": "graphc.serving",
         "Strict": "graphc.strict", "InvalidInput": "graphc.errors", "read_config": "graphc.source",
         "ceil_div": "graphc.units", "round_up": "graphc.units", "MiB": "graphc.units",
-        "NodeModule": "graphc.step", "StepContext": "graphc.step", "Engine": "graphc.runtime.engine"}
+        "NodeModule": "graphc.step", "StepContext": "graphc.step", "Split": "graphc.step", "Engine": "graphc.runtime.engine"}
 
 __all__ = sorted(_API)
 

@@ -107,12 +107,15 @@ def vision(p: dict, dt: str) -> tuple[list, list, list]:
             [gc.Edge(src="vision_encoder.embeds", dst="llm.mm_embeds")])
 
 
-def declare(preset: str = "9b", config: dict | None = None) -> gc.Model:
-    """The preset's budgets; the nodes' shapes from `config` (a checkpoint's config.json) when given."""
+def declare(preset: str = "9b", config: dict | None = None, tp: int = 1) -> gc.Model:
+    """The preset's budgets; the nodes' shapes from `config` (a checkpoint's config.json) when given. tp > 1: one
+    of tp tensor-parallel ranks' declaration: the LLM node's config is a rank's part (its heads, KV heads, linear
+    heads and MLP widths divided by tp: Qwen3_5TextConfig.rank_part), and so are its KV pages and state slots; the
+    vision tower, embeddings, LM head and norms are whole on every rank."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset '{preset}'; presets: {', '.join(PRESETS)}")
     p = PRESETS[preset] if config is None else from_config(PRESETS[preset], config)
-    text: Qwen3_5TextConfig = p["text"]
+    text: Qwen3_5TextConfig = p["text"].rank_part(tp)
     dt = p.get("dtype", "bfloat16")
     rows = f"patches/{p['vision'].merge_unit}" if p["vision"] is not None else "tokens"
     inputs, outputs = qwen3_5_ports(text, rows, dt)

@@ -12,6 +12,9 @@ dict in memory the same way. Missing, unexpected and mis-shaped tensors are refu
 headers, before a byte is read. Each disk tensor then goes straight into its place in the module,
 hostmem.STAGING_BYTES of rows at a time: the host holds one chunk (cast to the module's dtype, where it differs) of the
 weights at once, whatever the checkpoint's size. The plan counts that chunk (host.staging, size_host).
+A tensor-parallel rank (load_weights' rank and tp) reads through RankShards: a split tensor (the module's
+tp_splits(), graphc.Split) shows the rank's part as its shape and rows, read alone from the files, so the stacking
+above runs unchanged on the rank's parts.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from safetensors import safe_open
 
 from graphc import hostmem
 from graphc.errors import InvalidInput
+from graphc.step import NodeModule, Split
 
 _FUSED = re.compile(r"^(?P<stem>.*experts\.)(?P<kind>gate_up_proj|down_proj)$")
 _STACKED = re.compile(r"^(?P<stem>(?:.*\.)?)(?P<kind>qkv_proj|gate_up_proj)\.(?P<field>weight|bias)$")
@@ -74,6 +78,14 @@ class Shards:
             return self._open[self.where[name]].get_tensor(name)
         return self._slice(name)[start:stop]
 
+    def part(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
+        """The tensor's block at index (a slice per leading dim), read from the file alone."""
+        return self._slice(name)[index]
+
+    def copy_rows(self, name: str, start: int, stop: int, dest: torch.Tensor) -> None:
+        """Rows start:stop into dest (cast to its dtype)."""
+        dest.copy_(self.rows(name, start, stop))
+
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._slice(name).get_shape())
 
@@ -91,6 +103,9 @@ class TensorShards(Shards):
     def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         t = self.tensors[name]
         return t[start:stop] if t.dim() else t
+
+    def part(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
+        return self.tensors[name][index]
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self.tensors[name].shape)
@@ -170,18 +185,20 @@ def _copy(shards: Shards, name: str, dest: torch.Tensor, on_bytes: Callable[[int
     row_bytes = max(1, math.prod(shape[1:]) * max(shards.dtype(name).itemsize, dest.element_size()))
     step = max(1, hostmem.STAGING_BYTES // row_bytes)
     for r in range(0, rows, step):
-        chunk = shards.rows(name, r, min(rows, r + step))
         part = dest[r:r + step] if shape else dest
-        part.copy_(chunk)
+        shards.copy_rows(name, r, min(rows, r + step), part)
         if on_bytes is not None:
             on_bytes(part.numel() * part.element_size())
 
 
 def load_weights(module: torch.nn.Module, source: str | Path | Shards, prefix: str = "", strict: bool = True,
-                 on_bytes: Callable[[int], None] | None = None) -> LoadReport:
+                 on_bytes: Callable[[int], None] | None = None, rank: int = 0, tp: int = 1) -> LoadReport:
     """Copy a checkpoint's tensors into the module (cast to each tensor's dtype), in row chunks; on_bytes(n) is
-    told the module's bytes each chunk filled (the boot's progress)."""
+    told the module's bytes each chunk filled (the boot's progress). tp > 1: the module is tensor-parallel rank
+    `rank`'s part; its tp_splits() (a NodeModule's) say which part of each disk tensor it loads."""
     shards = source if isinstance(source, Shards) else Shards(source)
+    if (rank, tp) != (0, 1):
+        shards = RankShards(shards, module.tp_splits() if isinstance(module, NodeModule) else [], rank, tp, prefix)
     report = LoadReport()
     state = module.state_dict(keep_vars=True)
     aliases: dict[int, list[str]] = {}
@@ -213,3 +230,91 @@ def load_weights(module: torch.nn.Module, source: str | Path | Shards, prefix: s
                            f"{len(problems)} missing or mis-shaped, {len(unexpected)} unexpected",
                            "\n".join(lines), "check the checkpoint, the node's weight_prefix and its config")
     return report
+
+
+class RankShards(Shards):
+    """Tensor-parallel rank `rank` of `tp`'s view of a checkpoint: a disk tensor that a Split matches (its name
+    after `prefix`) shows the rank's part as its shape, rows and parts, each read alone (never the whole tensor);
+    any other tensor is itself. Every split tensor's lengths are checked when the view is made, before a byte is
+    read: refused (InvalidInput) where a Split's dim is not an axis of its tensor, its blocks do not sum to the
+    axis, or tp does not divide a length, or where two Splits match one name."""
+
+    def __init__(self, base: Shards, splits: list[Split], rank: int, tp: int, prefix: str = ""):
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or not 0 <= rank < tp:
+            raise InvalidInput(f"tensor-parallel rank {rank!r} of {tp!r}", "ranks count 0 to tp - 1, tp 1 or more",
+                               "pass 0 <= rank < tp")
+        self.base, self.where, self.rank, self.tp = base, base.where, rank, tp
+        self.ranges: dict[str, tuple[int, list[tuple[int, int]]]] = {}     # name -> (dim, the rank's spans)
+        for name in base.where:
+            if name.startswith(prefix):
+                split = _split_of(name, name[len(prefix):], splits)
+                if split is not None:
+                    self.ranges[name] = (split.dim, _rank_spans(name, base.shape(name), split, rank, tp))
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        shape = self.base.shape(name)
+        if name not in self.ranges:
+            return shape
+        dim, spans = self.ranges[name]
+        return shape[:dim] + (sum(b - a for a, b in spans),) + shape[dim + 1:]
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self.base.dtype(name)
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        if name not in self.ranges:
+            return self.base.rows(name, start, stop)
+        shape = self.shape(name)
+        out = torch.empty((min(stop, shape[0]) - start,) + shape[1:], dtype=self.dtype(name))
+        self.copy_rows(name, start, stop, out)
+        return out
+
+    def part(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
+        raise NotImplementedError("RankShards reads rows (rows, copy_rows); a rank's part is not sliced again")
+
+    def copy_rows(self, name: str, start: int, stop: int, dest: torch.Tensor) -> None:
+        """Rows start:stop of the rank's part into dest, a span of the disk tensor at a time."""
+        if name not in self.ranges:
+            return self.base.copy_rows(name, start, stop, dest)
+        dim, spans = self.ranges[name]
+        at = 0                                            # where each span lies along dim in the rank's part
+        for a, b in spans:
+            if dim:
+                index = (slice(start, stop),) + (slice(None),) * (dim - 1) + (slice(a, b),)
+                dest[(slice(None),) * dim + (slice(at, at + b - a),)].copy_(self.base.part(name, index))
+            else:                                         # the rank's rows start:stop that fall in this span
+                lo, hi = max(start, at), min(stop, at + b - a)
+                if lo < hi:
+                    self.base.copy_rows(name, a + lo - at, a + hi - at, dest[lo - start:hi - start])
+            at += b - a
+
+
+def _split_of(name: str, local: str, splits: list[Split]) -> Split | None:
+    """The one Split whose pattern matches local (name after the node's prefix), or None."""
+    hits = [s for s in splits if s.matches(local)]
+    if len(hits) > 1:
+        raise InvalidInput(f"{name}: {len(hits)} tensor-parallel splits match it: "
+                           + ", ".join(repr(s.pattern) for s in hits), "a disk tensor is cut one way",
+                           "fix the module's tp_splits() so that at most one pattern matches each name")
+    return hits[0] if hits else None
+
+
+def _rank_spans(name: str, shape: tuple[int, ...], split: Split, rank: int, tp: int) -> list[tuple[int, int]]:
+    """[start, stop) along split.dim of the rank's part of each block, in order."""
+    if split.dim >= len(shape):
+        raise InvalidInput(f"{name}: a tensor-parallel split on dim {split.dim} of a tensor of shape {list(shape)}",
+                           "a split cuts one of the tensor's axes", "fix the module's tp_splits()")
+    n = shape[split.dim]
+    blocks = split.blocks or (n,)
+    if sum(blocks) != n or any(b % tp for b in blocks):
+        why = (f"its blocks {list(blocks)} sum to {sum(blocks)}, not the axis' length {n}" if sum(blocks) != n
+               else f"tp {tp} does not divide its length{'s' if len(blocks) > 1 else ''} {list(blocks)}")
+        raise InvalidInput(f"{name}: dim {split.dim} of shape {list(shape)} cannot be cut in {tp} parts: {why}",
+                           "each rank takes an equal part of each block",
+                           "use a tp that divides every split length, or fix the module's config or tp_splits()")
+    spans, start = [], 0
+    for b in blocks:
+        part = b // tp
+        spans.append((start + rank * part, start + (rank + 1) * part))
+        start += b
+    return spans

@@ -11,13 +11,20 @@ post_attention_layernorm}, norm}, lm_head; lm_head absent when tied); mtp.* and 
 A MoE layer's mlp is {gate (the router), experts.{gate_up_proj [E, 2I, H], down_proj [E, H, I]}, shared_expert.
 {gate,up,down}_proj, shared_expert_gate}: the experts load fused as the published checkpoints store them, or per
 expert (experts.N.{gate,up,down}_proj, as HF's Qwen3_5MoeForCausalLM saves them), graphc/runtime/checkpoint.py.
+
+Tensor parallel (a config from rank_part(tp), cfg.tp > 1): the module is one rank's part, its attention, KV and GDN
+heads and its MLP widths (experts' and shared expert's) 1/tp of the whole; tp_splits() says which rows or columns
+of each disk tensor a rank loads. The row-parallel projections (o_proj, out_proj, down_proj; the experts' and the
+shared expert's down projections) give partial sums: each layer calls ctx.reduce twice, on the mixer's output and
+on the MLP's, before the residual adds. Embeddings, the LM head, the router, shared_expert_gate and every norm are
+whole on every rank.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from graphc import NodeModule, StepContext
+from graphc import NodeModule, Split, StepContext
 from models.components.gated_deltanet import GatedDeltaNet
 from models.components.layers import Linear, RMSNorm, SwiGLU, apply_rope, rope_inv_freq, splice
 from models.components.moe import SparseMoE
@@ -87,6 +94,7 @@ def feed_forward(cfg: Qwen3_5TextConfig) -> nn.Module:
 class Qwen3_5DecoderLayer(nn.Module):
     def __init__(self, cfg: Qwen3_5TextConfig, layer: int):
         super().__init__()
+        self.tp = cfg.tp
         self.is_linear = cfg.layer_types[layer] == "linear_attention"
         if self.is_linear:
             self.linear_attn = GatedDeltaNet(cfg.gdn, cfg.kind_index(layer))
@@ -99,7 +107,9 @@ class Qwen3_5DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         h = self.input_layernorm(x)
         mixed = self.linear_attn(h, ctx["state"]) if self.is_linear else self.self_attn(h, cos, sin, ctx["kv"])
-        x, h = self.post_attention_layernorm.add(x, mixed)
+        x, h = self.post_attention_layernorm.add(x, ctx.reduce(mixed))
+        if self.tp > 1:
+            return x + ctx.reduce(self.mlp(h))    # the ranks' partial sums first, the residual once
         if isinstance(self.mlp, SparseMoE):
             return self.mlp(h, residual=x)          # the residual add in the block's last sum (HF's order of adds)
         return x + self.mlp(h)
@@ -135,6 +145,29 @@ class Qwen3_5LM(NodeModule):
             self.lm_head.weight = self.body.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg.rotary_dim, cfg.rope_theta), persistent=False)
         self.register_buffer("mrope_slots", mrope_slots(cfg.rotary_dim, cfg.mrope_section), persistent=False)
+
+    def tp_splits(self) -> list[Split]:
+        """A rank's part of each split disk tensor (names under model.language_model.layers.N.): by head, rows of
+        the column-parallel projections and per-head vectors, columns of the row-parallel ones; block lengths
+        are the whole config's."""
+        whole, gdn = self.cfg.whole(), self.cfg.whole().gdn
+        at = r"model\.language_model\.layers\.\d+\."
+        q, kv = 2 * whole.num_attention_heads * whole.head_dim, whole.num_key_value_heads * whole.head_dim
+        out = [Split(at + r"self_attn\.(q_proj|k_proj|v_proj)\.weight", 0),
+               Split(at + r"self_attn\.qkv_proj\.weight", 0, (q, kv, kv)),
+               Split(at + r"self_attn\.o_proj\.weight", 1),
+               Split(at + r"linear_attn\.(in_proj_qkv|conv1d)\.weight", 0, (gdn.key_dim, gdn.key_dim, gdn.value_dim)),
+               Split(at + r"linear_attn\.(in_proj_z\.weight|in_proj_b\.weight|in_proj_a\.weight|A_log|dt_bias)", 0),
+               Split(at + r"linear_attn\.out_proj\.weight", 1)]
+        mlps = r"mlp\.(experts\.\d+\.|shared_expert\.)" if whole.is_moe else r"mlp\."
+        out += [Split(at + mlps + r"(gate_proj|up_proj)\.weight", 0), Split(at + mlps + r"down_proj\.weight", 1)]
+        if whole.is_moe:
+            i, shared = whole.moe_intermediate_size, whole.shared_expert_intermediate_size
+            out += [Split(at + r"mlp\.experts\.gate_up_proj", 1, (i, i)), Split(at + r"mlp\.experts\.down_proj", 2),
+                    Split(at + r"mlp\.shared_expert\.gate_up_proj\.weight", 0, (shared, shared))]
+        else:
+            out.append(Split(at + r"mlp\.gate_up_proj\.weight", 0, (whole.intermediate_size,) * 2))
+        return out
 
     @property
     def body(self) -> Qwen3_5TextBody:

@@ -5,11 +5,12 @@ for the Gated DeltaNet layers) and the node's ports. No torch.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from graphc import Port, Strict
+from graphc import InvalidInput, Port, Strict
 from models.components.gated_deltanet_config import GatedDeltaNetConfig, state_spec
 from models.components.thinker_config import check_mrope_section
 from resources.linear_state import LinearStateSpec
@@ -51,9 +52,13 @@ class Qwen3_5TextConfig(Strict):
     mrope_section: tuple[int, int, int] = (11, 11, 10)
     mrope_interleaved: bool = True
     mamba_ssm_dtype: str = "float32"                      # the recurrent state's dtype
+    tp: int = Field(1, ge=1)       # tensor-parallel ranks this config is one rank's part of (rank_part); 1: whole
 
     REFUSED: ClassVar[dict[str, str]] = REFUSED
     is_moe: ClassVar[bool] = False                        # every layer's MLP: dense SwiGLU here, SparseMoE in the MoE
+    # the counts a tensor-parallel rank holds a 1/tp part of (rank_part): heads, and the MLP's width
+    SPLIT: ClassVar[tuple[str, ...]] = ("num_attention_heads", "num_key_value_heads", "linear_num_key_heads",
+                                        "linear_num_value_heads", "intermediate_size")
 
     @model_validator(mode="before")
     @classmethod
@@ -102,8 +107,41 @@ class Qwen3_5TextConfig(Strict):
             raise ValueError(f"rope_type '{kind}' is not supported: the node runs default (M-)RoPE")
         rope = {k: params.get(k, text_config.get(k)) for k in ("rope_theta", "partial_rotary_factor",
                                                                "mrope_section", "mrope_interleaved")}
-        fields = {k: v for k, v in {**text_config, **rope}.items() if k in cls.model_fields and v is not None}
+        fields = {k: v for k, v in {**text_config, **rope}.items()
+                  if k in cls.model_fields and k != "tp" and v is not None}
         return cls(**fields)
+
+    def rank_part(self, tp: int) -> "Qwen3_5TextConfig":
+        """One of tp tensor-parallel ranks' part of this (whole) config: every SPLIT count divided by tp, tp
+        recorded (whole() multiplies back). Every rank's part is the same shape; which heads it holds is its rank
+        (the loader's Splits). tp 1: this config. Refused (InvalidInput): tp < 1, a config already split, a tp
+        that does not divide every count."""
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise InvalidInput(f"tensor-parallel size {tp!r}", "it counts the ranks a node is split over",
+                               "pass a whole number, 1 or more")
+        if tp == 1:
+            return self
+        if self.tp != 1:
+            raise InvalidInput(f"rank_part({tp}) of a config that is already one of {self.tp} ranks' parts",
+                               "a part is cut from the whole config", "call rank_part on config.whole()")
+        counts = {k: getattr(self, k) for k in self.SPLIT if getattr(self, k) is not None}
+        bad = {k: n for k, n in counts.items() if n % tp}
+        if bad:
+            g = math.gcd(*counts.values())
+            fits = [t for t in range(2, g + 1) if g % t == 0]
+            raise InvalidInput(f"tensor-parallel size {tp} does not divide " + ", ".join(f"{k} {n}" for k, n in
+                                                                                           bad.items()),
+                               "each rank holds an equal part of every head count and of the MLP's width: "
+                               + ", ".join(f"{k} {n}" for k, n in counts.items()),
+                               f"use a tp that divides them all: {', '.join(map(str, [1] + fits))}")
+        return type(self)(**{**self.model_dump(), **{k: n // tp for k, n in counts.items()}, "tp": tp})
+
+    def whole(self) -> "Qwen3_5TextConfig":
+        """The whole config this one is a rank's part of (itself when tp is 1)."""
+        if self.tp == 1:
+            return self
+        grown = {k: getattr(self, k) * self.tp for k in self.SPLIT if getattr(self, k) is not None}
+        return type(self)(**{**self.model_dump(), **grown, "tp": 1})
 
     @property
     def gdn(self) -> GatedDeltaNetConfig:
@@ -164,6 +202,10 @@ class Qwen3_5MoeTextConfig(Qwen3_5TextConfig):
 
     REFUSED: ClassVar[dict[str, str]] = {}
     is_moe: ClassVar[bool] = True
+    # no dense MLP: the routed experts' and the shared expert's widths split instead (intermediate_size is unused)
+    SPLIT: ClassVar[tuple[str, ...]] = ("num_attention_heads", "num_key_value_heads", "linear_num_key_heads",
+                                        "linear_num_value_heads", "moe_intermediate_size",
+                                        "shared_expert_intermediate_size")
 
     intermediate_size: int | None = Field(None, ge=1)
     num_experts: int = Field(ge=1)

@@ -96,8 +96,10 @@ class Engine:
     """A minimal driver: paged KV for the full layers and a state slot per sequence for the linear ones; any mix
     of first chunks, continued chunks and decode rows in one step, as the runtime builds them."""
 
-    def __init__(self, model: Qwen3_5LM):
+    def __init__(self, model: Qwen3_5LM, reduce=None):
+        """reduce: the StepContext's sum over tensor-parallel ranks (None: the model runs whole)."""
         cfg = model.cfg
+        self.reduce = reduce
         self.model, self.spec = model, cfg.kv_spec("kv", max_seq_len=256, dtype="float32", page_size=4)
         self.cache, self.pages = new_cache(self.spec, PAGES), PageAllocator(PAGES)
         self.state = new_state(cfg.state_spec("state", conv_dtype="float32"), SLOTS)
@@ -116,7 +118,7 @@ class Engine:
             self.lens[sid] = start + len(toks)
             qo.append(len(toks)), kv.append(self.lens[sid]), tables.append(table), has_state.append(start > 0)
         state = StateStep(self.state, [self.slot[s] for s in chunks], qo, has_state)
-        return StepContext({"kv": PagedTorch(self.spec, self.cache, qo, kv, tables), "state": state})
+        return StepContext({"kv": PagedTorch(self.spec, self.cache, qo, kv, tables), "state": state}, self.reduce)
 
     def step(self, chunks: dict[int, list[int]], positions: dict[int, torch.Tensor] | None = None,
              every_row: bool = True, **mm) -> torch.Tensor:
