@@ -37,6 +37,8 @@ SHIPPED = {
     "qwen3_5_9b_h100": ("models/qwen3_5.py", "9b", "h100", 1, {}),
     "qwen3_5_0.8b_h200": ("models/qwen3_5.py", "0.8b", "h200", 1, {}),
     "qwen3_5_9b_2xh200": ("models/qwen3_5.py", "9b", "h200", 2, {}),
+    # one copy split over two tensor-parallel ranks (forced: two replicas run more requests at once)
+    "qwen3_5_9b_2xh200_tp2": ("models/qwen3_5.py", "9b", "h200", 2, {"tp": 2}),
     # the seeds' 80 GB settings, trimmed by --fit until they fit one h100 (the trims are in the plan)
     "qwen3_omni_h100_seed80gb_fit": ("models/qwen3_omni.py", "30b-a3b", "h100", 1, "fit:" + SEED_80GB),
 }

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphc.errors import InvalidInput
+from graphc.units import fmt_bytes
 
 
 @dataclass(frozen=True)
@@ -118,5 +119,5 @@ def _score(x: Layout) -> str:
     if x.at_once == 0:
         return x.detail
     each = f" ({x.at_once / x.replicas:.1f} each)" if x.replicas > 1 else ""
-    per = f"; {x.weights / 2**30:.2f} GiB of weights on each rank" if x.tp > 1 else ""
+    per = f"; {fmt_bytes(x.weights)} of weights on each rank" if x.tp > 1 else ""
     return f"{x.at_once:.1f} longest requests at once{each}; {x.detail}{per}"

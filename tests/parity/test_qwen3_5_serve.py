@@ -29,11 +29,13 @@ MODEL = str(ROOT / "models" / "qwen3_5.py")
 REQUESTS = [(5, 12), (140, 6), (33, 9), (1, 7), (70, 10), (12, 5), (200, 4), (9, 11), (51, 8)]
 
 
-def text_checkpoint(d):
+def text_checkpoint(d, **config):
     """(HF's tiny Qwen3_5ForCausalLM, d/ckpt: its weights under a Qwen3.5 checkpoint's names, as the module
-    docstring says)."""
+    docstring says). config: fields of HF's config to set."""
     cfg = hf_config("untied")
     cfg.vocab_size = 512                  # the tiny preset's shapes are read from the checkpoint's config
+    for k, v in config.items():
+        setattr(cfg, k, v)
     torch.manual_seed(0)
     hf = draw(Qwen3_5ForCausalLM(cfg).eval(), seed=5)
     hf.save_pretrained(d / "hf")
@@ -121,13 +123,14 @@ VISION = dict(depth=2, hidden_size=32, num_heads=4, intermediate_size=48, out_hi
 IDS = dict(image_token_id=500, video_token_id=501, vision_start_token_id=502, vision_end_token_id=503)
 
 
-def vl_checkpoint(folder, seed: int):
+def vl_checkpoint(folder, seed: int, **config):
     """HF's tiny Qwen3_5ForConditionalGeneration (text as above, a 2-block tower), drawn with `seed` and saved by HF
-    under its own names (model.language_model.*, model.visual.*, lm_head) in folder: HF's model."""
+    under its own names (model.language_model.*, model.visual.*, lm_head) in folder: HF's model. config: fields of
+    the text config to set."""
     from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForConditionalGeneration
 
-    text = hf_config("untied").to_dict() | {"vocab_size": 512, "dtype": "float32"}
+    text = hf_config("untied").to_dict() | {"vocab_size": 512, "dtype": "float32"} | config
     torch.manual_seed(0)
     hf = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=VISION,
                                                        tie_word_embeddings=False, **IDS)).eval()
@@ -155,12 +158,17 @@ def test_an_image_prompt_equals_hf_generate(with_vision, leak_oracle):
     """Two image requests (64 x 96 and 160 x 64 after resizing) and a text one at once; each one's greedy tokens
     equal HF's generate given the same patches (the host's preprocessing: HF's image processor needs
     torchvision, which the CPU test machine does not have)."""
+    hf, engine = with_vision
+    leak_oracle.watch(engine)
+    image_prompts_equal_hf(hf, engine)
+
+
+def image_prompts_equal_hf(hf, engine) -> None:
+    """The image test's requests through engine, each one's greedy tokens against HF's generate."""
     from graphc import Media
     from graphc.runtime.sampler import SamplingParams
     from models.components.vision_inputs import process_image
 
-    hf, engine = with_vision
-    leak_oracle.watch(engine)
     g = torch.Generator().manual_seed(1)
     images = [torch.randint(0, 256, (3, 70, 100), dtype=torch.uint8, generator=g),
               torch.randint(0, 256, (3, 150, 60), dtype=torch.uint8, generator=g)]

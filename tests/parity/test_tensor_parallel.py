@@ -21,7 +21,9 @@ from graphc.runtime.engine import Engine
 from graphc.runtime.request import SamplingParams
 from graphc.runtime.workers import WorkerDied
 from tests.conftest import TINY
-from tests.parity.test_qwen3_5_serve import MODEL, REQUESTS, complete, hf_greedy, prompt, text_checkpoint
+from tests.parity.test_qwen3_5_serve import (MODEL, REQUESTS, complete, hf_greedy, image_prompts_equal_hf, prompt,
+                                             text_checkpoint, vl_checkpoint)
+from tests.leak import released
 from tests.unit.loopback import serve
 
 # HF's names of the tensors a rank holds a half of (the heads and the MLP); the rest every rank holds whole
@@ -33,7 +35,7 @@ SPLIT = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_p
 def split(tmp_path_factory):
     """(HF's model, the checkpoint, the plan of two ranks, the one-device plan)."""
     d = tmp_path_factory.mktemp("tp")
-    hf, ckpt = text_checkpoint(d)
+    hf, ckpt = text_checkpoint(d, num_key_value_heads=2)       # 2 KV heads: one a rank
     plans = {}
     for name, extra in (("tp", ["--gpus", "2", "--tp", "2"]), ("one", [])):
         plans[name] = d / f"{name}.plan"
@@ -47,7 +49,7 @@ def test_each_rank_holds_half_the_heads_and_mlp(split):
     tp, one = load_plan(tp_plan), load_plan(one_plan)
     assert (tp.tensor_parallel, tp.replicas, len(tp.devices), tp.target.count) == (2, 1, 1, 2)
     assert tp.devices[0].capacity_bytes == 1 << 30                       # the 2 GiB host budget over both ranks
-    want = sum(t.numel() * t.element_size() // (2 if any(f".{s}." in n for s in SPLIT) else 1)
+    want = sum(t.numel() * t.element_size() // (2 if any(f".{s}." in n + "." for s in SPLIT) else 1)
                for n, t in hf.state_dict().items())
     assert tp.nodes["llm"].weights_bytes == want
     cfg = hf.config
@@ -67,8 +69,9 @@ def test_explain_says_what_each_rank_holds(split, capsys):
 
 
 def test_the_compiler_weighs_ranks_against_replicas(split):
-    """Without --tp the choice is recorded with the ranks' score: two replicas run 16 of the longest requests
-    at once (8 each, the decode walk's bound), one split copy 8."""
+    """Without --tp the choice is recorded with the ranks' score. The tiny preset's KV pool is 256 pages of 16
+    rows, and its longest request 1,024 rows (64 pages): each copy holds 4 of them, whatever its heads; two
+    replicas hold 8."""
     _, ckpt, _, _ = split
     from graphc.pipeline import compile_model
     from graphc.source import load_model, read_config
@@ -76,12 +79,13 @@ def test_the_compiler_weighs_ranks_against_replicas(split):
     src = load_model(MODEL, "tiny", read_config(ckpt))
     plan = compile_model(src, "cpu", 2, memory_cap=2 << 30, remedies=False).plan
     assert plan.replicas == 2 and plan.tensor_parallel == 1
-    assert "one copy split over 2 tensor-parallel ranks: 8.0 longest requests at once" in plan.placement
+    assert plan.placement.startswith("2 replicas of one device each chosen: 8.0 longest requests at once")
+    assert "one copy split over 2 tensor-parallel ranks: 4.0 longest requests at once" in plan.placement
 
 
-def test_greedy_over_http_equals_hf_generate(split, leak_oracle):
+def test_greedy_over_http_equals_hf_generate(split):
     hf, ckpt, plan, _ = split
-    engine = leak_oracle.watch(Engine(plan, str(ckpt)))
+    engine = Engine(plan, str(ckpt))
     server, port = serve(engine)
     try:
         assert "x2 (tensor-parallel ranks)" in engine.summary()
@@ -89,8 +93,26 @@ def test_greedy_over_http_equals_hf_generate(split, leak_oracle):
             got = list(pool.map(lambda a: complete(port, prompt(a[0], a[1][0]), a[1][1]), enumerate(REQUESTS)))
     finally:
         server.should_exit = True
-    for i, (n, k) in enumerate(REQUESTS):
-        assert got[i] == hf_greedy(hf, prompt(i, n), k), f"request {i} ({n} prompt tokens)"
+    try:
+        for i, (n, k) in enumerate(REQUESTS):
+            assert got[i] == hf_greedy(hf, prompt(i, n), k), f"request {i} ({n} prompt tokens)"
+        assert released(engine) == []              # every page and slot free once idle (the leak oracle)
+    finally:
+        engine.close()
+
+
+def test_an_image_prompt_equals_hf_generate(tmp_path):
+    """The tower is whole on each rank: each runs it on the same patches and splices its own rows (named in
+    the step message, not sent)."""
+    hf = vl_checkpoint(tmp_path / "ckpt", seed=7, num_key_value_heads=2)
+    plan = tmp_path / "p.plan"
+    assert main(["plan", MODEL, "--preset", "tiny", "--checkpoint", str(tmp_path / "ckpt"), "--gpu", "cpu",
+                 "--gpus", "2", "--tp", "2", "-o", str(plan), "-q"]) == 0
+    engine = Engine(plan, str(tmp_path / "ckpt"))
+    try:
+        image_prompts_equal_hf(hf, engine)
+    finally:
+        engine.close()
 
 
 def test_offline_run_and_check_boot_both_ranks(split, tmp_path, capsys):
@@ -139,8 +161,10 @@ def test_impossible_rank_counts_are_refused(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_a_rank_count_the_heads_do_not_divide_is_refused():
+def test_a_rank_count_the_heads_do_not_divide_is_refused(capsys):
     from graphc.source import load_model
 
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidInput, match="does not divide num_key_value_heads 2"):
         load_model(MODEL, "tiny", tp=4)           # the tiny preset's 2 KV heads
+    assert main(["plan", MODEL, "--preset", "tiny", "--gpu", "cpu", "--gpus", "4", "--tp", "4", "-o", os.devnull]) == 2
+    assert "Fix: use a tp that divides them all: 1, 2" in capsys.readouterr().err
