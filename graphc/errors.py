@@ -45,6 +45,12 @@ class DoesNotFit(GraphcError):
         super().__init__(what, why, fix)
 
 
+class WorkerDied(GraphcError):
+    """A plan device's worker or a tensor-parallel rank ended or failed to boot; the engine cannot go on."""
+
+    exit_code = 3
+
+
 class Stopped(Exception):
     """A command stopped at once by a signal after it said so on stderr (graphc run's server on a second SIGINT or
     SIGTERM): the CLI prints nothing more and exits 128 + the signal's number, as a shell reports a process the

@@ -104,15 +104,7 @@ class Engine:
         self.llm = llm_node(self.plan)
         opts = dict(checkpoint=self.checkpoint, seed=seed, emulate=emulate, force=force, prebuild=prebuild)
         self.workers = self.ranks = None
-        if boot is None and len(self.plan.devices) > 1:      # one worker process for each other device
-            self.workers = self._start_workers(opts, links, host, progress)
-            boot = self.workers.booted
-        if boot is None and self.plan.tensor_parallel > 1:   # one process for each other rank
-            self.ranks = self._start_ranks(opts, host, progress)
-            boot = self.ranks.booted
-        if boot is None and self.plan.replicas > 1:
-            boot = boot_plan(self.plan, gpu=replica, progress=progress, **opts)[0]
-        self.boot = boot if boot is not None else boot_plan(self.plan, progress=progress, **opts)[0]
+        self.boot = boot if boot is not None else self._boot(opts, links, host, replica, progress)
         self.model = self.boot.ir.model
         self.host = self._host()
         kv_res = next(r for r in self.model.node(self.llm).resources.values() if r in self.boot.pages)
@@ -145,6 +137,17 @@ class Engine:
             self.devices |= self.ranks.checks
         self.devices = dict(sorted(self.devices.items()))
         self.boot_seconds = progress.done()
+
+    def _boot(self, opts: dict, links: dict | None, host: str, replica: int, progress: BootProgress):
+        """This process's device, booted: with a worker process for each other plan device, or a process for
+        each other tensor-parallel rank, or on GPU `replica` (a replica of several), or alone."""
+        if len(self.plan.devices) > 1:
+            self.workers = self._start_workers(opts, links, host, progress)
+            return self.workers.booted
+        if self.plan.tensor_parallel > 1:
+            self.ranks = self._start_ranks(opts, host, progress)
+            return self.ranks.booted
+        return boot_plan(self.plan, gpu=replica if self.plan.replicas > 1 else None, progress=progress, **opts)[0]
 
     def _start_workers(self, opts: dict, links: dict | None, host: str, progress: BootProgress):
         """A worker for each plan device but the LLM's (this process boots that one, reporting to progress)."""

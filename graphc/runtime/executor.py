@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import torch
 
 from graphc.declare import Node
+from graphc.errors import WorkerDied
 from graphc.ir import Step
 from graphc.plan import Plan
 from graphc.runtime.boot import DeviceBoot, torch_binding
 from graphc.runtime.flight import resolve
-from graphc.runtime.workers import WorkerDied
 from graphc.serving import Host
 from graphc.runtime.scheduler import StepPlan
 from graphc.step import TORCH_DTYPES, StepContext

@@ -49,7 +49,7 @@ from multiprocessing.connection import Client, Connection, answer_challenge, del
 import torch
 import torch.distributed as dist
 
-from graphc.errors import GraphcError, InvalidInput
+from graphc.errors import InvalidInput, WorkerDied
 from graphc.plan import Plan
 from graphc.runtime.check import compare, verdict
 from graphc.runtime.progress import BootProgress
@@ -59,12 +59,6 @@ from resources.paged_kv import PageAllocator
 POLL_S = 0.05                  # how often a waiting engine looks at its workers
 BOOT_TIMEOUT_S = 3600.0        # the longest a worker may take to boot (captures on a GPU take minutes)
 STEP_TIMEOUT_S = 600.0         # the longest a worker may take to join the process group or to run a step
-
-
-class WorkerDied(GraphcError):
-    """A plan device's worker ended or failed to boot; the engine cannot go on."""
-
-    exit_code = 3
 
 
 def _send(conn: Connection, msg) -> None:
