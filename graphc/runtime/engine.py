@@ -77,6 +77,15 @@ class Event:
     audio: Any = None                  # new float32 samples (speech), or None
 
 
+@dataclass
+class Admission:
+    """A request prepared (Engine.prepare, any thread), not yet admitted (Engine.admit, the engine's thread)."""
+
+    req: Request
+    speech: SpeechParams | None
+    speak: list[int] | None
+
+
 class Engine:
     def __init__(self, plan: str | Path | Plan, checkpoint: str | Path | None = None, *, random_weights: bool = False,
                  seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True, boot=None,
@@ -302,18 +311,24 @@ class Engine:
             prompt = template.render(messages, add_generation_prompt, variables=template_kwargs)
         return self.tokenizer.encode(prompt, add_special_tokens=False).ids
 
-    def add(self, *, prompt_token_ids: list[int] | None = None, messages: list[dict] | None = None,
-            prompt: str | None = None, media: list[Media] = (), params: SamplingParams | None = None,
-            request_id: str | None = None, user: Any = None, use_audio_in_video: bool = False,
-            speech: SpeechParams | None = None, speak: list[int] | None = None, split: bool = False,
-            template_kwargs: dict | None = None, chat_template: str | None = None) -> Request:
-        """speech: answer with speech too (a speaking kind: t2s, a2s); its voice and frame limit.
+    def add(self, **kwargs) -> Request:
+        """A new request, prepared (prepare: its arguments) and admitted, in this thread."""
+        return self.admit(self.prepare(**kwargs))
+
+    def prepare(self, *, prompt_token_ids: list[int] | None = None, messages: list[dict] | None = None,
+                prompt: str | None = None, media: list[Media] = (), params: SamplingParams | None = None,
+                request_id: str | None = None, user: Any = None, use_audio_in_video: bool = False,
+                speech: SpeechParams | None = None, speak: list[int] | None = None, split: bool = False,
+                template_kwargs: dict | None = None, chat_template: str | None = None) -> Admission:
+        """What a new request needs of no engine state, from any thread (the server prepares each request in a
+        worker thread, so that media preprocessing runs in parallel and never holds the engine's steps): its
+        prompt ids, its media preprocessed by the model's host, the checks, its Request. admit() then hands it
+        to the engine. speech: answer with speech too (a speaking kind: t2s, a2s); its voice and frame limit.
         speak: the answer's text token ids, spoken as given (text to speech): the LLM does not run,
         since the follow stage reads only its embedding table for text rows. split: messages come from
-        split_messages already (the server decodes media in its handlers, not in the engine's thread),
-        their media in `media`; else their media parts are read here, from any path they name.
-        template_kwargs: the chat template's own variables (chat_template_kwargs); chat_template: the request's
-        own template text (the server's --trust-request-chat-template)."""
+        split_messages already (the server decodes media in its handlers), their media in `media`; else their
+        media parts are read here, from any path they name. template_kwargs: the chat template's own variables
+        (chat_template_kwargs); chat_template: the request's own template text (--trust-request-chat-template)."""
         params = params or SamplingParams()
         given = [x is not None for x in (prompt_token_ids, messages, prompt)]
         if sum(given) != 1:
@@ -331,30 +346,39 @@ class Engine:
         rp = self.host.prompt(ids, media)
         if not rp.ids:
             raise InvalidInput("the prompt is empty", "", "send at least one token")
-        state = self._speech_state(rp, speech)
+        if speech is not None:
+            self._check_speaks()
+            self.host.speech.check(rp)
         kind, prefill, decode = self._kind(rp.walks(), speech is not None)
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
-        if rid in self.requests:
-            raise InvalidInput(f"request id {rid} is in flight", "", "use another id")
         most = self.executor.kv_spec.max_seq_len
         room = max(most - len(rp.ids), 1)
         max_tokens = params.max_tokens if params.max_tokens is not None else min(room, self.default_max_tokens or room)
         req = Request(id=rid, kind=kind, prefill_walks=prefill, decode_walk=decode, prompt=rp, params=params,
-                      max_rows=len(rp.ids) + max_tokens, arrival=next(self._ids), max_tokens=max_tokens,
-                      user=user)
+                      max_rows=len(rp.ids) + max_tokens, arrival=-1, max_tokens=max_tokens, user=user)
         req.generator = new_generator(params.seed, self.boot.device) if params.seed is not None else None
         req.detok = self._detokenizer(params)
         req.guide = self.grammars().matcher(params.guide) if params.guide is not None else None
         req.logprobs = [] if params.logprobs else None
         req.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
-        if speak is not None:
-            self._spoken_as_given(req, state, speak)
+        return Admission(req, speech, speak)
+
+    def admit(self, a: Admission) -> Request:
+        """A prepared request into the engine, in the engine's thread: its place in the order of arrival, its
+        speech state, the scheduler (or, spoken as given, the speech stages only)."""
+        req = a.req
+        if req.id in self.requests:
+            raise InvalidInput(f"request id {req.id} is in flight", "", "use another id")
+        state = self._speech_state(req.prompt, a.speech)
+        req.arrival = next(self._ids)
+        if a.speak is not None:
+            self._spoken_as_given(req, state, a.speak)
         else:
             self.scheduler.add(req)
         if state is not None:
             req.speech = state
             self.talking.append(req)
-        self.requests[rid] = req
+        self.requests[req.id] = req
         return req
 
     def _check_ids(self, ids: list[int], what: str) -> None:
@@ -368,15 +392,19 @@ class Engine:
         """A speaking request's speech state (None for text out), refused where the engine does not speak."""
         if speech is None:
             return None
+        self._check_speaks()
+        state = self.speech.new_state(speech)
+        self.host.speech.check(rp)
+        return state
+
+    def _check_speaks(self) -> None:
+        """Refuse speech out where the engine does not speak."""
         if self.speech is None:
             raise InvalidInput("this plan does not speak" if self.speech_refused is None else "this engine does not speak",
                                self.speech_refused or f"its kinds: {', '.join(self.kinds())}",
                                "ask for text out only, or plan a model that speaks" if self.speech_refused is None
                                else "plan the speech stages' nodes on the LLM's device (--set nodes.NAME.device=N)",
                                param="modalities")
-        state = self.speech.new_state(speech)
-        self.host.speech.check(rp)
-        return state
 
     def grammars(self) -> Grammars:
         """The engine's grammar compiler (graphc/runtime/grammar.py), built on first use; from any thread."""

@@ -90,9 +90,21 @@ class Driver:
                 fut.set_exception(e)
                 return fut, events
             self.pending += 1
-        self.inbox.put(("add", loop, kwargs, fut, events))
-        self.wake.set()
+        loop.run_in_executor(None, self._prepare, loop, kwargs, fut, events)
         return fut, events
+
+    def _prepare(self, loop, kwargs: dict, fut: asyncio.Future, events: asyncio.Queue) -> None:
+        """In a worker thread: the request's prompt and media (Engine.prepare), then to the engine thread; a
+        refusal settles its future here. Requests prepare in parallel, and the engine steps meanwhile."""
+        try:
+            prepared = self.engine.prepare(**kwargs, user=(loop, events))
+        except Exception as e:               # refused: InvalidInput with the numbers, or a bad input
+            with self.lock:
+                self.pending -= 1
+            loop.call_soon_threadsafe(_settle, fut, None, e)
+            return
+        self.inbox.put(("add", loop, prepared, fut, events))
+        self.wake.set()
 
     def abort(self, request_id: str) -> None:
         """Free a request (its client went away), in the engine thread."""
@@ -132,9 +144,9 @@ class Driver:
                 for ev in self.engine.fail_all(item[1]):
                     self._route(ev)
                 continue
-            _, loop, kwargs, fut, events = item
+            _, loop, prepared, fut, events = item
             try:
-                req = self.engine.add(**kwargs, user=(loop, events))
+                req = self.engine.admit(prepared)
                 loop.call_soon_threadsafe(_settle, fut, req, None)
             except Exception as e:            # refused: InvalidInput with the numbers, or a bad input
                 loop.call_soon_threadsafe(_settle, fut, None, e)
