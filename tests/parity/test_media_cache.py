@@ -204,3 +204,40 @@ def test_the_kv_pool_is_the_plans_and_whole_when_idle(omni, engines):
     pool = on.scheduler.pages
     assert pool.num_pages == planned.kv_pages["thinker_kv"]
     assert not on.has_work() and pool.num_free == pool.num_pages
+
+
+def metric(text: str, name: str, node: str) -> float:
+    line = next(x for x in text.splitlines() if x.startswith(f'{name}{{node="{node}"}}'))
+    return float(line.split()[-1])
+
+
+def test_metrics_count_hits_misses_and_stored_bytes(omni, engines):
+    """/metrics' text (the app's registry): a new image is a miss that stores its rows, the same again a hit."""
+    from graphc.serve.ops import Metrics
+
+    on, _ = engines
+    item, tok = image(81), on.host.token_of["image"]
+    text = Metrics(on).text().decode()
+    before = [metric(text, f"graphc_media_cache_{m}", "vision_encoder") for m in ("hits_total", "misses_total",
+                                                                                  "stored_bytes")]
+    for i in range(2):
+        run(on, ids(82 + i, 3 + 16 * i) + [tok], [Media("image", item)])
+    text = Metrics(on).text().decode()
+    after = [metric(text, f"graphc_media_cache_{m}", "vision_encoder") for m in ("hits_total", "misses_total",
+                                                                                 "stored_bytes")]
+    row = (1 + 2) * 64 * 4        # the tiny checkpoint: embeds and 2 deepstack levels of 64 float32 (config.json)
+    assert [a - b for a, b in zip(after, before)] == [1, 1, image_rows(on, item) * row]
+    assert metric(text, "graphc_media_cache_stored_bytes", "audio_encoder") >= 0       # a line for each cache
+
+
+def test_graphc_run_stats_hold_the_media_cache(tmp_path, monkeypatch):
+    from tests.conftest import ROOT
+
+    monkeypatch.chdir(ROOT)
+    reqs, stats = tmp_path / "r.jsonl", tmp_path / "s.json"
+    reqs.write_text(json.dumps({"prompt_token_ids": list(range(1, 20)), "max_tokens": 2}) + "\n")
+    assert main(["run", str(ROOT / "plans" / "tiny_cpu.plan"), "--random-weights", "--requests", str(reqs),
+                 "--output", str(tmp_path / "o.jsonl"), "--stats", str(stats)]) == 0
+    got = json.loads(stats.read_text())["media_cache"]["encoder"]
+    assert (got["hits"], got["misses"], got["stored_bytes"]) == (0, 0, 0)
+    assert got["capacity_bytes"] == load_plan(ROOT / "plans" / "tiny_cpu.plan").devices[0].ledger["media_cache.encoder"]
