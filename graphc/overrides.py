@@ -2,6 +2,7 @@
 
 Shape: {walks: {W: {budget: {...}, ladder: [...], capture: bool, capture_limit: {node: n}, axes: {...}}},
         resources: {R: {<any field of R's spec but name>}}, nodes: {N: {device: i, dtype: ...}}}.
+        media_cache: {encoder: rows}   (graphc/media_rows.py: checked and read by the compiler, not the model)
 Unknown sections, names and keys are refused with the closest valid one named.
 """
 from __future__ import annotations
@@ -17,6 +18,8 @@ from graphc.strict import closest, explain_validation, read_yaml
 SECTIONS = {"walks": "walks", "resources": "resources", "nodes": "nodes"}
 # settings of the plan's layout, not of the model: read by compile_model (`replicas`: --replicas, `tp`: --tp)
 LAYOUT = {"replicas", "tp"}
+# planning settings beside the model, checked and read by the passes (graphc/media_rows.py)
+PLANNING = {"media_cache"}
 FIXED = {"walks": {"name", "kind", "path"}, "resources": {"name"},
          "nodes": {"name", "module", "config", "inputs", "outputs", "resources", "weight_prefix"}}
 
@@ -79,10 +82,10 @@ def apply_overrides(model: Model, overrides: dict) -> Model:
         raise InvalidInput("overrides must be a mapping", f"got {type(overrides).__name__}")
     updated = {}
     for section, entries in overrides.items():
-        if section in LAYOUT:
+        if section in LAYOUT | PLANNING:
             continue
         if section not in SECTIONS:
-            raise _refuse("section", section, list(SECTIONS) + sorted(LAYOUT), "top level")
+            raise _refuse("section", section, list(SECTIONS) + sorted(LAYOUT | PLANNING), "top level")
         if not isinstance(entries, dict):
             raise InvalidInput(f"overrides.{section} must map names to settings", f"got {entries!r}")
         items = {x.name: x for x in getattr(model, section)}

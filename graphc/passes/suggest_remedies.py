@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from graphc import media_rows
 from graphc.errors import GraphcError
 from graphc.overrides import merge
 from graphc.passes.choose_buckets import rungs_for
@@ -53,7 +54,7 @@ def candidates(result) -> list[tuple[str, dict, dict, str, int | None]]:
             out += _capture_candidates(s, st) + _budget_candidates(s, st)
     for d in result.placement.devices:
         if d.index in bad:
-            out += _pool_candidates(s, d)
+            out += _pool_candidates(s, d) + _media_cache_candidates(d)
     out += _workspace_candidates(s)
     if s.ir.target.is_gpu and s.ir.num_devices < 8:
         n = s.ir.num_devices + 1
@@ -114,6 +115,14 @@ def _state_note(s, walk: str, axis: str, new: int) -> str:
              " of state" for res, st in s.resources.state.items()
              if axis == "seqs" and st.walk == walk and s.ir.model.resource(res).slots is None]   # new: a rung below
     return "; fewer streams: " + ", ".join(notes) if notes else ""
+
+
+def _media_cache_candidates(d) -> list:
+    """No media cache on an over-full device: repeated media is encoded again (graphc/media_rows.py)."""
+    return [(f"{media_rows.SECTION}.{comp.component.split('.', 1)[1]}=0",
+             _set(comp.component, 0), {}, f"no cache of {comp.component.split('.', 1)[1]}'s output rows "
+             f"({fmt_bytes(comp.bytes)}); repeated media is encoded again", None)
+            for comp in d.items if comp.component.startswith(media_rows.SECTION + ".") and comp.bytes]
 
 
 def _pool_candidates(s, d) -> list:

@@ -1,14 +1,14 @@
 """Tally every byte one device will hold, component by component, with where each came from.
 
 The runtime allocates in the order listed here (weight arenas, KV pools, linear-attention state slots,
-workspaces, static graph buffers, captured wrappers' buffers), warms eager steps, then captures graphs
+workspaces, receive buffers, media caches, static graph buffers, captured wrappers' buffers), warms eager steps, then captures graphs
 largest first into one private pool; the allocator model replays exactly that order.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphc import convws, memo
+from graphc import convws, media_rows, memo
 from graphc.allocator import Allocator
 from graphc.declare import DTYPE_BYTES
 from graphc.ir import IR
@@ -67,6 +67,7 @@ class Sizing:
     acts: Activations
     resources: ResourceSizes
     headroom: int | None = None   # bytes; None: the default policy
+    media: dict[str, int] = field(default_factory=dict)   # --set media_cache.<encoder>=rows (graphc/media_rows.py)
     # what a device's ledger takes from the above but not from its KV pages (fill_pages tallies one device
     # at many page counts): (what, nodes) -> value, filled by per_device
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -113,12 +114,26 @@ def persistent_allocs(s: Sizing, nodes: list[str], kv_pages: dict[str, int]) -> 
             out += [(f"workspace.{res}", f"slot{i}", ws.bytes // slots, src) for i in range(slots)]
     for src, port, numel, dtype in s.ir.transfers_into(nodes):       # what other devices send this one
         out.append((f"transfers.{src}", port, numel * DTYPE_BYTES[dtype], "exact"))
+    out += media_cache_allocs(s, nodes)
     for (n, fam), bufs in s.acts.io.items():
         if n in nodes:
             out += [(f"graph_io.{n}", f"{fam}.{b}", size, "exact") for b, size in bufs]
     for key, bufs in s.resources.wrappers.items():
         if key[0] in nodes:
             out += [(f"wrappers.{res}", f"{key[1]}@{key[2]}.{b}", size, "formula") for res, b, size in bufs]
+    return out
+
+
+def media_cache_allocs(s: Sizing, nodes: list[str]) -> list[tuple[str, str, int, str]]:
+    """The media caches on the LLM's device: a buffer of each read port of each encoder (graphc/media_rows.py)."""
+    model = s.ir.model
+    if media_rows.llm_of(model) not in nodes:
+        return []
+    out = []
+    for enc in media_rows.encoders(model):
+        rows, _ = media_rows.planned_rows(s.ir, enc, s.media)
+        if rows:
+            out += [(f"media_cache.{enc}", p.port, rows * p.row_bytes, "policy") for p in media_rows.row_ports(model, enc)]
     return out
 
 
@@ -301,6 +316,12 @@ def _detail(s: Sizing, comp: str, nbytes: int, count: int, kv_pages: dict[str, i
         bufs = [(port, n, dt) for src, port, n, dt in s.ir.transfers_into(nodes) if src == name]
         return (f"receive buffers of {name}'s output(s) sent from its device: "
                 + "; ".join(f"{p} {n:,} x {dt}" for p, n, dt in bufs) + " (largest step of its walks)")
+    if kind == "media_cache":
+        rows, why = media_rows.planned_rows(s.ir, name, s.media)
+        ports = media_rows.row_ports(s.ir.model, name)
+        return (f"{rows:,} rows of {name}'s output x {sum(p.row_bytes for p in ports):,} B a row ("
+                + " + ".join(f"{p.port} {list(p.row_shape)} x {p.dtype}" for p in ports)
+                + f") on the LLM's device; rows: {why}")
     if kind == "graph_io":
         return f"{count} static input/output buffers at each captured family's largest rung"
     if kind == "wrappers":

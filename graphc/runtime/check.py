@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from graphc.runtime.boot import DeviceBoot
 
 TOLERANCE = 0.02   # measured peak may exceed planned by at most 2% (issue 5's bar)
-EXACT = ("weights.", "kv.", "state.", "workspace.")   # sized exactly: a CPU boot measures them exactly
-CPU_SCOPE = ("verifies shapes, finiteness and the real storages of weights, KV and workspaces; activations "
+EXACT = ("weights.", "kv.", "state.", "workspace.", "media_cache.")   # sized exactly: a CPU boot measures them exactly
+CPU_SCOPE = ("verifies shapes, finiteness and the real storages of weights, KV, workspaces and media caches; activations "
              "measured on CPU kernels (informational); device memory, allocator, capture pool not measured on CPU")
 
 

@@ -1,5 +1,5 @@
-"""One plan device as its boot fills it in (DeviceBoot), and its allocation: weights, KV pools, workspaces and
-the buffers other devices' outputs arrive in, in the ledger's order. The CPU boot (boot.py) and the GPU boot
+"""One plan device as its boot fills it in (DeviceBoot), and its allocation: weights, KV pools, workspaces,
+the buffers other devices' outputs arrive in and the media caches, in the ledger's order. The CPU boot (boot.py) and the GPU boot
 (gpu.py) both allocate through it and then measure what it holds, each its own way."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from graphc.modules import arrange_weights, set_kernels
 from graphc.plan import Plan
 from graphc.runtime.build import fill_seeded, materialize
 from graphc.runtime.checkpoint import Shards, load_weights
+from graphc.runtime.media_cache import allocate_caches
 from graphc.runtime.progress import BootProgress
 from graphc.step import TORCH_DTYPES
 from resources.linear_state import LinearState, SlotAllocator, new_state
@@ -37,6 +38,7 @@ class DeviceBoot:
     slots: dict[str, SlotAllocator] = field(default_factory=dict)
     workspaces: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     transfers: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)   # (node, port) sent here
+    media: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)   # encoder -> port -> its cached rows
     measured: dict[str, int] = field(default_factory=dict)
     graphs: dict[str, object] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
@@ -133,7 +135,7 @@ def allocate_weights(boot: DeviceBoot, checkpoint: str | None, seed: int) -> Non
 
 
 def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
-    """Weights, KV pools and workspaces in the ledger's order."""
+    """Weights, KV pools, state slots, workspaces, receive buffers and media caches in the ledger's order."""
     allocate_weights(boot, checkpoint, seed)
     dev_plan = boot.plan.devices[boot.index]
     for res, pages in dev_plan.kv_pages.items():
@@ -157,3 +159,4 @@ def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
         boot.transfers[(src, port)] = buf
         comp = f"transfers.{src}"
         boot.measured[comp] = boot.measured.get(comp, 0) + buf.untyped_storage().nbytes()
+    allocate_caches(boot)                                                   # repeated media's encoder rows

@@ -739,6 +739,8 @@ class Engine:
         if sh is not None:
             out["prefix_cache"] = {"hit_rows": sh.hit_rows, "cached_pages": len(sh.key_of), "idle_pages": len(sh.idle),
                                    "evicted_pages": sh.evicted}
+        if self.executor.media:
+            out["media_cache"] = {node: c.stats() for node, c in self.executor.media.items()}
         out["devices"] = {str(d): dict(c) for d, c in self.devices.items()}
         if self.workers is not None:
             out["remote"] = self.workers.step_stats()

@@ -18,6 +18,7 @@ from graphc.ir import Step
 from graphc.plan import Plan
 from graphc.runtime.boot import DeviceBoot, torch_binding
 from graphc.runtime.flight import resolve
+from graphc.runtime.media_cache import media_caches
 from graphc.serving import Host
 from graphc.runtime.scheduler import StepPlan
 from graphc.step import TORCH_DTYPES, StepContext
@@ -140,6 +141,7 @@ class Executor:
             (src, sport), (dst, _) = e.ends()
             if dst == llm:
                 self.feeds.setdefault(src, []).append(sport)
+        self.media = media_caches(boot)
 
     def run_node(self, node: str, walk: str, rung: int | None, size: int, inputs: dict, layouts: dict,
                  want: list[str] | None = None) -> dict:
@@ -162,16 +164,23 @@ class Executor:
             pieces = [(c.req, p) for c in plan.chunks for p in c.pieces if p.node in ("", node)]
             if not pieces:
                 continue
-            units = plan.rungs.get(node) or plan.sizes[node]
-            batch = self.host.encode(node, [p for _, p in pieces], units)
-            out = self.run_node(node, plan.walk, plan.rungs.get(node), plan.sizes[node], batch.inputs, batch.segments,
-                                want=self.feeds.get(node, []))
-            where = {}
-            for (req, piece), offset in zip(pieces, batch.offsets):
-                for j, row in enumerate(piece.rows):
-                    where[(req.id, row)] = offset + j
-            spliced[node] = (out, where)
+            cache = self.media.get(node)          # repeated media's rows (graphc/runtime/media_cache.py)
+            spliced[node] = (cache.splice(pieces, lambda todo, node=node: self._encode(plan, node, todo))
+                             if cache is not None else self._encode(plan, node, pieces))
         return self._llm(plan, walk, spliced, pending)
+
+    def _encode(self, plan: StepPlan, node: str, pieces: list) -> tuple[dict, dict]:
+        """The encoder's outputs for pieces [(request, piece)] at the step's planned size, and where each
+        (request id, row) is in them."""
+        units = plan.rungs.get(node) or plan.sizes[node]
+        batch = self.host.encode(node, [p for _, p in pieces], units)
+        out = self.run_node(node, plan.walk, plan.rungs.get(node), plan.sizes[node], batch.inputs, batch.segments,
+                            want=self.feeds.get(node, []))
+        where = {}
+        for (req, piece), offset in zip(pieces, batch.offsets):
+            for j, row in enumerate(piece.rows):
+                where[(req.id, row)] = offset + j
+        return out, where
 
     def _llm(self, plan: StepPlan, walk, spliced: dict, pending: torch.Tensor | None) -> StepResult:
         decl = self.model.node(self.llm)

@@ -11,6 +11,9 @@
                  graphc_kv_pages_used, graphc_kv_pages_free, graphc_requests_running, graphc_requests_waiting
                  graphc_walk_steps_total{walk}, graphc_node_steps_total{mode: replayed | eager},
                  graphc_preemptions_total: the engine's stats(), read when scraped
+                 graphc_media_cache_hits_total{node}, graphc_media_cache_misses_total{node},
+                 graphc_media_cache_stored_bytes{node}: the plan's media caches (graphc/runtime/media_cache.py),
+                 where it has any
 
 The metrics see requests through the Driver's observers, called in the engine thread with each Event
 (and with a finished Event when a client's abort frees a request). Scrapes and /health only read the
@@ -69,6 +72,25 @@ class EngineCollector:
         nodes.add_metric(["eager"], stats["eager"])
         yield nodes
         yield CounterMetricFamily("graphc_preemptions", "requests preempted (recomputed)", value=stats["preemptions"])
+        yield from media_metrics(stats.get("media_cache", {}))
+
+
+def media_metrics(caches: dict):
+    """The media caches' pieces found and not found, and the bytes of rows they hold, by encoder node."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    hits = CounterMetricFamily("graphc_media_cache_hits", "media pieces whose encoder rows came from the cache",
+                               labels=["node"])
+    misses = CounterMetricFamily("graphc_media_cache_misses", "media pieces the encoder ran with its cache on",
+                                 labels=["node"])
+    stored = GaugeMetricFamily("graphc_media_cache_stored_bytes", "bytes of encoder rows the cache holds",
+                               labels=["node"])
+    for node, c in caches.items():
+        hits.add_metric([node], c["hits"])
+        misses.add_metric([node], c["misses"])
+        stored.add_metric([node], c["stored_bytes"])
+    if caches:
+        yield from (hits, misses, stored)
 
 
 class Metrics:

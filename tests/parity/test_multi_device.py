@@ -127,3 +127,26 @@ def test_speech_across_devices_gives_the_one_device_frames_and_audio(engines):
     assert two.workers.stats["send_bytes"] > before["send_bytes"]
     assert two.workers.stats["recv_bytes"] > before["recv_bytes"]
 
+
+
+def test_a_repeated_image_runs_no_step_on_the_encoders_device(engines):
+    """The media cache sits on the thinker's device: the same image after other text takes its rows from it, so
+    device 0 runs no step for it, and the tokens equal the one-device plan's."""
+    one, two = engines
+    m = two.host.media
+    image = torch.from_numpy((np.random.default_rng(7).random((3, 64, 80)) * 255).astype(np.uint8))
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    got, remote = {}, []
+    for e in (one, two):
+        for pre in ([1, 2], [5, 6, 7, 8, 9]):
+            steps = two.workers.step_stats()["steps"]
+            r = e.add(prompt_token_ids=pre + [m.vision_start_token_id, m.image_token_id, 9],
+                      media=[Media("image", image)], params=greedy)
+            while e.has_work():
+                e.step()
+            got.setdefault(e is two, []).append(list(r.output))
+            if e is two:
+                remote.append(two.workers.step_stats()["steps"] - steps)
+    assert got[True] == got[False]
+    assert remote[0] >= 1 and remote[1] == 0, remote
+    assert two.stats()["media_cache"]["vision_encoder"]["hits"] >= 1
