@@ -94,7 +94,7 @@ class NodeRunner:
         except WorkerDied:
             raise
         except Exception as e:
-            self.ranks.check()                         # a rank that died is the cause: say so
+            self.ranks.check(grace=2.0)                # a rank that died is the cause: say so
             raise WorkerDied(f"{node}'s step failed on rank 0 after the other tensor-parallel ranks started it",
                              f"{type(e).__name__}: {e}", "the ranks are out of step; the engine stops") from e
         self.ranks.ran(node, out)

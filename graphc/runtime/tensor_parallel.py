@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -32,7 +31,7 @@ from graphc.errors import InvalidInput
 from graphc.plan import Plan
 from graphc.runtime.check import compare, verdict
 from graphc.runtime.progress import BootProgress
-from graphc.runtime.workers import (BOOT_TIMEOUT_S, POLL_S, STEP_TIMEOUT_S, WorkerDied, _recv, _send, connect,
+from graphc.runtime.workers import (BOOT_TIMEOUT_S, POLL_S, STEP_TIMEOUT_S, WorkerDied, answer_messages, connect,
                                     free_port, join_group, start_processes, visible_gpu)
 from graphc.step import TORCH_DTYPES
 
@@ -124,14 +123,22 @@ class Ranks:
             raise WorkerDied(f"tensor-parallel rank {r} answered {msg[0]!r}, not {expect!r}", "", "the engine stops")
         return msg[1]
 
-    def check(self) -> None:
-        """Raise WorkerDied if a rank has ended or failed a step."""
-        for r, link in self.links.items():
-            if link.wait(0):
-                self._answer(r, None)
-            gone = link.gone()
-            if gone is not None:
-                raise WorkerDied(f"tensor-parallel rank {r} died ({gone})", "", "the engine stops")
+    def check(self, grace: float = 0.0) -> None:
+        """Raise WorkerDied if a rank has ended or failed a step, looking for up to `grace` seconds (a step that
+        failed here may have seen a rank's end before its process is gone)."""
+        import time
+
+        deadline = time.monotonic() + grace
+        while True:
+            for r, link in self.links.items():
+                if link.wait(0):
+                    self._answer(r, None)
+                gone = link.gone()
+                if gone is not None:
+                    raise WorkerDied(f"tensor-parallel rank {r} died ({gone})", "", "the engine stops")
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(POLL_S)
 
     def launch(self, node: str, walk: str, rung: int | None, size: int, inputs: dict, layouts: dict) -> None:
         """Start the same node step on every other rank: the message, then the broadcast of what is on the
@@ -146,8 +153,12 @@ class Ranks:
             else:
                 host[port] = v
         shapes = [(port, tuple(v.shape), DTYPES[v.dtype]) for port, v in sent]
-        for link in self.links.values():
-            link.request(("run", node, walk, rung, size, host, layouts, shapes, named))
+        for r, link in self.links.items():
+            try:
+                link.request(("run", node, walk, rung, size, host, layouts, shapes, named))
+            except OSError:                         # its end of the connection is closed
+                self.check(grace=2.0)
+                raise WorkerDied(f"tensor-parallel rank {r} closed its connection", "", "the engine stops") from None
         for _, v in sent:
             dist.broadcast(v, src=0)
 
@@ -184,6 +195,8 @@ class RankWorker:
         if kind == "run":
             self._run(*msg[1:])
             return None
+        if kind == "stop":
+            return None
         raise ValueError(f"unknown message {kind!r}")
 
     def _device(self) -> torch.device:
@@ -213,24 +226,7 @@ class RankWorker:
 
 def rank_main(address: str, rank: int) -> None:
     """A rank's process: answer the engine's messages until stop, a failure, or the engine gone."""
-    conn = connect(address, rank)
-    worker = RankWorker(rank)
-    while True:
-        try:
-            msg = _recv(conn)
-        except (EOFError, OSError):
-            break
-        if msg[0] == "stop":
-            break
-        try:
-            reply = worker.handle(msg)
-        except BaseException:
-            _send(conn, ("failed", traceback.format_exc()))
-            break
-        if reply is not None:
-            _send(conn, reply)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    answer_messages(connect(address, rank), RankWorker(rank).handle)
 
 
 if __name__ == "__main__":

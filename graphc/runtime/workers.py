@@ -225,14 +225,21 @@ class DeviceWorker:
 
 def worker_main(address: str, index: int) -> None:
     """A worker process: connect to the engine, then answer its messages until told to stop (or it is gone)."""
-    conn = connect(address, index)
-    worker = DeviceWorker(index)
+    answer_messages(connect(address, index), DeviceWorker(index).handle)
+
+
+def answer_messages(conn: Connection, handle) -> None:
+    """Answer the engine's messages with handle(msg) (a reply, or None for none) until stop, a 'failed' reply or
+    the engine gone; a handler that raises replies 'failed' with its traceback. Then leave the process group."""
     while True:
         try:
             msg = _recv(conn)
-        except (EOFError, OSError):                        # the engine is gone: so is this worker
+        except (EOFError, OSError):                        # the engine is gone: so is this process
             break
-        reply = worker.handle(msg)
+        try:
+            reply = handle(msg)
+        except BaseException:
+            reply = ("failed", traceback.format_exc())
         if reply is not None:
             _send(conn, reply)
         if msg[0] == "stop" or (reply is not None and reply[0] == "failed"):
