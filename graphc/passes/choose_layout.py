@@ -27,8 +27,8 @@ class Layout:
     devices: int            # per replica
     at_once: float          # longest-allowed requests all replicas run at once (0: it does not fit)
     detail: str             # what bounds it, for `why`
-    tp: int = 1             # tensor-parallel ranks of the copy (each a device; `devices` counts them)
-    weights: int = 0        # weight bytes on the device that holds the most
+    tp: int                 # tensor-parallel ranks of the copy (each a device; `devices` counts them)
+    weights: int            # weight bytes on the device that holds the most
 
     @property
     def key(self) -> tuple[int, int]:
@@ -65,12 +65,11 @@ def candidates(num_devices: int, forced: int | None, forced_tp: int | None = Non
     return [(forced, 1)]
 
 
-def measure(result, replicas: int, tp: int = 1) -> Layout:
+def measure(result, replicas: int, tp: int) -> Layout:
     """A planned layout's score: the longest requests it runs at once, and which pool bounds it."""
     s, placement = result.sizing, result.placement
     per = len(placement.devices) * tp
-    weights = max((sum(i.bytes for i in d.items if i.component.startswith("weights.")) for d in placement.devices),
-                  default=0)
+    weights = max(sum(i.bytes for i in d.items if i.component.startswith("weights.")) for d in placement.devices)
     if not result.fit.fits:
         return Layout(replicas, per, 0.0, "does not fit", tp, weights)
     pools = []                                # (what bounds it, and why) for each KV pool of the copy

@@ -41,6 +41,19 @@ def test_the_layout_that_runs_more_requests_at_once_is_chosen(cap):
            in chosen.placement
     assert (one.replicas, len(one.devices), each.replicas, len(each.devices)) == (1, 2, 2, 1)
     assert one.target.count == each.target.count == chosen.target.count == 2
+    assert each.placement.startswith("2 replicas of one device each (--replicas 2): ")
+    assert one.placement.startswith("one copy over 2 devices (--replicas 1): ")
+    assert "of weights on each rank" not in chosen.placement + one.placement + each.placement   # no ranks here
+
+
+def test_a_layout_counts_the_weights_of_its_fullest_device():
+    """One copy of tiny_omni small over two devices: the weights.* lines of each device's ledger, by hand."""
+    from graphc.passes.choose_layout import measure
+
+    compiled = compile_model(SMALL, "cpu", 2, memory_cap=6 * GiB, replicas=1, remedies=False)
+    held = [sum(n for c, n in d.ledger.items() if c.startswith("weights.")) for d in compiled.plan.devices]
+    assert len(set(held)) == 2                                  # the devices hold different weights
+    assert measure(compiled.result, 1, 1).weights == max(held)
 
 
 def test_a_replica_that_does_not_fit_its_share_leaves_one_copy():
@@ -76,10 +89,10 @@ def test_impossible_replica_counts_are_refused(n, forced, message):
 
 
 def test_the_choice_ranks_by_requests_at_once_and_a_tie_keeps_one_copy():
-    one, two = Layout(1, 2, 64.0, "a"), Layout(2, 1, 64.0, "b")
+    one, two = Layout(1, 2, 64.0, "a", 1, 10), Layout(2, 1, 64.0, "b", 1, 10)
     assert choose([two, one], False)[0] is one
-    assert choose([one, Layout(2, 1, 64.5, "b")], False)[0].replicas == 2
-    assert choose([Layout(1, 2, 0.0, "does not fit"), Layout(2, 1, 3.0, "c")], False)[0].replicas == 2
+    assert choose([one, Layout(2, 1, 64.5, "b", 1, 10)], False)[0].replicas == 2
+    assert choose([Layout(1, 2, 0.0, "does not fit", 1, 10), Layout(2, 1, 3.0, "c", 1, 10)], False)[0].replicas == 2
     assert candidates(1, None) == [(1, 1)] and candidates(3, None) == [(1, 1), (3, 1)]
     assert candidates(3, 3) == [(3, 1)] and candidates(3, 1) == [(1, 1)]
 
@@ -95,7 +108,8 @@ def test_ranks_are_offered_where_the_model_declares_them_and_win_a_tie_by_lighte
     assert choose([ranks, Layout(2, 1, 64.0, "c", 1, 10)], False)[0] is ranks     # fewer replicas first
     assert choose([ranks, Layout(2, 1, 70.0, "c", 1, 10)], False)[0].replicas == 2
     win, why = choose([ranks], True)
-    assert why.startswith("one copy split over 2 tensor-parallel ranks (--tp 2): 64.0 longest requests at once")
+    assert why == "one copy split over 2 tensor-parallel ranks (--tp 2): 64.0 longest requests at once; b; 60 B of " \
+                  "weights on each rank"
 
 
 @pytest.mark.parametrize("n,forced,tp,message", [(3, None, 2, "--tp 2 with --gpus 3"),
