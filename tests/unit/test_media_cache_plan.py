@@ -107,3 +107,18 @@ def test_graphc_check_measures_the_line_to_the_byte():
     (boot,) = boot_plan(type(plan).model_validate(data))
     assert "media_cache.audio_encoder: its storages hold 106,496 B, the plan says 106,596 B (-100 B)" in \
         compare(boot).faults
+
+
+def test_the_remedy_turns_the_cache_off():
+    """A device over its card is offered `media_cache.NODE=0` for each line it holds (none for a line of 0 B)."""
+    from types import SimpleNamespace
+
+    from graphc.passes.suggest_remedies import _media_cache_candidates
+
+    items = [SimpleNamespace(component="media_cache.vision_encoder", bytes=3 << 20),
+             SimpleNamespace(component="media_cache.audio_encoder", bytes=0),
+             SimpleNamespace(component="weights.vision_encoder", bytes=1 << 30)]
+    (change, overrides, flags, why, trim), = _media_cache_candidates(SimpleNamespace(items=items))
+    assert (change, overrides, flags, trim) == ("media_cache.vision_encoder=0",
+                                                {"media_cache": {"vision_encoder": 0}}, {}, None)
+    assert "3.00 MiB" in why

@@ -143,3 +143,9 @@ def test_graphc_run_with_ray_refuses_a_plan_of_replicas(tmp_path, capsys):
                  "-q"]) == 0
     assert main(["run", str(plan), "--random-weights", "--ray", "local"]) == 2
     assert "--ray serves plans of one copy" in capsys.readouterr().err
+
+
+def test_a_plan_of_ranks_counts_every_rank_and_holds_one_ledger():
+    plan = compile_model(load_model(str(ROOT / "models" / "qwen3_5.py"), "tiny"), "cpu", 2, tp=2, remedies=False).plan
+    assert (plan.tensor_parallel, plan.replicas, plan.target.count, len(plan.devices)) == (2, 1, 2, 1)
+    assert plan.overrides == {"tp": 2}
