@@ -31,8 +31,8 @@ from graphc.errors import InvalidInput
 from graphc.plan import Plan
 from graphc.runtime.check import compare, verdict
 from graphc.runtime.progress import BootProgress
-from graphc.runtime.workers import (BOOT_TIMEOUT_S, POLL_S, STEP_TIMEOUT_S, WorkerDied, answer_messages, connect,
-                                    free_port, join_group, start_processes, visible_gpu)
+from graphc.runtime.workers import (BOOT_TIMEOUT_S, POLL_S, STEP_TIMEOUT_S, WorkerDied, answer_messages, await_answer,
+                                    connect, free_port, join_group, start_processes, visible_gpu)
 from graphc.step import TORCH_DTYPES
 
 ENTRY = "graphc.runtime.tensor_parallel"
@@ -101,15 +101,8 @@ class Ranks:
     def _wait(self, r: int, expect: str, timeout: float):
         import time
 
-        link, t0 = self.links[r], time.monotonic()
-        while not link.wait(POLL_S):
-            gone = link.gone()
-            if gone is not None:
-                raise WorkerDied(f"tensor-parallel rank {r} died ({gone})", f"waiting for {expect}",
-                                 "see its output above; the engine stops")
-            if time.monotonic() - t0 > timeout:
-                raise WorkerDied(f"tensor-parallel rank {r} did not answer in {timeout:.0f} s",
-                                 f"waiting for {expect}", "the engine stops")
+        await_answer(self.links[r], f"tensor-parallel rank {r}", f"waiting for {expect}", f"waiting for {expect}",
+                     timeout, time.monotonic())
         return self._answer(r, expect)
 
     def _answer(self, r: int, expect: str | None):

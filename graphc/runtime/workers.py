@@ -333,6 +333,17 @@ def start_processes(indices: list[int], entry: str, env: dict[int, dict] | None 
     return links
 
 
+def await_answer(link, who: str, doing: str, waiting: str, timeout: float, t0: float) -> None:
+    """Until link has a message, its process watched: WorkerDied naming `who` when it dies, or when it has not
+    answered `timeout` seconds after t0 (time.monotonic())."""
+    while not link.wait(POLL_S):
+        gone = link.gone()
+        if gone is not None:
+            raise WorkerDied(f"{who} died ({gone})", doing, "see its output above; the engine stops")
+        if time.monotonic() - t0 > timeout:
+            raise WorkerDied(f"{who} did not answer in {timeout:.0f} s", waiting, "the engine stops")
+
+
 def connect(address: str, index: int) -> Connection:
     """A started process's connection to the engine (start_processes), its hello sent."""
     host, port = address.rsplit(":", 1)
@@ -457,14 +468,7 @@ class Workers:
         link, t0 = self.links[d], time.monotonic()
         doing = {"booted": "booting", "ready": "joining", "address": "joining", "sent": "sending a step's outputs",
                  "memory": "reporting its memory"}.get(expect, "running a step")
-        while not link.wait(POLL_S):
-            gone = link.gone()
-            if gone is not None:
-                raise WorkerDied(f"the worker of device {d} died ({gone})", f"it was {doing}",
-                                 "see its output above; the engine stops")
-            if time.monotonic() - t0 > timeout:
-                raise WorkerDied(f"the worker of device {d} did not answer in {timeout:.0f} s", f"waiting for {expect}",
-                                 "the engine stops")
+        await_answer(link, f"the worker of device {d}", f"it was {doing}", f"waiting for {expect}", timeout, t0)
         msg = link.answer()
         if msg[0] == "gone":
             raise WorkerDied(f"the worker of device {d} died ({msg[1]})", f"it was {doing}", "the engine stops")
