@@ -39,4 +39,5 @@ def test_two_devices_t2t_a2t_i2t_alone_and_mixed_equal_hf(two, files):  # noqa: 
     kinds = ["t2t", "a2t", "i2t", "a2t", "i2t", "t2t"]
     got = run(engine, [omni_messages(*cases[k]) for k in kinds], arrivals=[0, 0, 0, 1, 2, 2])
     assert got == [want[k] for k in kinds]
-    assert engine.workers.stats["steps"] >= 4 and engine.workers.stats["recv_bytes"] > 0
+    # the first a2t and i2t ran their encoders on the worker; their repeats are held by the media cache
+    assert engine.workers.stats["steps"] >= 2 and engine.workers.stats["recv_bytes"] > 0
