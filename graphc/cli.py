@@ -329,7 +329,7 @@ def cmd_check(args) -> int:
         from graphc.runtime.engine import Engine
 
         others = ranks.checks
-        print("".join(Engine.ledger_line(r, c).replace("device", "rank", 1) + "\n" for r, c in others.items()), end="")
+        print("".join(Engine.ledger_line(r, c, "rank") + "\n" for r, c in others.items()), end="")
         ranks.close()
     if args.json:
         import dataclasses

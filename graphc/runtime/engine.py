@@ -223,22 +223,24 @@ class Engine:
         kv = self.executor.kv_spec
         pages = self.scheduler.capacity
         graphs = " + ".join(str(c["graphs_captured"]) for c in self.devices.values())
-        n = len(self.plan.devices)
+        n = len(self.plan.devices) * self.plan.tensor_parallel
         where = (f"{self.boot.device.type}" if self.boot.device.type == "cpu" else self.plan.target.gpu) + f" x{n}"
         if self.workers is not None:
             where += f" ({self.workers.kind} for devices {', '.join(map(str, self.workers.links))})"
         if self.ranks is not None:
-            where = where.removesuffix(" x1") + f" x{self.plan.tensor_parallel} (tensor-parallel ranks)"
+            where += " (tensor-parallel ranks)"
+        unit = "rank" if self.ranks is not None else "device"
         line = (f"graphc run: {self.plan.model.name} on {where}, {graphs} graphs captured"
                 f"{' (CPU: every step eager)' if not self.boot.graphs else ''}, {pages * kv.page_size:,} KV tokens "
                 f"({pages:,} pages), kinds {', '.join(self.kinds())}, booted in {self.boot_seconds:.1f} s")
-        return line + "".join("\n" + self.ledger_line(d, c) for d, c in self.devices.items()
+        return line + "".join("\n" + self.ledger_line(d, c, unit) for d, c in self.devices.items()
                               if c["measured"] is not None or c["missing_graphs"])
 
     @staticmethod
-    def ledger_line(d: int, c: dict) -> str:
-        """A device's boot against its ledger: its peak, its graphs, and where it breaks the plan's word."""
-        line = f"  device {d}: {c['graphs_captured']} of {c['graphs_planned']} graphs captured"
+    def ledger_line(d: int, c: dict, unit: str = "device") -> str:
+        """A device's (or a tensor-parallel rank's) boot against its ledger: its peak, its graphs, and where it
+        breaks the plan's word."""
+        line = f"  {unit} {d}: {c['graphs_captured']} of {c['graphs_planned']} graphs captured"
         if c["measured"] is not None:
             line += (f", peak {c['measured'] / 1e9:.3f} GB of {c['planned'] / 1e9:.3f} GB planned "
                      f"({100 * c['within']:+.2f}%)")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -41,8 +42,6 @@ DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
 
 class Ranks:
     """The engine's side: ranks 1..N-1 of a tensor-parallel plan, booted with this process's rank 0."""
-
-    kinds = "tensor-parallel rank processes"
 
     def __init__(self, plan: Plan, boot_local, opts: dict, host: str = "127.0.0.1",
                  progress: BootProgress | None = None, gpu: int = 0):
@@ -99,8 +98,6 @@ class Ranks:
                                  "a bookkeeping bug")
 
     def _wait(self, r: int, expect: str, timeout: float):
-        import time
-
         await_answer(self.links[r], f"tensor-parallel rank {r}", f"waiting for {expect}", f"waiting for {expect}",
                      timeout, time.monotonic())
         return self._answer(r, expect)
@@ -119,8 +116,6 @@ class Ranks:
     def check(self, grace: float = 0.0) -> None:
         """Raise WorkerDied if a rank has ended or failed a step, looking for up to `grace` seconds (a step that
         failed here may have seen a rank's end before its process is gone)."""
-        import time
-
         deadline = time.monotonic() + grace
         while True:
             for r, link in self.links.items():
@@ -159,9 +154,6 @@ class Ranks:
         """This rank's outputs of a node step, which a later step may name (their ids stay theirs while held)."""
         self.held[node] = out
         self.names = {id(t): (n, p) for n, outs in self.held.items() for p, t in outs.items()}
-
-    def memory(self) -> dict[int, dict]:
-        return {}
 
     def close(self) -> None:
         for link in self.links.values():
