@@ -169,6 +169,17 @@ def table(rows: list[dict]) -> None:
               f"{sum(r['cache_hits'].values())} |", flush=True)
 
 
+def save(a, engine, warm: dict, rows: list[dict]) -> None:
+    """OUT.json: the plan, the environment, the date, the stream counts measured so far with every sample."""
+    stats = engine.stats()
+    result = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+              "plan": a.plan, "summary": engine.summary(), "args": vars(a), "environment": environment(),
+              "path": "graphc.serve Driver.submit (Engine.prepare in worker threads, admit on the engine thread)",
+              "target_ratio_at_4": TARGET, "warm_up": warm, "streams": rows,
+              "media_cache": stats.get("media_cache"), "steps": stats["steps"]}
+    Path(a.out).write_text(json.dumps(result, indent=1))
+
+
 def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("plan")
@@ -208,6 +219,7 @@ def main() -> None:
             rows.append(summarize(c, [one_round(engine, driver, loop, requests(engine, draw, clip, a, c))
                                       for _ in range(a.repeats)], base))
             base = base or (rows[-1] if c == 1 else None)
+            save(a, engine, warm, rows)              # after each stream count: a run cut short keeps what it has
     except InvalidInput as e:              # the engine refused a request (a clip larger than the plan's walks)
         why = f"a request was refused: {e}"
     finally:
@@ -216,13 +228,6 @@ def main() -> None:
     if why is not None:
         engine.close()
         sys.exit(f"bench_video: {why}")
-    stats = engine.stats()
-    result = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
-              "plan": a.plan, "summary": engine.summary(), "args": vars(a), "environment": environment(),
-              "path": "graphc.serve Driver.submit (Engine.prepare in worker threads, admit on the engine thread)",
-              "target_ratio_at_4": TARGET, "warm_up": warm, "streams": rows,
-              "media_cache": stats.get("media_cache"), "steps": stats["steps"]}
-    Path(a.out).write_text(json.dumps(result, indent=1))
     engine.close()
     table(rows)
 
