@@ -132,7 +132,11 @@ def _add_run(sub) -> None:
     rn.add_argument("plan")
     rn.add_argument("--checkpoint", default=None, metavar="DIR",
                     help="weights, config.json, tokenizer.json and chat template")
-    rn.add_argument("--random-weights", action="store_true", help="seeded weights, token ids only (benchmarks)")
+    rn.add_argument("--random-weights", action="store_true",
+                    help="seeded weights (benchmarks): token ids only, or text with --tokenizer")
+    rn.add_argument("--tokenizer", default=None, metavar="DIR",
+                    help="tokenizer.json and chat template from DIR instead of the checkpoint's (with --checkpoint "
+                         "or --random-weights); examples/tools/synthetic_tokenizer.py writes one for a plan")
     rn.add_argument("--seed", type=int, default=0, help="weights (with --random-weights) and unseeded sampling")
     rn.add_argument("--requests", default=None, metavar="IN.jsonl", help="run these requests offline and exit")
     rn.add_argument("--output", default=None, metavar="OUT.jsonl", help="where offline results go (default: stdout)")
@@ -163,7 +167,7 @@ def _add_run(sub) -> None:
                          "launched first, so host work runs while the GPU computes)")
     rn.add_argument("--chat-template", default=None, metavar="FILE|TEXT",
                     help="render chat requests with this template (a file, or the template's text when it holds a "
-                         "'{') instead of the checkpoint's")
+                         "'{') instead of the tokenizer folder's (--tokenizer, else the checkpoint)")
     rn.add_argument("--trust-request-chat-template", action="store_true",
                     help="let a chat request bring its own chat_template (rendered in the same sandbox); "
                          "without it such a request is refused")
@@ -394,7 +398,7 @@ def _boot_and_run(plan, args, requests: list | None) -> int:
     engine = serving(plan, args.checkpoint, random_weights=args.random_weights, seed=args.seed,
                      emulate=args.emulate, force=args.force, prefix_cache=not args.no_prefix_cache,
                      overlap=not args.no_overlap, default_max_tokens=args.default_max_tokens,
-                     chat_template=args.chat_template)
+                     chat_template=args.chat_template, tokenizer=args.tokenizer)
     try:
         return _serve_or_run(engine, args, requests)
     finally:
@@ -442,7 +446,7 @@ def _run_on_ray(plan, args, requests: list | None) -> int:
                          checkpoint=args.checkpoint, random_weights=args.random_weights, seed=args.seed,
                          emulate=args.emulate, force=args.force, prefix_cache=not args.no_prefix_cache,
                          overlap=not args.no_overlap, default_max_tokens=args.default_max_tokens,
-                         chat_template=args.chat_template, quiet=args.quiet)
+                         chat_template=args.chat_template, tokenizer=args.tokenizer, quiet=args.quiet)
     try:
         print(serving.summary + f" (Ray cluster {args.ray})", file=sys.stderr)
         if requests is None:
