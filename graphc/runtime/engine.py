@@ -90,15 +90,13 @@ class Engine:
     def __init__(self, plan: str | Path | Plan, checkpoint: str | Path | None = None, *, random_weights: bool = False,
                  seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True, boot=None,
                  links: dict | None = None, host: str = "127.0.0.1", replica: int = 0, prefix_cache: bool = True,
-                 overlap: bool = True, default_max_tokens: int | None = None, chat_template: str | None = None,
-                 tokenizer: str | Path | None = None):
+                 overlap: bool = True, default_max_tokens: int | None = None, chat_template: str | None = None, tokenizer=None):
         """boot: serve an already booted DeviceBoot of this plan (tests run one plan's weights on two devices).
         replica: which copy of a plan of several replicas this engine serves, on GPU `replica`
         (graphc/runtime/replicas.py starts one engine per replica). prefix_cache: share the LLM's full text
         pages across requests by content (graphc/runtime/prefix_cache.py; plans with state slots never do).
-        chat_template: a template file or text that renders chat requests instead of the text folder's.
-        tokenizer: a folder whose tokenizer.json and chat template the engine uses instead of the checkpoint's
-        (with seeded weights too); graphc/runtime/chat.py text_folder is the one place that picks them.
+        chat_template: a template file or text that renders chat requests instead of the text folder's. tokenizer:
+        a folder whose tokenizer.json and chat template replace the checkpoint's (seeded weights too; chat.text_folder).
         default_max_tokens: the most a request that names no max_tokens generates (None: what the plan's context
         leaves after its prompt). overlap: launch each LLM step before reading the one before it back (graphc/runtime/flight.py);
         never where the LLM runs on another device than this process's. links: the other devices' workers when something else started them (Ray actors, ray_run.py; this
@@ -120,8 +118,6 @@ class Engine:
         self.boot = boot if boot is not None else self._boot(opts, links, host, replica, progress)
         self.model = self.boot.ir.model
         self.host = self._host()
-        if self.tokenizer is not None:                     # the host's text (a video's times) in the engine's ids
-            self.host.use_tokenizer(self.tokenizer)
         kv_res = next(r for r in self.model.node(self.llm).resources.values() if r in self.boot.pages)
         # a captured paged rung runs exactly its sequences and rows: padding sits on one scratch page of each pool
         scratch = scratch_pages(self.boot)
@@ -219,7 +215,10 @@ class Engine:
             raise InvalidInput(f"{self.plan.model.file} declares no host(model, checkpoint)",
                                "graphc run builds prompts and encoder steps through the model file's host",
                                "add a host() to the model file (graphc/serving.py says what it returns)")
-        return make(self.model, self.checkpoint)
+        host = make(self.model, self.checkpoint)
+        if self.tokenizer is not None:                     # the host's text (a video's times) in the engine's ids
+            host.use_tokenizer(self.tokenizer)
+        return host
 
     def summary(self) -> str:
         kv = self.executor.kv_spec
