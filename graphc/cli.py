@@ -132,7 +132,8 @@ def _add_run(sub) -> None:
     rn.add_argument("plan")
     rn.add_argument("--checkpoint", default=None, metavar="DIR",
                     help="weights, config.json, tokenizer.json and chat template")
-    rn.add_argument("--random-weights", action="store_true", help="seeded weights, token ids only (benchmarks)")
+    rn.add_argument("--random-weights", action="store_true",
+                    help="seeded weights (benchmarks): token ids only, or text with --tokenizer")
     rn.add_argument("--seed", type=int, default=0, help="weights (with --random-weights) and unseeded sampling")
     rn.add_argument("--requests", default=None, metavar="IN.jsonl", help="run these requests offline and exit")
     rn.add_argument("--output", default=None, metavar="OUT.jsonl", help="where offline results go (default: stdout)")
@@ -161,12 +162,7 @@ def _add_run(sub) -> None:
     rn.add_argument("--no-overlap", action="store_true",
                     help="read each LLM step's tokens back before building the next (default: the next step is "
                          "launched first, so host work runs while the GPU computes)")
-    rn.add_argument("--chat-template", default=None, metavar="FILE|TEXT",
-                    help="render chat requests with this template (a file, or the template's text when it holds a "
-                         "'{') instead of the checkpoint's")
-    rn.add_argument("--trust-request-chat-template", action="store_true",
-                    help="let a chat request bring its own chat_template (rendered in the same sandbox); "
-                         "without it such a request is refused")
+    _add_text(rn)
     rn.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                     help="the names the server answers to (requests may give any; responses carry the first; "
                          "default: the plan's model name)")
@@ -184,6 +180,19 @@ def _add_run(sub) -> None:
                          "start one on this host); needs pip install 'graphc[ray]'")
     rn.add_argument("-q", "--quiet", action="store_true",
                     help="no boot progress on stderr (default: a line per boot phase, bars on a terminal)")
+
+
+def _add_text(rn) -> None:
+    """graphc run's text options: where the tokenizer and chat template come from."""
+    rn.add_argument("--tokenizer", default=None, metavar="DIR",
+                    help="tokenizer.json and chat template from DIR instead of the checkpoint's (with --checkpoint "
+                         "or --random-weights); examples/tools/synthetic_tokenizer.py writes one for a plan")
+    rn.add_argument("--chat-template", default=None, metavar="FILE|TEXT",
+                    help="render chat requests with this template (a file, or the template's text when it holds a "
+                         "'{') instead of the tokenizer folder's (--tokenizer, else the checkpoint)")
+    rn.add_argument("--trust-request-chat-template", action="store_true",
+                    help="let a chat request bring its own chat_template (rendered in the same sandbox); "
+                         "without it such a request is refused")
 
 
 def cmd_plan(args) -> int:
@@ -394,7 +403,7 @@ def _boot_and_run(plan, args, requests: list | None) -> int:
     engine = serving(plan, args.checkpoint, random_weights=args.random_weights, seed=args.seed,
                      emulate=args.emulate, force=args.force, prefix_cache=not args.no_prefix_cache,
                      overlap=not args.no_overlap, default_max_tokens=args.default_max_tokens,
-                     chat_template=args.chat_template)
+                     chat_template=args.chat_template, tokenizer=args.tokenizer)
     try:
         return _serve_or_run(engine, args, requests)
     finally:
@@ -442,7 +451,7 @@ def _run_on_ray(plan, args, requests: list | None) -> int:
                          checkpoint=args.checkpoint, random_weights=args.random_weights, seed=args.seed,
                          emulate=args.emulate, force=args.force, prefix_cache=not args.no_prefix_cache,
                          overlap=not args.no_overlap, default_max_tokens=args.default_max_tokens,
-                         chat_template=args.chat_template, quiet=args.quiet)
+                         chat_template=args.chat_template, tokenizer=args.tokenizer, quiet=args.quiet)
     try:
         print(serving.summary + f" (Ray cluster {args.ray})", file=sys.stderr)
         if requests is None:

@@ -13,6 +13,7 @@ The engine is generic: it schedules rows through the walks of the model's declar
                                  piece's output rows start
   speech                         a `Speech` when the pipeline has a follow and a chunk stage (speech out)
   transcription                  a `Transcription` when the model transcribes in its own way
+  use_tokenizer(tokenizer)       the engine's tokenizer, for a host that writes text into prompts
 
 The engine feeds the LLM node by port convention: token_ids [T], positions [P, T] or [T], sample_rows [S];
 an encoder's outputs reach the LLM through the declaration's edges, and the int64 [tokens] port of the
@@ -137,6 +138,11 @@ class Host(ABC):
         """(seconds of audio, frames of video) beyond which an item surely takes more than max_rows prompt
         rows: longer ones are refused before they are decoded. None: no bound known."""
         return None, None
+
+    def use_tokenizer(self, tokenizer: Any) -> None:
+        """The engine's tokenizer (a `tokenizers.Tokenizer`: graphc run --tokenizer DIR's, else the checkpoint's),
+        given once after the host is made, before any prompt, when the engine has one: a host that writes text
+        into prompts, or reads a special token's id, takes it from here. Default: unused."""
 
 
 class SpeechSampling(Strict):

@@ -7,11 +7,12 @@ answer plays (barge-in). Measured per session:
                    (after which no audio of that answer comes): VAD's 32 ms window included
 
 The speech is a synthetic voiced signal (harmonics of a moving pitch through vowel formants) that Silero's VAD
-takes for speech; with seeded weights the model's own speech is noise to a VAD. The server needs a checkpoint
-with the tokenizer and chat template (realtime sessions render their conversation), e.g. seeded weights written by
-host_memory.py --write-checkpoint beside the real tokenizer files.
+takes for speech; with seeded weights the model's own speech is noise to a VAD. The server needs a tokenizer and
+chat template (realtime sessions render their conversation): seeded weights with a synthetic tokenizer at the
+plan's ids serve it (or --checkpoint DIR holding the real files).
 
-    graphc run plans/qwen3_omni_h200.plan --checkpoint DIR --port 8000 &
+    python examples/tools/synthetic_tokenizer.py plans/qwen3_omni_h200.plan /tmp/tok
+    graphc run plans/qwen3_omni_h200.plan --random-weights --tokenizer /tmp/tok --port 8000 &
     python examples/bench/realtime_latency.py --port 8000 --sessions 1 8 32 --json OUT/realtime.json
 """
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""A checkpoint's tokenizer and chat template, read as HF reads them, without transformers.
+"""The engine's tokenizer and chat template, read as HF reads them, without transformers.
 
-The tokenizer is tokenizer.json through the `tokenizers` library. The chat template is the first of
+They come from one folder (text_folder): graphc run --tokenizer DIR, else the checkpoint when it holds
+tokenizer.json; everything that tokenizes or renders (the chat routes, /tokenize, realtime sessions,
+transcription, the model's host) reads the Engine's, loaded from there. The tokenizer is tokenizer.json through the `tokenizers` library. The chat template is the first of
 chat_template.jinja, chat_template.json and tokenizer_config.json's "chat_template" (a name ->
 template list takes "default", or "tool_use" for a request with tools, as HF does), rendered in a sandboxed jinja2 environment with HF's settings
 (trim_blocks, lstrip_blocks, loop controls, a tojson that keeps non-ASCII, raise_exception and
@@ -19,22 +21,64 @@ def _tokenizer_config(d: Path) -> dict:
     return json.loads((d / "tokenizer_config.json").read_text()) if (d / "tokenizer_config.json").is_file() else {}
 
 
-def _special(checkpoint: str | Path | None) -> dict[str, str | None]:
-    """The special tokens of a checkpoint's tokenizer_config.json, as templates see them."""
-    config = _tokenizer_config(Path(checkpoint)) if checkpoint is not None else {}
+def _special(folder: str | Path | None) -> dict[str, str | None]:
+    """The special tokens of a text folder's tokenizer_config.json, as templates see them."""
+    config = _tokenizer_config(Path(folder)) if folder is not None else {}
     return {k: _token_text(config.get(k)) for k in SPECIAL_KEYS}
 
 
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
 
 
-def load_tokenizer(checkpoint: str | Path):
+def text_folder(checkpoint: str | Path | None, tokenizer: str | Path | None) -> Path | None:
+    """The one folder the engine's tokenizer and chat template come from: `tokenizer` (graphc run --tokenizer
+    DIR) when given, which must hold tokenizer.json; else the checkpoint when it holds tokenizer.json; else None
+    (the engine serves token ids only)."""
+    if tokenizer is not None:
+        d = Path(tokenizer)
+        if not (d / "tokenizer.json").is_file():
+            raise InvalidInput(f"--tokenizer {d}: {d / 'tokenizer.json'} is not there",
+                               "the engine tokenizes with DIR/tokenizer.json and renders chat requests with DIR's "
+                               "chat template (chat_template.jinja, chat_template.json or tokenizer_config.json)",
+                               "point --tokenizer at a folder holding the model's tokenizer.json, or write one for a "
+                               "plan with examples/tools/synthetic_tokenizer.py PLAN DIR")
+        return d
+    if checkpoint is not None and (Path(checkpoint) / "tokenizer.json").is_file():
+        return Path(checkpoint)
+    return None
+
+
+def load_text(folder: Path | None, given: "ChatTemplate | None" = None):
+    """(tokenizer, chat template) of a text_folder, each None where it has none; given: the --chat-template."""
+    if folder is None:
+        return None, None
+    tokenizer = load_tokenizer(folder)
+    if given is not None:
+        return tokenizer, given
+    try:
+        return tokenizer, ChatTemplate.from_folder(folder)
+    except InvalidInput:
+        return tokenizer, None
+
+
+def check_vocabulary(tokenizer, rows: int, folder: Path) -> None:
+    """Refuse a tokenizer with an id at or past the LLM's `rows` vocabulary rows (its embedding and logits)."""
+    top = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
+    if top >= rows:
+        raise InvalidInput(f"the tokenizer in {folder} has ids up to {top:,}, and the plan's LLM has {rows:,} "
+                           "vocabulary rows", "every token id indexes a row of the LLM's embedding and logits",
+                           "use the model's own tokenizer, or write one for this plan with "
+                           "examples/tools/synthetic_tokenizer.py PLAN DIR")
+
+
+def load_tokenizer(folder: str | Path):
+    """folder/tokenizer.json through `tokenizers`."""
     from tokenizers import Tokenizer
 
-    path = Path(checkpoint) / "tokenizer.json"
+    path = Path(folder) / "tokenizer.json"
     if not path.is_file():
-        raise InvalidInput(f"{path} is not there", "the engine tokenizes with the checkpoint's tokenizer.json",
-                           "point --checkpoint at a directory holding the model's tokenizer files")
+        raise InvalidInput(f"{path} is not there", "the engine tokenizes with the text folder's tokenizer.json",
+                           "point --checkpoint or --tokenizer at a directory holding the model's tokenizer files")
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:
@@ -75,17 +119,18 @@ class ChatTemplate:
         self.source = named["default"]          # the plain chat template's text (/tokenizer_info shows it)
 
     @classmethod
-    def given(cls, template: str, checkpoint: str | Path | None) -> "ChatTemplate":
-        """graphc run --chat-template: a file's text, or the template itself; the checkpoint's special tokens."""
+    def given(cls, template: str, folder: str | Path | None) -> "ChatTemplate":
+        """graphc run --chat-template: a file's text, or the template itself; the text folder's special tokens."""
         path = Path(template) if len(template) < 4096 and "{" not in template else None
         if path is not None and not path.is_file():
             raise InvalidInput(f"--chat-template {template}: no such file", "it is read as a file unless it holds "
                                "a '{' (then it is the template)", "name a .jinja file, or pass the template's text")
-        return cls(path.read_text() if path is not None else template, _special(checkpoint))
+        return cls(path.read_text() if path is not None else template, _special(folder))
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: str | Path) -> "ChatTemplate":
-        d = Path(checkpoint)
+    def from_folder(cls, folder: str | Path) -> "ChatTemplate":
+        """The template of a text folder (a checkpoint, or graphc run --tokenizer DIR)."""
+        d = Path(folder)
         config = _tokenizer_config(d)
         special = _special(d)
         if (d / "chat_template.jinja").is_file():
@@ -97,9 +142,9 @@ class ChatTemplate:
         if isinstance(source, list):
             source = {t["name"]: t["template"] for t in source}
         if not isinstance(source, (str, dict)):
-            raise InvalidInput(f"{d} has no chat template", "chat requests are rendered with the checkpoint's template "
+            raise InvalidInput(f"{d} has no chat template", "chat requests are rendered with the text folder's template "
                                "(chat_template.jinja, chat_template.json or tokenizer_config.json)",
-                               "use a checkpoint that ships one, or send prompt_token_ids to /v1/completions")
+                               "use a tokenizer folder that ships one, or send prompt_token_ids to /v1/completions")
         return cls(source, special)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, variables: dict | None = None,

@@ -90,21 +90,23 @@ class Engine:
     def __init__(self, plan: str | Path | Plan, checkpoint: str | Path | None = None, *, random_weights: bool = False,
                  seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True, boot=None,
                  links: dict | None = None, host: str = "127.0.0.1", replica: int = 0, prefix_cache: bool = True,
-                 overlap: bool = True, default_max_tokens: int | None = None, chat_template: str | None = None):
+                 overlap: bool = True, default_max_tokens: int | None = None, chat_template: str | None = None, tokenizer=None):
         """boot: serve an already booted DeviceBoot of this plan (tests run one plan's weights on two devices).
         replica: which copy of a plan of several replicas this engine serves, on GPU `replica`
         (graphc/runtime/replicas.py starts one engine per replica). prefix_cache: share the LLM's full text
         pages across requests by content (graphc/runtime/prefix_cache.py; plans with state slots never do).
-        chat_template: a template file or text that renders chat requests instead of the checkpoint's.
+        chat_template: a template file or text that renders chat requests instead of the text folder's. tokenizer:
+        a folder whose tokenizer.json and chat template replace the checkpoint's (seeded weights too; chat.text_folder).
         default_max_tokens: the most a request that names no max_tokens generates (None: what the plan's context
         leaves after its prompt). overlap: launch each LLM step before reading the one before it back (graphc/runtime/flight.py);
         never where the LLM runs on another device than this process's. links: the other devices' workers when something else started them (Ray actors, ray_run.py; this
         process then sees only its own GPU), else a worker process each is started; host: this
         process's address as those workers reach it."""
         self.default_max_tokens = default_max_tokens
-        self.given_template = check_options(checkpoint, random_weights, default_max_tokens, chat_template)
+        self.text_folder, given = check_options(checkpoint, random_weights, default_max_tokens, chat_template, tokenizer)
         self.plan = plan if isinstance(plan, Plan) else load_plan(plan)
         check_servable(self.plan)
+        self.tokenizer, self.template = self._text_tools(given)
         if links is None:                                  # devices in this host's memory fit what it has
             check_host_memory(self.plan)
         check_checkpoint(self.plan, checkpoint)
@@ -132,7 +134,6 @@ class Engine:
         self.sampler = Sampler(seed, self.boot.device)
         self.overlap = overlap and self.llm in self.boot.nodes
         self.inflight: Flight | None = None       # the LLM step launched and not yet read back
-        self.tokenizer, self.template = self._text_tools()
         self._grammars: Grammars | None = None    # built at the first guided request (xgrammar imports slowly)
         self._grammar_lock = threading.Lock()     # the server compiles guides in worker threads
         self._ids = itertools.count()
@@ -196,19 +197,16 @@ class Engine:
         sh.bind(self.boot.modules, self.boot.device)
         return SpeechLane(pipe, sh, self.executor, self.boot, seed=seed), None
 
-    def _text_tools(self):
-        """(tokenizer, chat template) of the checkpoint, each None where it has none."""
-        if not self.checkpoint or not (Path(self.checkpoint) / "tokenizer.json").is_file():
-            return None, None
-        from graphc.runtime.chat import ChatTemplate, load_tokenizer
+    def _text_tools(self, given):
+        """(tokenizer, chat template) of the text folder (graphc/runtime/chat.py text_folder), each None where it
+        has none; given: the --chat-template. A tokenizer with ids past the LLM's vocabulary is refused before
+        boot (the plan's declaration says the LLM's rows)."""
+        from graphc.runtime.chat import check_vocabulary, load_text
 
-        if self.given_template is not None:               # --chat-template
-            return load_tokenizer(self.checkpoint), self.given_template
-        try:
-            template = ChatTemplate.from_checkpoint(self.checkpoint)
-        except InvalidInput:
-            template = None
-        return load_tokenizer(self.checkpoint), template
+        tokenizer, template = load_text(self.text_folder, given)
+        if tokenizer is not None:
+            check_vocabulary(tokenizer, vocab_rows(self.plan), self.text_folder)
+        return tokenizer, template
 
     # ---- boot facts
     def _host(self) -> Host:
@@ -217,7 +215,10 @@ class Engine:
             raise InvalidInput(f"{self.plan.model.file} declares no host(model, checkpoint)",
                                "graphc run builds prompts and encoder steps through the model file's host",
                                "add a host() to the model file (graphc/serving.py says what it returns)")
-        return make(self.model, self.checkpoint)
+        host = make(self.model, self.checkpoint)
+        if self.tokenizer is not None:                     # the host's text (a video's times) in the engine's ids
+            host.use_tokenizer(self.tokenizer)
+        return host
 
     def summary(self) -> str:
         kv = self.executor.kv_spec
@@ -301,15 +302,16 @@ class Engine:
         the template's own variables, in scope); chat_template: a request's own template text instead of the
         engine's, with the checkpoint's special tokens."""
         if self.tokenizer is None:
-            raise InvalidInput("this engine has no tokenizer", "it was started without a checkpoint tokenizer.json",
-                               "send prompt_token_ids, or start it with --checkpoint DIR holding tokenizer.json")
+            raise InvalidInput("this engine has no tokenizer", "it was started without a tokenizer.json",
+                               "send prompt_token_ids, or start it with --tokenizer DIR (or --checkpoint DIR) "
+                               "holding tokenizer.json")
         if messages is not None:
             template = self.template
             if chat_template is not None:
                 from graphc.runtime.chat import ChatTemplate
                 template = ChatTemplate(chat_template, template.special if template is not None else None)
             if template is None:
-                raise InvalidInput("the checkpoint has no chat template", "", "send prompt or prompt_token_ids")
+                raise InvalidInput(f"{self.text_folder} has no chat template", "", "send prompt or prompt_token_ids")
             prompt = template.render(messages, add_generation_prompt, variables=template_kwargs)
         return self.tokenizer.encode(prompt, add_special_tokens=False).ids
 
@@ -388,7 +390,7 @@ class Engine:
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise InvalidInput(f"{what} {bad[:4]} are outside the vocabulary", f"it has {vocab} ids",
-                               "tokenize with the checkpoint's tokenizer")
+                               "tokenize with the model's tokenizer")
 
     def _speech_state(self, rp, speech: SpeechParams | None):
         """A speaking request's speech state (None for text out), refused where the engine does not speak."""
@@ -415,7 +417,7 @@ class Engine:
                 if self.tokenizer is None:
                     raise InvalidInput("guided decoding (response_format, tool_choice) needs a tokenizer",
                                        "this engine serves token ids only",
-                                       "start it with --checkpoint DIR holding tokenizer.json",
+                                       "start it with --tokenizer DIR (or --checkpoint DIR) holding tokenizer.json",
                                        param="response_format")
                 width = self.model.node(self.llm).outputs["logits"].shape[-1]
                 self._grammars = Grammars(self.tokenizer, width, list(self.host.eos_token_ids))
@@ -432,7 +434,7 @@ class Engine:
             return Detokenizer(self.tokenizer, params.stop)
         if params.stop:
             raise InvalidInput("stop strings need a tokenizer", "this engine serves token ids only",
-                               "use stop_token_ids, or start it with --checkpoint")
+                               "use stop_token_ids, or start it with --tokenizer DIR or --checkpoint DIR")
         return None
 
     def _spoken_as_given(self, req: Request, state, speak: list[int]) -> None:
@@ -862,23 +864,34 @@ def parse_or_refuse(item, index: int) -> dict | Output:
         return refused(item.get("id", f"line-{index}") if isinstance(item, dict) else f"line-{index}", e)
 
 
-def check_options(checkpoint, random_weights: bool, default_max_tokens: int | None, chat_template: str | None):
-    """The Engine's options that can be refused before a byte is loaded; the given chat template, parsed (None
-    where none is given)."""
+def check_options(checkpoint, random_weights: bool, default_max_tokens: int | None, chat_template: str | None,
+                  tokenizer: str | Path | None = None):
+    """The Engine's options that can be refused before a byte is loaded: (the text folder its tokenizer and
+    chat template come from, or None; the given chat template, parsed, or None)."""
+    from graphc.runtime.chat import ChatTemplate, text_folder
+
     if checkpoint is None and not random_weights:
         raise InvalidInput("no weights to serve", "graphc run needs a checkpoint",
-                           "pass --checkpoint DIR, or --random-weights to serve seeded weights (token ids only)")
+                           "pass --checkpoint DIR, or --random-weights to serve seeded weights (with --tokenizer DIR "
+                           "for text, else token ids only)")
     if default_max_tokens is not None and default_max_tokens < 1:
         raise InvalidInput(f"default max_tokens {default_max_tokens}", "a request must be able to make a token",
                            "pass 1 or more (--default-max-tokens)")
+    folder = text_folder(checkpoint, tokenizer)
     if chat_template is None:
-        return None
-    if checkpoint is None or not (Path(checkpoint) / "tokenizer.json").is_file():
-        raise InvalidInput("--chat-template with no tokenizer", "a template renders text, which the checkpoint's "
-                           "tokenizer.json tokenizes", "serve a checkpoint with tokenizer.json")
-    from graphc.runtime.chat import ChatTemplate
+        return folder, None
+    if folder is None:
+        raise InvalidInput("--chat-template with no tokenizer", "a template renders text, which a tokenizer.json "
+                           "tokenizes", "pass --tokenizer DIR, or serve a checkpoint with tokenizer.json")
+    return folder, ChatTemplate.given(chat_template, folder)   # refused: a missing file, a template that does not parse
 
-    return ChatTemplate.given(chat_template, checkpoint)      # refused: a missing file, a template that does not parse
+
+def vocab_rows(plan: Plan) -> int:
+    """The LLM's vocabulary rows (its logits' width), from the plan's declaration (no weights)."""
+    from graphc.source import load_model
+
+    model = load_model(plan.model.file, plan.model.preset, plan.model.config).model
+    return model.node(llm_node(plan)).outputs["logits"].shape[-1]
 
 
 def check_checkpoint(plan: Plan, checkpoint: str | Path | None) -> None:

@@ -188,7 +188,7 @@ class RayServing:
     def __init__(self, plan: Plan, address: str, *, llm_device: int, checkpoint: str | None = None,
                  random_weights: bool = False, seed: int = 0, emulate: bool = False, force: bool = False,
                  prefix_cache: bool = True, overlap: bool = True, default_max_tokens: int | None = None,
-                 chat_template: str | None = None, quiet: bool = False):
+                 chat_template: str | None = None, tokenizer: str | None = None, quiet: bool = False):
         """quiet: the engine actor reports no boot phases (graphc run -q)."""
         ray = self.ray = import_ray()
         from ray.util.placement_group import placement_group, remove_placement_group
@@ -223,7 +223,8 @@ class RayServing:
                            for d in plan.devices if d.index != llm_device}
             options = {"checkpoint": checkpoint, "random_weights": random_weights, "seed": seed, "emulate": emulate,
                        "prefix_cache": prefix_cache, "overlap": overlap, "force": force,
-                       "default_max_tokens": default_max_tokens, "chat_template": chat_template}
+                       "default_max_tokens": default_max_tokens, "chat_template": chat_template,
+                       "tokenizer": tokenizer}
             self.engine = EngineActor.options(**place(llm_device)).remote(plan.model_dump_json(), self.actors, options, quiet)
             self.summary = self._get(self.engine.summary.remote(), None)
         except BaseException:

@@ -377,8 +377,8 @@ async def completion(ctx: Context, body: CompletionBody):
     if not prompts:
         return error(400, "prompt is an empty batch: send a prompt, or a list of them", param="prompt")
     if body.echo and tokenizer is None and any(isinstance(p, list) for p in prompts):
-        return error(400, "echo of token ids needs the checkpoint's tokenizer, and this server has none; start "
-                     "graphc run with --checkpoint DIR holding tokenizer.json", param="echo")
+        return error(400, "echo of token ids needs a tokenizer, and this server has none; start graphc run with "
+                     "--tokenizer DIR (or --checkpoint DIR) holding tokenizer.json", param="echo")
     scored = [k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None]
     try:
         params = body.params(logprobs=body.logprobs is not None, top_logprobs=body.logprobs or 0,

@@ -11,7 +11,7 @@
   POST /detokenize      {tokens}: their text (ids outside the tokenizer's vocabulary are a 400)
   GET  /tokenizer_info  the tokenizer's vocabulary size, special tokens, chat template and max_model_len
 
-A server without a tokenizer (--random-weights) answers each with a 400 that says so.
+A server without a tokenizer (--random-weights without --tokenizer) answers each with a 400 that says so.
 """
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ class DetokenizeBody(BaseModel):
 def _tokenizer(ctx: Context):
     tok = ctx.engine.tokenizer
     if tok is None:
-        raise InvalidInput("this server has no tokenizer", "it was started without a checkpoint's tokenizer.json",
-                           "start graphc run with --checkpoint DIR holding tokenizer.json")
+        raise InvalidInput("this server has no tokenizer", "it was started without a tokenizer.json",
+                           "start graphc run with --tokenizer DIR (or --checkpoint DIR) holding tokenizer.json")
     return tok
 
 

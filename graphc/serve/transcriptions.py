@@ -187,8 +187,8 @@ def can_transcribe(ctx: Context):
         return error(400, f"this server's model ({ctx.model_name}) takes no audio: its kinds are "
                           f"{', '.join(engine.kinds())}; transcription needs a plan with an a2t kind", param="model")
     if engine.template is None or engine.tokenizer is None:
-        return error(400, "transcription needs the checkpoint's tokenizer.json and chat template; start the "
-                          "server with --checkpoint DIR holding them")
+        return error(400, "transcription needs a tokenizer.json and chat template; start the server with "
+                          "--tokenizer DIR (or --checkpoint DIR) holding them")
     return None
 
 

@@ -71,6 +71,13 @@ class AudioVisualHost(Host):
             frames = self.vision.temporal_patch_size * (max_rows // least + 1)
         return seconds, frames
 
+    def use_tokenizer(self, tokenizer) -> None:
+        """The engine's tokenizer: <|audio_end|>'s id, where it has one, closes an audio-in-video run (the
+        tokenizer the chat template's text is encoded with is the one source of that id)."""
+        found = tokenizer.token_to_id("<|audio_end|>")
+        if found is not None and self.audio_end is not None:
+            self.audio_end = found
+
     # ---- prompt rows
     def _mel(self, wave) -> tuple[torch.Tensor, int]:
         wave = torch.as_tensor(wave, dtype=torch.float32)

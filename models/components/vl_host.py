@@ -4,7 +4,7 @@ lays it out, each temporal patch (two frames) a block of its own after its time 
     <|vision_start|> <t0 seconds> <|vision_start|> video x n <|vision_end|> <t1 seconds> ... <|vision_end|>
 
 (the outer start and end are the chat template's, around the placeholder). t_k is the mean time of the block's
-first and last frame, printed with one decimal ("<0.5 seconds>"), and its ids are the checkpoint tokenizer's.
+first and last frame, printed with one decimal ("<0.5 seconds>"), and its ids are the engine tokenizer's (Host.use_tokenizer).
 The clip is resized by one pixel budget over all its frames (vision_inputs.process_clip). Positions follow HF
 Qwen3.5's get_rope_index (mrope.typed_rope_index): every block is a grid of one frame group, and text runs on
 between them. Frames arrive sampled, with their rate (Media.fps).
@@ -33,10 +33,16 @@ def block_times(frames: int, fps: float, temporal: int) -> list[float]:
 
 class TimestampVideoHost(AudioVisualHost):
     def __init__(self, *args, vision_end: int, timestamp_ids: Callable[[str], list[int]] | None, **kwargs):
-        """vision_end: <|vision_end|>'s id; timestamp_ids: text -> its token ids (the checkpoint's tokenizer;
-        None: no tokenizer, and videos are refused)."""
+        """vision_end: <|vision_end|>'s id; timestamp_ids: text -> its token ids (the checkpoint's tokenizer,
+        until the engine gives its own through use_tokenizer; None: no tokenizer, and videos are refused)."""
         super().__init__(*args, **kwargs)
         self.vision_end, self.timestamp_ids = vision_end, timestamp_ids
+
+    def use_tokenizer(self, tokenizer) -> None:
+        """The engine's tokenizer (graphc run --tokenizer DIR, else the checkpoint's) writes the frame groups'
+        times, in place of the one the model file's host() read from the checkpoint."""
+        super().use_tokenizer(tokenizer)
+        self.timestamp_ids = lambda text: tokenizer.encode(text, add_special_tokens=False).ids
 
     def media_limits(self, max_rows: int) -> tuple[float | None, int | None]:
         """A clip's frame group takes at least 3 rows (one merged patch: the budget never shrinks a side below
@@ -53,9 +59,9 @@ class TimestampVideoHost(AudioVisualHost):
             raise InvalidInput("this model cannot hear a video's sound (use_audio_in_video)",
                                "it takes images and videos, no audio", "leave use_audio_in_video off")
         if self.timestamp_ids is None:
-            raise InvalidInput("a video prompt needs the checkpoint's tokenizer", "each of its frame groups is "
+            raise InvalidInput("a video prompt needs a tokenizer", "each of its frame groups is "
                                "preceded by its time as text (<0.5 seconds>), in the tokenizer's ids",
-                               "serve a checkpoint that has tokenizer.json, or send images")
+                               "serve a checkpoint that has tokenizer.json or pass --tokenizer DIR, or send images")
         vi = process_clip(torch.as_tensor(item.data), self.vision)
         return vi, vi.num_patches // self.vcfg.merge_unit
 

@@ -138,7 +138,7 @@ def test_a_video_without_the_tokenizer_or_its_rate_is_refused(served):
         engine.host.prompt(ids, [Media("video", clip)])
     keep, engine.host.timestamp_ids = engine.host.timestamp_ids, None
     try:
-        with pytest.raises(InvalidInput, match="a video prompt needs the checkpoint's tokenizer"):
+        with pytest.raises(InvalidInput, match="a video prompt needs a tokenizer"):
             engine.host.prompt(ids, [Media("video", clip, fps=2.0)])
     finally:
         engine.host.timestamp_ids = keep

@@ -54,7 +54,7 @@ def save(tmp_path, template_where: str):
 @pytest.mark.parametrize("gen", [True, False])
 def test_rendered_prompts_equal_hf(tmp_path, where, gen):
     hf = save(tmp_path, where)
-    ours = ChatTemplate.from_checkpoint(tmp_path)
+    ours = ChatTemplate.from_folder(tmp_path)
     for messages in MESSAGES:
         want = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
         assert ours.render(messages, add_generation_prompt=gen) == want
@@ -76,12 +76,12 @@ def test_the_tokenizer_loads_from_tokenizer_json(tmp_path):
 def test_what_the_template_refuses_is_an_error_with_its_message(tmp_path):
     save(tmp_path, "jinja")
     with pytest.raises(InvalidInput, match="refused the messages: unknown part video"):
-        ChatTemplate.from_checkpoint(tmp_path).render([{"role": "user", "content": [{"type": "video"}]}])
+        ChatTemplate.from_folder(tmp_path).render([{"role": "user", "content": [{"type": "video"}]}])
 
 
 def test_missing_template_and_tokenizer_are_named(tmp_path):
     with pytest.raises(InvalidInput, match="has no chat template"):
-        ChatTemplate.from_checkpoint(tmp_path)
+        ChatTemplate.from_folder(tmp_path)
     with pytest.raises(InvalidInput, match="tokenizer.json is not there"):
         load_tokenizer(tmp_path)
     with pytest.raises(InvalidInput, match="does not parse"):
@@ -112,7 +112,7 @@ def test_indented_block_tags_render_as_hf(tmp_path):
     hf = PreTrainedTokenizerFast.from_pretrained(tmp_path)
     messages = [{"role": "user", "content": "hi"}, {"role": "user", "content": "hi again"}]
     want = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert ChatTemplate.from_checkpoint(tmp_path).render(messages) == want
+    assert ChatTemplate.from_folder(tmp_path).render(messages) == want
 
 
 def test_a_developer_message_is_a_system_message_and_tool_results_pass_through():

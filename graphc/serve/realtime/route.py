@@ -73,8 +73,8 @@ def refusal(ctx: Context, query, open_now: int, limits: RealtimeLimits) -> tuple
         return 1008, (f"model '{model}' is not served here; this server serves "
                       f"{' or '.join(repr(n) for n in ctx.names)}"), "model"
     if ctx.engine.template is None or ctx.engine.tokenizer is None:
-        return 1008, ("realtime sessions render their conversation with the checkpoint's chat template: start the "
-                      "server with --checkpoint DIR holding tokenizer.json and the template"), "model"
+        return 1008, ("realtime sessions render their conversation with a tokenizer and chat template: start the "
+                      "server with --tokenizer DIR (or --checkpoint DIR) holding tokenizer.json and the template"), "model"
     intent = query.get("intent")
     if intent not in (None, "transcription"):
         return 1008, f"intent '{intent}' is not served; leave it out, or give intent=transcription", "intent"
