@@ -40,8 +40,9 @@ def _gib(x: float) -> int:
 # Totals are what torch reports for the card (cudaMemGetInfo total, 0.01 GiB resolution), which is
 # less than the marketing figure and than nvidia-smi's total: the driver keeps the rest.
 CATALOG: dict[str, Target] = {t.name: t for t in [
-    Target(name="h100", arch="sm_90", memory_bytes=_gib(79.18), num_sms=132,
-           memory_source="H100 SXM 80GB HBM3: torch reports 79.18 GiB total (public OOM reports)"),
+    Target(name="h100", arch="sm_90", memory_bytes=85_017_493_504, num_sms=132,
+           memory_source="H100 SXM 80GB HBM3: torch reports 85,017,493,504 B total (79.179 GiB; measured, "
+                         "driver 580.159.04)"),
     Target(name="h200", arch="sm_90", memory_bytes=_gib(139.80), num_sms=132,
            memory_source="H200 SXM 141GB: torch reports 139.80 GiB total (public OOM reports)"),
     Target(name="a100-80gb", arch="sm_80", memory_bytes=_gib(79.15), num_sms=108,

@@ -69,8 +69,11 @@ def check_target(plan: Plan, emulate: bool, force: bool) -> torch.device:
                            "a plan is a promise for one card", "plan for this GPU, or pass --emulate to cap "
                            "this one to the plan's memory (same arch only)")
     if plan.target.capacity_bytes > total:
-        raise InvalidInput(f"the plan needs a {plan.target.capacity_bytes / 2**30:.2f} GiB device; this one has "
-                           f"{total / 2**30:.2f} GiB", "", "plan for this GPU")
+        need = plan.target.capacity_bytes
+        raise InvalidInput(f"the plan needs a {need:,} B ({need / 2**30:.3f} GiB) device; this one has {total:,} B "
+                           f"({total / 2**30:.3f} GiB), {need - total:,} B short", "the ledger fills the plan's card",
+                           "plan for this card: graphc plan MODEL --gpu NAME --memory-cap "
+                           f"{total / 2**30:.3f}GiB (or a catalog card this one matches)")
     return torch.device("cuda", 0)
 
 

@@ -172,7 +172,7 @@ def test_fit_is_monotone_across_a_sweep_of_caps(tiny_small):
 
 # ------------------------------------------------------------------------------ a bigger GPU
 
-GPUS = ["a100-40gb", "h100", "h200"]            # sm_80 / sm_90 / sm_90, 39.39 / 79.18 / 139.80 GiB
+GPUS = ["a100-40gb", "h100", "h200"]            # sm_80 / sm_90 / sm_90, 39.39 / 79.179 / 139.80 GiB
 ALLOWANCE = 2 * GiB                               # everything but the KV pool, generously (~1.3 GiB)
 
 
