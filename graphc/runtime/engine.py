@@ -478,7 +478,7 @@ class Engine:
     def step(self) -> list[Event]:
         """One step of one walk: the LLM's, the follow stage's or the chunk stage's lane, taken in turn;
         while a request whose follow stage started has no audio yet, that stage goes first, and a chunk that
-        would be some request's first audio before that. A plan device's worker that died fails every request in
+        would be some request's first audio before that. Where no lane can run, the follow step in flight is read. A plan device's worker that died fails every request in
         flight and raises WorkerDied (the engine cannot go on)."""
         try:
             if self.workers is not None:
@@ -519,6 +519,9 @@ class Engine:
                 self._lane = (i + 1) % len(lanes)
                 self.scheduler.stats.seconds[self._walk] += time.perf_counter() - t0
                 return events
+        if self.speech is not None and self.speech.inflight is not None:    # no lane can run before its codes
+            self.speech.read_follow()
+            return self._close_spoken()
         if self.has_work():              # a bookkeeping bug: say so rather than spin forever
             s = self.scheduler
             raise RuntimeError(f"the scheduler holds {len(s.running)} running and {len(s.waiting)} waiting "
@@ -543,15 +546,12 @@ class Engine:
 
     def _follow_step(self) -> list[Event] | None:
         """Launch the follow stage's next step, then read the one in flight before it (its codes were computing
-        meanwhile: graphc/runtime/speech.py); with no step to launch, read the one in flight. Scheduling can end
-        a request's speech before any step (its text holds nothing to speak), and a read can end it: close those."""
+        meanwhile: graphc/runtime/speech.py). Scheduling can end a request's speech before any step (its text
+        holds nothing to speak), and a read can end it: close those."""
         lane = self.speech
         step = lane.schedule_follow([r for r in self.talking if r.speech.ended is None])
         if step is None:
-            if lane.inflight is None:
-                return self._close_spoken() or None
-            lane.read_follow()
-            return self._close_spoken()
+            return self._close_spoken() or None
         self._count(step)
         try:
             lane.run_follow(step)
