@@ -3,7 +3,7 @@ on a tiny Qwen3-Omni with talker and Code2Wav (examples/make_tiny_checkpoint.py 
 planned for the CPU: the LLM's steps with speaking rows stay in flight, and each talker step launches before the
 one before it is read back; text, codes and audio equal an engine's that reads every step at once (greedy and
 seeded sampling, requests of different lengths arriving at different steps, a talker that ends itself with its end
-code read one step late); an abort while a speaking request's token or frame is in flight leaves the others as
+code read one step late, a text that stops on a token read while its next row is in flight); an abort while a speaking request's token or frame is in flight leaves the others as
 they were and every pool whole."""
 import numpy as np
 import pytest
@@ -86,7 +86,12 @@ def test_speaking_requests_equal_reading_every_step_at_once(engines, monkeypatch
             counts[r.id] = counts.get(r.id, 0) + 1
         return flight
     monkeypatch.setattr(SpeechLane, "_launch_follow", launch)
-    got = {o: serve(engines[o], LOAD, ARRIVALS) for o in engines}
+    story = serve(engines[False], [(msgs("tell me a story"), greedy(12), None)], [0])[0].token_ids
+    k = next(k for k in range(4, len(story)) if story[k] not in story[:k])
+    stop = SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[story[k]])     # read with its next row in flight
+    load = LOAD + [(msgs("tell me a story"), stop, SpeechParams(voice="ethan", max_frames=20, temperature=0))]
+    got = {o: serve(engines[o], load, ARRIVALS + [2]) for o in engines}
+    assert got[True][-1].token_ids == story[:k + 1] and got[True][-1].finish_reason == "stop"
     reasons = set()
     for a, b in zip(got[True], got[False]):
         assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason), a.id
