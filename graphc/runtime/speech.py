@@ -22,9 +22,12 @@ rows feed the previous frames' next_embeds, on the device), so the host builds t
 computes. A frame in flight counts for the request's next frame index and its max_frames; a request that the
 late read finds ended (its end code) has one more frame in the step launched meanwhile: that frame is void
 (never a frame, never audio), and its K/V lands in pages it frees at once, which the stream orders after that
-step. A chunk that waits for frames in flight reads them first. The text a frame speaks comes from the LLM's
-output, whose last id may be a placeholder of a token still in flight (graphc/runtime/flight.py): the host's
-Speech reads only the ids before it, and a frame whose text it names as a placeholder waits for the read.
+step. A chunk that waits for frames in flight reads them first, and the engine reads them where no lane can
+run before them. A void frame draws its noise like any (a request without a seed: from the shared generator,
+so the frames of unseeded sampled requests depend on the overlap, as on what else runs). The text a frame
+speaks comes from the LLM's output, whose last id may be a placeholder of a token still in flight
+(graphc/runtime/flight.py): the host's Speech reads only the ids before it, and a frame whose text it names as
+a placeholder waits for the read.
 
 Sampling: each request's parameters (SpeechParams, the model's defaults where it names none) become one
 row of the follow node's `sampling` input; the node samples inside its (captured) step. Beside each step
