@@ -156,7 +156,7 @@ class SpeechLane:
                            greedy=sampling.greedy, seen=self.nothing_seen, generator=gen)
 
     def _row(self, sampling: SpeechSampling) -> torch.Tensor:
-        return torch.tensor(self.sh.sampling_row(sampling), dtype=torch.float32, device=self.device)
+        return torch.tensor(self.sh.sampling_row(sampling), dtype=torch.float32).to(self.device, non_blocking=True)
 
     def _sampling_inputs(self, emit: list, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A step's sampling [rows, K], noise [rows, *noise_shape] and seen [rows, V]: the emitting requests'
