@@ -224,11 +224,14 @@ class Speech(ABC):
     def follow_prompt(self, prompt: Prompt, output: list[int], text_done: bool, voice: str,
                       hidden: dict[int, torch.Tensor]) -> FollowPrompt | None:
         """The follow stage's prompt, or None until the text it needs exists (`output`: the LLM's tokens so
-        far; `hidden`: the read rows by row)."""
+        far, whose last may be a placeholder, a negative id of a token still on the device: it says that the id
+        before it is not the last, never which token it is, so read only the ids before it; `hidden`: the read
+        rows by row)."""
 
     @abstractmethod
     def trailing(self, prompt: Prompt, output: list[int], text_done: bool, frame: int) -> int | None:
-        """The token whose embedding frame `frame` adds to the follow stage's next row, None until known."""
+        """The token whose embedding frame `frame` adds to the follow stage's next row, None until known
+        (`output` as in follow_prompt; a placeholder returned here makes the frame wait for its read)."""
 
     @abstractmethod
     def embed(self, ids: list[int]) -> torch.Tensor:

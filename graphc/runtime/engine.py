@@ -128,11 +128,11 @@ class Engine:
                                    reserved=self.executor.reserved.get(kv_res, 0),
                                    slots={r: self.boot.slots[r] for r in self.model.node(self.llm).resources.values()
                                           if r in self.boot.slots}, prefix_cache=prefix_cache)
+        self.overlap = overlap and self.llm in self.boot.nodes
         self.speech, self.speech_refused = self._speech_lane(seed)
         self.talking: list[Request] = []          # speaking requests not closed, in arrival order
         self._lane = 0
         self.sampler = Sampler(seed, self.boot.device)
-        self.overlap = overlap and self.llm in self.boot.nodes
         self.inflight: Flight | None = None       # the LLM step launched and not yet read back
         self._grammars: Grammars | None = None    # built at the first guided request (xgrammar imports slowly)
         self._grammar_lock = threading.Lock()     # the server compiles guides in worker threads
@@ -195,7 +195,8 @@ class Engine:
                           f"device); declare a graphc Link, or plan with --set nodes.{away[0]}.device=N on "
                           f"{self.llm}'s device")
         sh.bind(self.boot.modules, self.boot.device)
-        return SpeechLane(pipe, sh, self.executor, self.boot, seed=seed), None
+        overlap = self.overlap and pipe.follow.node in self.boot.nodes
+        return SpeechLane(pipe, sh, self.executor, self.boot, seed=seed, overlap=overlap), None
 
     def _text_tools(self, given):
         """(tokenizer, chat template) of the text folder (graphc/runtime/chat.py text_folder), each None where it
@@ -477,7 +478,7 @@ class Engine:
     def step(self) -> list[Event]:
         """One step of one walk: the LLM's, the follow stage's or the chunk stage's lane, taken in turn;
         while a request whose follow stage started has no audio yet, that stage goes first, and a chunk that
-        would be some request's first audio before that. A plan device's worker that died fails every request in
+        would be some request's first audio before that. Where no lane can run, the follow step in flight is read. A plan device's worker that died fails every request in
         flight and raises WorkerDied (the engine cannot go on)."""
         try:
             if self.workers is not None:
@@ -493,6 +494,8 @@ class Engine:
     def fail_all(self, error: str) -> list[Event]:
         """Fail every request in flight with `error` (the engine cannot go on): their finishing events."""
         events, self.inflight = [], None
+        if self.speech is not None:
+            self.speech.inflight = None
         for req in list(self.requests.values()):
             if not req.closed:
                 req.finish_reason, req.error = "error", error
@@ -516,6 +519,9 @@ class Engine:
                 self._lane = (i + 1) % len(lanes)
                 self.scheduler.stats.seconds[self._walk] += time.perf_counter() - t0
                 return events
+        if self.speech is not None and self.speech.inflight is not None:    # no lane can run before its codes
+            self.speech.read_follow()
+            return self._close_spoken()
         if self.has_work():              # a bookkeeping bug: say so rather than spin forever
             s = self.scheduler
             raise RuntimeError(f"the scheduler holds {len(s.running)} running and {len(s.waiting)} waiting "
@@ -539,29 +545,38 @@ class Engine:
         return events
 
     def _follow_step(self) -> list[Event] | None:
-        step = self.speech.schedule_follow([r for r in self.talking if r.speech.ended is None])
-        # scheduling can end a request's speech before any step (its text holds nothing to speak): close those
-        ended = [ev for r in list(self.talking) if r not in (step.reqs if step else ()) and
-                 (ev := self._maybe_close(r)) is not None]
+        """Launch the follow stage's next step, then read the one in flight before it (its codes were computing
+        meanwhile: graphc/runtime/speech.py). Scheduling can end a request's speech before any step (its text
+        holds nothing to speak), and a read can end it: close those."""
+        lane = self.speech
+        step = lane.schedule_follow([r for r in self.talking if r.speech.ended is None])
         if step is None:
-            return ended or None
+            return self._close_spoken() or None
         self._count(step)
         try:
-            self.speech.run_follow(step)
+            lane.run_follow(step)
         except Exception as e:
-            return ended + self._fail(step.reqs, e)
-        return ended + [ev for r in step.reqs if (ev := self._maybe_close(r)) is not None]
+            return self._fail(step.reqs, e) + self._close_spoken()
+        return self._close_spoken()
+
+    def _close_spoken(self) -> list[Event]:
+        """Close the speaking requests whose text and speech are both done (their finishing events)."""
+        return [ev for r in list(self.talking) if (ev := self._maybe_close(r)) is not None]
 
     def _chunk_step(self) -> list[Event] | None:
+        """The chunk stage's next step; frames still in flight that a chunk waits for are read first."""
+        events = []
+        if self.speech.chunk_waits(self.talking):
+            self.speech.read_follow()
+            events = self._close_spoken()
         step = self.speech.schedule_chunks(self.talking)
         if step is None:
-            return None
+            return events or None
         self._count(step)
         try:
             served = self.speech.run_chunks(step)
         except Exception as e:
-            return self._fail(step.reqs, e)
-        events = []
+            return events + self._fail(step.reqs, e)
         for r in served:
             ev = self._maybe_close(r) or Event(r, [], "", False)
             ev.audio = r.speech.audio[-1]
@@ -584,7 +599,7 @@ class Engine:
     def _llm_step(self) -> list[Event] | None:
         """Launch the LLM's next step, then read the step in flight before it (its tokens were computing while
         this one was built: graphc/runtime/flight.py). A step whose tokens the next one needs on the host
-        (penalties, speech, a remote LLM, overlap off) is read at once, so it is never the one in flight."""
+        (penalties, a guide, a remote LLM, overlap off) is read at once, so it is never the one in flight."""
         plan = self.scheduler.schedule()
         if plan is None:
             return self._read() if self.inflight is not None else None
@@ -622,9 +637,9 @@ class Engine:
             rows.append((req, len(req.output)))
             req.output.append(placeholder(i))
         flight = Flight.launch(rows, sampled)
-        # a guided request's matcher takes its token before its next mask is filled
-        flight.stays = self.overlap and all(r.speech is None and r.guide is None and not needs_history(r.params)
-                                            for r in reqs)
+        # a guided request's matcher takes its token before its next mask is filled; a speaking request's follow
+        # stage reads only the tokens before its placeholder (SpeechLane: a placeholder never reaches its step)
+        flight.stays = self.overlap and all(r.guide is None and not needs_history(r.params) for r in reqs)
         return flight, []
 
     @staticmethod
@@ -702,6 +717,7 @@ class Engine:
         tail = req.detok.finish() if req.detok is not None and req.finish_reason != "error" else ""
         s = req.speech
         if s is not None and req.finish_reason != "error":
+            del req.output[len(req.known):]      # a row of the step in flight is void (flight.py)
             self.scheduler.release(req)
             req.times["text_finished"] = time.perf_counter()
             s.text_done = True

@@ -8,8 +8,10 @@ token ids are resolved on the device from the flight's token tensor (resolve());
 real ids when it reads the flight (Flight.read()).
 
 A request that stops on a token read back this way already has its next row in the following step:
-that row's token is void (read() skips closed requests; closing drops the placeholder), and its K/V lands in pages the
-request holds until its release, which the stream orders after that step.
+that row's token is void (read() skips requests whose text ended, Request.text_open; ending the text drops the
+placeholder), and its K/V lands in pages the request holds until its release, which the stream orders after
+that step. A speaking request's text rows stay in flight too: the follow stage reads only the tokens before
+the placeholder (graphc/runtime/speech.py).
 """
 from __future__ import annotations
 
@@ -50,6 +52,22 @@ def _pinned(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def to_host(parts: tuple) -> tuple[tuple, object]:
+    """Async copies of `parts` on the host and the CUDA event recorded after them (None on CPU)."""
+    host = tuple(_pinned(t) for t in parts)
+    done = None
+    if parts[0].is_cuda:
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(parts[0].device))
+    return host, done
+
+
+def wait(done) -> None:
+    """Wait for copies made by to_host (on the host thread; the stream goes on with later work)."""
+    if done is not None:
+        done.synchronize()
+
+
 @dataclass
 class Flight:
     """One launched step's sampled rows: (request, index in its output) each, and what they sampled."""
@@ -65,16 +83,11 @@ class Flight:
         logprobs = any(r.logprobs is not None for r, _ in rows)
         parts = (sampled.tokens, sampled.logprobs, sampled.top_ids, sampled.top_logprobs) if logprobs \
             else (sampled.tokens,)
-        done = None
-        host = tuple(_pinned(t) for t in parts)
-        if sampled.tokens.is_cuda:
-            done = torch.cuda.Event()
-            done.record(torch.cuda.current_stream(sampled.tokens.device))
-        return cls(rows, sampled, host, done)
+        return cls(rows, sampled, *to_host(parts))
 
     def live(self) -> bool:
-        """Some request it sampled for still waits for its token (not closed since)."""
-        return any(not req.closed for req, _ in self.rows)
+        """Some request it sampled for still waits for its token (its text not ended since)."""
+        return any(req.text_open for req, _ in self.rows)
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -84,13 +97,13 @@ class Flight:
     def read(self) -> list[tuple[Request, int, int]]:
         """Wait for the copies, write each live request's token over its placeholder, its logprob entry (when
         asked) first, so that a reader in another thread that sees the token sees its entry: (request, index,
-        token) for each, skipping requests that closed since the launch."""
-        if self.done is not None:
-            self.done.synchronize()
+        token) for each, skipping requests whose text ended since the launch (closed, or a speaking request's
+        text done: its row here is void)."""
+        wait(self.done)
         tokens = self.host[0].tolist()
         out = []
         for i, ((req, pos), tok) in enumerate(zip(self.rows, tokens)):
-            if req.closed:
+            if not req.text_open:
                 continue
             if req.logprobs is not None:
                 req.logprobs.append(self._logprob(i, req, tok))

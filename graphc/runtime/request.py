@@ -85,6 +85,12 @@ class Request:
         return (a, b) if a < b else None
 
     @property
+    def text_open(self) -> bool:
+        """Its text has not ended (no finish_reason yet): a token sampled for it in flight is still wanted. A
+        speaking request whose text ended stays open for its speech; a row of it still in flight is void."""
+        return self.finish_reason is None
+
+    @property
     def known(self) -> list[int]:
         """The output tokens the host has read: without the placeholder of a token still in flight."""
         return self.output[:-1] if self.output and self.output[-1] < 0 else self.output

@@ -14,8 +14,20 @@ rows, pages and rungs, and runs the steps.
 
 Follow rows: a request's follow prompt (T rows), then one row per frame after the first: frame k is
 sampled at row T - 1 + k, and a decode step feeds row T + k - 1 (the previous frame's next_embeds) to emit
-frame k. Pages grow with the rows; a request whose next row finds the pool empty waits a step. A follow
-step copies its codes to the host once (one sync a step for every request in it), to know which ended.
+frame k. Pages grow with the rows; a request whose next row finds the pool empty waits a step.
+
+Host work behind the device (unless the engine's overlap is off: then each step is read at once): a follow
+step's codes are copied to the host behind an event and read after the next follow step launched (its decode
+rows feed the previous frames' next_embeds, on the device), so the host builds that step while the device
+computes. A frame in flight counts for the request's next frame index and its max_frames; a request that the
+late read finds ended (its end code) has one more frame in the step launched meanwhile: that frame is void
+(never a frame, never audio), and its K/V lands in pages it frees at once, which the stream orders after that
+step. A chunk that waits for frames in flight reads them first, and the engine reads them where no lane can
+run before them. A void frame draws its noise like any (a request without a seed: from the shared generator,
+so the frames of unseeded sampled requests depend on the overlap, as on what else runs). The text a frame
+speaks comes from the LLM's output, whose last id may be a placeholder of a token still in flight
+(graphc/runtime/flight.py): the host's Speech reads only the ids before it, and a frame whose text it names as
+a placeholder waits for the read.
 
 Sampling: each request's parameters (SpeechParams, the model's defaults where it names none) become one
 row of the follow node's `sampling` input; the node samples inside its (captured) step. Beside each step
@@ -35,6 +47,7 @@ import torch
 from pydantic import Field
 
 from graphc.errors import InvalidInput
+from graphc.runtime.flight import to_host, wait
 from graphc.serving import FollowPrompt, Speech, SpeechSampling
 from graphc.stages import Pipeline, slot_frames
 from graphc.strict import Strict
@@ -79,6 +92,7 @@ class SpeechState:
     pages: list[int] = field(default_factory=list)
     computed: int = 0                          # follow rows with K/V in pages
     frames: list[list[int]] = field(default_factory=list)
+    flying: int = 0                            # frames sampled by follow steps in flight (codes not read)
     next_embed: torch.Tensor | None = None     # the follow node's next input row, on the device
     ended: str | None = None                   # why the follow stage stopped: 'stop' (its end code), 'length'
     decoded: int = 0                           # frames already turned into audio
@@ -103,9 +117,11 @@ class SpeechStep:
 class SpeechLane:
     """The follow and chunk stages of a pipeline, driven for the engine: schedule a step, run it."""
 
-    def __init__(self, pipeline: Pipeline, speech: Speech, executor, boot, seed: int = 0):
-        """seed: the shared noise generator's, for requests without their own."""
-        self.sh, self.executor = speech, executor
+    def __init__(self, pipeline: Pipeline, speech: Speech, executor, boot, seed: int = 0, overlap: bool = False):
+        """seed: the shared noise generator's, for requests without their own. overlap: read each follow step's
+        codes after the next one launched (else at once)."""
+        self.sh, self.executor, self.overlap = speech, executor, overlap
+        self.inflight: _FollowFlight | None = None         # the follow step launched, its codes not yet read
         self.follow, self.chunk = pipeline.follow, pipeline.chunk
         model = boot.ir.model
         self.model = model
@@ -140,7 +156,7 @@ class SpeechLane:
                            greedy=sampling.greedy, seen=self.nothing_seen, generator=gen)
 
     def _row(self, sampling: SpeechSampling) -> torch.Tensor:
-        return torch.tensor(self.sh.sampling_row(sampling), dtype=torch.float32, device=self.device)
+        return torch.tensor(self.sh.sampling_row(sampling), dtype=torch.float32).to(self.device, non_blocking=True)
 
     def _sampling_inputs(self, emit: list, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A step's sampling [rows, K], noise [rows, *noise_shape] and seen [rows, V]: the emitting requests'
@@ -192,11 +208,19 @@ class SpeechLane:
             s.pages = []
 
     def _decode_ready(self, req) -> int | None:
-        """The token the request's next frame speaks, when its next decode row can run."""
+        """The token the request's next frame speaks, when its next decode row can run (frames in flight
+        count: a request whose frames reach max_frames waits for their read, which ends it)."""
         s = req.speech
-        if s.prompt is None or s.ended or s.computed != s.prompt.rows + len(s.frames) - 1 or not s.frames:
+        n = len(s.frames) + s.flying
+        if s.prompt is None or s.ended or s.computed != s.prompt.rows + n - 1 or not n or n >= s.max_frames:
             return None
-        return self.sh.trailing(req.prompt, req.output, s.text_done, len(s.frames))
+        return self._trailing(req, n)
+
+    def _trailing(self, req, frame: int) -> int | None:
+        """The token frame `frame` speaks, None until it is known on the host (a placeholder of the LLM's step in
+        flight is not)."""
+        t = self.sh.trailing(req.prompt, req.output, req.speech.text_done, frame)
+        return None if t is None or t < 0 else t
 
     def schedule_follow(self, reqs: list) -> SpeechStep | None:
         """A follow step: decode rows of the requests whose next frame can run, then prompt rows of those
@@ -234,7 +258,7 @@ class SpeechLane:
             return
         t = None
         if s.computed + n == s.prompt.rows:
-            t = self.sh.trailing(r.prompt, r.output, s.text_done, 0)
+            t = self._trailing(r, 0)
             if t is None:
                 n -= 1
                 if n == 0:
@@ -252,6 +276,18 @@ class SpeechLane:
         return step
 
     def run_follow(self, step: SpeechStep) -> None:
+        """Launch the step, then read the step in flight before it; with overlap off, read this one at once. A
+        launch that fails leaves the step before it in flight (the next call reads it)."""
+        flight = self._launch_follow(step)
+        if self.inflight is not None:
+            self.read_follow()
+        self.inflight = flight
+        if not self.overlap and flight is not None:
+            self.read_follow()
+
+    def _launch_follow(self, step: SpeechStep) -> "_FollowFlight | None":
+        """Run the step on the device: each emitting request's next input row and seen ids stay there, its
+        codes start their copy to the host (the flight, None when nothing emits)."""
         parts, samples, trailing, qo, kv, tables, emit, served = step.data
         node = self.follow.node
         rung = step.rungs.get(node)
@@ -265,42 +301,60 @@ class SpeechLane:
         out = self.executor.run_node(node, step.walk, rung, step.sizes[node], inputs, layouts)
         for req, n in served:
             req.speech.computed += n
-        if emit:                                  # each request's seen ids, on the device
-            codes = out[self.follow.codes][:len(emit)]
-            seen = seen[:len(emit)].scatter(1, self.sh.seen_codes(codes), True)
-            for i, req in enumerate(emit):
-                req.speech.seen = seen[i]
-        self._take_frames(emit, out)
-
-    def _take_frames(self, emit: list, out: dict) -> None:
-        codes = out[self.follow.codes][:len(emit)].tolist() if emit else []
+        if not emit:
+            return None
+        codes = out[self.follow.codes][:len(emit)]
+        seen = seen[:len(emit)].scatter(1, self.sh.seen_codes(codes), True)      # each one's seen ids
         for i, req in enumerate(emit):
             s = req.speech
-            if self.sh.is_end(codes[i]):
+            s.seen, s.next_embed = seen[i], out["next_embeds"][i].clone()
+            s.flying += 1
+        return _FollowFlight(list(emit), *to_host((codes,)))
+
+    def read_follow(self) -> None:
+        """Read the follow step in flight: each emitting request's frame, or its end (the code that ends it is no
+        frame). A request ended or closed since its launch skips its frame (void). An ended request's pages go."""
+        flight, self.inflight = self.inflight, None
+        wait(flight.done)
+        codes = flight.host[0].tolist()
+        for req, frame in zip(flight.emit, codes):
+            s = req.speech
+            s.flying -= 1
+            if req.closed or s.ended:
+                continue
+            if self.sh.is_end(frame):
                 s.ended = "stop"
             else:
-                s.frames.append(codes[i])
+                s.frames.append(frame)
                 if len(s.frames) == 1:
                     req.times["first_frame"] = time.perf_counter()
-                s.next_embed = out["next_embeds"][i].clone()
                 if len(s.frames) >= s.max_frames:
                     s.ended = "length"
             if s.ended:
                 self.release(s)
 
     # ---- the chunk stage
-    def _chunk_ready(self, s: SpeechState) -> int:
-        """New frames of the request's next chunk when it can run now, else 0."""
-        have = len(s.frames) - s.decoded
+    def _chunk_ready(self, s: SpeechState, ahead: int = 0) -> int:
+        """New frames of the request's next chunk when it can run now (ahead: counting that many frames more),
+        else 0."""
+        have = len(s.frames) + ahead - s.decoded
         n = self.sh.chunk_frames(s.chunk, s.first_chunk)
         return min(n, have) if have > 0 and (have >= n or s.ended) else 0
+
+    def chunk_waits(self, reqs: list) -> bool:
+        """Some request's next chunk waits only for frames of the follow step in flight."""
+        return self.inflight is not None and any(
+            r.speech.flying and not r.speech.ended and not self._chunk_ready(r.speech)
+            and self._chunk_ready(r.speech, r.speech.flying) for r in reqs)
 
     def follow_urgent(self, reqs: list) -> bool:
         """Some request whose follow stage has started has no audio yet."""
         return any(r.speech.chunk == 0 and r.speech.ended is None and r.speech.prompt is not None for r in reqs)
 
     def first_chunk_ready(self, reqs: list) -> bool:
-        return any(r.speech.chunk == 0 and self._chunk_ready(r.speech) for r in reqs)
+        """Some request's first chunk can run, or can once the follow step in flight is read."""
+        return any(r.speech.chunk == 0 and self._chunk_ready(r.speech, 0 if r.speech.ended else r.speech.flying)
+                   for r in reqs)
 
     def schedule_chunks(self, reqs: list) -> SpeechStep | None:
         """Ready chunks, first chunks first, then by arrival, in the walk of the shortest slot that holds
@@ -344,6 +398,15 @@ class SpeechLane:
             s.decoded, s.chunk = end, s.chunk + 1
             r.times.setdefault("first_audio", now)
         return [r for r, _, _ in slots_of]
+
+
+@dataclass
+class _FollowFlight:
+    """A launched follow step: the requests that emit a frame, in order, and their codes' copies to the host."""
+
+    emit: list
+    host: tuple
+    done: object = None
 
 
 @dataclass

@@ -95,8 +95,10 @@ class QwenOmniSpeech(Speech):
         self.device = device
 
     def embed(self, ids: list[int]) -> torch.Tensor:
+        """The rows of `ids`, looked up on the device: the ids go there by an async copy (a blocking copy would
+        wait for the steps in flight, each talker step's build)."""
         with torch.inference_mode():
-            return self.embedding(torch.tensor(ids, dtype=torch.int64, device=self.device))
+            return self.embedding(torch.tensor(ids, dtype=torch.int64).to(self.device, non_blocking=True))
 
     def _user_rows(self, ids: list[int]) -> list[int]:
         """HF's rule: rows whose most recent <|im_start|> (or row 0) is followed by the user token."""
