@@ -38,8 +38,8 @@ def _gib(x: float) -> int:
 
 
 # Totals are what torch reports for the card (cudaMemGetInfo total): the h100's measured to the byte, the others
-# from public reports at 0.01 GiB (a card a few MiB under its figure refuses its plans: measure it, as the
-# h100's was). Less than the marketing figure and than nvidia-smi's total: the driver keeps the rest.
+# from public reports at 0.01 GiB (a card a few MiB under its figure refuses its plans: measure the card).
+# Less than the marketing figure and than nvidia-smi's total: the driver keeps the rest.
 CATALOG: dict[str, Target] = {t.name: t for t in [
     Target(name="h100", arch="sm_90", memory_bytes=85_017_493_504, num_sms=132,
            memory_source="H100 SXM 80GB HBM3: torch reports 85,017,493,504 B total (79.179 GiB; measured, "

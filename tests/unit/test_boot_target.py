@@ -1,6 +1,6 @@
 """check_target against a card smaller than the plan's by a few MiB: the refusal names both totals in bytes
-and the shortfall (a rounded GiB figure hid it: "needs 79.18 GiB; this one has 79.18 GiB"), and a plan for
-the exact card boots. The card is faked: torch reports no CUDA device on CPU."""
+and the shortfall (two totals equal at 0.01 GiB can differ by MiB), and a plan for the exact card boots.
+The card is faked: torch reports no CUDA device on CPU."""
 import pytest
 import torch
 
