@@ -5,8 +5,8 @@ called one after the other on inputs of the same shapes. While a step is traced 
 of an nn.ModuleList of three or more blocks goes through `Memo.call`. A block call is keyed by what can
 change what it allocates: its class, the shapes and dtypes of its parameters and buffers, the plain
 attributes of it and its submodules (ints, floats, strings: window sizes, kernel choices, a layer
-index; read at its first call in a step, as a forward may not change them), and its arguments (tensors by shape, stride and dtype, not where a view starts; objects by
-identity, told apart from a dead object's reused id; a functools.partial by its function and arguments,
+index; read at its first call in a step, as a forward may not change them), and its arguments (tensors by shape, stride and dtype, not where a view starts; modules as blocks are; other
+objects by identity, told apart from a dead object's reused id; a functools.partial by its function and arguments,
 its ints and slices left out, since they pick a layer's cache or a frame's slot, and are checked below
 instead).
 
@@ -100,6 +100,8 @@ def arg_key(a, ident, in_partial: bool = False):
     if isinstance(a, functools.partial):   # its ints and slices pick a layer's cache or a frame's slot
         return ("P", arg_key(a.func, ident), tuple(arg_key(x, ident, True) for x in a.args),
                 tuple(sorted((k, arg_key(v, ident, True)) for k, v in a.keywords.items())))
+    if isinstance(a, torch.nn.Module):   # a module handed to a block (the next layer's norm): what it is, as a block
+        return ("N", module_key(a))
     if hasattr(a, "__self__") and hasattr(a, "__func__"):           # a bound method
         return ("M", ident(a.__func__), ident(a.__self__))
     return ("O", ident(a))

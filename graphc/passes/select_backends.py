@@ -30,6 +30,12 @@ run the delta rule on flash-linear-attention's Triton kernels where their linear
 parity at real shapes: tests/gpu/test_gated_deltanet_gpu.py); the compiler traces what those kernels allocate
 (delta_rule.fla_allocations). There a decode step's rule runs in place on the state pool (gdn_triton.slot_decode,
 the gdn_slots knob: 19.3 -> 12.0 ms for the 9B's 64-sequence decode on the H200).
+
+Knobs no plan chooses until they are measured on a GPU (examples/bench/ab_kernels.py --with KNOB times them):
+moe_route_group (a sparse MoE's router and the grouping of a decode step's few token-expert pairs in one launch)
+and moe_sum_norm (the experts' sum, the residual add and the next decoder layer's input RMSNorm in one launch):
+models/components/moe_edges_triton.py; with both, a thinker decoder layer at one sequence runs 9 launches of its
+own and 3 of attention.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.components.layers import Linear, SwiGLU
+from models.components.layers import Linear, RMSNorm, SwiGLU
 
 
 class Experts(nn.Module):
@@ -33,6 +33,9 @@ class Experts(nn.Module):
     # how gate_up_proj's rows lie now (not a knob: the data's state): 0 gate's rows then up's (the checkpoint's
     # order), or up's and gate's this many at a time (moe_sm90.INTERLEAVE). arrange_weights() sets it.
     gate_up_layout: int = 0
+    # a knob: with the fused kernels, add_norm's norm runs in the launch that sums the slots and adds the residual
+    # (moe_ops.fused_experts_norm); 0: a launch of its own
+    moe_sum_norm: int = 0
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int):
         super().__init__()
@@ -68,15 +71,33 @@ class Experts(nn.Module):
         v = y.unflatten(-1, (-1, 2, self.gate_up_layout))
         return v[..., 1, :].flatten(-2), v[..., 0, :].flatten(-2)
 
+    def fused(self, x: torch.Tensor) -> bool:
+        """Whether x's rows take the fused kernels (moe_ops.fused_experts)."""
+        return x.dtype == torch.bfloat16 and x.shape[0] <= self.fused_max_tokens and x.device.type in ("cuda", "meta")
+
+    def add_norm(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, residual: torch.Tensor,
+                 norm: RMSNorm, grouped: tuple[torch.Tensor, torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(forward(...) with the residual, norm of it): norm is the next decoder layer's input RMSNorm (a
+        layers.RMSNorm: w * rmsnorm(x)); with the moe_sum_norm knob, in the launch that sums the slots."""
+        if self.moe_sum_norm and self.fused(x) and norm.fused(x) and type(norm).forward is RMSNorm.forward:
+            from models.components.moe_ops import fused_experts_norm
+            return fused_experts_norm(x, self.gate_up_proj, self.down_proj, experts, weights, residual,
+                                      (norm.weight, norm.eps), self.gate_up_layout, self.moe_sm90_from, grouped)
+        y = self(x, experts, weights, residual, grouped)
+        return y, norm(y)
+
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
+                residual: torch.Tensor | None = None, grouped: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor:
         """x [T, H], experts/weights [T, k] -> [T, H]: each row's k expert outputs, weighted and summed (and
-        added to residual [T, H] where given: one launch with the sum where the kernels run)."""
+        added to residual [T, H] where given: one launch with the sum where the kernels run). grouped: the pairs
+        grouped by expert already (moe_ops.fused_route_group), for the fused kernels."""
         t, k = experts.shape
-        if x.dtype == torch.bfloat16 and t <= self.fused_max_tokens and x.device.type in ("cuda", "meta"):
+        if self.fused(x):
             from models.components.moe_ops import fused_experts
             return fused_experts(x, self.gate_up_proj, self.down_proj, experts, weights, residual,
-                                 self.gate_up_layout, self.moe_sm90_from)
+                                 self.gate_up_layout, self.moe_sm90_from, grouped)
         order, rows = torch.sort(experts.reshape(-1))                            # [T*k] pairs by expert
         ends = torch.searchsorted(order, torch.arange(1, self.num_experts + 1, device=x.device),
                                   out_int32=True)                                 # [E] end of each expert's rows
@@ -101,6 +122,9 @@ class SparseMoE(nn.Module):
     # router's softmax, top-k and renormalisation on a GPU (and on meta tensors) as one launch
     # (moe_ops.fused_route); among equal probabilities it takes the lowest expert; 0: torch's ops
     fused_router: int = 0
+    # another (with fused_router and the fused experts): a step of at most moe_ops.ROUTE_GROUP_PAIRS token-expert
+    # pairs has its router group the pairs by expert in the same launch (moe_ops.fused_route_group); 0: two launches
+    moe_route_group: int = 0
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, norm_topk_prob: bool,
                  shared_intermediate: int = 0):
@@ -124,13 +148,38 @@ class SparseMoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return experts, weights.to(logits.dtype)
 
+    def routed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """route(x), and the pairs grouped by expert where the moe_route_group knob has the router group them in
+        its launch (a step of few pairs on the fused kernels below their SM90 ones), else None."""
+        from models.components.moe_ops import ROUTE_GROUP_PAIRS
+
+        t, ex = x.shape[0], self.experts
+        if (self.moe_route_group and self.fused_router and ex.fused(x) and t * self.top_k <= ROUTE_GROUP_PAIRS
+                and not (ex.moe_sm90_from and t >= ex.moe_sm90_from)):
+            from models.components.moe_ops import fused_route_group
+            return fused_route_group(self.gate(x), self.top_k, self.norm_topk_prob)
+        return (*self.route(x), None)
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, H] -> the block's output [T, H], plus residual where given (the decoder layer's add: without a
         shared expert it shares the experts' last launch)."""
+        return self.add_norm(x, residual, None)[0]
+
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm | None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(forward(x, residual), norm of it where norm is given: the next decoder layer's input RMSNorm, in the
+        launch that adds the residual where the kernels allow)."""
         if not self.shared:
-            return self.experts(x, *self.route(x), residual=residual)
+            experts, weights, grouped = self.routed(x)
+            if norm is not None and residual is not None:
+                return self.experts.add_norm(x, experts, weights, residual, norm, grouped)
+            y = self.experts(x, experts, weights, residual, grouped)
+            return y, (None if norm is None else norm(y))
         # the gated shared expert is added to the routed experts' rounded sum (HF's order; a bf16 add commutes)
         # in the launch that sums the slots
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        out = self.experts(x, *self.route(x), residual=shared)
-        return out if residual is None else residual + out
+        experts, weights, grouped = self.routed(x)
+        out = self.experts(x, experts, weights, shared, grouped)
+        if residual is None:
+            return out, (None if norm is None else norm(out))
+        return (residual + out, None) if norm is None else norm.add(residual, out)

@@ -12,6 +12,10 @@ only when an operator runs on a device, so planning needs no GPU stack.
     graphc::moe_down(h, down_proj, pairs!, rows, ends, weights)  down, scaled, to each pair's place
     graphc::moe_route(logits, experts!, weights!, norm)          the router: softmax, top-k, renormalised
     graphc::moe_sum_add(pairs, residual?, y!, weights?)          each token's k slots (scaled) summed, plus the residual
+    graphc::moe_route_group(logits, experts!, weights!, rows!, ends!, norm)   the router and moe_group in one
+                                                                 launch, for a decode step's few pairs
+    graphc::moe_sum_add_norm(pairs, residual, norm_weight, y!, h!, eps, weights?)   moe_sum_add and the next
+                                                                 layer's input RMSNorm of its sum in one launch
     graphc::moe_place_tiles(experts, counts, rows!, tiles!, tile)  many pairs, SM90: each expert's pairs padded
                                                                  to whole tiles, and the tiles' maps
     graphc::moe_sm90_gate_up(x, w1, h!, rows, tiles, top_k)      FlashInfer's SM90 grouped GEMMs (moe_sm90.py)
@@ -150,6 +154,32 @@ def _(pairs, residual, y, weights=None) -> None:
     return None
 
 
+@torch.library.custom_op("graphc::moe_route_group", mutates_args=("experts", "weights", "rows", "ends"))
+def moe_route_group(logits: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor,
+                    ends: torch.Tensor, norm: bool) -> None:
+    from models.components import moe_edges_triton as k
+
+    k.route_group(logits, experts, weights, rows, ends, norm)
+
+
+@moe_route_group.register_fake
+def _(logits, experts, weights, rows, ends, norm) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::moe_sum_add_norm", mutates_args=("y", "h"))
+def moe_sum_add_norm(pairs: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, y: torch.Tensor,
+                     h: torch.Tensor, eps: float, weights: torch.Tensor | None = None) -> None:
+    from models.components import moe_edges_triton as k
+
+    k.sum_add_norm(pairs, residual, norm_weight, y, h, eps, weights)
+
+
+@moe_sum_add_norm.register_fake
+def _(pairs, residual, norm_weight, y, h, eps, weights=None) -> None:
+    return None
+
+
 def fused_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """SparseMoE.route's contract from the router's logits [T, E]: (experts [T, k] int64, weights [T, k] in the
     logits' dtype), one launch where torch takes six (a cast, softmax, topk, a sum, a division, a cast)."""
@@ -162,6 +192,28 @@ def fused_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Ten
     return experts, weights
 
 
+# token-expert pairs moe_route_group takes (T * k): one program routes every token and groups the pairs
+ROUTE_GROUP_PAIRS = 64
+# the widest row moe_sum_add_norm takes: one program holds a token's row
+SUM_NORM_WIDTH = 16384
+
+
+def fused_route_group(logits: torch.Tensor, top_k: int, norm: bool
+                      ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """fused_route's (experts, weights) and the pairs grouped by expert as fused_experts groups them (rows [T k],
+    ends [E] int32), in one launch; for T k <= ROUTE_GROUP_PAIRS."""
+    t, e = logits.shape
+    if not 0 < top_k <= e or t * top_k > ROUTE_GROUP_PAIRS:
+        raise ValueError(f"fused_route_group: top {top_k} of {e} experts for {t} tokens (at most "
+                         f"{ROUTE_GROUP_PAIRS} pairs)")
+    experts = torch.empty(t, top_k, device=logits.device, dtype=torch.int64)
+    weights = torch.empty(t, top_k, device=logits.device, dtype=logits.dtype)
+    rows = torch.empty(t * top_k, device=logits.device, dtype=torch.int32)
+    ends = torch.empty(e, device=logits.device, dtype=torch.int32)
+    moe_route_group(logits if logits.stride(-1) == 1 else logits.contiguous(), experts, weights, rows, ends, norm)
+    return experts, weights, (rows, ends)
+
+
 # more token-expert pairs than this are grouped by the counting sort (moe_count, moe_place: two launches whose
 # work grows as the pairs; moe_group's one grows as the pairs squared: examples/bench/bench_moe.py --sweep)
 GROUP_SORT_FROM = 512
@@ -169,16 +221,34 @@ GROUP_SORT_FROM = 512
 
 def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor,
                   weights: torch.Tensor, residual: torch.Tensor | None = None, interleave: int = 0,
-                  sm90_from: int = 0) -> torch.Tensor:
+                  sm90_from: int = 0, grouped: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Experts.forward's contract: x [T, H], gate_up_proj [E, 2I, H] (gate rows then up rows, or up and gate
     `interleave` rows at a time), down_proj [E, H, I], experts and weights [T, k] -> [T, H] in x's dtype (plus
     residual [T, H] where given: the decoder layer's add, in the same launch as the slots' sum); three operators
     and a sum, static shapes for a given T. Steps of sm90_from tokens or more (0: none) run the two GEMMs in
-    FlashInfer's SM90 kernels (moe_sm90.py; gate_up_proj interleaved as they read it)."""
+    FlashInfer's SM90 kernels (moe_sm90.py; gate_up_proj interleaved as they read it). grouped: the pairs
+    already grouped by expert (fused_route_group's rows and ends), for a step below sm90_from."""
+    return _experts(x, gate_up_proj, down_proj, experts, weights, residual, interleave, sm90_from, grouped)[0]
+
+
+def fused_experts_norm(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor,
+                       weights: torch.Tensor, residual: torch.Tensor, norm: tuple[torch.Tensor, float],
+                       interleave: int = 0, sm90_from: int = 0,
+                       grouped: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fused_experts with the residual, and the next decoder layer's input RMSNorm (norm: its weight [H] in x's
+    dtype, and eps) of the result in the slots' sum's launch: (y, rms_norm(y) * weight)."""
+    if norm[0].shape != (x.shape[-1],) or norm[0].dtype != x.dtype or x.shape[-1] > SUM_NORM_WIDTH:
+        raise ValueError(f"fused_experts_norm: a norm weight {tuple(norm[0].shape)} {norm[0].dtype} for rows "
+                         f"{tuple(x.shape)} {x.dtype}: want [{x.shape[-1]}] in the rows' dtype, at most "
+                         f"{SUM_NORM_WIDTH} wide")
+    return _experts(x, gate_up_proj, down_proj, experts, weights, residual, interleave, sm90_from, grouped, norm)
+
+
+def _experts(x, gate_up_proj, down_proj, experts, weights, residual, interleave, sm90_from, grouped, norm=None
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     t, k = experts.shape
     num_experts, two_i, hidden = gate_up_proj.shape
-    inter = two_i // 2
-    if x.shape != (t, hidden) or down_proj.shape != (num_experts, hidden, inter):
+    if x.shape != (t, hidden) or down_proj.shape != (num_experts, hidden, two_i // 2):
         raise ValueError(f"fused_experts: x {tuple(x.shape)}, gate_up {tuple(gate_up_proj.shape)}, down "
                          f"{tuple(down_proj.shape)} do not agree")
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1):
@@ -186,29 +256,47 @@ def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.
                          f"{tuple(x.shape)} {x.dtype}, columns contiguous")
     flat = experts.reshape(-1).contiguous()
     if sm90_from and t >= sm90_from:
-        return _sm90_experts(x, gate_up_proj, down_proj, flat, weights, residual, interleave)
-    rows = torch.empty(t * k, device=x.device, dtype=torch.int32)      # pairs grouped by expert
-    ends = torch.empty(num_experts, device=x.device, dtype=torch.int32)
-    if t * k > GROUP_SORT_FROM:
-        counts = torch.empty(count_blocks(t * k)[1], num_experts, device=x.device, dtype=torch.int32)
-        moe_count(flat, counts)
-        moe_place(flat, counts, rows, ends)
-    else:
-        moe_group(flat, rows, ends)
-    h = torch.empty(t * k, inter, device=x.device, dtype=x.dtype)      # in grouped order
+        return _sm90_experts(x, gate_up_proj, down_proj, flat, weights, residual, interleave, norm)
+    rows, ends = grouped if grouped is not None else _group(flat, num_experts)
+    h = torch.empty(t * k, two_i // 2, device=x.device, dtype=x.dtype)      # in grouped order
     moe_gate_up(x.contiguous(), gate_up_proj, h, rows, ends, k, interleave)
     pairs = torch.empty(t * k, hidden, device=x.device, dtype=x.dtype)  # in (token, slot) order
     moe_down(h, down_proj, pairs, rows, ends, weights.reshape(-1).contiguous())
     if residual is None:
-        return pairs.view(t, k, hidden).sum(dim=1)
+        return pairs.view(t, k, hidden).sum(dim=1), None
+    return _sum_slots(pairs.view(t, k, hidden), x, residual, None, norm)
+
+
+def _group(flat: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pairs grouped by expert: (rows [P] int32, ends [E] int32), one launch or the counting sort's two."""
+    p = flat.numel()
+    rows = torch.empty(p, device=flat.device, dtype=torch.int32)
+    ends = torch.empty(num_experts, device=flat.device, dtype=torch.int32)
+    if p > GROUP_SORT_FROM:
+        counts = torch.empty(count_blocks(p)[1], num_experts, device=flat.device, dtype=torch.int32)
+        moe_count(flat, counts)
+        moe_place(flat, counts, rows, ends)
+    else:
+        moe_group(flat, rows, ends)
+    return rows, ends
+
+
+def _sum_slots(pairs: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, weights: torch.Tensor | None,
+               norm: tuple[torch.Tensor, float] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(residual + the slots' sum [T, H], its norm or None): one launch (moe_sum_add, or moe_sum_add_norm)."""
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    moe_sum_add(pairs.view(t, k, hidden), residual, y)
-    return y
+    if norm is None:
+        moe_sum_add(pairs, residual, y, weights)
+        return y, None
+    h = torch.empty_like(y)
+    moe_sum_add_norm(pairs, residual, norm[0], y, h, norm[1], weights)
+    return y, h
 
 
-def _sm90_experts(x, gate_up_proj, down_proj, flat, weights, residual, interleave) -> torch.Tensor:
+def _sm90_experts(x, gate_up_proj, down_proj, flat, weights, residual, interleave, norm
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """fused_experts on the SM90 grouped GEMMs: count, place into padded tiles, gate_up, down, the scaled sum
-    (with the residual): five launches."""
+    (with the residual, and the norm where asked): five launches."""
     from models.components import moe_sm90
 
     t, k = weights.shape
@@ -228,6 +316,4 @@ def _sm90_experts(x, gate_up_proj, down_proj, flat, weights, residual, interleav
     pairs = torch.empty(t * k, hidden, device=x.device, dtype=x.dtype)         # (token, slot) order, unscaled
     scales = torch.empty(t, k, device=x.device, dtype=torch.float32)            # the kernel's contract; unread
     moe_sm90_down(h, down_proj, pairs, rows, tiles, scales, k)
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    moe_sum_add(pairs.view(t, k, hidden), residual, y, weights.reshape(-1).contiguous())
-    return y
+    return _sum_slots(pairs.view(t, k, hidden), x, residual, weights.reshape(-1).contiguous(), norm)

@@ -59,7 +59,7 @@ from graphc import NodeModule, StepContext
 from models.components.layers import Linear, RMSNorm, SwiGLU, rope_cos_sin, rope_inv_freq
 from models.components.talker_config import SAMPLING, TALKER_30B_A3B, CodePredictorConfig, TalkerConfig, \
     TalkerTextConfig, code_predictor_cu_seqlens, sampling_row, talker_ports  # noqa: F401
-from models.components.thinker import Attend, Attention, FoldedLayer, MRope, moe_layer
+from models.components.thinker import Attend, Attention, FoldedLayer, MRope, moe_layer, next_norm
 
 
 class RowParams:
@@ -285,9 +285,9 @@ class Talker(NodeModule):
         x = embeds
         if codec_ids is not None:
             x = x + self.prompt_rows(codec_ids, thinker_embeds, thinker_hidden, prompt_kind)
-        cos, sin = self.rope(positions, x.dtype)
+        cos, sin, h = *self.rope(positions, x.dtype), None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, partial(kv, i))
+            x, h = layer(x, h, cos, sin, partial(kv, i), next_norm(self.model.layers, i))
         h = self.model.norm(x.index_select(0, sample_rows))                      # [S, H]
         logits = self.codec_head(h).float()                                      # [S, V]
         log_noise = log_draws(noise)                                             # [S, G, V]

@@ -68,11 +68,21 @@ class DecoderLayer(nn.Module):
         """The residual x, its input norm h -> (x + attention, the post-attention norm of that)."""
         return self.post_attention_layernorm.add(x, self.self_attn(h, cos, sin, attend))
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-        x, h = self.attention(x, self.input_layernorm(x), cos, sin, attend)
+    def forward(self, x: torch.Tensor, h: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, attend: Attend,
+                norm: RMSNorm | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x -> (the layer's output, norm of it where norm, the next layer's input norm, is given); h: this layer's
+        input norm of x where the layer before computed it (None: computed here). With a sparse MoE the residual
+        add rides in the experts' last launch, and the next norm with it where the kernels allow
+        (SparseMoE.add_norm)."""
+        x, h = self.attention(x, self.input_layernorm(x) if h is None else h, cos, sin, attend)
         if isinstance(self.mlp, SparseMoE):
-            return self.mlp(h, residual=x)          # the residual add in the experts' last launch where fused
-        return x + self.mlp(h)
+            return self.mlp.add_norm(h, x, norm)
+        return (x + self.mlp(h), None) if norm is None else norm.add(x, self.mlp(h))
+
+
+def next_norm(layers: nn.ModuleList, i: int) -> RMSNorm | None:
+    """The input norm of the layer after layers[i] (None after the last), for DecoderLayer.forward."""
+    return layers[i + 1].input_layernorm if i + 1 < len(layers) else None
 
 
 class FoldedLayer(DecoderLayer):
@@ -152,12 +162,13 @@ class Thinker(NodeModule):
         kv = ctx["kv"]
         x = self.embed(token_ids, audio_embeds, audio_rows, visual_embeds, visual_rows)
         out = {"embeds": x} if self.cfg.accept_hidden_layer is not None else {}
-        cos, sin = self.rope(positions, x.dtype)
+        cos, sin, h = *self.rope(positions, x.dtype), None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, partial(kv, i))
+            stacked = deepstack is not None and i < deepstack.shape[0]       # rows change before the next norm
+            x, h = layer(x, h, cos, sin, partial(kv, i), None if stacked else next_norm(self.model.layers, i))
             if i + 1 == self.cfg.accept_hidden_layer:
                 out["hidden"] = x
-            if deepstack is not None and i < deepstack.shape[0]:
+            if stacked:
                 x = add_at(x, deepstack[i], visual_rows)
         x = self.model.norm(x.index_select(0, sample_rows))                   # [S, H]
         out["logits"] = self.lm_head(x).float()

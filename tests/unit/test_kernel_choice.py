@@ -198,15 +198,15 @@ def test_the_simulation_sees_a_fused_decoder_layer_as_four_norm_operators():
 
     set_kernels(layer, {"fused_norms": 1})
     with names, torch.no_grad():
-        out = layer(x, cos, sin, attend)
-    assert out.shape == (T, 64) and out.dtype == torch.bfloat16
+        out, h = layer(x, None, cos, sin, attend)
+    assert out.shape == (T, 64) and h is None and out.dtype == torch.bfloat16
     assert [s for s in seen if s.startswith("graphc.")] == ["graphc.rms_norm", "graphc.q_k_norm_rope",
                                                             "graphc.add_rms_norm"]
     assert not any(s.split(".")[-1] in ("rsqrt", "mean", "pow", "cat", "neg") for s in seen), seen
     set_kernels(layer, {})
     seen.clear()
     with names, torch.no_grad():
-        layer(x, cos, sin, attend)
+        layer(x, None, cos, sin, attend)
     assert not any(s.startswith("graphc.") for s in seen) and any(s.endswith("rsqrt") for s in seen)
 
 
@@ -353,7 +353,7 @@ def test_the_code_predictors_residual_adds_run_inside_its_norms():
     got = cp.run(x, slice(0, 2), cos, sin, cache)
     y, cache = x, FrameCache(cache.attn, cfg, S, G, x)
     for i, layer in enumerate(cp.model.layers):
-        y = DecoderLayer.forward(layer, y, cos[:2], sin[:2], FrameAttend(cache, i, slice(0, 2)))
+        y = DecoderLayer.forward(layer, y, None, cos[:2], sin[:2], FrameAttend(cache, i, slice(0, 2)))[0]
     want = cp.model.norm(y[:, -1])
     assert torch.equal(got, want)
 
