@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from models.components.moe_triton import _top_k
 from models.components.norm_triton import _round
 
 ROUTE_GROUP_PAIRS = 64       # token-expert pairs route_group takes (T * k): one program holds them all
@@ -28,26 +29,14 @@ SUM_NORM_WIDTH = 16384       # the widest row sum_add_norm takes (one program ho
 @triton.jit
 def _route_row(logits_ptr, ex_ptr, w_ptr, pex, row, E, l_stride, pp, TOP_K: tl.constexpr, NORM: tl.constexpr,
                BLOCK: tl.constexpr, KBLOCK: tl.constexpr):
-    """One token's router (moe_triton._route's math and ties: the lowest expert among equal probabilities),
-    written to its k slots; returns pex with this token's pairs' experts placed at row * TOP_K + i."""
-    offs = tl.arange(0, BLOCK)
-    logit = tl.load(logits_ptr + row * l_stride + offs, mask=offs < E, other=-float("inf")).to(tl.float32)
-    e = tl.exp(logit - tl.max(logit, axis=0))
-    p = e / tl.sum(e, axis=0)
+    """One token's router (moe_triton._top_k), written to its k slots; returns pex with this token's pairs'
+    experts placed at row * TOP_K + i."""
+    ex, w = _top_k(logits_ptr, row, E, l_stride, TOP_K, NORM, BLOCK, KBLOCK)
     kk = tl.arange(0, KBLOCK)
-    w = tl.zeros([KBLOCK], dtype=tl.float32)
-    ex = tl.zeros([KBLOCK], dtype=tl.int64)
-    for i in tl.static_range(TOP_K):
-        best = tl.max(p, axis=0)
-        pick = tl.min(tl.where(p == best, offs, BLOCK), axis=0)
-        w = tl.where(kk == i, best, w)
-        ex = tl.where(kk == i, pick.to(tl.int64), ex)
-        pex = tl.where(pp == row * TOP_K + i, pick, pex)
-        p = tl.where(offs == pick, -1.0, p)
-    if NORM:
-        w = w / tl.sum(w, axis=0)
     tl.store(ex_ptr + row * TOP_K + kk, ex, mask=kk < TOP_K)
     tl.store(w_ptr + row * TOP_K + kk, w.to(w_ptr.dtype.element_ty), mask=kk < TOP_K)
+    for i in tl.static_range(TOP_K):
+        pex = tl.where(pp == row * TOP_K + i, tl.sum(tl.where(kk == i, ex, 0), axis=0).to(tl.int32), pex)
     return pex
 
 

@@ -466,11 +466,11 @@ def down(h: torch.Tensor, down_proj: torch.Tensor, pairs: torch.Tensor, rows: to
 
 
 @triton.jit
-def _route(logits_ptr, ex_ptr, w_ptr, E, l_stride, TOP_K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
+def _top_k(logits_ptr, row, E, l_stride, TOP_K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
            KBLOCK: tl.constexpr):
     """One token's router: softmax in fp32 over its E logits, the top k (highest first; among equal
-    probabilities the lowest expert), renormalised over the k when NORM, cast to the weights' dtype."""
-    row = tl.program_id(0)
+    probabilities the lowest expert), renormalised over the k when NORM. Returns (experts [KBLOCK] int64,
+    weights [KBLOCK] fp32), the slots past TOP_K zero."""
     offs = tl.arange(0, BLOCK)
     logit = tl.load(logits_ptr + row * l_stride + offs, mask=offs < E, other=-float("inf")).to(tl.float32)
     e = tl.exp(logit - tl.max(logit, axis=0))
@@ -486,6 +486,16 @@ def _route(logits_ptr, ex_ptr, w_ptr, E, l_stride, TOP_K: tl.constexpr, NORM: tl
         p = tl.where(offs == pick, -1.0, p)
     if NORM:
         w = w / tl.sum(w, axis=0)
+    return ex, w
+
+
+@triton.jit
+def _route(logits_ptr, ex_ptr, w_ptr, E, l_stride, TOP_K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
+           KBLOCK: tl.constexpr):
+    """A program per token: its router (_top_k), the experts and the weights (cast to their dtype) written."""
+    row = tl.program_id(0)
+    ex, w = _top_k(logits_ptr, row, E, l_stride, TOP_K, NORM, BLOCK, KBLOCK)
+    kk = tl.arange(0, KBLOCK)
     tl.store(ex_ptr + row * TOP_K + kk, ex, mask=kk < TOP_K)
     tl.store(w_ptr + row * TOP_K + kk, w.to(w_ptr.dtype.element_ty), mask=kk < TOP_K)
 
