@@ -9,7 +9,7 @@ replays after warm-up).
         [--with gdn_slots ...] [--none] [--no-again] [--sampled] [--devices 1] [--graphs thinker/decode:seqs/1 ...]
 
 --with KNOB: a variant with the knob set to 1 on every node (where a module declares it: a kernel no plan
-chooses yet, e.g. gdn_slots on plans/qwen3_5_9b_h200.plan).
+chooses yet, e.g. gdn_slots on plans/qwen3_5_9b_h200.plan); with two or more, one more with all of them.
 
 Without --graphs: each device's decode graphs at 1, 16 and the largest rung, and the thinker's prefill at
 128 and 2048 tokens where the plan captures them. Prints a row per graph and variant; OUT.json holds them.
@@ -65,6 +65,7 @@ def main() -> None:
     a = ap.parse_args()
     variants = ([("plan", set(), {})] + [(f"without {k}", {k}, {}) for k in a.without]
                 + [(f"with {k}", set(), {k: 1}) for k in a.adds]
+                + ([(f"with {' + '.join(a.adds)}", set(), dict.fromkeys(a.adds, 1))] if len(a.adds) > 1 else [])
                 + ([("none", set(KERNEL_KNOBS), {})] if a.none else [])
                 + ([] if a.no_again else [("plan again", set(), {})]))
     out: dict[str, float] = {}
