@@ -15,30 +15,20 @@ import numpy as np
 import pytest
 import torch
 
-from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
-from graphc.cli import main
 from graphc.runtime.engine import Engine
 from graphc.runtime.sampler import SamplingParams
 from graphc.runtime.speech import SpeechParams
 from models.components.code2wav import stream_chunk_frames, stream_slot
-from tests.parity.test_code2wav import redraw
 from tests.parity.test_engine import expand, hf_audio
-from tests.parity.weights import randomize
+from tests.parity.speaking import serve_all, speaking_omni
 
 TEXT = 8
 
 
 @pytest.fixture(scope="module")
 def omni(tmp_path_factory):
-    tok = build_tokenizer()
-    hf = omni_model(tok, speech=True)
-    randomize(hf, seed=3)
-    redraw(hf.code2wav)             # test_code2wav's draw: unit gain in its Snake stack turns fp32 rounding into 1e-4
-    path = tmp_path_factory.mktemp("speech")
-    save(hf, tok, path / "ckpt")
-    assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(path / "ckpt"), "--gpu",
-                 "cpu", "-o", str(path / "p.plan"), "-q"]) == 0
-    return hf, tok, Engine(path / "p.plan", checkpoint=path / "ckpt"), path
+    hf, tok, plan, ckpt = speaking_omni(tmp_path_factory.mktemp("speech"), redraw_code2wav=True)
+    return hf, tok, Engine(plan, checkpoint=ckpt), plan.parent
 
 
 def hf_speak(hf, tok, engine, parts, frames, voice="Ethan", wav=None, penalty=1.05):
@@ -71,18 +61,9 @@ def hf_speak(hf, tok, engine, parts, frames, voice="Ethan", wav=None, penalty=1.
 
 
 def serve(engine, items, arrivals=None):
-    """items: (messages, SpeechParams or None); request i is added before step arrivals[i]."""
-    arrivals = arrivals or [0] * len(items)
-    reqs, step = {}, 0
-    while len(reqs) < len(items) or engine.has_work():
-        for i, ((msgs, sp), at) in enumerate(zip(items, arrivals)):
-            if at == step and i not in reqs:
-                reqs[i] = engine.add(messages=msgs, params=SamplingParams(temperature=0, max_tokens=TEXT), speech=sp)
-        engine.step()
-        step += 1
-    assert engine.scheduler.idle() and engine.scheduler.pool_full() and not engine.talking
-    assert engine.speech.pages.num_free == engine.speech.capacity
-    return [engine.output(reqs[i]) for i in range(len(items))]
+    """items: (messages, SpeechParams or None), each with greedy text of TEXT tokens at most (serve_all)."""
+    return serve_all(engine, [(m, SamplingParams(temperature=0, max_tokens=TEXT), sp) for m, sp in items],
+                     arrivals or [0] * len(items))
 
 
 def rel(a, b) -> float:

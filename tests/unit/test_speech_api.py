@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
 from graphc.cli import main
 from graphc.runtime.engine import Engine
 from graphc.runtime.sampler import SamplingParams
 from graphc.runtime.speech import SpeechParams
-from tests.parity.weights import randomize
+from tests.parity.speaking import speaking_omni
 from tests.unit.loopback import serve
 
 openai = pytest.importorskip("openai")
@@ -29,15 +28,10 @@ MAX, FRAMES, SEED = 8, 40, 7             # text tokens, codec frames at most, th
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    d = tmp_path_factory.mktemp("speech_api")
-    tok = build_tokenizer()
-    hf = omni_model(tok, speech=True)
-    randomize(hf, seed=3)
-    save(hf, tok, d / "ckpt")
-    assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu",
-                 "-o", str(d / "p.plan"), "-q"]) == 0
-    engine = Engine(d / "p.plan", checkpoint=d / "ckpt")
-    ref = Engine(d / "p.plan", checkpoint=d / "ckpt")       # the same weights, stepped by the test alone
+    _, tok, plan, ckpt = speaking_omni(tmp_path_factory.mktemp("speech_api"))
+    d = plan.parent
+    engine = Engine(plan, checkpoint=ckpt)
+    ref = Engine(plan, checkpoint=ckpt)       # the same weights, stepped by the test alone
     server, port = serve(engine, max_audio_bytes=200_000)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
     yield dict(engine=engine, ref=ref, client=client, dir=d, port=port, tok=tok)

@@ -8,14 +8,11 @@ they were and every pool whole."""
 import numpy as np
 import pytest
 
-from examples.make_tiny_checkpoint import build_tokenizer, omni_model, save
-from graphc.cli import main
 from graphc.runtime.engine import Engine
 from graphc.runtime.flight import Flight
 from graphc.runtime.sampler import SamplingParams
 from graphc.runtime.speech import SpeechLane, SpeechParams
-from tests.parity.test_code2wav import redraw
-from tests.parity.weights import randomize
+from tests.parity.speaking import serve_all, speaking_omni
 
 TEXT = 8
 
@@ -29,30 +26,11 @@ HELLO = msgs("hello world, how are you today?")
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    d = tmp_path_factory.mktemp("speech_overlap")
-    tok = build_tokenizer()
-    hf = omni_model(tok, speech=True)
-    randomize(hf, seed=3)
-    redraw(hf.code2wav)             # test_code2wav's draw: keeps Code2Wav's fp32 rounding (batched or not) near 1e-7
-    save(hf, tok, d / "ckpt")
-    assert main(["plan", "models/qwen3_omni.py", "--preset", "tiny", "--checkpoint", str(d / "ckpt"), "--gpu", "cpu",
-                 "-o", str(d / "p.plan"), "-q"]) == 0
-    return {o: Engine(d / "p.plan", checkpoint=d / "ckpt", overlap=o) for o in (True, False)}
+    _, _, plan, ckpt = speaking_omni(tmp_path_factory.mktemp("speech_overlap"), redraw_code2wav=True)
+    return {o: Engine(plan, checkpoint=ckpt, overlap=o) for o in (True, False)}
 
 
-def serve(engine, items, arrivals):
-    """items: (messages, SamplingParams, SpeechParams or None); request i is added before step arrivals[i]. Every
-    pool is whole once idle."""
-    reqs, step = {}, 0
-    while len(reqs) < len(items) or engine.has_work():
-        for i, ((m, sp, speech), at) in enumerate(zip(items, arrivals)):
-            if at == step and i not in reqs:
-                reqs[i] = engine.add(messages=m, params=sp, speech=speech)
-        engine.step()
-        step += 1
-    assert engine.scheduler.idle() and engine.scheduler.pool_full() and not engine.talking
-    assert engine.speech.pages.num_free == engine.speech.capacity
-    return [engine.output(reqs[i]) for i in range(len(items))]
+serve = serve_all
 
 
 def rel(a, b) -> float:
