@@ -16,6 +16,7 @@ from graphc.step import StepContext
 from resources.paged_kv import PageAllocator, PagedTorch, new_cache
 
 pytestmark = pytest.mark.gpu
+TOL = 1e-2      # a prompt token's logprob against the CPU's (measured on an H100: 3.1e-3 at worst)
 
 
 def cpu_logprobs(engine, ids: list[int]) -> torch.Tensor:
@@ -44,15 +45,21 @@ def test_prompt_logprobs_match_a_cpu_fp32_forward():
     assert engine.scheduler.idle() and engine.scheduler.pool_full()
     stats = engine.stats()
     assert stats["replayed"] > 0 and stats["eager"] > 0
-    worst, rank_off = 0.0, 0
+    worst, rank_off, outside = 0.0, 0, []
     for i in scoring:
         got, ids = reqs[i].prompt_logprobs, prompts[i]
         want = cpu_logprobs(engine, ids)
         assert len(got) == len(ids) and got[0] is None
         for r in range(1, len(ids)):
-            worst = max(worst, abs(got[r]["logprob"] - want[r - 1, ids[r]].item()))
-            rank_off += got[r]["rank"] != int((want[r - 1] > want[r - 1, ids[r]]).sum()) + 1
+            lp, row = want[r - 1, ids[r]].item(), want[r - 1]
+            worst = max(worst, abs(got[r]["logprob"] - lp))
+            rank_off += got[r]["rank"] != int((row > lp).sum()) + 1
+            # seeded weights spread the logprobs thinly over the vocabulary: bf16's error moves a token past its
+            # near-tied neighbours, so the rank is held to those the CPU puts within TOL of it
+            lo, hi = int((row > lp + TOL).sum()) + 1, int((row > lp - TOL).sum()) + 1
+            if not lo <= got[r]["rank"] <= hi:
+                outside.append((i, r, got[r]["rank"], lo, hi))
     print(f"prompt logprobs against CPU fp32: worst abs error {worst:.3e}; ranks that differ {rank_off} "
-          f"of {sum(len(prompts[i]) - 1 for i in scoring)}")
-    assert worst < 5e-2, worst
-    assert rank_off <= 0.02 * sum(len(prompts[i]) for i in scoring)    # bf16 may swap near-tied neighbours
+          f"of {sum(len(prompts[i]) - 1 for i in scoring)}, outside the CPU's +-{TOL} band {len(outside)}")
+    assert worst < TOL, worst
+    assert not outside, outside[:5]
