@@ -30,6 +30,10 @@ run the delta rule on flash-linear-attention's Triton kernels where their linear
 parity at real shapes: tests/gpu/test_gated_deltanet_gpu.py); the compiler traces what those kernels allocate
 (delta_rule.fla_allocations). There a decode step's rule runs in place on the state pool (gdn_triton.slot_decode,
 the gdn_slots knob: 19.3 -> 12.0 ms for the 9B's 64-sequence decode on the H200).
+
+Not chosen by any plan until measured: the gdn_fused knob (the zero-centred RMSNorms and a residual add with
+one, the Gated DeltaNet's gates, gated output norm and a decode step's conv on the conv state pool, one Triton
+launch each: models/components/norm_ops.py).
 """
 from __future__ import annotations
 
