@@ -8,7 +8,9 @@ decode rows; each sequence reads its slot and writes it back in place. Weight na
 and A_log [HV], norm.weight [dv] (plain, not 1 + w) and out_proj [hidden, value_dim]. The core runs in
 plain torch (delta_rule.py), or on flash-linear-attention's kernels on CUDA where the plan's fla_gdn knob
 says so (delta_rule.fla_rule); with the gdn_slots knob a decode step's rule runs on the state pool in place
-(gdn_triton.slot_decode, CUDA; no plan sets it until it is measured on the GPU).
+(gdn_triton.slot_decode, CUDA). With the gdn_fused knob the gates, a decode step's conv on the conv state pool in
+place and the gated output norm are one launch each (norm_ops.py: gdn_gates, gdn_conv_row, gated_rms_norm), on
+bf16 rows on a GPU (no plan sets it until it is measured on the GPU).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.components import norm_ops
 from models.components.delta_rule import causal_conv, fla_rule, gated_delta_rule, one_row, prepare_qk, read_slots
 from models.components.gated_deltanet_config import GatedDeltaNetConfig
 from models.components.layers import Linear, RMSNorm
@@ -27,9 +30,21 @@ if TYPE_CHECKING:
 
 
 class GatedRMSNorm(RMSNorm):
-    """weight * rmsnorm(x) * silu(gate) over each head's last dim: RMSNorm's, then the gate, in x's dtype."""
+    """weight * rmsnorm(x) * silu(gate) over each head's last dim: RMSNorm's, then the gate, in gate's dtype (HF's
+    Qwen3_5RMSNormGated). x: rows in gate's dtype, or the core's fp32 output, rounded to it first. Under the
+    gdn_fused knob (takes) one launch (norm_ops.gated_rms_norm), which reads the fp32 rows as they are."""
+
+    gdn_fused: int = 0        # the plan's knob (graphc/modules.py KERNEL_KNOBS)
+
+    def takes(self, x: torch.Tensor) -> bool:
+        """Whether a layer whose rows are x's (its input) runs this norm fused."""
+        return (bool(self.gdn_fused) and x.dtype == torch.bfloat16 and self.weight.dtype == x.dtype
+                and norm_ops.on_kernel_device(x))
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        if self.takes(gate) and x.shape == gate.shape and x.shape[-1] == self.weight.shape[0]:
+            return norm_ops.gated_rms_norm(x, gate, self.weight, self.eps)
+        x = x.to(gate.dtype)
         return (super().forward(x) * F.silu(gate.float())).to(x.dtype)
 
 
@@ -41,6 +56,7 @@ class GatedDeltaNet(nn.Module):
 
     fla_gdn: int = 0          # the plan's knob: the delta rule on fla-core's kernels (CUDA)
     gdn_slots: int = 0        # the plan's knob: a decode step's rule on the state pool in place (CUDA, Triton)
+    gdn_fused: int = 0        # the plan's knob: the gates, a decode step's conv (and the norms) one launch each
 
     def __init__(self, cfg: GatedDeltaNetConfig, layer: int):
         super().__init__()
@@ -58,9 +74,15 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
         self.out_proj = Linear(cfg.value_dim, cfg.hidden_size, bias=False)
 
+    def fused(self, x: torch.Tensor) -> bool:
+        """Whether the gdn_fused kernels take this layer's rows x (bf16 on a kernel device)."""
+        return bool(self.gdn_fused) and x.dtype == torch.bfloat16 and norm_ops.on_kernel_device(x)
+
     def conv(self, qkv: torch.Tensor, state: StateStep) -> torch.Tensor:
         """The conv over q|k|v rows [T, conv_dim]; each sequence's window is read from and written to its slot."""
         pool = state.conv(self.layer)                                        # [slots, conv_dim, K-1]
+        if self.fused(qkv) and one_row(state.cu_seqlens):                    # in place on the pool
+            return norm_ops.gdn_conv_row(qkv, self.conv1d.weight[:, 0], pool, state.slots, state.has_state)
         windows = read_slots(pool, state.slots, state.has_state)
         y, new = causal_conv(qkv, self.conv1d.weight[:, 0], windows, state.cu_seqlens)
         pool.index_copy_(0, state.slots, new.to(pool.dtype))
@@ -91,6 +113,14 @@ class GatedDeltaNet(nn.Module):
 
         return slot_decode(q, k, v, g.contiguous(), beta.contiguous(), pool, state.slots, state.has_state)
 
+    def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(beta [T, HV] in x's dtype, g [T, HV] the log decay in fp32) of the layer's input rows x."""
+        if self.fused(x):
+            return norm_ops.gdn_gates(self.in_proj_b(x), self.in_proj_a(x), self.A_log, self.dt_bias)
+        beta = self.in_proj_b(x).sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        return beta, g
+
     def forward(self, x: torch.Tensor, state: StateStep) -> torch.Tensor:
         t = x.shape[0]
         if t != state.num_rows:
@@ -101,8 +131,9 @@ class GatedDeltaNet(nn.Module):
         q = qkv[:, :kd].view(t, self.hk, self.dk)
         k = qkv[:, kd:2 * kd].view(t, self.hk, self.dk)
         v = qkv[:, 2 * kd:].view(t, self.hv, self.dv)
-        beta = self.in_proj_b(x).sigmoid()                                   # [T, HV]
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())   # log decay
-        o = self.core(q, k, v, g, beta, state).to(x.dtype)                   # [T, HV, dv]
+        beta, g = self.gates(x)                                              # [T, HV] each
+        o = self.core(q, k, v, g, beta, state)                               # [T, HV, dv] fp32
+        if not self.norm.takes(x):                                           # (the fused norm rounds it itself)
+            o = o.to(x.dtype)
         o = self.norm(o, self.in_proj_z(x).view(t, self.hv, self.dv))
         return self.out_proj(o.reshape(t, self.hv * self.dv))

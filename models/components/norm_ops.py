@@ -11,16 +11,29 @@ caller with torch.empty, which the simulation records). Triton is imported only 
     graphc::q_k_rope_f32(q, k, cos, sin, yq!, yk!, v?, yv!?)
     graphc::snake_beta(x, alpha, beta, y!)
     graphc::silu_mul(gate_up, y!)
+    graphc::zc_rms_norm(x, weight, y!, eps)
+    graphc::add_zc_rms_norm(x, residual, weight, total!, y!, eps)
+    graphc::gated_rms_norm(x, gate, weight, y!, eps)
+    graphc::gdn_gates(b, a, a_log, dt_bias, beta!, g!)
+    graphc::gdn_conv_row(x, weight, pool!, slots, has_state, y!)
 
 layers.RMSNorm takes the first two, layers.LayerNorm the next two, the attention layers' q and k norm +
 rotary q_k_norm_rope (qk_norm_rope where only one of them is fused), code2wav.SnakeBeta snake_beta and
 layers.SwiGLU silu_mul, where the plan says so (the fused_norms knob: the normalisation-like elementwise
 chains of a node as one launch each) and the inputs allow; the vision tower's attention q_k_rope_f32 (the
-fused_rope knob). The wrappers here check shapes and return the outputs.
+fused_rope knob). Qwen3.5's zero-centred norms (qwen3_5_text.ZeroCentredRMSNorm: the layer norms, the residual
+add with the one after the mixer, q_norm and k_norm, the final norm) take zc_rms_norm and add_zc_rms_norm, and
+its Gated DeltaNet layers gated_rms_norm (the output norm, on the core's fp32 rows), gdn_gates (beta and the
+log decay) and gdn_conv_row (a decode step's conv on the conv state pool in place; gdn_step_triton.py), under
+the gdn_fused knob, on bf16 rows on a device in KERNEL_DEVICES. The wrappers here check shapes and return the
+outputs.
 """
 from __future__ import annotations
 
 import torch
+
+# where the kernels run: a GPU, and the meta device the compiler traces them on (the interpreted tests add "cpu")
+KERNEL_DEVICES = ("cuda", "meta")
 
 
 @torch.library.custom_op("graphc::rms_norm", mutates_args=("y",))
@@ -134,6 +147,75 @@ def silu_mul_op(gate_up: torch.Tensor, y: torch.Tensor) -> None:
 @silu_mul_op.register_fake
 def _(gate_up, y) -> None:
     return None
+
+
+@torch.library.custom_op("graphc::zc_rms_norm", mutates_args=("y",))
+def zc_rms_norm_op(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, eps: float) -> None:
+    from models.components import norm_triton as k
+
+    k.zc_rms_norm(x, weight, y, eps)
+
+
+@zc_rms_norm_op.register_fake
+def _(x, weight, y, eps) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::add_zc_rms_norm", mutates_args=("total", "y"))
+def add_zc_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, total: torch.Tensor,
+                       y: torch.Tensor, eps: float) -> None:
+    from models.components import norm_triton as k
+
+    k.add_zc_rms_norm(x, residual, weight, total, y, eps)
+
+
+@add_zc_rms_norm_op.register_fake
+def _(x, residual, weight, total, y, eps) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::gated_rms_norm", mutates_args=("y",))
+def gated_rms_norm_op(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, eps: float
+                      ) -> None:
+    from models.components import norm_triton as k
+
+    k.gated_rms_norm(x, gate, weight, y, eps)
+
+
+@gated_rms_norm_op.register_fake
+def _(x, gate, weight, y, eps) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::gdn_gates", mutates_args=("beta", "g"))
+def gdn_gates_op(b: torch.Tensor, a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, beta: torch.Tensor,
+                 g: torch.Tensor) -> None:
+    from models.components import gdn_step_triton as k
+
+    k.gates(b, a, a_log, dt_bias, beta, g)
+
+
+@gdn_gates_op.register_fake
+def _(b, a, a_log, dt_bias, beta, g) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::gdn_conv_row", mutates_args=("pool", "y"))
+def gdn_conv_row_op(x: torch.Tensor, weight: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor,
+                    has_state: torch.Tensor, y: torch.Tensor) -> None:
+    from models.components import gdn_step_triton as k
+
+    k.conv_row(x, weight, pool, slots, has_state, y)
+
+
+@gdn_conv_row_op.register_fake
+def _(x, weight, pool, slots, has_state, y) -> None:
+    return None
+
+
+def on_kernel_device(x: torch.Tensor) -> bool:
+    """Whether x lies where the kernels run (KERNEL_DEVICES)."""
+    return x.device.type in KERNEL_DEVICES
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -304,3 +386,66 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     y = torch.empty((g2.shape[0], g2.shape[1] // 2), device=gate_up.device, dtype=gate_up.dtype)
     silu_mul_op(g2, y)
     return y.view(*gate_up.shape[:-1], y.shape[-1])
+
+
+def zc_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """qwen3_5_text.ZeroCentredRMSNorm's forward, rms_norm(x) * (1 + weight): x [..., D] (or [..., H, D], each
+    head's row normed; heads may be strided views, as q and k of a projection) -> [..., D] in x's dtype."""
+    if weight.shape != (x.shape[-1],):
+        raise ValueError(f"zc_rms_norm: x {tuple(x.shape)} takes a weight of its last dim, not {tuple(weight.shape)}")
+    x3 = _heads(x if x.dim() > 2 else x.reshape(-1, 1, x.shape[-1]))
+    y = torch.empty(x3.shape, device=x.device, dtype=x.dtype)
+    zc_rms_norm_op(x3, weight, y, eps)
+    return y.view(x.shape)
+
+
+def add_zc_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + residual, zc_rms_norm(x + residual)), both [..., D] in x's dtype."""
+    return _add_norm("add_zc_rms_norm", add_zc_rms_norm_op, x, residual, (weight,), eps)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """gated_deltanet.GatedRMSNorm's forward: x [..., D] (the core's fp32 output, or rows in gate's dtype) rounded
+    to gate's dtype, then (weight * rms_norm(x)) * silu(gate) -> [..., D] in gate's dtype."""
+    if x.shape != gate.shape or weight.shape != (x.shape[-1],):
+        raise ValueError(f"gated_rms_norm: x {tuple(x.shape)}, gate {tuple(gate.shape)} and weight "
+                         f"{tuple(weight.shape)} must be [..., D], [..., D] and [D]")
+    x2, g2 = _rows(x), _rows(gate)
+    y = torch.empty(g2.shape, device=gate.device, dtype=gate.dtype)
+    gated_rms_norm_op(x2, g2, weight, y, eps)
+    return y.view(gate.shape)
+
+
+def gdn_gates(b: torch.Tensor, a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Gated DeltaNet's gates of b and a [T, HV] (in_proj_b's and in_proj_a's rows): (beta = sigmoid(b) in
+    b's dtype, g = -exp(a_log) * softplus(a + dt_bias) in fp32), each [T, HV] contiguous."""
+    hv = a_log.shape[0]
+    if b.dim() != 2 or b.shape != a.shape or b.shape[1] != hv or dt_bias.shape != (hv,):
+        raise ValueError(f"gdn_gates: b {tuple(b.shape)} and a {tuple(a.shape)} must be [T, HV] with a_log "
+                         f"{tuple(a_log.shape)} and dt_bias {tuple(dt_bias.shape)} [HV]")
+    b2, a2 = _rows(b), _rows(a)
+    beta = torch.empty(b.shape, device=b.device, dtype=b.dtype)
+    g = torch.empty(b.shape, device=b.device, dtype=torch.float32)
+    gdn_gates_op(b2, a2, a_log, dt_bias, beta, g)
+    return beta, g
+
+
+def gdn_conv_row(x: torch.Tensor, weight: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor,
+                 has_state: torch.Tensor) -> torch.Tensor:
+    """A decode step's causal conv (delta_rule.causal_conv of one row a sequence) on the conv state pool in
+    place: x [N, C] (sequence i's new row), weight [C, K], pool [slots, C, K-1] whose slot slots[i] holds
+    sequence i's last K-1 rows (read as zeros where has_state[i] is False) and takes its new window. Returns
+    silu(conv) [N, C] in x's dtype."""
+    n, c = x.shape
+    if weight.dim() != 2 or weight.shape[0] != c or weight.shape[1] < 2 or pool.dim() != 3 or \
+            pool.shape[1:] != (c, weight.shape[1] - 1) or slots.shape != (n,) or has_state.shape != (n,):
+        raise ValueError(f"gdn_conv_row: x {tuple(x.shape)} takes weight [C, K] (K >= 2), pool [slots, C, K-1] and "
+                         f"slots and has_state [N]; got weight {tuple(weight.shape)}, pool {tuple(pool.shape)}, "
+                         f"slots {tuple(slots.shape)}, has_state {tuple(has_state.shape)}")
+    x2 = _rows(x)
+    w2 = weight if weight.stride(-1) == 1 else weight.contiguous()
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    gdn_conv_row_op(x2, w2, pool, slots, has_state, y)
+    return y

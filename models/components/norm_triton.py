@@ -16,10 +16,16 @@ is a few microseconds of launch and almost no work: about forty of the thinker's
     q_k_norm_rope  the same over q's and k's heads of a row in one launch, each with its own norm weight
     q_k_rope_f32   q's and k's rotary alone, in fp32 and rounded once (the vision encoder's, heads 72 wide)
     silu_mul       y = silu(gate) * up over a SwiGLU's [gate | up] projection rows (torch: two launches)
+    zc_rms_norm    the zero-centred norm of Qwen3.5 (HF's Qwen3_5RMSNorm): y = x * rstd * (1 + w) in fp32, rounded
+                   once, over [D] rows or each head's row of [N, H, D] (torch: ten launches), and add_zc_rms_norm
+                   with the residual sum as add_rms_norm
+    gated_rms_norm the Gated DeltaNet's output norm (HF's Qwen3_5RMSNormGated) of the core's fp32 rows: rounded
+                   to the gate's dtype, normed and rounded, times w and rounded, times silu(gate) in fp32,
+                   rounded once (torch: the cast before it, the norm and four more launches)
 
 Each rounds where the torch path (HF's order) rounds: the sum in the input dtype, the normalised row cast
-to the input dtype before the weight's product, each rotary product and their sum in the input dtype;
-only the mean's summation order differs. tests/gpu compares them with the torch path at the real shapes;
+to the input dtype before the weight's product (zc_rms_norm: not, as HF's Qwen3_5RMSNorm), each rotary product
+and their sum in the input dtype; only the mean's summation order differs. tests/gpu compares them with the torch path at the real shapes;
 tests/unit runs them under Triton's interpreter on CPU. norm_ops.py makes them torch operators.
 """
 from __future__ import annotations
@@ -67,6 +73,40 @@ def _rms_norm(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, D, x_stride, r_stride, s_stride
     n = _round(x32 * rstd, BF16)
     w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * y_stride + offs, _round(w * n, BF16).to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _zc_rms_norm(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, H, D, x_row, x_head, r_stride, s_stride, y_row, y_head, eps,
+                 HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    """A zero-centred RMSNorm (HF's Qwen3_5RMSNorm) of head pid % H of row pid // H: y = x * rstd * (1 + w), all
+    in fp32 and rounded once to y's dtype; with HAS_RES (H = 1), of the residual sum x + r rounded to the input
+    dtype (written to s), as torch's add then the norm."""
+    pid = tl.program_id(0)
+    row, head = pid // H, pid % H
+    offs, m, x32 = _residual_row(x_ptr + head * x_head, r_ptr, s_ptr, row, D, x_row, r_stride, s_stride, HAS_RES,
+                                 BLOCK)
+    rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / D + eps)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    y = _round(x32 * rstd * (1.0 + w), y_ptr.dtype.element_ty == tl.bfloat16)
+    tl.store(y_ptr + row * y_row + head * y_head + offs, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _gated_rms_norm(x_ptr, z_ptr, w_ptr, y_ptr, D, x_row, z_row, y_row, eps, BLOCK: tl.constexpr):
+    """The Gated DeltaNet's output norm of one row (HF's Qwen3_5RMSNormGated), x first rounded to y's dtype (the
+    core's fp32 output cast): the normed row rounded, its product with w rounded, that times silu(z) in fp32 and
+    rounded once."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    m = offs < D
+    BF16: tl.constexpr = y_ptr.dtype.element_ty == tl.bfloat16
+    x = _round(tl.load(x_ptr + row * x_row + offs, mask=m, other=0.0).to(tl.float32), BF16)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    h = _round(w * _round(x * rstd, BF16), BF16)
+    z = tl.load(z_ptr + row * z_row + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * y_row + offs, _round(h * (z / (1.0 + tl.exp(-z))), BF16).to(y_ptr.dtype.element_ty),
+             mask=m)
 
 
 @triton.jit
@@ -238,6 +278,33 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     if n:
         _rms_norm[(n,)](x, residual, total, weight, y, d, x.stride(0), residual.stride(0), total.stride(0),
                         y.stride(0), eps, HAS_RES=True, BLOCK=_block(d), num_warps=4 if d >= 1024 else 1)
+
+
+def zc_rms_norm(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, eps: float) -> None:
+    """x, y [N, H, D] (rows and heads may be strided, elements contiguous), weight [D]: y = rms_norm(x) * (1 +
+    weight) over each head's row."""
+    n, h, d = x.shape
+    if n * h:
+        _zc_rms_norm[(n * h,)](x, x, x, weight, y, h, d, x.stride(0), x.stride(1), 0, 0, y.stride(0), y.stride(1), eps,
+                               HAS_RES=False, BLOCK=_block(d), num_warps=4 if d >= 1024 else 1)
+
+
+def add_zc_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, total: torch.Tensor,
+                    y: torch.Tensor, eps: float) -> None:
+    """total = x + residual (rounded to their dtype); y = rms_norm(total) * (1 + weight). All [N, D]."""
+    n, d = x.shape
+    if n:
+        _zc_rms_norm[(n,)](x, residual, total, weight, y, 1, d, x.stride(0), 0, residual.stride(0), total.stride(0),
+                           y.stride(0), 0, eps, HAS_RES=True, BLOCK=_block(d), num_warps=4 if d >= 1024 else 1)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, eps: float) -> None:
+    """x [N, D] (fp32 or y's dtype), gate and y [N, D] (rows may be strided, elements contiguous), weight [D]:
+    y = (weight * rms_norm(x.to(y.dtype)).to(y.dtype)) * silu(gate.float()), in y's dtype."""
+    n, d = x.shape
+    if n:
+        _gated_rms_norm[(n,)](x, gate, weight, y, d, x.stride(0), gate.stride(0), y.stride(0), eps, BLOCK=_block(d),
+                              num_warps=4 if d >= 1024 else 1)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y: torch.Tensor, eps: float) -> None:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from graphc import NodeModule, Split, StepContext
+from models.components import norm_ops
 from models.components.gated_deltanet import GatedDeltaNet
 from models.components.layers import Linear, RMSNorm, SwiGLU, apply_rope, rope_inv_freq, splice
 from models.components.moe import SparseMoE
@@ -33,20 +34,34 @@ from models.components.qwen3_5_text_config import Qwen3_5MoeTextConfig, Qwen3_5T
 
 
 class ZeroCentredRMSNorm(RMSNorm):
-    """rmsnorm(x) * (1 + w) in fp32, cast to x's dtype (HF's Qwen3_5RMSNorm; the checkpoint stores w near 0).
-    Always the torch path: the fused norm kernels scale by w, not 1 + w."""
+    """rmsnorm(x) * (1 + w) in fp32, cast to x's dtype (HF's Qwen3_5RMSNorm; the checkpoint stores w near 0), over
+    x [..., D] (q_norm and k_norm: each head's row of [T, H, D]). The plain norm's kernels (fused_norms) scale by
+    w, not 1 + w: under the gdn_fused knob bf16 rows on a kernel device take zc_rms_norm (and add,
+    add_zc_rms_norm), one launch each (norm_ops.py); else the torch path."""
+
+    gdn_fused: int = 0        # the plan's knob (graphc/modules.py KERNEL_KNOBS)
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__(dim, eps)
         nn.init.zeros_(self.weight)
 
     def fused(self, x: torch.Tensor) -> bool:
-        return False
+        return (bool(self.gdn_fused) and x.dtype == torch.bfloat16 and self.weight.dtype == x.dtype
+                and norm_ops.on_kernel_device(x) and x.shape[-1] == self.weight.shape[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused(x):
+            return norm_ops.zc_rms_norm(x, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+
+    def add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, this norm of it): one launch where fused."""
+        if self.fused(x) and delta.shape == x.shape and delta.dtype == x.dtype:
+            return norm_ops.add_zc_rms_norm(x, delta, self.weight, self.eps)
+        total = x + delta
+        return total, self(total)
 
 
 def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
