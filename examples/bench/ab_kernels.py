@@ -6,10 +6,11 @@ attention planned: bench_steps.prepare; --sampled: the talker's default sampling
 replays after warm-up).
 
     python examples/bench/ab_kernels.py OUT.json [--plan plans/omni_2gpu.plan] [--without fused_norms ...]
-        [--with gdn_slots ...] [--none] [--no-again] [--sampled] [--devices 1] [--graphs thinker/decode:seqs/1 ...]
+        [--with gdn_slots ...] [--together] [--drop KNOB ..] [--none] [--no-again] [--sampled] [--devices 1] [--graphs thinker/decode:seqs/1 ...]
 
 --with KNOB: a variant with the knob set to 1 on every node (where a module declares it: a kernel no plan
-chooses yet, e.g. gdn_slots on plans/qwen3_5_9b_h200.plan); with two or more, one more with all of them.
+chooses yet, e.g. gdn_slots on plans/qwen3_5_9b_h200.plan); with two or more, one more with all of them
+(--together: that one alone). --drop KNOB: taken away in every variant.
 
 Without --graphs: each device's decode graphs at 1, 16 and the largest rung, and the thinker's prefill at
 128 and 2048 tokens where the plan captures them. Prints a row per graph and variant; OUT.json holds them.
@@ -57,6 +58,10 @@ def main() -> None:
                     help="a variant with each knob set to 1")
     ap.add_argument("--graphs", nargs="*", help="the captured graphs to time (default: see above)")
     ap.add_argument("--devices", nargs="*", type=int, help="the plan devices to boot (default: all)")
+    ap.add_argument("--together", action="store_true", help="of the --with knobs, only the variant with all of them")
+    ap.add_argument("--drop", nargs="*", default=[], choices=KERNEL_KNOBS,
+                    help="knobs taken away in every variant, the plan's own included (e.g. moe_sm90_from, whose "
+                         "kernels a decode step never runs, where their package is not installed)")
     ap.add_argument("--none", action="store_true", help="a variant with every knob taken away too")
     ap.add_argument("--no-again", action="store_true", help="no second boot with the plan's kernels at the end")
     ap.add_argument("--sampled", action="store_true", help="the talker's default sampling in its rows (bench_steps)")
@@ -64,7 +69,7 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=30)
     a = ap.parse_args()
     variants = ([("plan", set(), {})] + [(f"without {k}", {k}, {}) for k in a.without]
-                + [(f"with {k}", set(), {k: 1}) for k in a.adds]
+                + ([] if a.together else [(f"with {k}", set(), {k: 1}) for k in a.adds])
                 + ([(f"with {' + '.join(a.adds)}", set(), dict.fromkeys(a.adds, 1))] if len(a.adds) > 1 else [])
                 + ([("none", set(KERNEL_KNOBS), {})] if a.none else [])
                 + ([] if a.no_again else [("plan again", set(), {})]))
@@ -81,7 +86,7 @@ def main() -> None:
             print(f"device {dev.index}: booting with the plan's kernels{changes}", flush=True)
             plan = load_plan(a.plan)
             for k, n in list(plan.nodes.items()):
-                kept = {x: v for x, v in n.kernels.items() if x not in drop}
+                kept = {x: v for x, v in n.kernels.items() if x not in drop and x not in a.drop}
                 plan.nodes[k] = n.model_copy(update={"kernels": kept | add})
             (boot,) = boot_plan(plan, devices=[dev.index], emulate=True)
             with torch.inference_mode():

@@ -71,20 +71,25 @@ def tool_blocks(text: str) -> list[dict]:
 
 
 # ---- the mask against a brute-force oracle
-def test_the_first_mask_of_a_regex_allows_exactly_the_tokens_that_start_a_match():
+@pytest.mark.parametrize("batch", [False, True])
+def test_the_first_mask_of_a_regex_allows_exactly_the_tokens_that_start_a_match(batch):
+    """One guided row (its matcher fills its row), or three with two grammars (xgrammar's batch filler, on its
+    threads), beside an unguided row."""
     tok = build_tokenizer()
     eos = [tok.token_to_id("<|im_end|>")]
     grammars = Grammars(tok, 512, eos)
-    pattern = r"[0-9]{2,3}-[a-z]+"
-    mask = step_mask([None, grammars.matcher(Guide(kind="regex", regex=pattern))], [0, 0], 512)
-    logits = torch.zeros(2, 512)
+    patterns = [r"[0-9]{2,3}-[a-z]+"] + ([r"[a-f]+ ?x", r"[g-z]+[0-9]"] if batch else [])
+    rows = [None] + [grammars.matcher(Guide(kind="regex", regex=p)) for p in patterns]
+    mask = step_mask(rows, [0] * len(rows), 512)
+    logits = torch.zeros(len(rows), 512)
     out = apply_mask(logits, mask)
     assert torch.equal(out[0], logits[0])                   # an unguided row as it was
     special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
-    want = {i for i in range(tok.get_vocab_size()) if i not in special and tok.decode([i])
-            and "\ufffd" not in tok.decode([i]) and regex.fullmatch(pattern, tok.decode([i]), partial=True)}
-    assert want and set(torch.nonzero(out[1] == 0).flatten().tolist()) == want
-    assert torch.isinf(out[1][sorted(set(range(512)) - want)]).all()
+    for row, pattern in enumerate(patterns, start=1):
+        want = {i for i in range(tok.get_vocab_size()) if i not in special and tok.decode([i])
+                and "\ufffd" not in tok.decode([i]) and regex.fullmatch(pattern, tok.decode([i]), partial=True)}
+        assert want and set(torch.nonzero(out[row] == 0).flatten().tolist()) == want, pattern
+        assert torch.isinf(out[row][sorted(set(range(512)) - want)]).all()
 
 
 # ---- the engine
