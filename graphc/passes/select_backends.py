@@ -34,7 +34,7 @@ the gdn_slots knob: 19.3 -> 12.0 ms for the 9B's 64-sequence decode on the H200)
 Knobs no plan chooses until they are measured on a GPU (examples/bench/ab_kernels.py --with KNOB times them):
 moe_route_group (a sparse MoE's router and the grouping of a decode step's few token-expert pairs in one launch)
 and moe_sum_norm (the experts' sum, the residual add and the next decoder layer's input RMSNorm in one launch):
-models/components/moe_edges_triton.py; with both, a thinker decoder layer at one sequence runs 9 launches of its
+models/components/moe_edges_triton.py; with both, a sparse-MoE decoder layer at one sequence runs 9 launches of its
 own and 3 of attention. gdn_fused (the zero-centred RMSNorms and a residual add with one, the Gated DeltaNet's
 gates, gated output norm and a decode step's conv on the conv state pool, one Triton launch each:
 models/components/norm_ops.py).

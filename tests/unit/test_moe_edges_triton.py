@@ -164,3 +164,11 @@ def test_route_group_only_for_the_pairs_one_program_holds():
     ops = _stack(BASE | {"moe_route_group": 1, "moe_sum_norm": 1}, 40)
     assert "graphc.moe_route_group" not in ops and ops.count("graphc.moe_route") == 3
     assert ops.count("graphc.moe_sum_add_norm") == 2 and ops.count("graphc.rms_norm") == 1
+
+
+def test_route_group_up_to_its_pair_limit_and_below_the_sm90_steps():
+    knobs = BASE | {"moe_route_group": 1, "moe_sum_norm": 1}
+    assert _stack(knobs, 32).count("graphc.moe_route_group") == 3               # 32 x 2 = 64 pairs: the most it takes
+    # a step the SM90 kernels run (from moe_sm90_from tokens) groups its pairs in their own launches
+    assert "graphc.moe_route_group" not in _stack(knobs | {"moe_sm90_from": 32}, 32)
+    assert _stack(knobs | {"moe_sm90_from": 33}, 32).count("graphc.moe_route_group") == 3
