@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from models.components.moe_triton import _top_k
+from models.components.moe_triton import _slot_sum, _top_k
 from models.components.norm_triton import _round
 
 ROUTE_GROUP_PAIRS = 64       # token-expert pairs route_group takes (T * k): one program holds them all
@@ -83,12 +83,7 @@ def _sum_add_norm(pairs_ptr, w_ptr, res_ptr, nw_ptr, y_ptr, h_ptr, H, res_row, e
     offs = tl.arange(0, BLOCK)
     m = offs < H
     BF16: tl.constexpr = y_ptr.dtype.element_ty == tl.bfloat16
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        row = tl.load(pairs_ptr + (t * TOP_K + j) * H + offs, mask=m, other=0.0).to(tl.float32)
-        if SCALED:
-            row = row * tl.load(w_ptr + t * TOP_K + j).to(tl.float32)
-        acc += row
+    acc = _slot_sum(pairs_ptr, w_ptr, t, offs, m, H, TOP_K, BLOCK, SCALED)
     r = tl.load(res_ptr + t * res_row + offs, mask=m, other=0.0).to(tl.float32)
     y = _round(r + _round(acc, BF16), BF16)
     tl.store(y_ptr + t * H + offs, y.to(y_ptr.dtype.element_ty), mask=m)

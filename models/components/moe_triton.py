@@ -510,6 +510,18 @@ def route(logits: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, no
 
 
 @triton.jit
+def _slot_sum(pairs_ptr, w_ptr, t, offs, m, H, TOP_K: tl.constexpr, BLOCK: tl.constexpr, SCALED: tl.constexpr):
+    """Token t's TOP_K slots' rows at columns offs (mask m) summed in fp32, each times w[t, j] first where SCALED."""
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        row = tl.load(pairs_ptr + (t * TOP_K + j) * H + offs, mask=m, other=0.0).to(tl.float32)
+        if SCALED:
+            row = row * tl.load(w_ptr + t * TOP_K + j).to(tl.float32)
+        acc += row
+    return acc
+
+
+@triton.jit
 def _sum_add(pairs_ptr, w_ptr, res_ptr, y_ptr, H, res_row, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
              SCALED: tl.constexpr, RESIDUAL: tl.constexpr):
     """One token's BLOCK columns: y = residual + sum over its TOP_K slots, the slots summed in fp32 and
@@ -518,12 +530,7 @@ def _sum_add(pairs_ptr, w_ptr, res_ptr, y_ptr, H, res_row, TOP_K: tl.constexpr, 
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < H
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        row = tl.load(pairs_ptr + (t * TOP_K + j) * H + offs, mask=m, other=0.0).to(tl.float32)
-        if SCALED:
-            row = row * tl.load(w_ptr + t * TOP_K + j).to(tl.float32)
-        acc += row
+    acc = _slot_sum(pairs_ptr, w_ptr, t, offs, m, H, TOP_K, BLOCK, SCALED)
     dt = y_ptr.dtype.element_ty
     if RESIDUAL:
         s = acc.to(dt).to(tl.float32)
