@@ -1,6 +1,7 @@
 """A/B of the plan's kernel choices inside the captured steps: a plan's devices booted with the
 plan's choices, with one or more knobs taken away on every node, with all taken away, and with the plan's
-again, one after the other in one process on one GPU (each device capped to its card), each captured
+again, one after the other on one GPU, each boot in a process of its own (so the next boot finds the card
+empty; each device capped to its card), each captured
 graph prepared and timed as examples/bench/bench_steps.py does (its rung's inputs with random token ids and its
 attention planned: bench_steps.prepare; --sampled: the talker's default sampling; CUDA events, median of
 replays after warm-up).
@@ -18,7 +19,7 @@ Without --graphs: each device's decode graphs at 1, 16 and the largest rung, and
 from __future__ import annotations
 
 import argparse
-import gc
+import multiprocessing as mp
 import json
 import sys
 from pathlib import Path
@@ -84,22 +85,29 @@ def main() -> None:
             changes = (f"{' without ' + ', '.join(sorted(drop)) if drop else ''}"
                        f"{' with ' + ', '.join(sorted(add)) if add else ''}")
             print(f"device {dev.index}: booting with the plan's kernels{changes}", flush=True)
-            plan = load_plan(a.plan)
-            for k, n in list(plan.nodes.items()):
-                kept = {x: v for x, v in n.kernels.items() if x not in drop and x not in a.drop}
-                plan.nodes[k] = n.model_copy(update={"kernels": kept | add})
-            (boot,) = boot_plan(plan, devices=[dev.index], emulate=True)
-            with torch.inference_mode():
-                for g in graphs:
-                    prepare(boot, g, a.sampled)    # its rung's inputs (random ids) and attention plan
-                    ms = time_graph(boot.graphs[g], a.warmup, a.replays)
-                    out[f"{g} {name}"] = ms
-                    print(f"{g:40s} {name:24s} {ms:8.3f} ms", flush=True)
-            del boot
-            gc.collect()
-            torch.cuda.empty_cache()
+            with mp.get_context("spawn").Pool(1) as pool:      # a fresh process: the last boot's memory is gone
+                rows = pool.apply(time_variant, (a.plan, dev.index, drop | set(a.drop), add, graphs,
+                                                 a.sampled, a.warmup, a.replays))
+            for g, ms in rows.items():
+                out[f"{g} {name}"] = ms
+                print(f"{g:40s} {name:24s} {ms:8.3f} ms", flush=True)
             Path(a.out).write_text(json.dumps(out, indent=1))      # as it goes: a run cut short keeps its rows
 
+
+def time_variant(path: str, index: int, drop: set[str], add: dict[str, int], graphs: list[str],
+                 sampled: bool, warmup: int, replays: int) -> dict[str, float]:
+    """Boot one plan device with its nodes' knobs changed and time each graph: {graph: ms}."""
+    plan = load_plan(path)
+    for k, n in list(plan.nodes.items()):
+        kept = {x: v for x, v in n.kernels.items() if x not in drop}
+        plan.nodes[k] = n.model_copy(update={"kernels": kept | add})
+    (boot,) = boot_plan(plan, devices=[index], emulate=True)
+    rows = {}
+    with torch.inference_mode():
+        for g in graphs:
+            prepare(boot, g, sampled)    # its rung's inputs (random ids) and attention plan
+            rows[g] = time_graph(boot.graphs[g], warmup, replays)
+    return rows
 
 if __name__ == "__main__":
     main()

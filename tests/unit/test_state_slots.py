@@ -104,7 +104,9 @@ def test_remedies_count_the_state_fewer_streams_free():
     for r in mine:
         seqs = int(r.change.rsplit("=", 1)[1])
         assert f"{64 - seqs} fewer lm_state slots, -{fmt_bytes((64 - seqs) * WIDE_SLOT)} of state" in r.why
-        assert r.freed >= (64 - seqs) * WIDE_SLOT        # the re-plan frees at least the slots
+        # the re-plan frees the slots, less what the allocator's segment tails of the persistent buffers may take
+        # back (2.6 MB at 48 seqs: the caching allocator's packing changes with the sizes)
+        assert r.freed >= 0.95 * (64 - seqs) * WIDE_SLOT
 
 
 def test_a_step_trace_does_not_count_the_slots_it_writes_as_its_own():
@@ -172,14 +174,15 @@ def test_slots_follow_the_decode_walk_through_the_resource_node_only():
 
 
 def test_the_delta_rule_backend_comes_from_the_capability_table():
-    """sm_90 takes fla first (and sets its node's fla_gdn and gdn_slots knobs, each 1: on); torch is asked for by
+    """sm_90 takes fla first (and sets its node's fla_gdn, gdn_fused and gdn_slots knobs, each 1: on); torch is asked for by
     name and sets neither; an arch whose row has no fla refuses it, naming what it has; the cpu runs torch."""
     c = plan("wide", "h100")
     knobs = c.plan.nodes["lm"].kernels
-    assert c.plan.resources["lm_state"].backend == "fla" and (knobs.get("fla_gdn"), knobs.get("gdn_slots")) == (1, 1)
+    assert c.plan.resources["lm_state"].backend == "fla" and (
+        knobs.get("fla_gdn"), knobs.get("gdn_fused"), knobs.get("gdn_slots")) == (1, 1, 1)
     t = plan("wide", "h100", {"resources": {"lm_state": {"backend": "torch"}}})
     assert t.plan.resources["lm_state"].backend == "torch"
-    assert not {"fla_gdn", "gdn_slots"} & set(t.plan.nodes["lm"].kernels)
+    assert not {"fla_gdn", "gdn_fused", "gdn_slots"} & set(t.plan.nodes["lm"].kernels)
     with pytest.raises(InvalidInput) as e:
         plan("wide", "a100-80gb", {"resources": {"lm_state": {"backend": "fla"}}})
     assert "'fla' has no kernels for sm_80; a100-80gb has: torch" in str(e.value)
