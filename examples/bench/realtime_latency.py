@@ -4,7 +4,9 @@ answer plays (barge-in). Measured per session:
 
   first_audio_ms   from the server's speech_stopped event to the answer's first output audio delta
   barge_in_ms      from sending the append that holds the new speech's onset to the cancelled response.done
-                   (after which no audio of that answer comes): VAD's 32 ms window included
+                   (after which no audio of that answer comes): VAD's 32 ms window included, in two parts:
+  vad_ms           from that append to the server's speech_started event
+  cancel_ms        from speech_started to the cancelled response.done
 
 The speech is a synthetic voiced signal (harmonics of a moving pitch through vowel formants) that Silero's VAD
 takes for speech; with seeded weights the model's own speech is noise to a VAD. The server needs a tokenizer and
@@ -76,14 +78,19 @@ async def one_session(url: str, question: list[str], barge: list[str], onset_ind
                 first, answering = time.perf_counter(), ev["response_id"]
         await sender
         onset = asyncio.create_task(stream(ws, barge, onset_index))
+        started = None
         while True:
             ev = json.loads(await ws.recv())
+            if ev["type"] == "input_audio_buffer.speech_started":
+                started = time.perf_counter()
             if ev["type"] == "response.done" and ev["response"]["id"] == answering:
                 ended, status = time.perf_counter(), ev["response"]["status"]
                 break
         sent = await onset
-        return {"first_audio_ms": (first - stopped) * 1e3,
-                "barge_in_ms": (ended - sent) * 1e3 if status == "cancelled" and sent else None, "status": status}
+        cut = status == "cancelled" and sent and started
+        return {"first_audio_ms": (first - stopped) * 1e3, "barge_in_ms": (ended - sent) * 1e3 if cut else None,
+                "vad_ms": (started - sent) * 1e3 if cut else None,
+                "cancel_ms": (ended - started) * 1e3 if cut else None, "status": status}
 
 
 def summary(values: list[float]) -> dict:
@@ -107,10 +114,10 @@ async def main(args) -> dict:
     for n in args.sessions:
         runs = await asyncio.gather(*(one_session(url, question, barge, onset_index, args.max_tokens)
                                       for _ in range(n)))
-        out[n] = {"first_audio_ms": summary([r["first_audio_ms"] for r in runs]),
-                  "barge_in_ms": summary([r["barge_in_ms"] for r in runs]),
-                  "not_cancelled": sum(r["status"] != "cancelled" for r in runs)}
-        print(f"{n:3d} sessions: first audio {out[n]['first_audio_ms']}, barge-in {out[n]['barge_in_ms']}", flush=True)
+        out[n] = {k: summary([r[k] for r in runs]) for k in ("first_audio_ms", "barge_in_ms", "vad_ms", "cancel_ms")}
+        out[n]["not_cancelled"] = sum(r["status"] != "cancelled" for r in runs)
+        print(f"{n:3d} sessions: first audio {out[n]['first_audio_ms']}, barge-in {out[n]['barge_in_ms']} "
+              f"(VAD {out[n]['vad_ms']}, then cancel {out[n]['cancel_ms']})", flush=True)
     return out
 
 
