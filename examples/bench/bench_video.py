@@ -13,6 +13,11 @@ default pixel bounds (no checkpoint), the clip of issue 37's reference. CPU smok
     python examples/bench/bench_video.py /tmp/tiny_video.plan /tmp/v.json --random-weights \\
         --streams 1 2 --seconds 2 --fps 2 --size 64 --tokens 2 --repeats 1
 
+Qwen3.5's clips carry their frames' times as text, so its plans need a tokenizer: with seeded weights, one at
+the plan's ids (`python examples/tools/synthetic_tokenizer.py plans/qwen3_5_9b_h200.plan /tmp/tok`, then
+`--tokenizer /tmp/tok`). --gather-ms: the Driver's window for requests still preparing (`graphc run
+--gather-ms`; 0 measures each request stepped as soon as it is ready).
+
 The path measured is the server's without its HTTP layer: one graphc.Engine (seeded weights with
 --random-weights) and the graphc.serve Driver that `graphc run` builds over it (graphc/serve/app.py). Each
 request goes through Driver.submit(), which prepares it in a worker thread (Engine.prepare: the host
@@ -186,6 +191,10 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("out", metavar="OUT.json")
     ap.add_argument("--checkpoint", default=None)
     ap.add_argument("--random-weights", action="store_true")
+    ap.add_argument("--gather-ms", type=float, default=None, help="the Driver's window for requests still preparing "
+                    "(graphc run --gather-ms; default its 50 ms)")
+    ap.add_argument("--tokenizer", default=None, help="a tokenizer folder (examples/tools/synthetic_tokenizer.py "
+                    "writes one): models whose clips carry their frames' times as text (Qwen3.5) need one")
     ap.add_argument("--emulate", action="store_true", help="boot a plan for a smaller card of the same arch")
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8], help="requests arriving at once")
     ap.add_argument("--seconds", type=float, default=30.0, help="each clip's length")
@@ -204,13 +213,15 @@ def main() -> None:
     from graphc.runtime.engine import Engine
     from graphc.serve.driver import Driver
 
-    engine = Engine(a.plan, checkpoint=a.checkpoint, random_weights=a.random_weights, seed=a.seed, emulate=a.emulate)
+    engine = Engine(a.plan, checkpoint=a.checkpoint, random_weights=a.random_weights, seed=a.seed, emulate=a.emulate,
+                    tokenizer=a.tokenizer)
     print(engine.summary(), file=sys.stderr, flush=True)
     why = check(engine, a)
     if why is not None:
         engine.close()
         sys.exit(f"bench_video: {why}")
-    driver, loop = Driver(engine), asyncio.new_event_loop()      # one loop and its thread pool, as a server has
+    driver = Driver(engine, gather_s=None if a.gather_ms is None else a.gather_ms / 1e3)
+    loop = asyncio.new_event_loop()      # one loop and its thread pool, as a server has
     draw, clip = id_source(engine, a.seed), clip_source(a, a.seed)
     try:
         warm = one_round(engine, driver, loop, requests(engine, draw, clip, a, 1))

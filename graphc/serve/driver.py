@@ -4,6 +4,12 @@ their events from per-request asyncio queues.
 Saturation: requests wait for the engine in order of arrival; at most `max_waiting` may wait (default:
 8 times the sequences the decode walk runs at once), beyond that a request is refused at once with 429
 and Retry-After (the seconds in which, at the rate requests have been finishing, one leaves the queue).
+
+Gathering: requests that arrive together prepare in parallel (Engine.prepare in worker threads) and finish it
+a little apart. An idle engine that takes the first would run its prefill (a clip's encoder and prompt: hundreds
+of ms) alone, and the others after it. So when the engine had nothing running and others submitted are still
+preparing, it waits for them, at most `gather_s` (default 50 ms; 0: never), and one step takes them all. A
+running engine never waits: its next step takes whatever has arrived.
 """
 from __future__ import annotations
 
@@ -33,11 +39,17 @@ class Driver:
     abort frees a request."""
 
     RATE_WINDOW = 64          # the finished requests the Retry-After estimate looks at
+    GATHER_S = 0.05           # the longest an idle engine waits for requests still preparing beside the first
 
-    def __init__(self, engine: Engine, on_death=None, max_waiting: int | None = None):
+    def __init__(self, engine: Engine, on_death=None, max_waiting: int | None = None, gather_s: float | None = None):
         """on_death(WorkerDied): what ends the server when a device's worker died (default: exit 3);
-        max_waiting: the most requests waiting for the engine (default: 8 x the decode walk's sequences)."""
+        max_waiting: the most requests waiting for the engine (default: 8 x the decode walk's sequences);
+        gather_s: the longest an idle engine waits for requests still preparing (default GATHER_S; 0: never)."""
         self.engine = engine
+        self.gather_s = self.GATHER_S if gather_s is None else gather_s
+        if not 0 <= self.gather_s <= 10:
+            raise InvalidInput(f"gather is {self.gather_s * 1e3:g} ms", "an idle engine waits that long for requests "
+                               "still preparing; it must be between 0 and 10,000 ms", "give --gather-ms 0 to 10000")
         self.on_death = on_death or self._die
         self.max_waiting = max_waiting if max_waiting is not None else 8 * engine.max_running
         if self.max_waiting < 1:
@@ -154,6 +166,15 @@ class Driver:
                 with self.lock:
                     self.pending -= 1
 
+    def _gather(self) -> None:
+        """The idle engine took a request: while others submitted are still preparing, take them as they come,
+        for at most gather_s, so that its first step runs them together."""
+        deadline = time.monotonic() + self.gather_s
+        while self.pending > 0 and not self.stopping and (left := deadline - time.monotonic()) > 0:
+            self.wake.wait(left)
+            self.wake.clear()
+            self._take_inbox()
+
     def _step(self) -> tuple[list[Event], WorkerDied | None]:
         """One engine step: its events, and what ends the server when the step failed."""
         try:
@@ -188,7 +209,10 @@ class Driver:
 
     def _run(self) -> None:
         while not self.stopping:
+            idle = not self.engine.has_work()
             self._take_inbox()
+            if idle and self.engine.has_work():
+                self._gather()
             if not self.engine.has_work():
                 self.wake.wait(0.05)
                 self.wake.clear()
