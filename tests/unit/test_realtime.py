@@ -216,6 +216,33 @@ def test_text_turn_answers_as_chat_does(served):
     assert second.usage.input_tokens == post(served, "/tokenize", {"messages": turns, "add_generation_prompt": True})["count"]
 
 
+
+def test_a_later_turn_reuses_the_earlier_turns_pages(served):
+    """The second response's prompt starts with the first's (the conversation so far): the prefix cache serves the
+    full pages they share. Expected: the common prefix of the two prompts as /tokenize renders them, in whole pages."""
+    page = served.engine.scheduler.kv.page_size
+    first = "please count every pebble on the long grey beach " * 6
+    c = client(served)
+    with c.realtime.connect(model=served.name) as conn:
+        conn.recv()
+        conn.session.update(session={"type": "realtime", "temperature": 0})
+        conn.recv()
+        answers = []
+        for text in (first, "and the shells?"):
+            conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                "content": [{"type": "input_text", "text": text}]})
+            assert conn.recv().type == "conversation.item.created"
+            before = served.engine.stats()["prefix_cache"]["hit_rows"]
+            conn.response.create(response={"output_modalities": ["text"], "max_output_tokens": SHORT})
+            done = until(conn, "response.done")[-1].response
+            answers.append((done.output[0].content[0].text, served.engine.stats()["prefix_cache"]["hit_rows"] - before))
+    one = [{"role": "user", "content": first}]
+    two = one + [{"role": "assistant", "content": answers[0][0]}, {"role": "user", "content": "and the shells?"}]
+    p1, p2 = (post(served, "/tokenize", {"messages": m, "add_generation_prompt": True})["tokens"] for m in (one, two))
+    common = next((i for i, (a, b) in enumerate(zip(p1, p2)) if a != b), min(len(p1), len(p2)))
+    assert common >= 2 * page, (common, page)              # the test means something: whole pages in common
+    assert answers[1][1] >= common // page * page and answers[1][1] < len(p2), (answers, common, len(p2))
+
 def speak_text(ws, text: str = "tell me a long story", **response) -> None:
     """A text turn answered greedily (the answer, and whether it speaks, then do not hang on what ran before)."""
     send(ws, "conversation.item.create", item={"type": "message", "role": "user",
