@@ -34,11 +34,11 @@ the gdn_slots knob: 19.3 -> 12.0 ms for the 9B's 64-sequence decode on the H200)
 The same sparse-MoE nodes run a decode step's router and the grouping of its token-expert pairs (at most 64 a
 launch) in one launch (moe_route_group) and the experts' sum, the residual add and the next decoder layer's input
 RMSNorm in one (moe_sum_norm): models/components/moe_edges_triton.py; a sparse-MoE decoder layer at one sequence
-runs 9 launches of its own and 3 of attention. Measured on an H100 with the one-80 GB Omni plan: thinker decode
-4.12 -> 4.01 ms at 1 sequence, equal at 16 and 64 (7.18, 22.93 ms), talker 3.82 -> 3.76 ms. The nodes whose delta
-rule runs on fla-core also run gdn_fused: the zero-centred RMSNorms (and a residual add with one), the Gated
-DeltaNet's gates, its gated output norm and a decode step's conv on the conv state pool, one Triton launch each
-(models/components/norm_ops.py, gdn_step_triton.py): the 9B's decode on an H100 9.04 -> 6.53 ms at 1 sequence,
+runs 9 launches of its own and 3 of attention. Measured on an H100 with a shipped one-80 GB MoE plan: its larger
+node's decode 4.12 -> 4.01 ms at 1 sequence, equal at 16 and 64 (7.18, 22.93 ms), the smaller's 3.82 -> 3.76 ms.
+The nodes whose delta rule runs on fla-core also run gdn_fused: the zero-centred RMSNorms (and a residual add
+with one), the Gated DeltaNet's gates, its gated output norm and a decode step's conv on the conv state pool,
+one Triton launch each (models/components/norm_ops.py, gdn_step_triton.py): the 9B's decode on an H100 9.04 -> 6.53 ms at 1 sequence,
 11.89 -> 8.25 at 16, 14.49 -> 10.27 at 64 (examples/bench/ab_kernels.py --with KNOB; docs/benchmarks.md). It costs
 the 9B's plans 0.94 GB of KV pages: with fewer fp32 temporaries before them, the allocator model places a
 prefill layer's two 1 GiB blocks in a new segment (activations 2.96 -> 3.90 GB at 8,192 tokens).
@@ -117,7 +117,8 @@ def select_backends(ir: IR) -> Backends:
     kernels = {n.name: dict(knobs) for n in ir.model.nodes if arch in FUSED_ARCHS and n.dtype == "bfloat16"}
     for n in ir.model.nodes:        # the delta rule on fla-core where its state resource's backend is fla,
         if any(res in chosen and chosen[res].prefill == "fla" for res in n.resources.values()):   # decode in place
-            kernels[n.name] = dict(sorted((kernels.get(n.name, {}) | {"fla_gdn": 1, "gdn_fused": 1, "gdn_slots": 1}).items()))
+            gdn = {"fla_gdn": 1, "gdn_fused": 1, "gdn_slots": 1}
+            kernels[n.name] = dict(sorted((kernels.get(n.name, {}) | gdn).items()))
     out = Backends(chosen, kernels)
     out.check(ir)
     return out

@@ -73,4 +73,5 @@ def test_each_state_reads_its_windows_one_after_the_other():
     _, vad = run(ramp, [333] * 31)
     first, second = (m.firsts for m in vad.models)
     assert first == [512.0 * k for k in range(len(first))] and len(first) == (10_000 - WINDOW) // WINDOW + 1
-    assert second == [256.0 + 512 * k for k in range(len(second))] and len(second) == (10_000 - 256 - WINDOW) // WINDOW + 1
+    assert second == [256.0 + 512 * k for k in range(len(second))]
+    assert len(second) == (10_000 - 256 - WINDOW) // WINDOW + 1
