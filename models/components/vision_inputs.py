@@ -98,6 +98,24 @@ def normalize(frames: torch.Tensor, cfg: VisionProcessing) -> torch.Tensor:
     return frames.to(torch.float32).sub(mean).div(std)
 
 
+def normalize_rows(rows: torch.Tensor, cfg: VisionProcessing) -> torch.Tensor:
+    """normalize() over patch rows [N, C*T*p*p] (values 0..255, (channel, frame, y, x) in a row): the same fp32
+    arithmetic on every value, done in place on one fp32 copy (the frames are patched while still uint8: a
+    quarter of the bytes to move, and no fp32 temporaries)."""
+    scale = 1.0 / (1 / 255)
+    mean = (torch.tensor(cfg.image_mean) * scale).to(rows.device)[:, None]
+    std = (torch.tensor(cfg.image_std) * scale).to(rows.device)[:, None]
+    x = rows.to(torch.float32, copy=True)
+    x.view(x.shape[0], mean.shape[0], -1).sub_(mean).div_(std)
+    return x
+
+
+def _patches(frames: torch.Tensor, height: int, width: int, cfg: VisionProcessing) -> VisionItem:
+    """frames [F, C, H, W], values 0..255, resized to height x width, patched, then normalised."""
+    patches, grid = patchify(resize_bicubic(frames, height, width), cfg)
+    return VisionItem(normalize_rows(patches, cfg), grid)
+
+
 def patchify(frames: torch.Tensor, cfg: VisionProcessing) -> tuple[torch.Tensor, tuple[int, int, int]]:
     """frames [F, C, H, W] (normalised) -> patches [t*h*w, C*T*p*p] in merge-block order.
 
@@ -119,8 +137,7 @@ def _process(frames: torch.Tensor, cfg: VisionProcessing, min_pixels: int, max_p
     if frames.ndim != 4 or frames.shape[1] != 3:
         raise ValueError(f"expected RGB frames [F, 3, H, W], got {list(frames.shape)}")
     height, width = smart_resize(frames.shape[-2], frames.shape[-1], cfg.factor, min_pixels, max_pixels)
-    patches, grid = patchify(normalize(resize_bicubic(frames, height, width), cfg), cfg)
-    return VisionItem(patches, grid)
+    return _patches(frames, height, width, cfg)
 
 
 def process_image(image: torch.Tensor, cfg: VisionProcessing) -> VisionItem:
@@ -163,8 +180,7 @@ def process_clip(frames: torch.Tensor, cfg: VisionProcessing) -> VisionItem:
         raise ValueError(f"expected RGB frames [F, 3, H, W], got {list(frames.shape)}")
     height, width = clip_smart_resize(frames.shape[0], frames.shape[-2], frames.shape[-1], cfg.factor,
                                       cfg.temporal_patch_size, cfg.video_min_pixels, cfg.video_max_pixels)
-    patches, grid = patchify(normalize(resize_bicubic(frames, height, width), cfg), cfg)
-    return VisionItem(patches, grid)
+    return _patches(frames, height, width, cfg)
 
 
 

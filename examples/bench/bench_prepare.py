@@ -1,0 +1,71 @@
+"""The host's preprocessing of one request's media, the work Engine.prepare does in a worker thread before a
+request reaches the engine: a clip of random frames (resize, patches, normalisation, positions) and an image,
+through the model file's host() without a checkpoint (its default pixel bounds). No GPU, no weights. --model: a
+model whose host takes a clip without a tokenizer (Qwen3-Omni's; Qwen3.5's writes its frames' times as text).
+
+    python examples/bench/bench_prepare.py [--model models/qwen3_omni.py --preset 30b-a3b] [--seconds 30 --fps 2]
+        [--size 360 640] [--image 768 1024] [--repeats 7] [--threads N]
+
+Prints the median wall time of host.prompt() per item over --repeats runs after one warm-up, and the prompt rows.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from graphc.serving import Media  # noqa: E402
+from graphc.source import load_model  # noqa: E402
+
+
+def host_of(file: str, preset: str):
+    spec = importlib.util.spec_from_file_location("bench_model", ROOT / file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.host(load_model(file, preset).model, None)
+
+
+def timed(host, ids: list[int], media: Media, repeats: int) -> tuple[float, int]:
+    """(median ms of host.prompt, prompt rows), after one warm-up call."""
+    rows = len(host.prompt(ids, [media]).ids)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        host.prompt(ids, [media])
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times), rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="models/qwen3_omni.py")
+    ap.add_argument("--preset", default="30b-a3b")
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--fps", type=float, default=2.0)
+    ap.add_argument("--size", type=int, nargs=2, default=[360, 640], help="the clip's frame height and width")
+    ap.add_argument("--image", type=int, nargs=2, default=[768, 1024], help="the image's height and width")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=None, help="torch's intra-op threads (default: its own)")
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    host, rng = host_of(a.model, a.preset), np.random.default_rng(0)
+    frames = round(a.seconds * a.fps)
+    clip = torch.from_numpy(rng.integers(0, 256, (frames, 3, *a.size), dtype=np.uint8))
+    image = torch.from_numpy(rng.integers(0, 256, (3, *a.image), dtype=np.uint8))
+    for kind, media in (("video", Media("video", clip, a.fps)), ("image", Media("image", image))):
+        ms, rows = timed(host, [1, 2, 3, host.token_of[kind]], media, a.repeats)
+        print(f"{kind}: {ms:.0f} ms, {rows} prompt rows ({torch.get_num_threads()} threads)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
