@@ -243,6 +243,35 @@ def test_a_later_turn_reuses_the_earlier_turns_pages(served):
     assert common >= 2 * page, (common, page)              # the test means something: whole pages in common
     assert answers[1][1] >= common // page * page and answers[1][1] < len(p2), (answers, common, len(p2))
 
+
+def test_a_spoken_later_turn_takes_the_earlier_audio_from_the_media_cache(served):
+    """A spoken response computes its whole prompt (no prefix cache for speaking requests): the second turn's
+    prompt holds the first turn's audio again, whose encoder output the media cache serves (hits grow, the audio
+    encoder's misses do not)."""
+    def counts():
+        c = served.engine.stats()["media_cache"]["audio_encoder"]
+        return c["hits"], c["misses"]
+    with client(served).realtime.connect(model=served.name) as conn:
+        conn.recv()
+        conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}},
+                                     "max_output_tokens": SHORT, "temperature": 0})
+        conn.recv()
+        for c in chunks(turn(0.2, 1.2, 0.2)):
+            conn.input_audio_buffer.append(audio=c)
+        conn.input_audio_buffer.commit()
+        until(conn, "conversation.item.created")
+        conn.response.create()
+        first = until(conn, "response.done")[-1].response
+        hits, misses = counts()
+        conn.conversation.item.create(item={"type": "message", "role": "user",
+                                            "content": [{"type": "input_text", "text": "say it again"}]})
+        conn.response.create()
+        second = until(conn, "response.done")[-1].response
+    assert first.output[0].content[0].type == second.output[0].content[0].type == "output_audio"
+    assert second.usage.input_tokens > first.usage.input_tokens
+    after = counts()
+    assert after[0] >= hits + 1 and after[1] == misses, ((hits, misses), after)
+
 def speak_text(ws, text: str = "tell me a long story", **response) -> None:
     """A text turn answered greedily (the answer, and whether it speaks, then do not hang on what ran before)."""
     send(ws, "conversation.item.create", item={"type": "message", "role": "user",
