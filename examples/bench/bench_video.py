@@ -35,7 +35,9 @@ then the host's video placeholder id with a clip of --seconds x --fps frames of 
 Per request (ms): ttft, first token as the client sees it (its first event, perf_counter) less its submit
 time; engine_ttft, the engine's own (request.times first_token - arrived; the Request is made once its media
 are preprocessed); prepared, submit to that Request (preprocessing and the wait for a thread). Per c: TTFT
-p50/p95/max, p50(c) / p50(1) for the client's and the engine's TTFT, prompt rows, the engine's counters over
+p50/p95/max, p50(c) / p50(1) for the client's and the engine's TTFT, output tokens a second (c x --tokens
+over a round's wall time, the median round: seed 001's video cells at --streams 16 32), prompt rows, the
+engine's counters over
 the rounds (stats(), after less before: steps per walk, rungs per walk/node/rung, the units each walk/node
 carried: rows or patches) and the media cache's hits (0 unless a clip repeated, which would falsify the
 measure). OUT.json holds the plan, the environment, the date and every sample; a table last.
@@ -131,8 +133,9 @@ def diff(before: dict, after: dict) -> dict:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
 
-def summarize(c: int, rounds: list[dict], base: dict | None) -> dict:
-    """TTFT percentiles over every request of c's rounds, the ratios to c = 1, steps summed over rounds."""
+def summarize(c: int, rounds: list[dict], base: dict | None, tokens: int) -> dict:
+    """TTFT percentiles over every request of c's rounds, the ratios to c = 1, steps summed over rounds, output
+    tokens a second (c x tokens over a round's wall time, the rounds' median)."""
     samples = [s for r in rounds for s in r["samples"]]
     ttft, eng = [s["ttft_ms"] for s in samples], [s["engine_ttft_ms"] for s in samples]
     total = {k: dict(sum((Counter(r[k]) for r in rounds), Counter()))
@@ -141,7 +144,7 @@ def summarize(c: int, rounds: list[dict], base: dict | None) -> dict:
            "ttft_ms_p95": float(np.percentile(ttft, 95)), "ttft_ms_max": max(ttft),
            "engine_ttft_ms_p50": float(np.median(eng)), "prepared_ms_p50": float(np.median(
                [s["prepared_ms"] for s in samples])), "prompt_rows": sorted({s["prompt_rows"] for s in samples}),
-           **total, "rounds": rounds}
+           "tok_s": c * tokens / float(np.median([r["wall_s"] for r in rounds])), **total, "rounds": rounds}
     base = base or (out if c == 1 else None)
     out["ratio"] = out["ttft_ms_p50"] / base["ttft_ms_p50"] if base else None
     out["engine_ratio"] = out["engine_ttft_ms_p50"] / base["engine_ttft_ms_p50"] if base else None
@@ -162,16 +165,16 @@ def check(engine, a) -> str | None:
 
 def table(rows: list[dict]) -> None:
     print(f"\n| streams | prompt rows | TTFT p50 | p95 | max | p50 / p50(1) (<= {TARGET} at 4) | engine TTFT p50 | "
-          "ratio | prepared p50 | steps (walk: count) | cache hits |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "ratio | prepared p50 | tok/s | steps (walk: count) | cache hits |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
         eng = "" if r["engine_ratio"] is None else f"{r['engine_ratio']:.2f}"
         steps = ", ".join(f"{w} {n}" for w, n in r["steps"].items())
         prompt = "/".join(map(str, r["prompt_rows"]))
         print(f"| {r['c']} | {prompt} | {r['ttft_ms_p50']:.1f} | {r['ttft_ms_p95']:.1f} | {r['ttft_ms_max']:.1f} | "
-              f"{ratio} | {r['engine_ttft_ms_p50']:.1f} | {eng} | {r['prepared_ms_p50']:.1f} | {steps} | "
-              f"{sum(r['cache_hits'].values())} |", flush=True)
+              f"{ratio} | {r['engine_ttft_ms_p50']:.1f} | {eng} | {r['prepared_ms_p50']:.1f} | {r['tok_s']:.0f} | "
+              f"{steps} | {sum(r['cache_hits'].values())} |", flush=True)
 
 
 def save(a, engine, warm: dict, rows: list[dict]) -> None:
@@ -228,7 +231,7 @@ def main() -> None:
         rows, base = [], None
         for c in a.streams:
             rows.append(summarize(c, [one_round(engine, driver, loop, requests(engine, draw, clip, a, c))
-                                      for _ in range(a.repeats)], base))
+                                      for _ in range(a.repeats)], base, a.tokens))
             base = base or (rows[-1] if c == 1 else None)
             save(a, engine, warm, rows)              # after each stream count: a run cut short keeps what it has
     except InvalidInput as e:              # the engine refused a request (a clip larger than the plan's walks)
