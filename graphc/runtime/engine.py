@@ -400,6 +400,7 @@ class Engine:
         self._check_speaks()
         state = self.speech.new_state(speech)
         self.host.speech.check(rp)
+        state.hidden_rows = set(self.host.speech.hidden_rows(rp))    # computed, never taken from the prefix cache
         return state
 
     def _check_speaks(self) -> None:
@@ -686,16 +687,11 @@ class Engine:
     def _keep_hidden(self, plan, result) -> None:
         """The LLM rows a speaking request's follow prompt reads (the rows the host names, of the ports the
         follow stage reads)."""
-        sh = self.host.speech
         speaking = {c.req.id: c.req for c in plan.chunks if c.req.speech is not None}
         port = self.plan.pipeline.follow.reads
         if not speaking or port not in result.outputs:
             return
-        want = {}
-        for rid, r in speaking.items():
-            if r.speech.hidden_rows is None:
-                r.speech.hidden_rows = set(sh.hidden_rows(r.prompt))
-            want[rid] = r.speech.hidden_rows
+        want = {rid: r.speech.hidden_rows for rid, r in speaking.items()}
         hidden = result.outputs[port]
         for i, (rid, row) in enumerate(result.rows):
             if rid in want and row in want[rid]:

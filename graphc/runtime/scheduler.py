@@ -205,10 +205,14 @@ class Scheduler:
         return self.shared.matched(chain_keys(ids, self.kv.page_size, rows)) * self.kv.page_size
 
     def _lookup(self, req: Request) -> list[int]:
-        """The cached pages that hold the request's first rows (held now), keeping its last row to compute."""
-        if self.shared is None or req.speech is not None or req.scoring:
+        """The cached pages that hold the request's first rows (held now), keeping its last row to compute, and
+        for a speaking request every row whose LLM output its follow stage reads (speech.hidden_rows)."""
+        if self.shared is None or req.scoring:
             return []
-        return self.shared.share(self._keys(req, req.target - 1))
+        rows = req.target - 1
+        if req.speech is not None:
+            rows = min([rows, *req.speech.hidden_rows])
+        return self.shared.share(self._keys(req, rows))
 
     def _register(self, req: Request) -> None:
         """Cache a request's full pages of computed rows, unless its step failed."""
