@@ -245,9 +245,9 @@ def test_a_later_turn_reuses_the_earlier_turns_pages(served):
 
 
 def test_a_spoken_later_turn_takes_the_earlier_audio_from_the_media_cache(served):
-    """A spoken response computes its whole prompt (no prefix cache for speaking requests): the second turn's
-    prompt holds the first turn's audio again, whose encoder output the media cache serves (hits grow, the audio
-    encoder's misses do not)."""
+    """A spoken response computes its prompt from the first user turn's audio on (the prefix cache serves a
+    speaking request only the pages before it): the second turn's prompt holds the first turn's audio again,
+    whose encoder output the media cache serves (hits grow, the audio encoder's misses do not)."""
     def counts():
         c = served.engine.stats()["media_cache"]["audio_encoder"]
         return c["hits"], c["misses"]
