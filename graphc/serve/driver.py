@@ -113,6 +113,7 @@ class Driver:
         except Exception as e:               # refused: InvalidInput with the numbers, or a bad input
             with self.lock:
                 self.pending -= 1
+            self.wake.set()                  # an engine gathering need not wait for it
             loop.call_soon_threadsafe(_settle, fut, None, e)
             return
         self.inbox.put(("add", loop, prepared, fut, events))
