@@ -1,5 +1,5 @@
 """An idle engine gathers requests that arrive together (graphc/serve/driver.py): three requests submitted at once
-prepare in worker threads, finishing 0, 60 and 120 ms apart (the host's prompt() slowed by hand); with a gather
+prepare in worker threads, finishing 0, 150 and 300 ms apart (the host's prompt() slowed by hand); with a gather
 window the engine's first step holds all three, without one (gather_s=0) it holds the first alone. A running
 engine never waits; the window is bounded; a bad window is refused."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from graphc.runtime.sampler import SamplingParams
 from graphc.serve.driver import Driver
 from tests.conftest import ROOT
 
-STAGGER_S = 0.06
+STAGGER_S = 0.15
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_without_a_window_the_first_request_steps_alone(engine):
 def test_the_window_is_bounded(engine):
     """A preparation slower than the window is not waited for: the first step comes about gather_s after the first
     request was ready, holding the one that was."""
-    held, after = first_step(engine, 0.05, [0, 10])          # the second prepares for 0.6 s
+    held, after = first_step(engine, 0.05, [0, 10])          # the second prepares for 1.5 s
     assert held == 1 and after < 0.45, (held, after)
 
 
@@ -92,25 +92,31 @@ def test_a_running_engine_does_not_wait(engine):
     """While a request decodes, the one submitted beside a slow one is stepped as soon as it is admitted: the
     steps between the two admissions go on with no gap of the window's length."""
     seen: list = []
+    ends: list[float] = []
     undo = staggered(engine, seen)
     driver = Driver(engine, gather_s=2.0)
 
     async def scenario():
         loop = asyncio.get_running_loop()
         long = driver.submit(loop, {"prompt_token_ids": [0, 1, 2], "params": SamplingParams(
-            temperature=0, max_tokens=400, ignore_eos=True)})[0]
+            temperature=0, max_tokens=1000, ignore_eos=True)})[0]
         first = await long
         while len(seen) < 3:
             await asyncio.sleep(0.005)
-        await at_once(driver, [0, 8])                          # one ready at once, one 0.48 s later
+        pair = await at_once(driver, [0, 8])                   # one ready at once, one 1.2 s later
+        assert first.finish_reason is None, "the long request ended before the pair: nothing to measure"
+        ends.append(time.monotonic())
+        driver.abort(first.id)
         while first.finish_reason is None:
             await asyncio.sleep(0.01)
+        return pair
     try:
         asyncio.run(scenario())
     finally:
         driver.close()
         undo()
-    gaps = [b[0] - a[0] for a, b in zip(seen, seen[1:])]
+    steps = [t for t, _ in seen if t <= ends[0]]              # while the long request ran
+    gaps = [b - a for a, b in zip(steps, steps[1:])]
     assert max(gaps) < 0.3, f"the running engine paused {max(gaps):.2f} s"
 
 
