@@ -377,9 +377,8 @@ def cmd_run(args) -> int:
         raise InvalidInput(f"--max-realtime-sessions {args.max_realtime_sessions} --realtime-idle-timeout "
                            f"{args.realtime_idle_timeout}", "sessions are 0 or more (0: none), the timeout seconds "
                            "over 0", "pass e.g. --max-realtime-sessions 64 --realtime-idle-timeout 600")
-    if args.gather_ms is not None and not 0 <= args.gather_ms <= 10_000:
-        raise InvalidInput(f"--gather-ms {args.gather_ms}", "an idle engine waits that long for requests still "
-                           "preparing; it must be between 0 and 10,000 ms", "pass e.g. --gather-ms 50, or 0 to never wait")
+    from graphc.serve.driver import gather_window
+    gather_window(args.gather_ms)                      # refused before the boot
     if args.max_waiting is not None and args.max_waiting < 1:
         raise InvalidInput(f"--max-waiting {args.max_waiting}", "at least one request must be able to wait",
                            "pass 1 or more")
@@ -421,7 +420,7 @@ def _server_options(args) -> dict:
 
     return {"api_key": args.api_key or os.environ.get("GRAPHC_API_KEY") or None, "access_log": args.access_log,
             "max_audio_bytes": int(args.max_upload_mb * 1024 * 1024), "max_waiting": args.max_waiting,
-            "gather_s": None if args.gather_ms is None else args.gather_ms / 1e3,
+            "gather_ms": args.gather_ms,
             "media_dir": args.media_dir, "media_urls": args.media_urls, "shutdown_timeout": args.shutdown_timeout,
             "served_model_name": args.served_model_name,
             "trust_request_chat_template": args.trust_request_chat_template,

@@ -11,7 +11,6 @@ Prints the median wall time of host.prompt() per item over --repeats runs after 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import time
@@ -28,10 +27,9 @@ from graphc.source import load_model  # noqa: E402
 
 
 def host_of(file: str, preset: str):
-    spec = importlib.util.spec_from_file_location("bench_model", ROOT / file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.host(load_model(file, preset).model, None)
+    """The model file's host without a checkpoint (ModelSource keeps the imported file)."""
+    src = load_model(file, preset)
+    return src.module.host(src.model, None)
 
 
 def timed(host, ids: list[int], media: Media, repeats: int) -> tuple[float, int]:

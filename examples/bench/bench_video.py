@@ -223,7 +223,7 @@ def main() -> None:
     if why is not None:
         engine.close()
         sys.exit(f"bench_video: {why}")
-    driver = Driver(engine, gather_s=None if a.gather_ms is None else a.gather_ms / 1e3)
+    driver = Driver(engine, gather_ms=a.gather_ms)
     loop = asyncio.new_event_loop()      # one loop and its thread pool, as a server has
     draw, clip = id_source(engine, a.seed), clip_source(a, a.seed)
     try:

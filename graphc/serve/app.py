@@ -25,7 +25,7 @@ FAIL_GRACE_S = 1.0            # after that, the seconds their error events get t
 def build_app(engine: Engine, name: str | list[str] | None = None, *, api_key: str | None = None, access_log: bool = False,
               max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES, on_death=None, max_waiting: int | None = None,
               sources: Sources = Sources(paths=False), trust_request_chat_template: bool = False,
-              realtime_limits: RealtimeLimits = RealtimeLimits(), gather_s: float | None = None):
+              realtime_limits: RealtimeLimits = RealtimeLimits(), gather_ms: float | None = None):
     """name: the model's name the routes answer to (default: the plan's), or several (responses carry the
     first: --served-model-name); api_key: every route but /health
     wants it as a bearer token; access_log: a JSON line a request on `graphc.access` (middleware.py);
@@ -33,15 +33,15 @@ def build_app(engine: Engine, name: str | list[str] | None = None, *, api_key: s
     carry; on_death: Driver's; max_waiting: the queue's bound (Driver's); sources: where media parts may be
     read from (default: their bytes only, no file and no URL); trust_request_chat_template: a chat request may
     bring its own chat_template (else it is refused); realtime_limits: WS /v1/realtime's sessions at once and idle
-    time (realtime/route.py); gather_s: how long an idle engine waits for requests still preparing (Driver's)."""
+    time (realtime/route.py); gather_ms: how long an idle engine waits for requests still preparing (Driver's)."""
     from fastapi import FastAPI
 
     app = FastAPI(title="graphc", version="1")
     if getattr(engine, "engines", None) is not None:     # a plan of replicas: a Driver each, requests routed
         from graphc.serve.router import Router
-        driver = Router(engine, on_death, max_waiting, gather_s)
+        driver = Router(engine, on_death, max_waiting, gather_ms)
     else:
-        driver = Driver(engine, on_death, max_waiting, gather_s)
+        driver = Driver(engine, on_death, max_waiting, gather_ms)
     app.state.driver = driver
     app.router.on_shutdown.append(driver.close)
     names = [name] if isinstance(name, str) else list(name or [engine.model_name])
@@ -61,7 +61,7 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, api_key:
           media_dir: str | None = None, media_urls: bool = False, exit_on_death: bool = True,
           shutdown_timeout: float = DEFAULT_SHUTDOWN_S, served_model_name: list[str] | None = None,
           trust_request_chat_template: bool = False, max_realtime_sessions: int = RealtimeLimits.max_sessions,
-          realtime_idle_timeout: float = RealtimeLimits.idle_s, gather_s: float | None = None) -> WorkerDied | None:
+          realtime_idle_timeout: float = RealtimeLimits.idle_s, gather_ms: float | None = None) -> WorkerDied | None:
     """Serve until stopped. SIGINT or SIGTERM stops it within shutdown_timeout seconds (stopping_server); a second
     one stops it at once and raises Stopped. A device's worker that dies ends it: the process exits with code 3 a
     moment after the requests in flight got their error, or, with exit_on_death=False (graphc run --ray: the
@@ -79,7 +79,7 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, *, api_key:
                     on_death=None if exit_on_death else stop, max_waiting=max_waiting,
                     sources=media_sources(media_dir, media_urls),
                     trust_request_chat_template=trust_request_chat_template,
-                    realtime_limits=RealtimeLimits(max_realtime_sessions, realtime_idle_timeout), gather_s=gather_s)
+                    realtime_limits=RealtimeLimits(max_realtime_sessions, realtime_idle_timeout), gather_ms=gather_ms)
     if access_log:
         middleware.access_log_to_stderr()
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",

@@ -8,7 +8,7 @@ and Retry-After (the seconds in which, at the rate requests have been finishing,
 Gathering: requests that arrive together prepare in parallel (Engine.prepare in worker threads) and finish it
 a little apart. An idle engine that takes the first would run its prefill (a clip's encoder and prompt: hundreds
 of ms) alone, and the others after it. So when the engine had nothing running and others submitted are still
-preparing, it waits for them, at most `gather_s` (default 50 ms; 0: never), and one step takes them all. A
+preparing, it waits for them, at most `gather_ms` (default 50; 0: never), and one step takes them all. A
 running engine never waits: its next step takes whatever has arrived.
 """
 from __future__ import annotations
@@ -28,6 +28,19 @@ from graphc.serve.errors import QueueFull
 log = logging.getLogger("graphc.server")
 
 
+GATHER_MS = 50.0              # the longest an idle engine waits for requests still preparing beside the first
+
+
+def gather_window(ms: float | None) -> float:
+    """Seconds an idle engine waits for requests still preparing (graphc run --gather-ms; None: GATHER_MS),
+    refused outside 0 to 10,000 ms."""
+    ms = GATHER_MS if ms is None else ms
+    if not 0 <= ms <= 10_000:
+        raise InvalidInput(f"--gather-ms {ms:g}", "an idle engine waits that long for requests still preparing; it "
+                           "must be between 0 and 10,000 ms", "pass e.g. --gather-ms 50, or 0 to never wait")
+    return ms / 1e3
+
+
 class EngineFailed(WorkerDied):
     """The engine's own step raised (a bug, or the device failed): what was in flight is failed and the
     server ends as when a device's worker died, rather than hang with requests nobody steps."""
@@ -39,17 +52,13 @@ class Driver:
     abort frees a request."""
 
     RATE_WINDOW = 64          # the finished requests the Retry-After estimate looks at
-    GATHER_S = 0.05           # the longest an idle engine waits for requests still preparing beside the first
 
-    def __init__(self, engine: Engine, on_death=None, max_waiting: int | None = None, gather_s: float | None = None):
+    def __init__(self, engine: Engine, on_death=None, max_waiting: int | None = None, gather_ms: float | None = None):
         """on_death(WorkerDied): what ends the server when a device's worker died (default: exit 3);
         max_waiting: the most requests waiting for the engine (default: 8 x the decode walk's sequences);
-        gather_s: the longest an idle engine waits for requests still preparing (default GATHER_S; 0: never)."""
+        gather_ms: the longest an idle engine waits for requests still preparing (gather_window)."""
         self.engine = engine
-        self.gather_s = self.GATHER_S if gather_s is None else gather_s
-        if not 0 <= self.gather_s <= 10:
-            raise InvalidInput(f"gather is {self.gather_s * 1e3:g} ms", "an idle engine waits that long for requests "
-                               "still preparing; it must be between 0 and 10,000 ms", "give --gather-ms 0 to 10000")
+        self.gather_s = gather_window(gather_ms)
         self.on_death = on_death or self._die
         self.max_waiting = max_waiting if max_waiting is not None else 8 * engine.max_running
         if self.max_waiting < 1:

@@ -17,13 +17,13 @@ class Router:
     """The Driver surface over one Driver per replica."""
 
     def __init__(self, replicas: Replicas, on_death=None, max_waiting: int | None = None,
-                 gather_s: float | None = None):
+                 gather_ms: float | None = None):
         self.replicas = replicas
         self.max_waiting = max_waiting if max_waiting is not None else 8 * replicas.max_running
         if self.max_waiting < 1:
             raise InvalidInput(f"max_waiting is {self.max_waiting}", "at least one request must be able to wait",
                                "give --max-waiting 1 or more")
-        self.drivers = [Driver(e, on_death, self.max_waiting, gather_s) for e in replicas.engines]
+        self.drivers = [Driver(e, on_death, self.max_waiting, gather_ms) for e in replicas.engines]
         self.observers: list = []
         for d in self.drivers:                  # one list: an observer added here sees every replica's events
             d.observers = self.observers

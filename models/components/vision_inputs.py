@@ -90,19 +90,11 @@ def resize_bicubic(frames: torch.Tensor, height: int, width: int) -> torch.Tenso
     return (x.round_() if not frames.dtype.is_floating_point else x).to(frames.dtype)
 
 
-def normalize(frames: torch.Tensor, cfg: VisionProcessing) -> torch.Tensor:
-    """HF's fused rescale (1/255) + normalise: (x - 255*mean) / (255*std) in fp32."""
-    scale = 1.0 / (1 / 255)      # HF divides by its rescale factor; 255 * mean rounds the same way
-    mean = (torch.tensor(cfg.image_mean) * scale).to(frames.device)[:, None, None]
-    std = (torch.tensor(cfg.image_std) * scale).to(frames.device)[:, None, None]
-    return frames.to(torch.float32).sub(mean).div(std)
-
-
 def normalize_rows(rows: torch.Tensor, cfg: VisionProcessing) -> torch.Tensor:
-    """normalize() over patch rows [N, C*T*p*p] (values 0..255, (channel, frame, y, x) in a row): the same fp32
-    arithmetic on every value, done in place on one fp32 copy (the frames are patched while still uint8: a
-    quarter of the bytes to move, and no fp32 temporaries)."""
-    scale = 1.0 / (1 / 255)
+    """HF's fused rescale (1/255) + normalise, (x - 255*mean) / (255*std) in fp32, over patch rows [N, C*T*p*p]
+    (values 0..255, (channel, frame, y, x) in a row), in place on one fp32 copy (the frames are patched while
+    still uint8: a quarter of the bytes to move, and no fp32 temporaries)."""
+    scale = 1.0 / (1 / 255)      # HF divides by its rescale factor; 255 * mean rounds the same way
     mean = (torch.tensor(cfg.image_mean) * scale).to(rows.device)[:, None]
     std = (torch.tensor(cfg.image_std) * scale).to(rows.device)[:, None]
     x = rows.to(torch.float32, copy=True)

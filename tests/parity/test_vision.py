@@ -13,8 +13,8 @@ from graphc.runtime.checkpoint import load_weights
 from graphc.simulate import FakeNode
 from graphc.step import StepContext
 from models.components.vision import VisionConfig, VisionEncoder, vision_node
-from models.components.vision_inputs import (VisionProcessing, build_step, merge_block_positions, normalize,
-                                             process_image, process_video, smart_resize)
+from models.components.vision_inputs import (VisionProcessing, build_step, merge_block_positions, process_image,
+                                             process_video, smart_resize)
 from resources import RaggedAttentionSpec
 from resources.ragged_attention import RaggedTorch
 from tests.conftest import rel
@@ -101,7 +101,9 @@ def test_patches_follow_hf_layout():
     g = torch.Generator().manual_seed(2)
     frames = torch.randint(0, 256, (3, 3, 64, 96), dtype=torch.uint8, generator=g)
     item = process_video(frames, PROC)                       # 64 x 96 needs no resize
-    pixels = normalize(torch.cat((frames, frames[-1:])), PROC)   # the third frame is repeated to fill slice 2
+    # HF's rescale + normalise in fp32: (x - 255 mean) / (255 std); the third frame repeated to fill slice 2
+    mean, std = (torch.tensor(v) * 255.0 for v in (PROC.image_mean, PROC.image_std))
+    pixels = (torch.cat((frames, frames[-1:])).float() - mean[:, None, None]) / std[:, None, None]
     pos = merge_block_positions(4, 6, 2).repeat(2, 1)
     for i in (0, 5, 23, 24, 47):
         r, c = pos[i].tolist()

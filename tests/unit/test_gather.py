@@ -1,6 +1,6 @@
 """An idle engine gathers requests that arrive together (graphc/serve/driver.py): three requests submitted at once
 prepare in worker threads, finishing 0, 150 and 300 ms apart (the host's prompt() slowed by hand); with a gather
-window the engine's first step holds all three, without one (gather_s=0) it holds the first alone. A running
+window the engine's first step holds all three, without one (gather_ms=0) it holds the first alone. A running
 engine never waits; the window is bounded; a bad window is refused."""
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def first_step(engine, gather_s: float, firsts: list[int]) -> tuple[int, float]:
     """(requests the first step held, seconds from submitting to that step)."""
     seen: list = []
     undo = staggered(engine, seen)
-    driver = Driver(engine, gather_s=gather_s)
+    driver = Driver(engine, gather_ms=1e3 * gather_s)
     try:
         t0 = time.monotonic()
         reqs = asyncio.run(at_once(driver, firsts))
@@ -94,7 +94,7 @@ def test_a_running_engine_does_not_wait(engine):
     seen: list = []
     ends: list[float] = []
     undo = staggered(engine, seen)
-    driver = Driver(engine, gather_s=2.0)
+    driver = Driver(engine, gather_ms=2000)
 
     async def scenario():
         loop = asyncio.get_running_loop()
@@ -121,6 +121,6 @@ def test_a_running_engine_does_not_wait(engine):
 
 
 def test_a_window_out_of_range_is_refused(engine):
-    for bad in (-0.01, 11.0):
+    for bad in (-10, 11_000):
         with pytest.raises(InvalidInput, match="between 0 and 10,000 ms"):
-            Driver(engine, gather_s=bad)
+            Driver(engine, gather_ms=bad)

@@ -167,7 +167,7 @@ def test_graphc_run_passes_its_flags_and_the_env_key(served, monkeypatch):
     plan = str(served["dir"] / "p.plan")
     monkeypatch.setenv("GRAPHC_API_KEY", "from-env")
     assert main(["run", plan]) == 0
-    defaults = {"max_waiting": None, "gather_s": None, "media_dir": None, "media_urls": False, "shutdown_timeout": 30.0,
+    defaults = {"max_waiting": None, "gather_ms": None, "media_dir": None, "media_urls": False, "shutdown_timeout": 30.0,
                 "served_model_name": None, "trust_request_chat_template": False, "max_realtime_sessions": 64,
                 "realtime_idle_timeout": 600.0}
     assert calls[-2:] == [{"api_key": "from-env", "access_log": False, "max_audio_bytes": 25 * 1024 * 1024,
@@ -177,7 +177,7 @@ def test_graphc_run_passes_its_flags_and_the_env_key(served, monkeypatch):
                  "--served-model-name", "a", "b", "--max-realtime-sessions", "5", "--realtime-idle-timeout", "9",
                  "--gather-ms", "20"]) == 0
     assert calls[-2] == {"api_key": "flag", "access_log": True, "max_audio_bytes": 1536 * 1024, "max_waiting": 7,
-                         "gather_s": 0.02,
+                         "gather_ms": 20.0,
                          "media_dir": str(served["dir"]), "media_urls": True, "shutdown_timeout": 2.5,
                          "served_model_name": ["a", "b"], "trust_request_chat_template": False,
                          "max_realtime_sessions": 5, "realtime_idle_timeout": 9.0}
