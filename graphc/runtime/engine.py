@@ -30,6 +30,7 @@ from graphc.runtime.executor import Executor, llm_node, scratch_pages, text_kind
 from graphc.runtime.flight import Flight, placeholder
 from graphc.runtime.progress import BootProgress
 from graphc.runtime.grammar import Grammars, Guide, step_mask
+from graphc.runtime.prefix_cache import media_digests
 from graphc.runtime.request import Request
 from graphc.runtime.sampler import Sampler, SamplingParams, needs_history, new_generator, score
 from graphc.runtime.scheduler import Scheduler, StepPlan
@@ -366,6 +367,8 @@ class Engine:
         req.guide = self.grammars().matcher(params.guide) if params.guide is not None else None
         req.logprobs = [] if params.logprobs else None
         req.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
+        if self.scheduler.shared is not None or self.executor.media:     # the caches' keys, off the engine's thread
+            req.media_keys = media_digests(rp)
         return Admission(req, speech, speak)
 
     def admit(self, a: Admission) -> Request:

@@ -18,7 +18,7 @@ from collections import OrderedDict
 import torch
 
 from graphc.media_rows import SECTION, RowPort, row_ports
-from graphc.runtime.prefix_cache import digest
+from graphc.runtime.prefix_cache import piece_key
 from graphc.step import TORCH_DTYPES
 
 
@@ -35,13 +35,6 @@ def allocate_caches(boot) -> None:
                 for p in ports}
         boot.media[node] = bufs
         boot.measured[comp] = sum(b.untyped_storage().nbytes() for b in bufs.values())
-
-
-def piece_key(req, piece) -> bytes | None:
-    """The piece's content digest, computed once per request (Request.media_keys)."""
-    if id(piece) not in req.media_keys:
-        req.media_keys[id(piece)] = digest(piece.data)
-    return req.media_keys[id(piece)]
 
 
 def _rows(out: torch.Tensor, port: RowPort, start: int, n: int) -> torch.Tensor:

@@ -27,7 +27,7 @@ from graphc.declare import Model
 from graphc.errors import InvalidInput
 from graphc.plan import Plan
 from graphc.serving import Piece
-from graphc.runtime.prefix_cache import SharedPages, chain_keys, digest
+from graphc.runtime.prefix_cache import SharedPages, chain_keys, piece_key
 from graphc.runtime.request import Request, Status
 from resources.linear_state import SlotAllocator
 from resources.paged_kv import PageAllocator, PagedKVSpec
@@ -184,17 +184,20 @@ class Scheduler:
         """The chain keys of the request's full pages within `rows`, pieces whole (prefix_cache.chain_keys)."""
         ps = self.kv.page_size
         rows = self._whole_pieces(req, rows)
-        pieces = sorted((p for m in req.prompt.media for p in m.pieces if p.first < rows), key=lambda p: p.first)
+        on_page: dict[int, list[Piece]] = {}               # page -> the pieces with rows in it, in row order
+        for p in sorted((p for m in req.prompt.media for p in m.pieces), key=lambda p: p.first):
+            first = p.first
+            if first < rows:
+                for page in range(first // ps, p.last // ps + 1):
+                    on_page.setdefault(page, []).append(p)
 
         def media(i: int) -> bytes | None:
             out = b""
-            for p in pieces:
-                if p.first < (i + 1) * ps and p.last >= i * ps:
-                    if id(p) not in req.media_keys:
-                        req.media_keys[id(p)] = digest(p.data)
-                    if req.media_keys[id(p)] is None:
-                        return None
-                    out += req.media_keys[id(p)] + p.first.to_bytes(8, "little")
+            for p in on_page.get(i, ()):
+                key = piece_key(req, p)
+                if key is None:
+                    return None
+                out += key + p.first.to_bytes(8, "little")
             return out
         return chain_keys(req.row_ids(0, rows), ps, rows, media)
 
