@@ -40,7 +40,9 @@ over a round's wall time, the median round: seed 001's video cells at --streams 
 engine's counters over
 the rounds (stats(), after less before: steps per walk, rungs per walk/node/rung, the units each walk/node
 carried: rows or patches) and the media cache's hits (0 unless a clip repeated, which would falsify the
-measure). OUT.json holds the plan, the environment, the date and every sample; a table last.
+measure). OUT.json holds the plan, the environment, the date and every sample; a table last. --profile FILE:
+then one more request alone under torch.profiler, with its GPU time, the copies of its patches and how long
+after its submission the GPU's first work came.
 """
 from __future__ import annotations
 
@@ -188,6 +190,41 @@ def save(a, engine, warm: dict, rows: list[dict]) -> None:
     Path(a.out).write_text(json.dumps(result, indent=1))
 
 
+def profile_one(engine, driver, loop, items: list[dict], path: str) -> None:
+    """One request alone under torch.profiler (host and GPU): its sample, where its GPU time goes and how long
+    the GPU waited after submission, then the profiler's tables, written to `path`."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        r = one_round(engine, driver, loop, items)
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = [e for e in json.loads(Path(f.name).read_text())["traceEvents"] if e.get("ph") == "X"]
+    lines = [f"sample: {r['samples'][0]}", *gpu_lines(events),
+             "(the profiler starts just before the submission; its own overhead is in these times)"]
+    ka = prof.key_averages()
+    lines += [ka.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70),
+              ka.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=70)]
+    Path(path).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[:3]), flush=True)
+
+
+def gpu_lines(events: list[dict]) -> list[str]:
+    """The GPU's busy time, its first and last work after the trace's start, and the host to device copies."""
+    gpu = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+    if not gpu:
+        return ["no GPU work recorded (a CPU plan)"]
+    start = min(e["ts"] for e in events)
+    copies = [e for e in gpu if "HtoD" in e["name"]]
+    return [f"GPU busy {sum(e['dur'] for e in gpu) / 1e3:.1f} ms over {len(gpu)} kernels and copies; the first at "
+            f"{(gpu[0]['ts'] - start) / 1e3:.1f} ms, the last ending at "
+            f"{(max(e['ts'] + e['dur'] for e in gpu) - start) / 1e3:.1f} ms after the profiler started",
+            f"host to device copies: {len(copies)}, {sum(e['dur'] for e in copies) / 1e3:.1f} ms, "
+            f"{sum(e.get('args', {}).get('bytes', 0) for e in copies) / 1e6:.1f} MB"]
+
+
 def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("plan")
@@ -207,6 +244,8 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--tokens", type=int, default=16, help="tokens each request generates")
     ap.add_argument("--repeats", type=int, default=2, help="rounds per stream count, fresh clips each")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", default=None, metavar="FILE", help="last, one more request alone under "
+                    "torch.profiler: its GPU time, the GPU's wait after submission, the profiler's tables, to FILE")
     return ap.parse_args()
 
 
@@ -234,6 +273,8 @@ def main() -> None:
                                       for _ in range(a.repeats)], base, a.tokens))
             base = base or (rows[-1] if c == 1 else None)
             save(a, engine, warm, rows)              # after each stream count: a run cut short keeps what it has
+        if a.profile:
+            profile_one(engine, driver, loop, requests(engine, draw, clip, a, 1), a.profile)
     except InvalidInput as e:              # the engine refused a request (a clip larger than the plan's walks)
         why = f"a request was refused: {e}"
     finally:
