@@ -45,9 +45,10 @@ def chain_keys(ids: list[int], page_size: int, rows: int, media=None) -> list[by
 
 def digest(data) -> bytes | None:
     """A media piece's encoder input named by its content (tensors and arrays by dtype, shape and bytes,
-    dataclasses by their fields); None for a value it cannot name."""
-    h = hashlib.blake2b(digest_size=16)
-    return h.digest() if _feed(h, data) else None
+    dataclasses by their fields), 16 bytes of its SHA-256 (on x86 with SHA extensions about twice blake2b's
+    speed over a clip's patches); None for a value it cannot name."""
+    h = hashlib.sha256()
+    return h.digest()[:16] if _feed(h, data) else None
 
 
 _POOL: ThreadPoolExecutor | None = None
@@ -63,7 +64,7 @@ def piece_key(req, piece) -> bytes | None:
 
 def media_digests(prompt) -> dict:
     """digest() of every media piece of a prompt, id(piece) -> digest (Request.media_keys), the pieces hashed in
-    parallel (blake2b leaves the GIL for large buffers): a 30 s clip's 160 MB of patches in a fraction of the
+    parallel (hashlib leaves the GIL for large buffers): a 30 s clip's 160 MB of patches in a fraction of the
     one-thread time. Called where the request is prepared, so that the engine's thread never hashes."""
     global _POOL
     pieces = [p for m in prompt.media for p in m.pieces]
