@@ -325,6 +325,37 @@ def test_barge_in_cancels_the_answer_and_answers_the_new_speech(served):
     assert idle(served) and aborted(served) >= before + 1
 
 
+def test_vad_runs_off_the_event_loop(served, monkeypatch):
+    """Silero's windows run in threads of their own, so that many sessions' VAD never holds the server's loop:
+    every window a session's two states read, read where no event loop runs."""
+    import asyncio
+
+    from graphc.serve.realtime import vad
+
+    seen, make = [], vad.new_model
+
+    class Watched:
+        def __init__(self, model):
+            self.model = model
+
+        def process(self, window):
+            try:
+                asyncio.get_running_loop()
+                seen.append("loop")
+            except RuntimeError:
+                seen.append("thread")
+            return self.model.process(window)
+    monkeypatch.setattr(vad, "new_model", lambda: tuple(Watched(m) for m in make()))
+    with raw(served) as ws:
+        raw_until(ws, "session.created")
+        send(ws, "session.update", session={"max_output_tokens": SHORT})
+        for c in chunks(turn(0.3, 0.8, 0.7)):
+            send(ws, "input_audio_buffer.append", audio=c)
+        raw_until(ws, "response.done")
+    assert len(seen) > 100 and set(seen) == {"thread"}, f"{seen.count('loop')} of {len(seen)} windows on the loop"
+    assert idle(served)
+
+
 def test_truncate_cuts_the_spoken_item(served):
     with raw(served) as ws:
         raw_until(ws, "session.created")

@@ -25,7 +25,7 @@ from graphc.serve.realtime.session import Config, updated
 from graphc.serve.realtime.transcribe import check as check_transcription
 from graphc.serve.realtime.transcribe import transcribe
 from graphc.serve.realtime.turns import Response, options
-from graphc.serve.realtime.vad import WINDOW, Vad
+from graphc.serve.realtime.vad import WINDOW, Vad, vad_pool
 
 log = logging.getLogger("graphc.server")
 MIN_COMMIT_MS = 100          # OpenAI's least audio a commit takes
@@ -185,7 +185,8 @@ class Connection:
         self.buffer.append(samples)
         if self.vad is None:
             return
-        for turn in self.vad.feed(samples):
+        turns = await asyncio.get_running_loop().run_in_executor(vad_pool(), self.vad.feed, samples)
+        for turn in turns:
             await (self._speech_started(turn) if turn.stop is None else self._speech_stopped(turn))
         if self.vad.turn is None:
             self.buffer.keep_last(self.vad.padding + 2 * WINDOW + len(self.vad.pending), AUDIO_RATE)
