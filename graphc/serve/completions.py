@@ -195,7 +195,7 @@ async def chunks(ctx: Context, subs: list, head: dict, opts: StreamOptions, n: i
     goes away frees every choice's pages."""
     chat = head["object"] == "chat.completion.chunk"
     reqs = [req for req, _ in subs]
-    streams = [tools.CallStream(calls.most) for _ in reqs] if calls.parse else None
+    streams = [tools.CallStream(calls.most, calls.render) for _ in reqs] if calls.parse else None
     sent, offset = [0] * len(reqs), [0] * len(reqs)    # tokens sent; characters of their logprobs' text
     shown = [False] * len(reqs)                        # a piece of the choice went (an echoed prompt with it)
     try:

@@ -9,7 +9,13 @@ them. tool_choice:
                                   need constrained decoding (guide_of: the constraint they map to)
 The answer's text is parsed into calls: each block `<tool_call>{"name": N, "arguments": {...}}</tool_call>`
 whose JSON is an object of exactly a non-empty name and an object of arguments becomes a call {id, type,
-function {name, arguments as JSON text}}; the whitespace before such a block, and after the last one at the
+function {name, arguments as JSON text}}. The XML form Qwen3.5's template teaches is read too: a block
+`<tool_call><function=N><parameter=P>VALUE</parameter>...</function></tool_call>` (newlines around each tag
+allowed, one stripped at each end of a value), each value read as its parameter's schema type (string: as
+written; integer, number, boolean, null, object, array: as JSON; a value that does not read so, or a parameter
+the schema does not name, stays a string); a parameter given twice, or text between the tags, makes the block
+malformed. Constrained decoding (required, a named function) asks for the JSON form whichever the template
+teaches. The whitespace before a parsed block, and after the last one at the
 end of the answer, is dropped; every other text, a malformed block and an unclosed one included, stays
 content. finish_reason stop becomes tool_calls when calls were parsed. With parallel_tool_calls false the
 calls after the first are dropped. Streamed, text goes out as content as soon as it cannot be the start of
@@ -26,6 +32,9 @@ from graphc.errors import InvalidInput
 from graphc.runtime.grammar import Guide, ToolFunction
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+XML_FUNCTION = "<function="
+XML_CALL = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*", re.DOTALL)
+XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")          # OpenAI's function names
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}   # a tool sent without parameters
 
@@ -120,17 +129,60 @@ def variables(kwargs: dict | None, calls: Calls) -> dict | None:
     return {**(kwargs or {}), "tools": calls.render}
 
 
-def _call(block: str) -> dict | None:
-    """The call a closed block (tags included) holds, None when it is malformed."""
+def _call(block: str, schemas: dict[str, dict]) -> dict | None:
+    """The call a closed block (tags included) holds, None when it is malformed; schemas: the tools' parameters
+    by name (the XML form's values are read by them)."""
+    inner = block[len(OPEN):-len(CLOSE)]
+    body = _xml_body(inner, schemas) if inner.lstrip().startswith(XML_FUNCTION) else _json_body(inner)
+    if body is None:
+        return None
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": body["name"], "arguments": json.dumps(body["arguments"], ensure_ascii=False)}}
+
+
+def _json_body(inner: str) -> dict | None:
     try:
-        body = json.loads(block[len(OPEN):-len(CLOSE)])
+        body = json.loads(inner)
     except ValueError:
         return None
     if (not isinstance(body, dict) or set(body) != {"name", "arguments"} or not isinstance(body["name"], str)
             or not body["name"] or not isinstance(body["arguments"], dict)):
         return None
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": body["name"], "arguments": json.dumps(body["arguments"], ensure_ascii=False)}}
+    return body
+
+
+def _xml_body(inner: str, schemas: dict[str, dict]) -> dict | None:
+    """{name, arguments} of the XML form, None when malformed."""
+    m = XML_CALL.fullmatch(inner)
+    if m is None:
+        return None
+    name, rest, args = m.group(1), m.group(2), {}
+    properties = schemas.get(name, {}).get("properties", {})
+    at = 0
+    for p in XML_PARAMETER.finditer(rest):
+        key, value = p.group(1), p.group(2)
+        if rest[at:p.start()].strip() or key in args:
+            return None
+        args[key], at = _typed(value, properties.get(key, {})), p.end()
+    return None if rest[at:].strip() else {"name": name, "arguments": args}
+
+
+def _typed(value: str, schema: dict):
+    """An XML-form value as its schema's type, else the text."""
+    text = value[1:] if value.startswith("\n") else value
+    text = text[:-1] if text.endswith("\n") else text
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if kind not in ("integer", "number", "boolean", "null", "object", "array"):
+        return text
+    try:
+        got = json.loads(text.strip())
+    except ValueError:
+        return text
+    ok = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+          "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          "boolean": lambda v: isinstance(v, bool), "null": lambda v: v is None,
+          "object": lambda v: isinstance(v, dict), "array": lambda v: isinstance(v, list)}[kind]
+    return got if ok(got) else text
 
 
 def _held(text: str) -> int:
@@ -144,8 +196,9 @@ def _held(text: str) -> int:
 class CallStream:
     """One answer's text, fed as it comes: what may go out as content now, and the calls whose blocks closed."""
 
-    def __init__(self, most: int | None = None):
+    def __init__(self, most: int | None = None, tools: list[dict] | None = None):
         self.most, self.count = most, 0          # the most calls kept; calls parsed so far
+        self.schemas = schemas_of(tools)
         self.buf = ""              # text not yet out: a held tail, or an open block
         self.lead = ""             # the whitespace before the open block (content if the block is malformed)
         self.in_block = False
@@ -175,7 +228,7 @@ class CallStream:
             if end < 0:
                 return False
             block, self.buf, self.in_block = self.buf[:end + len(CLOSE)], self.buf[end + len(CLOSE):], False
-            call = _call(block)
+            call = _call(block, self.schemas)
             if call is None:
                 self._release(out, self.lead + block)
             else:
@@ -196,16 +249,21 @@ class CallStream:
         return True
 
 
-def parse(text: str, most: int | None = None) -> tuple[str | None, list[dict]]:
+def schemas_of(tools: list[dict] | None) -> dict[str, dict]:
+    """The rendered tools' parameters by function name."""
+    return {t["function"]["name"]: t["function"].get("parameters", {}) for t in tools or []}
+
+
+def parse(text: str, most: int | None = None, tools: list[dict] | None = None) -> tuple[str | None, list[dict]]:
     """A whole answer's (content, calls): content None when calls were parsed and no text is left."""
-    content, calls = CallStream(most).feed(text, final=True)
+    content, calls = CallStream(most, tools).feed(text, final=True)
     return (content or None) if calls else content, calls
 
 
 def whole_choice(choice: dict, calls: Calls) -> dict:
     """A finished chat choice {index, message, logprobs, finish_reason} with its message's text parsed:
     tool_calls set and finish_reason tool_calls (where it was stop) when calls were parsed."""
-    content, found = parse(choice["message"]["content"] or "", calls.most)
+    content, found = parse(choice["message"]["content"] or "", calls.most, calls.render)
     if not found:
         return choice
     return {**choice, "message": {**choice["message"], "content": content, "tool_calls": found},

@@ -77,6 +77,59 @@ def test_streamed_at_every_split_gives_the_whole_answer(text, content, calls):
         assert ("".join(out) or (None if calls else ""), _calls(got)) == (content, calls), pieces
 
 
+# Qwen3.5's XML form: values read by their parameter's schema type
+BOOK = {"type": "function", "function": {"name": "book", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "nights": {"type": "integer"}, "price": {"type": "number"},
+    "late": {"type": "boolean"}, "note": {"type": "null"}, "room": {"type": "object"}, "guests": {"type": "array"}}}}}
+XML_TOOLS = [BOOK, TIME]
+
+
+def xml(name: str, *params: tuple[str, str]) -> str:
+    """A block as Qwen3.5's template writes one."""
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params)
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+B = xml("book", ("city", "New York"), ("nights", "3"), ("price", "99.5"), ("late", "true"), ("note", "null"),
+        ("room", '{"beds": 2}'), ("guests", '["a", "b"]'))
+B_CALL = ("book", {"city": "New York", "nights": 3, "price": 99.5, "late": True, "note": None, "room": {"beds": 2},
+                   "guests": ["a", "b"]})
+XML_CASES = [
+    ("Booking.\n" + B, "Booking.", [B_CALL]),
+    (xml("get_time") + "\n" + B, None, [("get_time", {}), B_CALL]),
+    (xml("book", ("city", "3"), ("nights", "three"), ("extra", "7")), None,          # a string of digits stays one;
+     [("book", {"city": "3", "nights": "three", "extra": "7"})]),                    # unreadable and unnamed: text
+    (xml("book", ("city", "line one\nline two")), None, [("book", {"city": "line one\nline two"})]),
+    ("<tool_call><function=book><parameter=nights>2</parameter></function></tool_call>", None,   # no newlines
+     [("book", {"nights": 2})]),
+    (xml("book", ("city", "A"), ("city", "B")), xml("book", ("city", "A"), ("city", "B")), []),  # a parameter twice
+    ("<tool_call><function=book>hi<parameter=city>A</parameter></function></tool_call>",
+     "<tool_call><function=book>hi<parameter=city>A</parameter></function></tool_call>", []),    # text between tags
+    ("<tool_call><function=book><parameter=city>A</function></tool_call>",
+     "<tool_call><function=book><parameter=city>A</function></tool_call>", []),                 # unclosed parameter
+]
+
+
+@pytest.mark.parametrize("text,content,calls", XML_CASES)
+def test_xml_form_parses_as_worked_by_hand_whole_and_streamed(text, content, calls):
+    got_content, got = parse(text, None, XML_TOOLS)
+    assert (got_content, _calls(got)) == (content, calls)
+    for k in range(len(text) + 1):
+        stream = CallStream(None, XML_TOOLS)
+        a, first = stream.feed(text[:k])
+        b, second = stream.feed(text[k:], final=True)
+        assert ((a + b) or (None if calls else ""), _calls(first + second)) == (content, calls), k
+
+
+def test_route_reads_xml_values_by_the_requests_schemas():
+    answers = [["Booking.\n", B[:30], B[30:]]]
+    whole = _chat(FakeRoute(answers), tools=XML_TOOLS)["choices"][0]
+    assert (whole["message"]["content"], _calls(whole["message"]["tool_calls"])) == ("Booking.", [B_CALL])
+    events = _chat(FakeRoute(answers), tools=XML_TOOLS, stream=True)
+    calls = [c for e in events for ch in e["choices"] for c in ch["delta"].get("tool_calls", [])]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [B_CALL]
+
+
 def test_parallel_tool_calls_false_keeps_the_first_call():
     content, got = parse("Let me check.\n" + W + "\n" + T, most=1)
     assert (content, _calls(got)) == ("Let me check.", [W_CALL])
