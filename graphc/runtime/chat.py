@@ -117,6 +117,7 @@ class ChatTemplate:
                                "use the template the model was released with") from e
         self.special = dict(special or {})
         self.source = named["default"]          # the plain chat template's text (/tokenizer_info shows it)
+        self.texts = dict(named)                # every template's text by name
 
     @classmethod
     def given(cls, template: str, folder: str | Path | None) -> "ChatTemplate":

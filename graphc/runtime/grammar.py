@@ -9,14 +9,16 @@ A guide (SamplingParams.guide) is one of
     {"kind": "ebnf", "ebnf": "root ::= \"yes\" | \"no\""}   text of the grammar's `root` rule (GBNF, llama.cpp's
                                                           dialect)
     {"kind": "tool_calls", "functions": [{"name": "get_weather", "parameters": {...}}],
-     "required": true, "parallel": true}
+     "required": true, "parallel": true, "form": "json"}
 
-tool_calls is the `<tool_call>` JSON form (Hermes', as chat templates teach it): blocks
+tool_calls is, with form "json", the `<tool_call>` JSON form (Hermes', as chat templates teach it): blocks
 `<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>`, ARGS valid against that function's
-parameters (a JSON schema; none: an empty object). required: the answer is one or more blocks joined by "\\n"
-and nothing else (OpenAI's tool_choice "required"; with a single function, tool_choice naming it). Not
-required: free text, in which every `<tool_call>` opens a well-formed block (tool_choice "auto"). parallel
-false: at most one block (parallel_tool_calls false).
+parameters (a JSON schema; none: an empty object); with form "qwen_xml", the XML form Qwen3.5's template
+teaches: `<tool_call>\\n<function=NAME>\\n<parameter=P>VALUE</parameter>...\\n</function>\\n</tool_call>`,
+the parameters valid against the schema (xgrammar's qwen_xml style). required: the answer is one or more
+blocks joined by "\\n" and nothing else (OpenAI's tool_choice "required"; with a single function,
+tool_choice naming it). Not required: free text, in which every `<tool_call>` opens a well-formed block
+(tool_choice "auto"). parallel false: at most one block (parallel_tool_calls false).
 
 JSON takes at most MAX_WHITESPACE whitespace characters between two tokens of its syntax, so a model that
 loops on blank space still ends. A guided request ends (finish_reason "stop") when its grammar is complete
@@ -46,7 +48,7 @@ MAX_WHITESPACE = 16               # whitespace characters between JSON tokens (x
 CACHE_BYTES = 256 << 20           # compiled grammars kept (the least recently used go first)
 KIND_FIELDS = {"json_object": set(), "json_schema": {"json_schema"}, "regex": {"regex"}, "ebnf": {"ebnf"},
                "tool_calls": {"functions"}}
-TOOL_FIELDS = {"functions", "required", "parallel"}
+TOOL_FIELDS = {"functions", "required", "parallel", "form"}
 
 
 class ToolFunction(Strict):
@@ -66,6 +68,7 @@ class Guide(Strict):
     functions: tuple[ToolFunction, ...] = ()
     required: bool = False
     parallel: bool = True
+    form: Literal["json", "qwen_xml"] = "json"
 
     @model_validator(mode="after")
     def _fields_of_kind(self) -> "Guide":
@@ -117,9 +120,15 @@ def tokenizer_info(tokenizer, vocab_size: int, stop_ids: list[int]):
 
 def tool_format(guide: Guide) -> dict:
     """The structural tag (xgrammar's format) of a tool_calls guide."""
-    tags = [{"type": "tag", "begin": '<tool_call>\n{"name": ' + json.dumps(f.name) + ', "arguments": ',
-             "content": {"type": "json_schema", "json_schema": f.parameters, "max_whitespace_cnt": MAX_WHITESPACE},
-             "end": "}\n</tool_call>"} for f in guide.functions]
+    content = {"type": "json_schema", "max_whitespace_cnt": MAX_WHITESPACE}
+    if guide.form == "json":
+        tags = [{"type": "tag", "begin": '<tool_call>\n{"name": ' + json.dumps(f.name) + ', "arguments": ',
+                 "content": content | {"json_schema": f.parameters}, "end": "}\n</tool_call>"}
+                for f in guide.functions]
+    else:
+        tags = [{"type": "tag", "begin": f"<tool_call>\n<function={f.name}>\n",
+                 "content": content | {"json_schema": f.parameters, "style": "qwen_xml"},
+                 "end": "\n</function>\n</tool_call>"} for f in guide.functions]
     if guide.required:
         fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True}
     else:

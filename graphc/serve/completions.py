@@ -335,7 +335,8 @@ async def chat_completion(ctx: Context, body: ChatBody):
     except ValidationError as e:
         return error(400, str(e.errors()[0]["msg"]))
     try:
-        calls = tools.check(body.tools, body.tool_choice, body.parallel_tool_calls, speaking=speech is not None)
+        calls = tools.check(body.tools, body.tool_choice, body.parallel_tool_calls, speaking=speech is not None,
+                            form=tools.form_of(ctx.engine.template, body.chat_template))
         params = tools.constrained(params, calls.guide)
         template_kwargs = tools.variables(body.chat_template_kwargs, calls)
     except InvalidInput as e:

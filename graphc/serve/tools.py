@@ -11,11 +11,12 @@ The answer's text is parsed into calls: each block `<tool_call>{"name": N, "argu
 whose JSON is an object of exactly a non-empty name and an object of arguments becomes a call {id, type,
 function {name, arguments as JSON text}}. The XML form Qwen3.5's template teaches is read too: a block
 `<tool_call><function=N><parameter=P>VALUE</parameter>...</function></tool_call>` (newlines around each tag
-allowed, one stripped at each end of a value), each value read as its parameter's schema type (string: as
+allowed, the whitespace around a value dropped, as the grammar of the form places it freely), each value
+read as its parameter's schema type (string: as
 written; integer, number, boolean, null, object, array: as JSON; a value that does not read so, or a parameter
 the schema does not name, stays a string); a parameter given twice, or text between the tags, makes the block
-malformed. Constrained decoding (required, a named function) asks for the JSON form whichever the template
-teaches. The whitespace before a parsed block, and after the last one at the
+malformed. Constrained decoding (required, a named function) keeps to the form the chat template teaches
+(form_of). The whitespace before a parsed block, and after the last one at the
 end of the answer, is dropped; every other text, a malformed block and an unclosed one included, stays
 content. finish_reason stop becomes tool_calls when calls were parsed. With parallel_tool_calls false the
 calls after the first are dropped. Streamed, text goes out as content as soon as it cannot be the start of
@@ -50,8 +51,17 @@ class Calls:
     most: int | None = None
 
 
-def check(tools: list | None, tool_choice, parallel: bool = True, speaking: bool = False) -> Calls:
-    """A request's tools and tool_choice (pydantic models of graphc/serve/schemas.py) checked: what it asks."""
+def form_of(template, own: str | None = None) -> str:
+    """The tool-call form a chat template teaches (the server's ChatTemplate, or a request's own template
+    text): qwen_xml where it writes `<function=` (Qwen3.5's), else json."""
+    texts = [own] if own is not None else list(template.texts.values()) if template is not None else []
+    return "qwen_xml" if any(XML_FUNCTION in t for t in texts) else "json"
+
+
+def check(tools: list | None, tool_choice, parallel: bool = True, speaking: bool = False,
+          form: str = "json") -> Calls:
+    """A request's tools and tool_choice (pydantic models of graphc/serve/schemas.py) checked: what it asks;
+    form: the calls' form the template teaches (form_of), which constrained decoding keeps to."""
     if not tools:
         if tool_choice is not None:
             raise InvalidInput("tool_choice without tools", "a tool can be chosen only among the request's tools",
@@ -72,7 +82,8 @@ def check(tools: list | None, tool_choice, parallel: bool = True, speaking: bool
         raise InvalidInput("tools with audio output", "a spoken answer would speak the calls' text",
                            "send tools without modalities [\"text\", \"audio\"], or tool_choice none", param="tools")
     rendered = [t.model_dump(exclude_unset=True) for t in tools]
-    return Calls(render=rendered, parse=True, guide=guide_of(rendered, choice, parallel), most=None if parallel else 1)
+    return Calls(render=rendered, parse=True, guide=guide_of(rendered, choice, parallel, form),
+                 most=None if parallel else 1)
 
 
 def _checked(fn, i: int) -> str:
@@ -96,7 +107,7 @@ def _checked(fn, i: int) -> str:
     return fn.name
 
 
-def guide_of(tools: list[dict], tool_choice, parallel: bool = True) -> Guide | None:
+def guide_of(tools: list[dict], tool_choice, parallel: bool = True, form: str = "json") -> Guide | None:
     """The constraint on decoding that tool_choice asks (None for auto): required, calls to any of the tools; a
     named function, calls to that one; parallel false, one call (graphc/runtime/grammar.py, kind tool_calls)."""
     if isinstance(tool_choice, str) and tool_choice != "required":
@@ -104,7 +115,7 @@ def guide_of(tools: list[dict], tool_choice, parallel: bool = True) -> Guide | N
     wanted = None if isinstance(tool_choice, str) else tool_choice.function.name
     functions = [ToolFunction(name=t["function"]["name"], parameters=t["function"].get("parameters") or NO_ARGUMENTS)
                  for t in tools if wanted in (None, t["function"]["name"])]
-    return Guide(kind="tool_calls", functions=functions, required=True, parallel=parallel)
+    return Guide(kind="tool_calls", functions=functions, required=True, parallel=parallel, form=form)
 
 
 def constrained(params, guide: Guide | None):
@@ -169,13 +180,12 @@ def _xml_body(inner: str, schemas: dict[str, dict]) -> dict | None:
 
 def _typed(value: str, schema: dict):
     """An XML-form value as its schema's type, else the text."""
-    text = value[1:] if value.startswith("\n") else value
-    text = text[:-1] if text.endswith("\n") else text
+    text = value.strip()
     kind = schema.get("type") if isinstance(schema, dict) else None
     if kind not in ("integer", "number", "boolean", "null", "object", "array"):
         return text
     try:
-        got = json.loads(text.strip())
+        got = json.loads(text)
     except ValueError:
         return text
     ok = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),

@@ -128,6 +128,28 @@ def test_required_tool_calls_are_blocks_of_known_functions_with_valid_arguments(
                                 {"type": "object", "maxProperties": 0})
 
 
+def test_xml_form_tool_calls_parse_into_known_functions_with_valid_arguments(engine):
+    """form qwen_xml (the XML form Qwen3.5's template teaches): the answers are XML blocks only, which the
+    server's parser (graphc/serve/tools.py, reading values by their schema) turns into calls whose arguments
+    validate."""
+    from graphc.serve.tools import parse
+
+    rendered = [{"type": "function", "function": f} for f in (WEATHER, NOOP)]
+    guide = {"kind": "tool_calls", "functions": [WEATHER, NOOP], "required": True, "parallel": False,
+             "form": "qwen_xml"}
+    outs = run(engine, [dict(messages=MESSAGES, params=guided(guide, 360, **kw))
+                        for kw in ({}, {"temperature": 1.0, "seed": 5}, {"temperature": 1.0, "seed": 6})])
+    for o in outs:
+        assert o.finish_reason == "stop" and o.text.startswith("<tool_call>\n<function="), o
+        content, calls = parse(o.text, None, rendered)
+        assert content is None and calls, o.text
+        for c in calls:
+            name, args = c["function"]["name"], json.loads(c["function"]["arguments"])
+            assert name in ("get_weather", "noop"), o.text
+            jsonschema.validate(args, WEATHER["parameters"] if name == "get_weather" else
+                                {"type": "object", "maxProperties": 0})
+
+
 def test_a_named_function_without_parallel_calls_is_called_once(engine):
     guide = {"kind": "tool_calls", "functions": [WEATHER], "required": True, "parallel": False}
     o = run(engine, [dict(messages=MESSAGES, params=guided(guide, temperature=1.0, seed=2))])[0]

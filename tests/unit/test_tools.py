@@ -236,7 +236,7 @@ class FakeRoute:
         from graphc.runtime.inputs import SERVED, Limits
 
         self.answers, self.finish_reason, self.submitted = answers, finish_reason, []
-        self.engine = SimpleNamespace(tokenizer=None, sample_rate=24000)
+        self.engine = SimpleNamespace(tokenizer=None, sample_rate=24000, template=None, compile_guide=lambda g: None)
         self.driver = SimpleNamespace(admit=lambda: None, abort=lambda rid: None)
         self.model_name, self.names, self.sources, self.limits = "m", ("m",), SERVED, Limits()
 
@@ -290,6 +290,20 @@ def test_route_parses_each_choice_whole_and_streamed():
         assert final.message.content == content and final.finish_reason == reason
         got = final.message.tool_calls
         assert (got and [(t.function.name, json.loads(t.function.arguments)) for t in got]) == calls
+
+
+def test_required_calls_keep_to_the_form_the_template_teaches():
+    """A template that writes `<function=` (Qwen3.5's) gets XML-form calls under tool_choice required, any
+    other the JSON form; a request's own template decides for it."""
+    from graphc.runtime.chat import ChatTemplate
+
+    xml_text, json_text = "{{ messages }} <tool_call>\n<function=NAME>", '{{ messages }} <tool_call>{"name": N}'
+    for server, own, form in ((xml_text, None, "qwen_xml"), (json_text, None, "json"), (json_text, xml_text, "qwen_xml"),
+                              (None, None, "json")):
+        route = FakeRoute([[W]])
+        route.engine.template, route.own_templates = server and ChatTemplate(server), True
+        _chat(route, tools=TOOLS, tool_choice="required", **({"chat_template": own} if own else {}))
+        assert route.submitted[0]["params"].guide.form == form, (server, own)
 
 
 def test_route_without_tools_leaves_tags_as_text():
