@@ -13,8 +13,8 @@ A guide (SamplingParams.guide) is one of
 
 tool_calls is, with form "json", the `<tool_call>` JSON form (Hermes', as chat templates teach it): blocks
 `<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>`, ARGS valid against that function's
-parameters (a JSON schema; none: an empty object); with form "qwen_xml", the XML form Qwen3.5's template
-teaches: `<tool_call>\\n<function=NAME>\\n<parameter=P>VALUE</parameter>...\\n</function>\\n</tool_call>`,
+parameters (a JSON schema; none: an empty object); with form "qwen_xml", the XML form other templates
+teach: `<tool_call>\\n<function=NAME>\\n<parameter=P>VALUE</parameter>...\\n</function>\\n</tool_call>`,
 the parameters valid against the schema (xgrammar's qwen_xml style). required: the answer is one or more
 blocks joined by "\\n" and nothing else (OpenAI's tool_choice "required"; with a single function,
 tool_choice naming it). Not required: free text, in which every `<tool_call>` opens a well-formed block

@@ -9,18 +9,18 @@ them. tool_choice:
                                   need constrained decoding (guide_of: the constraint they map to)
 The answer's text is parsed into calls: each block `<tool_call>{"name": N, "arguments": {...}}</tool_call>`
 whose JSON is an object of exactly a non-empty name and an object of arguments becomes a call {id, type,
-function {name, arguments as JSON text}}. The XML form Qwen3.5's template teaches is read too: a block
-`<tool_call><function=N><parameter=P>VALUE</parameter>...</function></tool_call>` (newlines around each tag
-allowed, the whitespace around a value dropped, as the grammar of the form places it freely), each value
-read as its parameter's schema type (string: as
-written; integer, number, boolean, null, object, array: as JSON; a value that does not read so, or a parameter
-the schema does not name, stays a string); a parameter given twice, or text between the tags, makes the block
-malformed. Constrained decoding (required, a named function) keeps to the form the chat template teaches
-(form_of). The whitespace before a parsed block, and after the last one at the
-end of the answer, is dropped; every other text, a malformed block and an unclosed one included, stays
-content. finish_reason stop becomes tool_calls when calls were parsed. With parallel_tool_calls false the
-calls after the first are dropped. Streamed, text goes out as content as soon as it cannot be the start of
-a block, and a call goes out whole in one delta.tool_calls entry once its block closes.
+function {name, arguments as JSON text}}. The XML form other chat templates teach is read too: a block
+`<tool_call><function=N><parameter=P>VALUE</parameter>...</function></tool_call>` (newlines between the tags
+allowed, the whitespace around a value dropped, as the form's grammar places it freely), each value read as
+its parameter's schema type: a string as written; an integer, number, boolean, null, object or array as
+JSON; a value that does not read so, or a parameter the schema does not name, as a string. A parameter given
+twice, or text between the tags, makes the block malformed. Constrained decoding (required, a named function)
+keeps to the form the chat template teaches (form_of). The whitespace before a parsed block, and after the
+last one at the end of the answer, is dropped; every other text, a malformed block and an unclosed one
+included, stays content. finish_reason stop becomes tool_calls when calls were parsed. With
+parallel_tool_calls false the calls after the first are dropped. Streamed, text goes out as content as soon
+as it cannot be the start of a block, and a call goes out whole in one delta.tool_calls entry once its block
+closes.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class Calls:
 
 def form_of(template, own: str | None = None) -> str:
     """The tool-call form a chat template teaches (the server's ChatTemplate, or a request's own template
-    text): qwen_xml where it writes `<function=` (Qwen3.5's), else json."""
+    text): qwen_xml (xgrammar's name for the XML form) where it writes `<function=`, else json."""
     texts = [own] if own is not None else list(template.texts.values()) if template is not None else []
     return "qwen_xml" if any(XML_FUNCTION in t for t in texts) else "json"
 

@@ -102,6 +102,8 @@ XML_CASES = [
     (xml("book", ("city", "line one\nline two")), None, [("book", {"city": "line one\nline two"})]),
     ("<tool_call><function=book><parameter=nights>2</parameter></function></tool_call>", None,   # no newlines
      [("book", {"nights": 2})]),
+    ("<tool_call>\n<function=book>\n\t<parameter=city>\t Rome \n</parameter>\n</function></tool_call>", None,
+     [("book", {"city": "Rome"})]),                                        # whitespace around a value dropped
     (xml("book", ("city", "A"), ("city", "B")), xml("book", ("city", "A"), ("city", "B")), []),  # a parameter twice
     ("<tool_call><function=book>hi<parameter=city>A</parameter></function></tool_call>",
      "<tool_call><function=book>hi<parameter=city>A</parameter></function></tool_call>", []),    # text between tags
