@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field, model_validator
 
+from graphc.errors import InvalidInput
 from graphc.units import ceil_div
 from resources import flashinfer_sizes as fis
 from resources.base import ResourceSpec, Sized, StepShape
@@ -94,13 +95,32 @@ class PagedKVSpec(ResourceSpec):
         return bufs
 
     def fake(self, shape: StepShape, run_head_dim: int | None = None) -> "FakePaged":
-        return FakePaged()
+        return FakePaged(self, run_head_dim)
 
 
 class FakePaged:
-    """The simulation's stand-in: the append writes in place; attention returns one new tensor."""
+    """The simulation's stand-in: the append writes in place; attention returns one new tensor. A call whose
+    heads or layer are not the resource's is refused: the pages, the kernels and their workspaces are sized by
+    the resource (a head dim a kernel lacks may come zero-padded to run_head_dim)."""
+
+    def __init__(self, spec: PagedKVSpec, run_head_dim: int | None = None):
+        self.spec, self.dims = spec, {spec.head_dim, run_head_dim or spec.head_dim}
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        s = self.spec
+        widths = {q.shape[-1], k.shape[-1], v.shape[-1]}
+        if (q.shape[-2], k.shape[-2], v.shape[-2]) != (s.num_qo_heads, s.num_kv_heads, s.num_kv_heads) \
+                or len(widths) != 1 or not widths <= self.dims:
+            raise InvalidInput(f"resource '{s.name}' is declared as {s.num_qo_heads} query and {s.num_kv_heads} "
+                               f"key heads of {s.head_dim}, but its node calls it with q {list(q.shape)}, "
+                               f"k {list(k.shape)} and v {list(v.shape)}",
+                               "the resource's heads size its pages, its kernels and their workspaces",
+                               f"set resources.{s.name}'s num_qo_heads, num_kv_heads and head_dim to the module's")
+        if not 0 <= layer < s.num_layers:
+            raise InvalidInput(f"resource '{s.name}' holds layers 0 to {s.num_layers - 1}, but its node calls "
+                               f"layer {layer}",
+                               "each layer's keys and values have pages of their own",
+                               f"set resources.{s.name}.num_layers to the module's layer count")
         return q.new_empty(q.shape[:-1] + (v.shape[-1],))
 
 

@@ -5,8 +5,9 @@ one remedy decisive. Configs are tuples (they key the compiler's memo tables by 
 
     Enc     x [windows*16, 32] -> up [R, ffn] -> q [R, heads*64] -> ragged attention -> y [R, heads*64]
             config (ffn, heads, ballast): `ballast` bf16 parameters only add weight bytes
-    Dec     x [tokens, 64] -> up [T, ffn] -> q [T, 8*64] -> one call per paged KV pool -> y [T, 512]
-            config (ffn, pools, ballast): the pools are bound as roles kv0, kv1, ...
+    Dec     x [tokens, 64] -> up [T, ffn] -> q [T, 8*D] -> one call per paged KV pool -> y [T, 512]
+            config (ffn, pools, ballast, kv heads, D): the pools are bound as roles kv0, kv1, ..., each
+            called with 8 query heads and the first `kv heads` of them as keys, of head dim D (64 by default)
     Blob    x [tokens, 64] -> y [tokens, 64] through one linear; config (ballast,)
     Quad    like Blob, but a step's rows must be a multiple of 4 (it folds them 4 at a time)
 """
@@ -67,21 +68,21 @@ def _dec_class(pools: int) -> type:
     class Dec(_Ballast):
         ROLES = roles
 
-        def __init__(self, cfg: tuple = (256, pools, 0)):
+        def __init__(self, cfg: tuple = (256, pools, 0, 1, HEAD_DIM)):
             super().__init__()
-            ffn, _, ballast = cfg
+            ffn, _, ballast, self.kv_heads, self.head_dim = cfg
             self.up = torch.nn.Linear(DEC_IN, ffn, bias=False)
-            self.down = torch.nn.Linear(ffn, DEC_HEADS * HEAD_DIM, bias=False)
+            self.down = torch.nn.Linear(ffn, DEC_HEADS * self.head_dim, bias=False)
             self._ballast(ballast)
 
         def forward(self, ctx, x):
             t = x.shape[0]
             h = F.gelu(self.up(x))                    # [T, ffn]
-            o = self.down(h).view(t, DEC_HEADS, HEAD_DIM)
+            o = self.down(h).view(t, DEC_HEADS, self.head_dim)
             del h
-            for i in range(pools):
-                o = ctx[f"kv{i}"](0, o, o[:, :1], o[:, :1])
-            return {"y": o.view(t, DEC_HEADS * HEAD_DIM)}
+            for i in range(pools):                    # the pools' heads: DEC_HEADS query, kv_heads key of head_dim
+                o = ctx[f"kv{i}"](0, o, o[:, :self.kv_heads], o[:, :self.kv_heads])
+            return {"y": o[..., :HEAD_DIM].reshape(t, DEC_HEADS * HEAD_DIM)}
 
     Dec.__name__ = Dec.__qualname__ = f"Dec{pools}"
     return Dec
@@ -119,9 +120,10 @@ def enc_node(name: str = "enc", cfg: tuple = (256, 2, 0), resources: dict | None
 
 
 def dec_node(name: str = "dec", cfg: tuple = (256, 1, 0), pools: tuple[str, ...] = ("kv",),
-             device: int | None = None) -> gc.Node:
+             device: int | None = None, kv: tuple[int, int] = (1, HEAD_DIM)) -> gc.Node:
+    """kv: the key heads and head dim its pools are declared with (the query heads are DEC_HEADS)."""
     module = (Dec1, Dec2, Dec3, Dec4)[len(pools) - 1]
-    return gc.Node(name=name, module=module, config=(cfg[0], len(pools), cfg[2]), device=device,
+    return gc.Node(name=name, module=module, config=(cfg[0], len(pools), cfg[2], *kv), device=device,
                    inputs={"x": gc.Port(shape=("tokens", DEC_IN), dtype="bfloat16")},
                    outputs={"y": gc.Port(shape=("tokens", DEC_HEADS * HEAD_DIM), dtype="bfloat16")},
                    resources={f"kv{i}": p for i, p in enumerate(pools)})

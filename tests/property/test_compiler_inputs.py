@@ -595,6 +595,7 @@ DECLARED = {        # one edit of BASE each, and what the refusal names
     "resource-unused": (at(("resources",), [*dict(BASE.kwargs)["resources"],
                                             call("WorkspaceSpec", name="spare", bytes=1024)]), "nothing uses them"),
     "resource-attention-heads-disagree": (at(("resources", 0, "head_dim"), 32), "is declared as"),
+    "resource-kv-heads-disagree": (at(KV + ("head_dim",), 32), "is declared as"),
     "resource-segment-axis-unbudgeted": (at(("resources", 0, "segment_axis"), "frames"), "counts its segments"),
     "request-unknown-walk": (at(("requests", 0, "stages"), ("prefill", "nope")), "unknown walk 'nope'"),
     "model-bad-name": (at(("name",), "a b"), "name"),

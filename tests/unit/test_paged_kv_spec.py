@@ -153,3 +153,42 @@ def test_pages_are_given_back_once():
         pages.free(a[:1])                              # a second time
     pages.free(b)
     assert pages.num_free == 8 and sorted(pages.allocate(8)) == list(range(8))
+
+
+def test_the_simulation_refuses_calls_that_are_not_the_resources_shape():
+    """The fake the compiler traces with (3 layers, 4 query and 2 key heads of 8): a call of its shape gives the
+    attention's output shape; other heads, head dims or a layer past the last are refused with the numbers;
+    a head dim a kernel lacks may come zero-padded to the width the backend runs (run_head_dim)."""
+    from graphc.errors import InvalidInput
+
+    shape = StepShape(phase="prefill", rows=5, seqs=1, kv_len=5)
+    fake = spec().fake(shape)
+
+    def call(layer=2, hq=4, hk=2, hv=2, d=8, dv=8, f=fake):
+        return f(layer, torch.empty(5, hq, d), torch.empty(5, hk, d), torch.empty(5, hv, dv))
+    assert call().shape == (5, 4, 8) and call(layer=0).shape == (5, 4, 8)
+    for bad in ({"hq": 2}, {"hk": 4}, {"hv": 1}, {"d": 16, "dv": 16}, {"dv": 4}):
+        with pytest.raises(InvalidInput, match=r"resource 'kv' is declared as 4 query and 2 key heads of 8, but its "
+                                               r"node calls it with q \[5, \d+, \d+\]") as e:
+            call(**bad)
+        assert "num_qo_heads, num_kv_heads and head_dim" in str(e.value), bad
+    for layer in (3, -1):
+        with pytest.raises(InvalidInput, match=rf"resource 'kv' holds layers 0 to 2, but its node calls layer {layer}"):
+            call(layer=layer)
+    padded = spec().fake(shape, run_head_dim=16)
+    assert call(d=16, dv=16, f=padded).shape == (5, 4, 16) and call(f=padded).shape == (5, 4, 8)
+    with pytest.raises(InvalidInput):
+        call(d=32, dv=32, f=padded)
+
+
+def test_a_kv_resource_of_the_wrong_shape_is_refused_by_graphc_plan(capsys):
+    """`graphc plan` exits 2 naming the resource and the module's heads (tiny_omni's decoder: 4 query and 2 key
+    heads of 64, 2 layers)."""
+    from graphc.cli import main
+
+    for setting, says in (("head_dim=3", "key heads of 3, but its node calls it with q"),
+                          ("num_layers=1", "holds layers 0 to 0, but its node calls layer 1")):
+        code = main(["plan", "models/tiny_omni.py", "--gpu", "cpu", "--set", f"resources.decoder_kv.{setting}",
+                     "-o", "/dev/null", "-q"])
+        err = capsys.readouterr().err
+        assert code == 2 and says in err and "resources.decoder_kv" in err, (setting, code, err[-600:])

@@ -62,6 +62,9 @@ BIG_PAGE = 2 * 8 * 64 * 8 * 128 * 2
 assert BIG_PAGE == 2 * MiB
 
 
+BIG_KV = (8, 128)              # big_pool's key heads and head dim, as the decoder node calls it
+
+
 def big_pool(name: str, pages: int | None, max_seq_len: int = 4096, **kw) -> PagedKVSpec:
     return PagedKVSpec(name=name, num_layers=8, num_qo_heads=8, num_kv_heads=8, head_dim=128, page_size=64,
                        max_seq_len=max_seq_len, pages=pages, **kw)     # 4096 tokens: 64 pages
@@ -76,7 +79,7 @@ def gpu_model() -> gc.Model:
     """An encoder (windows) and a decoder (tokens, one fixed 100-page pool) on one GPU."""
     return gc.Model(
         name="remedies-gpu",
-        nodes=[enc_node(), dec_node()],
+        nodes=[enc_node(), dec_node(kv=BIG_KV)],
         resources=[WorkspaceSpec(name="ws", bytes=64 * MiB, slots=2), ragged("attn", "ws"), big_pool("kv", 100)],
         walks=[
             # rungs 1 2 4 8 16 32, captured up to 16; 32 runs eagerly
@@ -239,7 +242,7 @@ def test_only_nodes_and_pools_of_the_device_that_is_over():
     from graphc.passes.suggest_remedies import candidates, evaluate
 
     def model():
-        return gc.Model(name="split", nodes=[blob_node("small", device=0), dec_node(device=1)],
+        return gc.Model(name="split", nodes=[blob_node("small", device=0), dec_node(device=1, kv=BIG_KV)],
                         resources=[big_pool("kv", 100)],
                         walks=[gc.Walk(name="first", kind="prefill", path=("small",), budget=gc.Budget(tokens=4)),
                                gc.Walk(name="prefill", kind="prefill", path=("dec",), ladder=(16, 64),
@@ -364,7 +367,7 @@ def test_workspace_candidates_only_for_what_can_shrink():
 
     need = 8 * 264 * 128 * 4 + 8 * 264 * 4
     assert need == 1_089_792
-    model = gc.Model(name="ws", nodes=[dec_node(pools=("p", "q", "r"))],
+    model = gc.Model(name="ws", nodes=[dec_node(pools=("p", "q", "r"), kv=BIG_KV)],
                      resources=[WorkspaceSpec(name="exact", bytes=2 * MiB), WorkspaceSpec(name="auto", slots=2),
                                 WorkspaceSpec(name="big", bytes=64 * MiB, slots=2),
                                 big_pool("p", 64, workspace="exact"), big_pool("q", 64, workspace="auto"),
@@ -386,7 +389,7 @@ def test_fit_trims_in_order_and_records_them():
     (the device is then 1 byte over), and last lets p2's 10 pages hold requests of 640 tokens."""
     def model():
         return gc.Model(
-            name="trims", nodes=[enc_node(cfg=(16384, 2, 0)), dec_node(pools=("p1", "p2"))],
+            name="trims", nodes=[enc_node(cfg=(16384, 2, 0)), dec_node(pools=("p1", "p2"), kv=BIG_KV)],
             resources=[WorkspaceSpec(name="wse", bytes=256 * MiB), ragged("attn", "wse"),
                        big_pool("p1", 150), big_pool("p2", 10)],
             walks=[gc.Walk(name="audio", kind="prefill", path=("enc",), ladder=(1, 2, 4, 8), budget=gc.Budget(windows=16)),
@@ -491,7 +494,7 @@ def test_remedies_for_a_short_fill_pool_report_what_they_free():
     from graphc.passes.suggest_remedies import evaluate
 
     def model():
-        return gc.Model(name="fill", nodes=[enc_node(), dec_node()],
+        return gc.Model(name="fill", nodes=[enc_node(), dec_node(kv=BIG_KV)],
                         resources=[WorkspaceSpec(name="ws", bytes=64 * MiB, slots=2), ragged("attn", "ws"),
                                    big_pool("kv", None)],
                         walks=[gc.Walk(name="wide", kind="prefill", path=("enc",), budget=gc.Budget(windows=32)),

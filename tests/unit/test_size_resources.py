@@ -85,7 +85,7 @@ def test_paged_need_at_the_family_step_and_at_decode():
     tiles = 4096 / 128 + 8 - 1 = 39 over a split bound of 2 x 132 / 8 = 33, so 39 x 128 rows of
     8 x (128 + 1) fp32. Decode: 16 blocks/SM x 132 / 8 = 264 rows, less."""
     model = gc.Model(
-        name="paged", nodes=[dec_node()],
+        name="paged", nodes=[dec_node(kv=(8, 128))],
         resources=[PagedKVSpec(name="kv", num_layers=2, num_qo_heads=8, num_kv_heads=8, head_dim=128, page_size=16,
                                max_seq_len=256, pages=64, backend="fa2", decode_backend="fa2")],
         walks=[gc.Walk(name="prefill", kind="prefill", path=("dec",), ladder=(1024,),
