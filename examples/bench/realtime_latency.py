@@ -7,6 +7,8 @@ answer plays (barge-in). Measured per session:
                    (after which no audio of that answer comes): VAD's 32 ms window included, in two parts:
   vad_ms           from that append to the server's speech_started event
   cancel_ms        from speech_started to the cancelled response.done
+  later_turn_ms    the interrupting speech's turn: from its speech_stopped to its answer's first audio delta
+                   (a later turn of the conversation: its prompt holds the first turn's audio and answer)
 
 The speech is a synthetic voiced signal (harmonics of a moving pitch through vowel formants) that Silero's VAD
 takes for speech; with seeded weights the model's own speech is noise to a VAD. The server needs a tokenizer and
@@ -63,34 +65,46 @@ async def stream(ws, frames: list[str], onset_index: int | None = None) -> float
     return onset
 
 
+async def first_audio(ws, old: str | None = None, stopped: float | None = None) -> tuple[float, float | None, str]:
+    """Events up to the first output audio delta, after a speech_stopped, of a response other than `old`:
+    (when speech_stopped came, when that delta came, its response id); None for the delta's time when that
+    response ended with no audio."""
+    while True:
+        ev = json.loads(await ws.recv())
+        if ev["type"] == "input_audio_buffer.speech_stopped":
+            stopped = time.perf_counter()
+        elif ev["type"] == "response.output_audio.delta" and stopped is not None and ev["response_id"] != old:
+            return stopped, time.perf_counter(), ev["response_id"]
+        elif ev["type"] == "response.done" and stopped is not None and ev["response"]["id"] != old:
+            return stopped, None, ev["response"]["id"]
+
+
 async def one_session(url: str, question: list[str], barge: list[str], onset_index: int, max_tokens: int) -> dict:
     import websockets
 
     async with websockets.connect(url, max_size=None) as ws:
         await ws.send(json.dumps({"type": "session.update", "session": {"max_output_tokens": max_tokens}}))
         sender = asyncio.create_task(stream(ws, question))
-        stopped = first = None
-        while first is None:
-            ev = json.loads(await ws.recv())
-            if ev["type"] == "input_audio_buffer.speech_stopped":
-                stopped = time.perf_counter()
-            elif ev["type"] == "response.output_audio.delta" and stopped is not None:
-                first, answering = time.perf_counter(), ev["response_id"]
+        stopped, first, answering = await first_audio(ws)
         await sender
         onset = asyncio.create_task(stream(ws, barge, onset_index))
-        started = None
+        started = stopped2 = None
         while True:
             ev = json.loads(await ws.recv())
             if ev["type"] == "input_audio_buffer.speech_started":
                 started = time.perf_counter()
+            elif ev["type"] == "input_audio_buffer.speech_stopped":
+                stopped2 = time.perf_counter()
             if ev["type"] == "response.done" and ev["response"]["id"] == answering:
                 ended, status = time.perf_counter(), ev["response"]["status"]
                 break
-        sent = await onset
+        stopped2, first2, _ = await first_audio(ws, answering, stopped2)     # the new speech's answer, read as
+        sent = await onset                                                    # the appends still go out
         cut = status == "cancelled" and sent and started
         return {"first_audio_ms": (first - stopped) * 1e3, "barge_in_ms": (ended - sent) * 1e3 if cut else None,
                 "vad_ms": (started - sent) * 1e3 if cut else None,
-                "cancel_ms": (ended - started) * 1e3 if cut else None, "status": status}
+                "cancel_ms": (ended - started) * 1e3 if cut else None, "status": status,
+                "later_turn_ms": (first2 - stopped2) * 1e3 if first2 is not None else None}
 
 
 def summary(values: list[float]) -> dict:
@@ -114,10 +128,12 @@ async def main(args) -> dict:
     for n in args.sessions:
         runs = await asyncio.gather(*(one_session(url, question, barge, onset_index, args.max_tokens)
                                       for _ in range(n)))
-        out[n] = {k: summary([r[k] for r in runs]) for k in ("first_audio_ms", "barge_in_ms", "vad_ms", "cancel_ms")}
+        out[n] = {k: summary([r[k] for r in runs])
+                  for k in ("first_audio_ms", "barge_in_ms", "vad_ms", "cancel_ms", "later_turn_ms")}
         out[n]["not_cancelled"] = sum(r["status"] != "cancelled" for r in runs)
         print(f"{n:3d} sessions: first audio {out[n]['first_audio_ms']}, barge-in {out[n]['barge_in_ms']} "
-              f"(VAD {out[n]['vad_ms']}, then cancel {out[n]['cancel_ms']})", flush=True)
+              f"(VAD {out[n]['vad_ms']}, then cancel {out[n]['cancel_ms']}); the interrupting speech's answer: "
+              f"first audio {out[n]['later_turn_ms']}", flush=True)
     return out
 
 
