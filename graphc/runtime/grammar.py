@@ -13,9 +13,9 @@ A guide (SamplingParams.guide) is one of
 
 tool_calls is, with form "json", the `<tool_call>` JSON form (Hermes', as chat templates teach it): blocks
 `<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>`, ARGS valid against that function's
-parameters (a JSON schema; none: an empty object); with form "qwen_xml", the XML form other templates
+parameters (a JSON schema; none: an empty object); with form "xml", the XML form other templates
 teach: `<tool_call>\\n<function=NAME>\\n<parameter=P>VALUE</parameter>...\\n</function>\\n</tool_call>`,
-the parameters valid against the schema (xgrammar's qwen_xml style). required: the answer is one or more
+the parameters valid against the schema (XML_STYLE, xgrammar's name for that form). required: the answer is one or more
 blocks joined by "\\n" and nothing else (OpenAI's tool_choice "required"; with a single function,
 tool_choice naming it). Not required: free text, in which every `<tool_call>` opens a well-formed block
 (tool_choice "auto"). parallel false: at most one block (parallel_tool_calls false).
@@ -49,6 +49,7 @@ CACHE_BYTES = 256 << 20           # compiled grammars kept (the least recently u
 KIND_FIELDS = {"json_object": set(), "json_schema": {"json_schema"}, "regex": {"regex"}, "ebnf": {"ebnf"},
                "tool_calls": {"functions"}}
 TOOL_FIELDS = {"functions", "required", "parallel", "form"}
+XML_STYLE = "qwen_xml"            # xgrammar's style of <parameter=P>VALUE</parameter> arguments, named by it
 
 
 class ToolFunction(Strict):
@@ -68,7 +69,7 @@ class Guide(Strict):
     functions: tuple[ToolFunction, ...] = ()
     required: bool = False
     parallel: bool = True
-    form: Literal["json", "qwen_xml"] = "json"
+    form: Literal["json", "xml"] = "json"
 
     @model_validator(mode="after")
     def _fields_of_kind(self) -> "Guide":
@@ -127,7 +128,7 @@ def tool_format(guide: Guide) -> dict:
                 for f in guide.functions]
     else:
         tags = [{"type": "tag", "begin": f"<tool_call>\n<function={f.name}>\n",
-                 "content": content | {"json_schema": f.parameters, "style": "qwen_xml"},
+                 "content": content | {"json_schema": f.parameters, "style": XML_STYLE},
                  "end": "\n</function>\n</tool_call>"} for f in guide.functions]
     if guide.required:
         fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True}

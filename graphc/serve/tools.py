@@ -53,9 +53,9 @@ class Calls:
 
 def form_of(template, own: str | None = None) -> str:
     """The tool-call form a chat template teaches (the server's ChatTemplate, or a request's own template
-    text): qwen_xml (xgrammar's name for the XML form) where it writes `<function=`, else json."""
+    text): xml where it writes `<function=`, else json."""
     texts = [own] if own is not None else list(template.texts.values()) if template is not None else []
-    return "qwen_xml" if any(XML_FUNCTION in t for t in texts) else "json"
+    return "xml" if any(XML_FUNCTION in t for t in texts) else "json"
 
 
 def check(tools: list | None, tool_choice, parallel: bool = True, speaking: bool = False,

@@ -129,14 +129,14 @@ def test_required_tool_calls_are_blocks_of_known_functions_with_valid_arguments(
 
 
 def test_xml_form_tool_calls_parse_into_known_functions_with_valid_arguments(engine):
-    """form qwen_xml (the XML form Qwen3.5's template teaches): the answers are XML blocks only, which the
+    """form xml (the XML form Qwen3.5's template teaches): the answers are XML blocks only, which the
     server's parser (graphc/serve/tools.py, reading values by their schema) turns into calls whose arguments
     validate."""
     from graphc.serve.tools import parse
 
     rendered = [{"type": "function", "function": f} for f in (WEATHER, NOOP)]
     guide = {"kind": "tool_calls", "functions": [WEATHER, NOOP], "required": True, "parallel": False,
-             "form": "qwen_xml"}
+             "form": "xml"}
     outs = run(engine, [dict(messages=MESSAGES, params=guided(guide, 360, **kw))
                         for kw in ({}, {"temperature": 1.0, "seed": 5}, {"temperature": 1.0, "seed": 6})])
     for o in outs:

@@ -300,7 +300,7 @@ def test_required_calls_keep_to_the_form_the_template_teaches():
     from graphc.runtime.chat import ChatTemplate
 
     xml_text, json_text = "{{ messages }} <tool_call>\n<function=NAME>", '{{ messages }} <tool_call>{"name": N}'
-    for server, own, form in ((xml_text, None, "qwen_xml"), (json_text, None, "json"), (json_text, xml_text, "qwen_xml"),
+    for server, own, form in ((xml_text, None, "xml"), (json_text, None, "json"), (json_text, xml_text, "xml"),
                               (None, None, "json")):
         route = FakeRoute([[W]])
         route.engine.template, route.own_templates = server and ChatTemplate(server), True
