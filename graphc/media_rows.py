@@ -1,16 +1,19 @@
-"""The media cache's plan: which encoder output rows it holds, a row's bytes, and how many rows each encoder gets.
+"""The row caches' plan: which output rows each cache holds, a row's bytes, and how many rows each node gets.
 
-An encoder whose outputs the LLM reads (the declared edges into the pipeline's LLM node) gets a cache of its
-output rows on the LLM's device: for each port the LLM reads, a buffer with the port's row dim first and room
-for `rows` rows. A port's row dim is its one symbolic dim (the encoder's capture axis: 'windows*104',
-'patches/4'); its other dims and dtype make a row's bytes. The compiler's ledger line `media_cache.<node>` is
-rows x the row's bytes over every port read, and the runtime (graphc/runtime/media_cache.py) allocates exactly
-that.
+Two kinds of node get a cache of their output rows on the LLM's device, each a ledger line `media_cache.<node>`:
+- an encoder whose outputs the LLM reads (the declared edges into the pipeline's LLM node): repeated media's
+  encoder rows (graphc/runtime/media_cache.py);
+- the LLM, where a follow stage reads its output (the pipeline's follow.reads): those rows of the prompt rows the
+  host names (graphc.Speech.hidden_rows), kept for the prefix cache's pages, so that a speaking request takes
+  cached pages past them (graphc/runtime/follow_rows.py).
+For each port read, a buffer with the port's row dim first and room for `rows` rows. A port's row dim is its one
+symbolic dim (the node's capture axis: 'windows*104', 'patches/4', 'tokens'); its other dims and dtype make a
+row's bytes. The line is rows x the row's bytes over every port read, and the runtime allocates exactly that.
 
-Rows by default: DEFAULT_STEPS x the rows of the encoder's largest step at its walks' budgets. One step's rows
-is the most media one prefill step encodes; a few of them keep the media of a conversation's earlier turns (or
-of several conversations) while costing the KV pool a few steps' worth of encoder output. `--set
-media_cache.<node>=ROWS` sets the rows (0: no cache).
+Rows by default: DEFAULT_STEPS x the rows of the node's largest step at its walks' budgets. One step's rows is
+the most media (or prompt rows) one prefill step makes; a few of them keep a conversation's earlier turns (or
+several conversations) while costing the KV pool a few steps' worth of rows. `--set media_cache.<node>=ROWS`
+sets the rows (0: no cache).
 """
 from __future__ import annotations
 
@@ -52,10 +55,25 @@ def encoders(model: Model) -> dict[str, list[str]]:
     return out
 
 
+def follow_read(model: Model) -> str | None:
+    """The LLM's output port a follow stage reads; None without one."""
+    follow = model.pipeline.follow if model.pipeline is not None else None
+    return follow.reads if follow is not None else None
+
+
+def cached(model: Model) -> dict[str, list[str]]:
+    """Node -> the ports of it another stage reads, each cached: the encoders the LLM reads, then the LLM where a
+    follow stage reads it (module docstring)."""
+    out = encoders(model)
+    if (port := follow_read(model)) is not None:
+        out[llm_of(model)] = [port]
+    return out
+
+
 def row_ports(model: Model, node: str) -> list[RowPort]:
-    """The ports of `node` the LLM reads, each with its row dim (module docstring)."""
+    """The ports of `node` a cache holds, each with its row dim (module docstring)."""
     out = []
-    for port in encoders(model)[node]:
+    for port in cached(model)[node]:
         spec = model.node(node).outputs[port]
         dims = [i for i, d in enumerate(spec.shape) if parse_dim(d)[0] is not None]
         if len(dims) != 1:
@@ -79,18 +97,19 @@ def step_rows(ir, node: str) -> int:
 
 
 def settings(model: Model, given) -> dict[str, int]:
-    """--set media_cache.<node>=ROWS checked: a mapping of encoders the LLM reads to whole rows >= 0."""
+    """--set media_cache.<node>=ROWS checked: a mapping of cached nodes (cached()) to whole rows >= 0."""
     if given is None:
         return {}
-    valid = sorted(encoders(model))
+    valid = sorted(cached(model))
     if not isinstance(given, dict):
-        raise InvalidInput(f"overrides.{SECTION} must map encoder nodes to rows", f"got {given!r}",
+        raise InvalidInput(f"overrides.{SECTION} must map nodes to rows", f"got {given!r}",
                            f"e.g. --set {SECTION}.{valid[0] if valid else 'NODE'}=0")
     for node, rows in given.items():
         if node not in valid:
             hint = closest(str(node), valid)
             raise InvalidInput(f"unknown node '{node}' in overrides at {SECTION}",
-                               f"a media cache is planned for encoders the LLM reads: {', '.join(valid) or '(none)'}",
+                               f"a row cache is planned for encoders the LLM reads and an LLM a follow stage reads: "
+                               f"{', '.join(valid) or '(none)'}",
                                f"use '{hint}'" if hint else f"remove {SECTION}.{node}")
         if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
             raise InvalidInput(f"{SECTION}.{node}={rows!r} is not a whole number of rows >= 0",
@@ -100,9 +119,10 @@ def settings(model: Model, given) -> dict[str, int]:
 
 
 def planned_rows(ir, node: str, given: dict[str, int]) -> tuple[int, str]:
-    """(rows, why) of an encoder's cache: the --set value, or the default rule."""
+    """(rows, why) of a node's cache: the --set value, or the default rule."""
     if node in given:
         return given[node], f"--set {SECTION}.{node}={given[node]}"
     step = step_rows(ir, node)
+    what = "repeated media" if node != llm_of(ir.model) else "the rows its follow stage reads, of cached pages"
     return DEFAULT_STEPS * step, (f"default: {DEFAULT_STEPS} x the {step:,} rows of {node}'s largest step at its "
-                                  "walks' budgets (a few prefill steps of repeated media)")
+                                  f"walks' budgets (a few prefill steps of {what})")

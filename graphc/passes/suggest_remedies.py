@@ -54,7 +54,7 @@ def candidates(result) -> list[tuple[str, dict, dict, str, int | None]]:
             out += _capture_candidates(s, st) + _budget_candidates(s, st)
     for d in result.placement.devices:
         if d.index in bad:
-            out += _pool_candidates(s, d) + _media_cache_candidates(d)
+            out += _pool_candidates(s, d) + _media_cache_candidates(s, d)
     out += _workspace_candidates(s)
     if s.ir.target.is_gpu and s.ir.num_devices < 8:
         n = s.ir.num_devices + 1
@@ -117,12 +117,18 @@ def _state_note(s, walk: str, axis: str, new: int) -> str:
     return "; fewer streams: " + ", ".join(notes) if notes else ""
 
 
-def _media_cache_candidates(d) -> list:
-    """No media cache on an over-full device: repeated media is encoded again (graphc/media_rows.py)."""
-    return [(f"{media_rows.SECTION}.{comp.component.split('.', 1)[1]}=0",
-             _set(comp.component, 0), {}, f"no cache of {comp.component.split('.', 1)[1]}'s output rows "
-             f"({fmt_bytes(comp.bytes)}); repeated media is encoded again", None)
-            for comp in d.items if comp.component.startswith(media_rows.SECTION + ".") and comp.bytes]
+def _media_cache_candidates(s, d) -> list:
+    """No row cache on an over-full device: repeated media is encoded again, or a speaking request computes the
+    LLM rows its follow stage reads again (graphc/media_rows.py)."""
+    llm, out = media_rows.llm_of(s.ir.model), []
+    for comp in d.items:
+        if comp.component.startswith(media_rows.SECTION + ".") and comp.bytes:
+            node = comp.component.split(".", 1)[1]
+            cost = ("repeated media is encoded again" if node != llm else
+                    "a speaking request computes the rows its follow stage reads again, and the prompt after them")
+            out.append((f"{media_rows.SECTION}.{node}=0", _set(comp.component, 0), {},
+                        f"no cache of {node}'s output rows ({fmt_bytes(comp.bytes)}); {cost}", None))
+    return out
 
 
 def _pool_candidates(s, d) -> list:

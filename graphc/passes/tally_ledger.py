@@ -125,12 +125,12 @@ def persistent_allocs(s: Sizing, nodes: list[str], kv_pages: dict[str, int]) -> 
 
 
 def media_cache_allocs(s: Sizing, nodes: list[str]) -> list[tuple[str, str, int, str]]:
-    """The media caches on the LLM's device: a buffer of each read port of each encoder (graphc/media_rows.py)."""
+    """The row caches on the LLM's device: a buffer of each read port of each cached node (graphc/media_rows.py)."""
     model = s.ir.model
     if media_rows.llm_of(model) not in nodes:
         return []
     out = []
-    for enc in media_rows.encoders(model):
+    for enc in media_rows.cached(model):
         rows, _ = media_rows.planned_rows(s.ir, enc, s.media)
         if rows:
             out += [(f"media_cache.{enc}", p.port, rows * p.row_bytes, "policy") for p in media_rows.row_ports(model, enc)]

@@ -38,7 +38,7 @@ class DeviceBoot:
     slots: dict[str, SlotAllocator] = field(default_factory=dict)
     workspaces: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     transfers: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)   # (node, port) sent here
-    media: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)   # encoder -> port -> its cached rows
+    media: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)   # cached node -> port -> its rows (media_rows)
     measured: dict[str, int] = field(default_factory=dict)
     graphs: dict[str, object] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
@@ -159,4 +159,4 @@ def allocate(boot: DeviceBoot, checkpoint: str | None, seed: int) -> None:
         boot.transfers[(src, port)] = buf
         comp = f"transfers.{src}"
         boot.measured[comp] = boot.measured.get(comp, 0) + buf.untyped_storage().nbytes()
-    allocate_caches(boot)                                                   # repeated media's encoder rows
+    allocate_caches(boot)                                                   # the row caches (media_rows)

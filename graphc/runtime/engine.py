@@ -33,6 +33,7 @@ from graphc.runtime.grammar import Grammars, Guide, step_mask
 from graphc.runtime.prefix_cache import media_digests
 from graphc.runtime.request import Request
 from graphc.runtime.sampler import Sampler, SamplingParams, needs_history, new_generator, score
+from graphc.runtime.follow_rows import follow_rows
 from graphc.runtime.scheduler import Scheduler, StepPlan
 from graphc.runtime.speech import SpeechLane, SpeechParams
 from graphc.runtime.workers import WorkerDied, device_memory
@@ -197,6 +198,8 @@ class Engine:
                           f"{self.llm}'s device")
         sh.bind(self.boot.modules, self.boot.device)
         overlap = self.overlap and pipe.follow.node in self.boot.nodes
+        if self.scheduler.shared is not None:         # the follow stage's LLM rows of cached pages
+            self.scheduler.follow = follow_rows(self.boot, self.llm)
         return SpeechLane(pipe, sh, self.executor, self.boot, seed=seed, overlap=overlap), None
 
     def _text_tools(self, given):
@@ -403,7 +406,7 @@ class Engine:
         self._check_speaks()
         state = self.speech.new_state(speech)
         self.host.speech.check(rp)
-        state.hidden_rows = set(self.host.speech.hidden_rows(rp))    # computed, never taken from the prefix cache
+        state.hidden_rows = set(self.host.speech.hidden_rows(rp))    # computed, or from the follow cache
         return state
 
     def _check_speaks(self) -> None:
@@ -758,6 +761,8 @@ class Engine:
         if sh is not None:
             out["prefix_cache"] = {"hit_rows": sh.hit_rows, "cached_pages": len(sh.key_of), "idle_pages": len(sh.idle),
                                    "evicted_pages": sh.evicted}
+            if self.scheduler.follow is not None:
+                out["prefix_cache"]["follow_rows"] = self.scheduler.follow.stats()
         if self.executor.media:
             out["media_cache"] = {node: c.stats() for node, c in self.executor.media.items()}
         out["devices"] = {str(d): dict(c) for d, c in self.devices.items()}

@@ -17,14 +17,14 @@ from collections import OrderedDict
 
 import torch
 
-from graphc.media_rows import SECTION, RowPort, row_ports
+from graphc.media_rows import SECTION, RowPort, llm_of, row_ports
 from graphc.runtime.prefix_cache import piece_key
 from graphc.step import TORCH_DTYPES
 
 
 def allocate_caches(boot) -> None:
-    """The device's media_cache lines in the ledger's order: a zeroed rows-first buffer for each port the LLM
-    reads, its rows the line's bytes over a row's (measured: the buffers' storages)."""
+    """The device's media_cache lines in the ledger's order: a zeroed rows-first buffer for each port cached
+    (media_rows.row_ports), its rows the line's bytes over a row's (measured: the buffers' storages)."""
     for comp, nbytes in boot.plan.devices[boot.index].ledger.items():
         if not comp.startswith(SECTION + "."):
             continue
@@ -113,6 +113,8 @@ class MediaCache:
 
 
 def media_caches(boot) -> dict[str, MediaCache]:
-    """The booted device's caches by encoder node (none without media_cache lines)."""
+    """The booted device's caches by encoder node (none without media_cache lines; the LLM's line is
+    graphc/runtime/follow_rows.py's)."""
+    llm = llm_of(boot.ir.model)
     return {node: MediaCache(node, row_ports(boot.ir.model, node), bufs) for node, bufs in boot.media.items()
-            if next(iter(bufs.values())).shape[0] > 0}
+            if node != llm and next(iter(bufs.values())).shape[0] > 0}

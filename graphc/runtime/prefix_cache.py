@@ -12,9 +12,10 @@ requests that match them, and its prefill starts after them. A shared page is fu
 new rows go to the request's own pages.
 
 A cached run of pages never ends inside a media piece (its encoder step runs whole). Not cached: a piece
-whose input digest() cannot name (and every row from it on), plans with linear-attention state (a
-sequence's state would need a snapshot at each cached boundary), and lookups by speaking requests (the
-follow stage reads the LLM's hidden rows of the whole prompt). SharedPages has PageAllocator's interface;
+whose input digest() cannot name (and every row from it on), and plans with linear-attention state (a
+sequence's state would need a snapshot at each cached boundary). A speaking request takes a cached page only
+where the follow cache holds the page's rows its follow stage reads (graphc/runtime/follow_rows.py; the
+scheduler's lookup). SharedPages has PageAllocator's interface;
 num_free counts the idle cached pages, which any allocation may take.
 """
 from __future__ import annotations

@@ -27,6 +27,7 @@ from graphc.declare import Model
 from graphc.errors import InvalidInput
 from graphc.plan import Plan
 from graphc.serving import Piece
+from graphc.runtime.follow_rows import FollowRows
 from graphc.runtime.prefix_cache import SharedPages, chain_keys, piece_key
 from graphc.runtime.request import Request, Status
 from resources.linear_state import SlotAllocator
@@ -87,6 +88,7 @@ class Scheduler:
         self.plan, self.model, self.llm, self.kv, self.pages = plan, model, llm, kv, pages
         self.slots = slots or {}
         self.shared = SharedPages(pages, kv.page_size) if prefix_cache and not self.slots else None
+        self.follow: FollowRows | None = None      # the follow stage's LLM rows of cached pages (the engine's)
         if self.shared is not None:
             self.pages = self.shared
         self.capacity = pages.num_pages - reserved        # pages requests may hold (the rest: the scratch page)
@@ -208,21 +210,47 @@ class Scheduler:
         return self.shared.matched(chain_keys(ids, self.kv.page_size, rows)) * self.kv.page_size
 
     def _lookup(self, req: Request) -> list[int]:
-        """The cached pages that hold the request's first rows (held now), keeping its last row to compute, and
-        for a speaking request every row whose LLM output its follow stage reads (speech.hidden_rows)."""
+        """The cached pages that hold the request's first rows (held now), keeping its last row to compute; for a
+        speaking request, only pages whose rows its follow stage reads (speech.hidden_rows) the follow cache
+        holds, and those rows copied to it (graphc/runtime/follow_rows.py)."""
         if self.shared is None or req.scoring:
             return []
-        rows = req.target - 1
-        if req.speech is not None:
-            rows = min([rows, *req.speech.hidden_rows])
-        return self.shared.share(self._keys(req, rows))
+        keys = self._keys(req, req.target - 1)
+        if req.speech is None:
+            return self.shared.share(keys)
+        named, n = self._named(req), 0
+        while n < len(keys) and (n not in named or self._follow_holds(keys[n], named[n])):
+            n += 1
+        pages = self.shared.share(keys[:n])
+        for i in range(len(pages)):
+            if i in named:
+                ps = self.kv.page_size
+                req.speech.hidden |= {i * ps + o: row for o, row in self.follow.take(keys[i], named[i]).items()}
+        return pages
+
+    def _follow_holds(self, key: bytes, offsets: list[int]) -> bool:
+        return self.follow is not None and self.follow.holds(key, offsets)
+
+    def _named(self, req: Request) -> dict[int, list[int]]:
+        """A speaking request's rows its follow stage reads, by page: page -> offsets within it, ascending."""
+        out: dict[int, list[int]] = {}
+        for row in sorted(req.speech.hidden_rows):
+            out.setdefault(row // self.kv.page_size, []).append(row % self.kv.page_size)
+        return out
 
     def _register(self, req: Request) -> None:
-        """Cache a request's full pages of computed rows, unless its step failed."""
+        """Cache a request's full pages of computed rows, unless its step failed; a speaking request's rows its
+        follow stage reads go to the follow cache with their pages."""
         if self.shared is None or req.error is not None:
             return
         keys = self._keys(req, req.computed)
         self.shared.register(req.pages[:len(keys)], keys)
+        if req.speech is None or self.follow is None:
+            return
+        ps, hidden = self.kv.page_size, req.speech.hidden
+        for i, offsets in self._named(req).items():
+            if i < len(keys) and all(i * ps + o in hidden for o in offsets):
+                self.follow.store(keys[i], {o: hidden[i * ps + o] for o in offsets})
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_running:

@@ -31,18 +31,31 @@ def test_the_tiny_omni_lines_hand_worked(tmp_path):
     audio_encoder: output_dim 64; audio_prefill's budget of 2 windows of 104 rows each = 208 rows a step;
       4 steps = 832 rows x 64 x 2 B = 106,496 B.
     vision_encoder: out_hidden_size 64 for embeds and each of 3 deepstack levels = 4 x 64 x 2 B = 512 B a row;
-      the largest step, 256 patches merged 2x2 = 64 rows; 4 steps = 256 rows x 512 B = 131,072 B."""
+      the largest step, 256 patches merged 2x2 = 64 rows; 4 steps = 256 rows x 512 B = 131,072 B.
+    thinker (the talker reads its `hidden`: hidden_size 64): the largest step, thinker_prefill's 128 tokens;
+      4 steps = 512 rows x 64 x 2 B = 65,536 B."""
     dev = plan(tmp_path)
     assert dev.ledger["media_cache.audio_encoder"] == 4 * 2 * 104 * 64 * 2 == 106_496
     assert dev.ledger["media_cache.vision_encoder"] == 4 * (256 // 4) * (1 + 3) * 64 * 2 == 131_072
+    assert dev.ledger["media_cache.thinker"] == 4 * 128 * 64 * 2 == 65_536
     assert "4 x the 64 rows of vision_encoder's largest step" in dev.sources["media_cache.vision_encoder"]
+    assert "the rows its follow stage reads, of cached pages" in dev.sources["media_cache.thinker"]
+
+
+def test_the_real_omni_follow_line_and_none_without_a_follow_stage(tmp_path):
+    """The 30B thinker's hidden rows are 2,048 x 2 B; its largest step is thinker_prefill's 2,048 tokens: 4 x 2,048
+    rows x 4,096 B = 32 MiB. Qwen3-ASR (no follow stage) has no LLM line, and --set names no LLM there."""
+    assert plan(tmp_path, gpu="h200", preset="30b-a3b").ledger["media_cache.thinker"] == 4 * 2048 * 2048 * 2 == 32 << 20
+    asr = plan(tmp_path, model="models/qwen3_asr.py")
+    assert [c for c in asr.ledger if c.startswith("media_cache.")] == ["media_cache.audio_encoder"]
 
 
 def test_set_rows_and_off(tmp_path):
-    dev = plan(tmp_path, "media_cache.vision_encoder=10", "media_cache.audio_encoder=0")
+    dev = plan(tmp_path, "media_cache.vision_encoder=10", "media_cache.audio_encoder=0", "media_cache.thinker=3")
     assert dev.ledger["media_cache.vision_encoder"] == 10 * 512
     assert "--set media_cache.vision_encoder=10" in dev.sources["media_cache.vision_encoder"]
     assert "media_cache.audio_encoder" not in dev.ledger
+    assert dev.ledger["media_cache.thinker"] == 3 * 128
 
 
 def test_a_model_without_encoders_has_no_line(monkeypatch):
@@ -73,10 +86,14 @@ def test_set_refuses_an_unknown_node_and_a_bare_value(capsys):
     assert main(["plan", OMNI, "--preset", "tiny", "--gpu", "cpu", "--set", "media_cache.vision_encodr=0"]) \
         == EXIT_INVALID
     err = capsys.readouterr().err
-    assert "unknown node 'vision_encodr'" in err and "audio_encoder, vision_encoder" in err
+    assert "unknown node 'vision_encodr'" in err and "audio_encoder, thinker, vision_encoder" in err
     assert "use 'vision_encoder'" in err
     assert main(["plan", OMNI, "--preset", "tiny", "--gpu", "cpu", "--set", "media_cache=0"]) == EXIT_INVALID
-    assert "must map encoder nodes to rows" in capsys.readouterr().err
+    assert "must map nodes to rows" in capsys.readouterr().err
+    assert main(["plan", "models/qwen3_asr.py", "--preset", "tiny", "--gpu", "cpu", "--set", "media_cache.thinker=0"]) \
+        == EXIT_INVALID
+    err = capsys.readouterr().err
+    assert "unknown node 'thinker'" in err and "an LLM a follow stage reads: audio_encoder" in err
     assert main(["plan", OMNI, "--preset", "tiny", "--gpu", "cpu", "--set", "media_cach.x=0"]) == EXIT_INVALID
     assert "use 'media_cache'" in capsys.readouterr().err
 
@@ -117,8 +134,12 @@ def test_the_remedy_turns_the_cache_off():
 
     items = [SimpleNamespace(component="media_cache.vision_encoder", bytes=3 << 20),
              SimpleNamespace(component="media_cache.audio_encoder", bytes=0),
+             SimpleNamespace(component="media_cache.thinker", bytes=1 << 20),
              SimpleNamespace(component="weights.vision_encoder", bytes=1 << 30)]
-    (change, overrides, flags, why, trim), = _media_cache_candidates(SimpleNamespace(items=items))
+    model = SimpleNamespace(pipeline=SimpleNamespace(llm=SimpleNamespace(node="thinker")))
+    s = SimpleNamespace(ir=SimpleNamespace(model=model))
+    (change, overrides, flags, why, trim), llm = _media_cache_candidates(s, SimpleNamespace(items=items))
     assert (change, overrides, flags, trim) == ("media_cache.vision_encoder=0",
                                                 {"media_cache": {"vision_encoder": 0}}, {}, None)
-    assert "3.00 MiB" in why
+    assert "3.00 MiB" in why and "repeated media is encoded again" in why
+    assert llm[0] == "media_cache.thinker=0" and "computes the rows its follow stage reads again" in llm[3]
