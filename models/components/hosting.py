@@ -54,6 +54,7 @@ class AudioVisualHost(Host):
             self.vision = self.vision.model_copy(update=dict(patch_size=self.vcfg.patch_size,
                                                              temporal_patch_size=self.vcfg.temporal_patch_size,
                                                              merge_size=self.vcfg.spatial_merge_size))
+            self.patch_dtype = getattr(torch, model.node(node).inputs["pixel_patches"].dtype)
         if encoders.image:
             self.token_of["image"] = media.image_token_id
         if encoders.video:
@@ -96,11 +97,11 @@ class AudioVisualHost(Host):
             return self._mel(item.data)
         frames = torch.as_tensor(item.data)
         if item.kind == "image":
-            vi = process_image(frames, self.vision)
+            vi = self.node_dtype(process_image(frames, self.vision))
         else:
             if not item.fps or item.fps <= 0:
                 raise InvalidInput("a video needs its sampling rate", f"fps is {item.fps}", "pass the frames' fps")
-            vi = process_video(frames, self.vision)
+            vi = self.node_dtype(process_video(frames, self.vision))
             if item.audio is not None:
                 if self.encoders.audio_in_video is None or self.encoders.audio is None:
                     raise InvalidInput("this model cannot hear a video's sound (use_audio_in_video)",
@@ -108,6 +109,12 @@ class AudioVisualHost(Host):
                                        "leave use_audio_in_video off")
                 return (vi, *self._mel(item.audio)), vi.num_patches // self.vcfg.merge_unit
         return vi, vi.num_patches // self.vcfg.merge_unit
+
+    def node_dtype(self, vi: VisionItem) -> VisionItem:
+        """A processed image or clip, its patches in the vision node's input dtype: cast where the request is
+        prepared, not on the engine's thread or the device (in bf16 half the bytes to hash, pack and copy; the
+        same rounding as a cast after the copy)."""
+        return VisionItem(vi.patches.to(self.patch_dtype), vi.grid_thw)
 
     def _interleaved(self, vi: VisionItem, seconds_per_grid: float, audio_tokens: int) -> list[str]:
         """HF's audio-in-video layout: each temporal grid's video tokens at its start time (grid x

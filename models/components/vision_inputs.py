@@ -49,7 +49,7 @@ class VisionProcessing(Strict):
 class VisionItem:
     """One image or video: its patches in HF's order and its grid in patches."""
 
-    patches: torch.Tensor               # [t*h*w, C*T*p*p] fp32
+    patches: torch.Tensor               # [t*h*w, C*T*p*p] fp32 (a host casts it to its node's input dtype)
     grid_thw: tuple[int, int, int]
 
     @property
@@ -211,7 +211,7 @@ class VisionStep:
     """One packed step of the vision node: its inputs, its attention segments and where each item's
     merged tokens land in the outputs. Rows past `real_patches` are padding."""
 
-    pixel_patches: torch.Tensor         # [P, C*T*p*p] fp32
+    pixel_patches: torch.Tensor         # [P, C*T*p*p] in its items' dtype
     pos_index: torch.Tensor             # [P, 4] int64
     pos_weight: torch.Tensor            # [P, 4] fp32
     rope_pos: torch.Tensor              # [P, 2] int64
@@ -221,7 +221,7 @@ class VisionStep:
     real_patches: int
 
     def inputs(self) -> dict[str, torch.Tensor]:
-        """The node's inputs by port name (the runtime casts pixel_patches to the node's dtype)."""
+        """The node's inputs by port name (the runtime casts each to its port's dtype where it differs)."""
         return {"pixel_patches": self.pixel_patches, "pos_index": self.pos_index,
                 "pos_weight": self.pos_weight, "rope_pos": self.rope_pos}
 
@@ -253,7 +253,8 @@ def build_step(items: list[VisionItem], cfg: VisionConfig, patches: int | None =
             raise ValueError(f"item with grid {it.grid_thw} and patches {list(it.patches.shape)} does not fit "
                              f"merge size {m} and patch dim {cfg.patch_dim}")
     pad = patches - real
-    pixels = torch.cat([it.patches.float() for it in items] + [torch.zeros(pad, cfg.patch_dim)])
+    dtype = items[0].patches.dtype if items else torch.float32        # the host's (its node's input dtype)
+    pixels = torch.cat([it.patches.to(dtype) for it in items] + [torch.zeros(pad, cfg.patch_dim, dtype=dtype)])
     index, weight, rope = [], [], []
     for t, h, w in grids:
         i, wt = interpolation_taps(h, w, cfg.grid_side, m)

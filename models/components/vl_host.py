@@ -62,7 +62,7 @@ class TimestampVideoHost(AudioVisualHost):
             raise InvalidInput("a video prompt needs a tokenizer", "each of its frame groups is "
                                "preceded by its time as text (<0.5 seconds>), in the tokenizer's ids",
                                "serve a checkpoint that has tokenizer.json or pass --tokenizer DIR, or send images")
-        vi = process_clip(torch.as_tensor(item.data), self.vision)
+        vi = self.node_dtype(process_clip(torch.as_tensor(item.data), self.vision))
         return vi, vi.num_patches // self.vcfg.merge_unit
 
     def _video_ids(self, vi: VisionItem, fps: float, frames: int) -> list[int]:
