@@ -1,10 +1,11 @@
 """The prefix cache's effect on time to first token (TTFT): a repeated system prompt, and a conversation's
 second turn, each against a cold prefill of a prompt of the same length. Targets: warm TTFT <= 25% of cold.
+And the media cache's: an image shown again after other text, against a fresh image (no target).
 
     python examples/bench/bench_prefix.py plans/qwen3_omni_h200.plan $OUT/prefix.json --random-weights \\
         --system-tokens 2000 --turn-tokens 128 --repeats 5
-    python examples/bench/bench_prefix.py plans/tiny_cpu.plan /tmp/prefix.json --random-weights \\
-        --system-tokens 200 --turn-tokens 16 --repeats 2          # CPU smoke check of the script only
+    python examples/bench/bench_prefix.py plans/qwen3_omni_tiny_cpu.plan /tmp/prefix.json --random-weights \\
+        --system-tokens 200 --turn-tokens 16 --repeats 2 --image-size 160 224   # CPU smoke check of the script
 
 One graphc.Engine with prefix_cache=True (the first replica's, for a plan of several). Prompts are token ids
 (prompt_token_ids), drawn from --seed below min(vocab - 64, 150,000), never an end-of-turn or media
@@ -21,9 +22,14 @@ second_turn: turn 1 is A = --system-tokens + --turn-tokens fresh ids, generating
   (end of turn ignored; not timed as a case); turn 2 is A + turn 1's tokens + --turn-tokens new ids,
   max_tokens 1: warm. Cold: a prompt of turn 2's length of fresh ids. --repeats times, each with a new A.
 
-Per case: cold and warm TTFT medians and every sample (ms), warm / cold, prompt rows, and the prompt rows the
+repeated_image: --suffix-tokens fresh ids then an image of --image-size H W random pixels, max_tokens 1, shown
+  once (not timed), then again after other fresh ids: warm (no cached page reaches the image, so the LLM
+  computes its rows; the media cache holds the vision encoder's, graphc/runtime/media_cache.py). Cold: a fresh
+  image after fresh ids. --repeats times. Run where the plan's host takes images and has a media cache.
+
+Per case: cold and warm TTFT medians and every sample (ms), warm / cold, prompt rows, the prompt rows the
 scheduler took from the cache (the engine's stats()["prefix_cache"]["hit_rows"] before and after each
-request; 0 for a cold one). The results go to OUT.json with the plan, the environment and the date; a
+request; 0 for a cold one) and the media cache's hits (the same, summed over its encoders). The results go to OUT.json with the plan, the environment and the date; a
 table last. Plans whose LLM holds linear-attention state (Qwen3.5) never cache prefixes: refused.
 """
 from __future__ import annotations
@@ -52,22 +58,30 @@ def id_source(engine, seed: int):
     return lambda n: rng.choice(allowed, n).tolist()
 
 
-def alone(engine, ids: list[int], max_tokens: int = 1) -> dict:
-    """One request run by itself until done: its TTFT (ms), prompt rows, rows taken from the cache, tokens."""
+def counts(engine) -> tuple[int, int]:
+    """(prompt rows taken from the prefix cache, media pieces served by the media caches) since boot."""
+    st = engine.stats()
+    return st["prefix_cache"]["hit_rows"], sum(c["hits"] for c in st.get("media_cache", {}).values())
+
+
+def alone(engine, ids: list[int], max_tokens: int = 1, media=None) -> dict:
+    """One request run by itself until done: its TTFT (ms), prompt rows, rows taken from the cache, media cache
+    hits, tokens."""
     from graphc.runtime.sampler import SamplingParams
 
     if engine.has_work():
         raise RuntimeError("the engine is busy: each request must run alone")
-    hits = engine.stats()["prefix_cache"]["hit_rows"]
-    req = engine.add(prompt_token_ids=ids, params=SamplingParams(temperature=0, max_tokens=max_tokens,
-                                                                 ignore_eos=True))
+    before = counts(engine)
+    req = engine.add(prompt_token_ids=ids, media=media or [],
+                     params=SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
     while engine.has_work():
         engine.step()
     out = engine.output(req)
     if out.error is not None or "first_token" not in req.times:
         raise RuntimeError(f"request {req.id} failed: {out.error or out.finish_reason}")
+    after = counts(engine)
     return {"ms": (req.times["first_token"] - req.times["arrived"]) * 1e3, "prompt_rows": out.prompt_tokens,
-            "cached_rows": engine.stats()["prefix_cache"]["hit_rows"] - hits, "token_ids": out.token_ids}
+            "cached_rows": after[0] - before[0], "media_hits": after[1] - before[1], "token_ids": out.token_ids}
 
 
 def warm_up(engine, draw, a) -> None:
@@ -101,13 +115,33 @@ def second_turn(engine, draw, a) -> dict:
     return case(cold, warm) | {"turn1_ttft_ms": turn1}
 
 
-def case(cold: list[dict], warm: list[dict]) -> dict:
+def repeated_image(engine, draw, a) -> dict:
+    """An image shown again after other ids (warm: its encoder rows from the media cache) against a fresh one."""
+    import torch
+
+    from graphc.serving import Media
+
+    rng, token = np.random.default_rng(a.seed + 2), engine.host.token_of["image"]
+
+    def image() -> list:
+        return [Media("image", torch.from_numpy(rng.integers(0, 256, (3, *a.image_size), dtype=np.uint8)))]
+    cold, warm = [], []
+    for _ in range(a.repeats):
+        seen = image()
+        alone(engine, draw(a.suffix_tokens) + [token], media=seen)
+        warm.append(alone(engine, draw(a.suffix_tokens) + [token], media=seen))
+        cold.append(alone(engine, draw(a.suffix_tokens) + [token], media=image()))
+    return case(cold, warm, target=None)
+
+
+def case(cold: list[dict], warm: list[dict], target: float | None = TARGET) -> dict:
     """Medians and samples of a case's cold and warm requests."""
     c, w = statistics.median(r["ms"] for r in cold), statistics.median(r["ms"] for r in warm)
     return {"prompt_rows": warm[0]["prompt_rows"], "cold_ms": c, "warm_ms": w, "ratio": w / c,
-            "meets_target": w / c <= TARGET, "cold_samples_ms": [r["ms"] for r in cold],
+            "meets_target": None if target is None else w / c <= target, "cold_samples_ms": [r["ms"] for r in cold],
             "warm_samples_ms": [r["ms"] for r in warm], "cached_rows": [r["cached_rows"] for r in warm],
-            "cold_cached_rows": [r["cached_rows"] for r in cold]}
+            "cold_cached_rows": [r["cached_rows"] for r in cold], "media_hits": [r["media_hits"] for r in warm],
+            "cold_media_hits": [r["media_hits"] for r in cold]}
 
 
 def check(engine, a) -> str | None:
@@ -149,11 +183,13 @@ def environment() -> dict:
 
 
 def table(cases: dict) -> None:
-    print(f"\n| case | prompt rows | cached rows | cold ms | warm ms | ratio | <= {TARGET} |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"\n| case | prompt rows | cached rows | media hits | cold ms | warm ms | ratio | <= {TARGET} |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, c in cases.items():
-        print(f"| {name} | {c['prompt_rows']} | {statistics.median(c['cached_rows']):.0f} | {c['cold_ms']:.1f} | "
-              f"{c['warm_ms']:.1f} | {c['ratio']:.3f} | {'yes' if c['meets_target'] else 'no'} |", flush=True)
+        meets = {None: "-", True: "yes", False: "no"}[c["meets_target"]]
+        print(f"| {name} | {c['prompt_rows']} | {statistics.median(c['cached_rows']):.0f} | "
+              f"{statistics.median(c['media_hits']):.0f} | {c['cold_ms']:.1f} | {c['warm_ms']:.1f} | "
+              f"{c['ratio']:.3f} | {meets} |", flush=True)
 
 
 def main() -> None:
@@ -169,6 +205,8 @@ def main() -> None:
     ap.add_argument("--gen-tokens", type=int, default=64, help="the tokens turn 1 generates")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--image-size", type=int, nargs=2, default=(480, 640), metavar=("H", "W"),
+                    help="the repeated_image case's pixels")
     a = ap.parse_args()
     from graphc.runtime.engine import Engine
 
@@ -182,10 +220,16 @@ def main() -> None:
     draw = id_source(engine, a.seed)
     warm_up(engine, draw, a)
     cases = {"system_prompt": system_prompt(engine, draw, a), "second_turn": second_turn(engine, draw, a)}
+    if "image" in getattr(engine.host, "token_of", {}) and engine.executor.media:
+        cases["repeated_image"] = repeated_image(engine, draw, a)
+    else:
+        print("bench_prefix: no repeated_image case: the plan's host takes no image or it has no media cache",
+              file=sys.stderr, flush=True)
     result = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
               "plan": a.plan, "summary": engine.summary(), "args": vars(a), "environment": environment(),
               "page_size": engine.executor.kv_spec.page_size, "target_ratio": TARGET, "cases": cases,
-              "prefix_cache": engine.stats()["prefix_cache"], "steps": engine.stats()["steps"]}
+              "prefix_cache": engine.stats()["prefix_cache"], "media_cache": engine.stats().get("media_cache"),
+              "steps": engine.stats()["steps"]}
     Path(a.out).write_text(json.dumps(result, indent=1))
     engine.close()
     table(cases)
