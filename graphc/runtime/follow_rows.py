@@ -17,6 +17,11 @@ from collections import OrderedDict
 import torch
 
 
+def on_device(rows: list[int], device: torch.device) -> torch.Tensor:
+    """Row indices on the device by an async copy: a blocking one would wait for the step in flight."""
+    return torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+
+
 class FollowRows:
     """One LLM's cache of follow-read rows by prefix page (the module's docstring)."""
 
@@ -41,7 +46,7 @@ class FollowRows:
         """Copies of the held rows at these offsets of a page (holds() first), the page now most recently used."""
         held = self.entries[key]
         self.entries.move_to_end(key)
-        rows = self.buf.index_select(0, torch.tensor([held[o] for o in offsets], device=self.buf.device))
+        rows = self.buf.index_select(0, on_device([held[o] for o in offsets], self.buf.device))
         self.hit_rows += len(offsets)
         return dict(zip(offsets, rows))
 
@@ -54,7 +59,7 @@ class FollowRows:
             self.free += gone.values()
             self.evicted += 1
         taken, self.free = self.free[:len(rows)], self.free[len(rows):]
-        index = torch.tensor(taken, device=self.buf.device)
+        index = on_device(taken, self.buf.device)
         self.buf.index_copy_(0, index, torch.stack(list(rows.values())).to(self.buf.dtype))
         self.entries[key] = dict(zip(rows, taken))
 
