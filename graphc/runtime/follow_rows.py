@@ -31,7 +31,7 @@ class FollowRows:
         self.free = list(range(self.capacity))
         # page chain key -> {row within the page: buffer row}, least recently used first
         self.entries: OrderedDict[bytes, dict[int, int]] = OrderedDict()
-        self.hit_rows = self.evicted = 0
+        self.hit_rows = self.evicted = 0           # hit_rows: rows admitted requests took (the scheduler counts)
 
     def stats(self) -> dict:
         return {"hit_rows": self.hit_rows, "stored_rows": self.capacity - len(self.free),
@@ -47,7 +47,6 @@ class FollowRows:
         held = self.entries[key]
         self.entries.move_to_end(key)
         rows = self.buf.index_select(0, on_device([held[o] for o in offsets], self.buf.device))
-        self.hit_rows += len(offsets)
         return dict(zip(offsets, rows))
 
     def store(self, key: bytes, rows: dict[int, torch.Tensor]) -> None:

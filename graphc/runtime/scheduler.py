@@ -265,6 +265,8 @@ class Scheduler:
             req.computed = len(hit) * self.kv.page_size
             if hit:
                 self.shared.hit_rows += req.computed
+                if req.speech is not None and self.follow is not None:
+                    self.follow.hit_rows += sum(r < req.computed for r in req.speech.hidden_rows)
                 if not req.preemptions:
                     req.cached = req.computed
             req.slots = {res: a.allocate() for res, a in self.slots.items()}
