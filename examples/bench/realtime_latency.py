@@ -10,6 +10,11 @@ answer plays (barge-in). Measured per session:
   later_turn_ms    the interrupting speech's turn: from its speech_stopped to its answer's first audio delta
                    (a later turn of the conversation: its prompt holds the first turn's audio and answer)
 
+and per N, from the server's /metrics before and after (graphc_realtime_first_audio_phase_seconds), the mean ms
+from speech_stopped to each step toward the first audio: prepared (the request rendered, its audio
+preprocessed, admitted), first_token, follow_prompt (the talker's prompt), first_frame, first_audio (the
+engine's first chunk) and sent (the delta sent), over every first audio of the round.
+
 The speech is a synthetic voiced signal (harmonics of a moving pitch through vowel formants) that Silero's VAD
 takes for speech; with seeded weights the model's own speech is noise to a VAD. The server needs a tokenizer and
 chat template (realtime sessions render their conversation): seeded weights with a synthetic tokenizer at the
@@ -107,6 +112,31 @@ async def one_session(url: str, question: list[str], barge: list[str], onset_ind
                 "later_turn_ms": (first2 - stopped2) * 1e3 if first2 is not None else None}
 
 
+def phase_sums(host: str, port: int) -> dict[str, tuple[float, float]]:
+    """phase -> (sum of seconds, count) of the server's first-audio phases so far."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        for part, i in (("_sum{", 0), ("_count{", 1)):
+            if line.startswith("graphc_realtime_first_audio_phase_seconds" + part):
+                name = line.split('phase="', 1)[1].split('"', 1)[0]
+                out.setdefault(name, [0.0, 0.0])[i] = float(line.rsplit(" ", 1)[1])
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def phase_means(before: dict, after: dict) -> dict[str, float]:
+    """Mean ms of each phase over the observations between two phase_sums()."""
+    out = {}
+    for k, (s, n) in after.items():
+        s0, n0 = before.get(k, (0.0, 0.0))
+        if n > n0:
+            out[k] = round((s - s0) / (n - n0) * 1e3, 1)
+    return out
+
+
 def summary(values: list[float]) -> dict:
     values = sorted(v for v in values if v is not None)
     if not values:
@@ -126,14 +156,17 @@ async def main(args) -> dict:
     for _ in range(args.warmup):        # the server's first turn pays one-time costs (VAD, resampler, first steps)
         await one_session(url, question, barge, onset_index, args.max_tokens)
     for n in args.sessions:
+        before = phase_sums(args.host, args.port)
         runs = await asyncio.gather(*(one_session(url, question, barge, onset_index, args.max_tokens)
                                       for _ in range(n)))
         out[n] = {k: summary([r[k] for r in runs])
                   for k in ("first_audio_ms", "barge_in_ms", "vad_ms", "cancel_ms", "later_turn_ms")}
         out[n]["not_cancelled"] = sum(r["status"] != "cancelled" for r in runs)
+        out[n]["phases_mean_ms"] = phase_means(before, phase_sums(args.host, args.port))
         print(f"{n:3d} sessions: first audio {out[n]['first_audio_ms']}, barge-in {out[n]['barge_in_ms']} "
               f"(VAD {out[n]['vad_ms']}, then cancel {out[n]['cancel_ms']}); the interrupting speech's answer: "
-              f"first audio {out[n]['later_turn_ms']}", flush=True)
+              f"first audio {out[n]['later_turn_ms']}; server phases, mean ms from speech_stopped: "
+              f"{out[n]['phases_mean_ms']}", flush=True)
     return out
 
 

@@ -66,7 +66,7 @@ class QwenOmniSpeech(Speech):
     residual_sampling = RESIDUAL_SAMPLING
 
     def __init__(self, model: Model, media: MediaTokens, ids: dict, talker: str = "talker", vocoder: str = "code2wav",
-                 thinker: str = "thinker", first_chunk: int = 5):
+                 thinker: str = "thinker", first_chunk: int = 2):
         self.model, self.media, self.ids = model, media, ids
         self.thinker = thinker
         self.tcfg = model.node(talker).config

@@ -101,9 +101,10 @@ def test_t2s_and_a2s_codes_and_one_chunk_waveform_equal_hf(omni, tmp_path):
 
 
 def test_streamed_chunks_are_hf_code2wav_on_the_same_frames_among_other_requests(omni):
-    """Default chunking (5 frames in a short slot, then 10, then 20 new frames beside 4 of context), 45 frames, t2s among a
-    second t2s with another voice and a text request arriving later: frames equal HF's; each chunk's samples
-    are HF Code2Wav's on that chunk's frames; the chunks join without a gap (U*N - tail samples in all)."""
+    """Default chunking (2 frames, then 4 beside 2 of context in short slots of 8, then 8, 16 and the last 15 new
+    frames beside 4 of context in slots of 24), 45 frames, t2s among a second t2s with another voice and a text
+    request arriving later: frames equal HF's; each chunk's samples are HF Code2Wav's on that chunk's frames;
+    the chunks join without a gap (U*N - tail samples in all)."""
     hf, tok, engine, _ = omni
     _, codes, _ = hf_speak(hf, tok, engine, T2S, 45)
     _, codes_b, _ = hf_speak(hf, tok, engine, T2S, 12, voice="Aiden")
@@ -121,7 +122,7 @@ def test_streamed_chunks_are_hf_code2wav_on_the_same_frames_among_other_requests
     vcfg = engine.host.speech.vcfg
     want, start, i = [], 0, 0
     while start < 45:
-        end = min(start + stream_chunk_frames(vcfg, i, 5), 45)
+        end = min(start + stream_chunk_frames(vcfg, i, 2), 45)
         s = stream_slot(vcfg, start, end)
         with torch.no_grad():
             w = hf.code2wav(c[..., s.start:s.start + s.frames])[0, 0]
@@ -129,7 +130,8 @@ def test_streamed_chunks_are_hf_code2wav_on_the_same_frames_among_other_requests
         start, i = end, i + 1
     want = torch.cat(want)
     u = 2 * 2 * 2 ** 4
-    assert len(want) == len(outs[0].audio) == u * 45 - (u * 1 - vcfg.samples(1)) and i == 4
+    assert len(want) == len(outs[0].audio) == u * 45 - (u * 1 - vcfg.samples(1)) and i == 5
+    assert engine.host.speech.first_chunk == 2
     assert rel(outs[0].audio, want) < 1e-5
     del cfg
 

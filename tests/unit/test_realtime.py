@@ -160,6 +160,15 @@ def test_server_vad_turn_gives_the_whole_sequence_with_decodable_audio(served):
     assert transcript == evs[-4].transcript == done.output[0].content[0].transcript
     assert metric(served, "graphc_realtime_first_audio_seconds_count") >= 1
     assert metric(served, "graphc_realtime_vad_seconds_total") > 0
+    # each first audio's way there: every phase once, in the order the engine reaches them, the last its total
+    series = 'graphc_realtime_first_audio_phase_seconds_%s{phase="%s"}'
+    phase = {p: metric(served, series % ("sum", p))
+             for p in ("prepared", "first_token", "follow_prompt", "first_frame", "first_audio", "sent")}
+    counts = {metric(served, series % ("count", p)) for p in phase}
+    assert counts == {metric(served, "graphc_realtime_first_audio_seconds_count")}, counts
+    assert 0 < phase["prepared"] <= phase["first_token"] <= phase["follow_prompt"] <= phase["first_frame"] \
+        <= phase["first_audio"] <= phase["sent"], phase
+    assert phase["sent"] == pytest.approx(metric(served, "graphc_realtime_first_audio_seconds_sum")), phase
     assert idle(served)
 
 

@@ -139,8 +139,9 @@ def test_the_next_step_launches_before_a_speaking_steps_tokens_and_codes_are_rea
     llm, follow = on["llm"], on["follow"]
     assert llm[0] == llm[1] == TEXT and follow[0] == follow[1] == 30
     assert llm[2] == 1                              # the last text token: no step after it
-    # 30 frames in chunks of 5, 10, 15 (the speech ends): the 5th and 15th frames are read at once, and the last
-    assert follow[2] == 3
+    # 30 frames in chunks of 2, 4, 8 and 16 (the host's first chunk of 2, doubling): the 2nd, 6th and 14th
+    # frames are read at once, and the last
+    assert follow[2] == 4
     assert off == {"llm": (TEXT, TEXT, TEXT), "follow": (30, 30, 30)}
 
 

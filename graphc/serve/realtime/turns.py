@@ -191,7 +191,7 @@ class Response:
             return
         part = self.item.parts[0]
         if part.spoken == 0 and self.since is not None:
-            self.conn.metrics.first_audio(time.perf_counter() - self.since)
+            self.conn.metrics.first_audio(self.since, time.perf_counter(), self.req.times)
         part.spoken += len(samples)
         self.send("response.output_audio.delta", **self.ids(), delta=encode_pcm16(samples))
 
