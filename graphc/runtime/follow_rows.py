@@ -2,7 +2,7 @@
 `media_cache.<llm>` on the LLM's device (graphc/media_rows.py sizes it; allocated by media_cache.allocate_caches).
 
 A speaking request's follow prompt reads the LLM's output (the pipeline's follow.reads) at the prompt rows its
-host names (Speech.hidden_rows: Qwen3-Omni's talker reads the thinker's hidden rows of a user turn's media). A
+host names (Speech.hidden_rows: say an LLM's hidden rows of a user turn's media). A
 page taken from the prefix cache is not computed again, so those rows of it come from here: when a speaking
 request's full pages are registered with the prefix cache, the named rows of each are copied in under the page's
 chain key (which names every row up to the page's end, so they are the rows any request matching the page would

@@ -14,7 +14,7 @@ from __future__ import annotations
 from graphc.serve.ops import LATENCY_BUCKETS
 
 # phase -> the engine request's time it ends at (Request.times): prepared (committed, rendered, media
-# preprocessed, admitted to the engine), its first text token, the talker's prompt, its first frame, the first
+# preprocessed, admitted to the engine), its first text token, the follow stage's prompt, its first frame, the first
 # audio chunk; "sent" is the delta's own time
 PHASES = {"prepared": "arrived", "first_token": "first_token", "follow_prompt": "follow_prompt",
           "first_frame": "first_frame", "first_audio": "first_audio"}
