@@ -185,11 +185,14 @@ def test_beta_manual_turn_speaks_beta_names_only(served):
         committed = until(conn, "conversation.item.created")
         assert [e.type for e in committed] == ["input_audio_buffer.committed", "conversation.item.created"]
         assert committed[1].item.content[0].type == "input_audio"
-        conn.response.create()
-        evs = until(conn, "response.done")
-    types = {e.type for e in evs}
+        for _ in range(3):        # the tiny talker samples: an answer whose first frame is its end code has no audio
+            conn.response.create()
+            evs = until(conn, "response.done")
+            types = {e.type for e in evs}
+            assert not any(t.startswith(("response.output_audio", "response.output_text")) for t in types)
+            if evs[-1].response.usage.output_token_details.audio_tokens:
+                break
     assert {"response.audio.delta", "response.audio_transcript.delta", "response.audio.done"} <= types
-    assert not any(t.startswith(("response.output_audio", "response.output_text")) for t in types)
     assert evs[-1].response.status in ("completed", "incomplete")
     assert evs[-1].response.output[0].content[0].type == "audio"
 
