@@ -759,8 +759,8 @@ class Engine:
                "step_ms": {w: 1e3 * st.seconds[w] / st.steps[w] for w in st.steps if st.seconds[w]}}
         sh = self.scheduler.shared
         if sh is not None:
-            out["prefix_cache"] = {"hit_rows": sh.hit_rows, "cached_pages": len(sh.key_of), "idle_pages": len(sh.idle),
-                                   "evicted_pages": sh.evicted}
+            out["prefix_cache"] = {"query_rows": sh.query_rows, "hit_rows": sh.hit_rows, "cached_pages": len(sh.key_of),
+                                   "idle_pages": len(sh.idle), "evicted_pages": sh.evicted}
             if self.scheduler.follow is not None:
                 out["prefix_cache"]["follow_rows"] = self.scheduler.follow.stats()
         if self.executor.media:

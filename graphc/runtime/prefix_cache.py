@@ -112,6 +112,7 @@ class SharedPages:
         self.refs: dict[int, int] = {}                      # cached page -> the requests holding it
         self.idle: OrderedDict[int, None] = OrderedDict()  # cached pages nobody holds, least recently used first
         self.hit_rows = 0                                   # prompt rows taken from the cache, since boot
+        self.query_rows = 0                                 # rows admitted requests looked up (their targets)
         self.evicted = 0
 
     @property

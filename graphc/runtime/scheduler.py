@@ -263,6 +263,8 @@ class Scheduler:
             self.waiting.popleft()
             req.pages = hit + self.pages.allocate(need)
             req.computed = len(hit) * self.kv.page_size
+            if self.shared is not None and not req.scoring:
+                self.shared.query_rows += req.target
             if hit:
                 self.shared.hit_rows += req.computed
                 if req.speech is not None and self.follow is not None:

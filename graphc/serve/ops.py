@@ -11,6 +11,10 @@
                  graphc_kv_pages_used, graphc_kv_pages_free, graphc_requests_running, graphc_requests_waiting
                  graphc_walk_steps_total{walk}, graphc_node_steps_total{mode: replayed | eager},
                  graphc_preemptions_total: the engine's stats(), read when scraped
+                 graphc_prefix_cache_queries_total, graphc_prefix_cache_hits_total (prompt rows looked up and
+                 found: hits / queries is the hit rate), graphc_prefix_cache_pages, graphc_prefix_cache_idle_pages,
+                 graphc_prefix_cache_evicted_pages_total, graphc_follow_cache_hits_total (with speech): the
+                 prefix cache (graphc/runtime/prefix_cache.py), where the engine has one
                  graphc_media_cache_hits_total{node}, graphc_media_cache_misses_total{node},
                  graphc_media_cache_stored_bytes{node}: the plan's media caches (graphc/runtime/media_cache.py),
                  where it has any
@@ -72,7 +76,30 @@ class EngineCollector:
         nodes.add_metric(["eager"], stats["eager"])
         yield nodes
         yield CounterMetricFamily("graphc_preemptions", "requests preempted (recomputed)", value=stats["preemptions"])
+        yield from prefix_metrics(stats.get("prefix_cache"))
         yield from media_metrics(stats.get("media_cache", {}))
+
+
+def prefix_metrics(cache: dict | None):
+    """The prefix cache's rows looked up and found (their ratio is its hit rate), its pages, and the follow cache's
+    rows taken, where the engine has them."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    if cache is None:
+        return
+    yield CounterMetricFamily("graphc_prefix_cache_queries", "prompt rows admitted requests looked up in the prefix "
+                              "cache", value=cache["query_rows"])
+    yield CounterMetricFamily("graphc_prefix_cache_hits", "prompt rows taken from the prefix cache",
+                              value=cache["hit_rows"])
+    yield GaugeMetricFamily("graphc_prefix_cache_pages", "KV pages the prefix cache holds (shared or idle)",
+                            value=cache["cached_pages"])
+    yield GaugeMetricFamily("graphc_prefix_cache_idle_pages", "cached pages no request holds (counted free)",
+                            value=cache["idle_pages"])
+    yield CounterMetricFamily("graphc_prefix_cache_evicted_pages", "cached pages taken back for new rows",
+                              value=cache["evicted_pages"])
+    if "follow_rows" in cache:
+        yield CounterMetricFamily("graphc_follow_cache_hits", "rows a speaking request's follow stage reads, taken "
+                                  "from the follow cache", value=cache["follow_rows"]["hit_rows"])
 
 
 def media_metrics(caches: dict):

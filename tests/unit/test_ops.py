@@ -91,6 +91,29 @@ def test_metrics_count_requests_by_kind_and_end_and_show_the_engines_steps(serve
     assert after[("graphc_kv_pages_used", ())] == 0
 
 
+def test_metrics_show_the_prefix_cache(served):
+    """The same request twice: the second takes its prompt's first pages from the cache (the first may too, after
+    the other tests). Queries count both prompts' rows, hits their cached tokens (both from their usage); the
+    gauges are the engine's."""
+    c, engine, port = served["client"], served["engine"], served["port"]
+    before = scrape(port)
+    got = [c.chat.completions.create(model=engine.plan.model.name, messages=served["messages"], max_tokens=2,
+                                     temperature=0) for _ in range(2)]
+    assert wait_idle(engine)
+    after = scrape(port)
+
+    def delta(name):
+        return after[(name, ())] - before.get((name, ()), 0.0)
+    cached = got[1].usage.prompt_tokens_details.cached_tokens
+    assert delta("graphc_prefix_cache_queries_total") == got[0].usage.prompt_tokens + got[1].usage.prompt_tokens
+    assert delta("graphc_prefix_cache_hits_total") == got[0].usage.prompt_tokens_details.cached_tokens + cached
+    assert cached > 0
+    st = engine.stats()["prefix_cache"]
+    assert after[("graphc_prefix_cache_pages", ())] == st["cached_pages"] >= cached // engine.scheduler.kv.page_size
+    assert after[("graphc_prefix_cache_idle_pages", ())] == st["idle_pages"] == st["cached_pages"]    # none held
+    assert ("graphc_follow_cache_hits_total", ()) not in after                                     # no speech
+
+
 def test_the_api_key_guards_every_route_but_health(served):
     port, c, name = served["port"], served["client"], served["engine"].plan.model.name
     status, body = get(port, "/v1/models")

@@ -288,6 +288,7 @@ def test_a_spoken_later_turn_takes_the_earlier_turns_pages_audio_included(served
     shared = (first.usage.input_tokens - 3) // page * page
     assert shared >= page and after[0] - before[0] >= shared, (before, after, shared)
     assert after[1] > before[1] and after[2] == before[2], (before, after)
+    assert metric(served, "graphc_follow_cache_hits_total") == after[1]          # /metrics shows it
 
 def speak_text(ws, text: str = "tell me a long story", **response) -> None:
     """A text turn answered greedily (the answer, and whether it speaks, then do not hang on what ran before)."""
