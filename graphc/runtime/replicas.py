@@ -132,12 +132,21 @@ class Replicas:
         return {r: e.device_memory()[e.boot.index] for r, e in enumerate(self.engines)}
 
     def stats(self, wall_s: float | None = None) -> dict:
-        """Engine.stats of each replica under `replicas`, and their counts summed (devices keyed by replica)."""
+        """Engine.stats of each replica under `replicas`, and their counts summed (devices keyed by replica; the
+        prefix and media caches' counts and sizes too, so that /metrics shows the whole server's)."""
         per = [e.stats() for e in self.engines]
         out = {"steps": _sum(p["steps"] for p in per), "rungs": _sum(p["rungs"] for p in per),
                "preemptions": sum(p["preemptions"] for p in per), "replayed": sum(p["replayed"] for p in per),
                "eager": sum(p["eager"] for p in per), "devices": {str(r): p["devices"]["0"] for r, p in enumerate(per)},
                "replicas": per}
+        caches = [p["prefix_cache"] for p in per if "prefix_cache" in p]
+        if caches:                                 # every replica's, or none: one plan
+            out["prefix_cache"] = _sum({k: v for k, v in c.items() if k != "follow_rows"} for c in caches)
+            if all("follow_rows" in c for c in caches):
+                out["prefix_cache"]["follow_rows"] = _sum(c["follow_rows"] for c in caches)
+        media = [p["media_cache"] for p in per if "media_cache" in p]
+        if media:
+            out["media_cache"] = {node: _sum(m[node] for m in media) for node in media[0]}
         if wall_s is not None:
             out["wall_s"] = wall_s
         return out

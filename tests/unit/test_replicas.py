@@ -149,3 +149,23 @@ def test_a_plan_of_ranks_counts_every_rank_and_holds_one_ledger():
     plan = compile_model(load_model(str(ROOT / "models" / "qwen3_5.py"), "tiny"), "cpu", 2, tp=2, remedies=False).plan
     assert (plan.tensor_parallel, plan.replicas, plan.target.count, len(plan.devices)) == (2, 1, 2, 1)
     assert plan.overrides == {"tp": 2}
+
+
+def test_the_replicas_stats_sum_their_caches():
+    """Two replicas' prefix and media caches, summed by hand: /metrics reads the whole server's."""
+    from types import SimpleNamespace
+
+    from graphc.runtime.replicas import Replicas
+
+    def one(q, hit, pages, follow, media):
+        return {"steps": {"a": 1}, "rungs": {}, "preemptions": 0, "replayed": 0, "eager": 1, "devices": {"0": {}},
+                "prefix_cache": {"query_rows": q, "hit_rows": hit, "cached_pages": pages, "idle_pages": pages,
+                                 "evicted_pages": 0, "follow_rows": {"hit_rows": follow, "pages": 1}},
+                "media_cache": {"enc": {"hits": media, "misses": 1, "stored_bytes": 512}}}
+    both = Replicas.__new__(Replicas)
+    both.engines = [SimpleNamespace(stats=lambda: one(100, 32, 4, 8, 2)),
+                    SimpleNamespace(stats=lambda: one(50, 16, 3, 0, 1))]
+    st = both.stats()
+    assert st["prefix_cache"] == {"query_rows": 150, "hit_rows": 48, "cached_pages": 7, "idle_pages": 7,
+                                  "evicted_pages": 0, "follow_rows": {"hit_rows": 8, "pages": 2}}
+    assert st["media_cache"] == {"enc": {"hits": 3, "misses": 2, "stored_bytes": 1024}}
