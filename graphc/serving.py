@@ -123,6 +123,9 @@ class Host(ABC):
     eos_token_ids: tuple[int, ...] = ()
     speech: "Speech | None" = None
     transcription: "Transcription | None" = None
+    # xgrammar's structural-tag style of the `<function=N><parameter=P>VALUE</parameter>` tool-call arguments the
+    # model's chat templates write; None: tool_choice required or named is refused where a template writes them
+    tool_xml_style: str | None = None
 
     @abstractmethod
     def prompt(self, ids: list[int], media: list[Media]) -> Prompt:

@@ -9,13 +9,14 @@ A guide (SamplingParams.guide) is one of
     {"kind": "ebnf", "ebnf": "root ::= \"yes\" | \"no\""}   text of the grammar's `root` rule (GBNF, llama.cpp's
                                                           dialect)
     {"kind": "tool_calls", "functions": [{"name": "get_weather", "parameters": {...}}],
-     "required": true, "parallel": true, "form": "json"}
+     "required": true, "parallel": true, "form": "json", "xml_style": null}
 
 tool_calls is, with form "json", the `<tool_call>` JSON form (Hermes', as chat templates teach it): blocks
 `<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>`, ARGS valid against that function's
 parameters (a JSON schema; none: an empty object); with form "xml", the XML form other templates
 teach: `<tool_call>\\n<function=NAME>\\n<parameter=P>VALUE</parameter>...\\n</function>\\n</tool_call>`,
-the parameters valid against the schema (XML_STYLE, xgrammar's name for that form). required: the answer is one or more
+the parameters valid against the schema, in xml_style (xgrammar's name for that form of arguments, which the
+model's host declares: graphc.Host.tool_xml_style). required: the answer is one or more
 blocks joined by "\\n" and nothing else (OpenAI's tool_choice "required"; with a single function,
 tool_choice naming it). Not required: free text, in which every `<tool_call>` opens a well-formed block
 (tool_choice "auto"). parallel false: at most one block (parallel_tool_calls false).
@@ -48,8 +49,7 @@ MAX_WHITESPACE = 16               # whitespace characters between JSON tokens (x
 CACHE_BYTES = 256 << 20           # compiled grammars kept (the least recently used go first)
 KIND_FIELDS = {"json_object": set(), "json_schema": {"json_schema"}, "regex": {"regex"}, "ebnf": {"ebnf"},
                "tool_calls": {"functions"}}
-TOOL_FIELDS = {"functions", "required", "parallel", "form"}
-XML_STYLE = "qwen_xml"            # xgrammar's style of <parameter=P>VALUE</parameter> arguments, named by it
+TOOL_FIELDS = {"functions", "required", "parallel", "form", "xml_style"}
 
 
 class ToolFunction(Strict):
@@ -70,6 +70,7 @@ class Guide(Strict):
     required: bool = False
     parallel: bool = True
     form: Literal["json", "xml"] = "json"
+    xml_style: str | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _fields_of_kind(self) -> "Guide":
@@ -84,6 +85,8 @@ class Guide(Strict):
         names = [f.name for f in self.functions]
         if self.kind == "tool_calls" and (not names or len(set(names)) != len(names)):
             raise ValueError(f"a tool_calls guide takes one or more functions of distinct names, not {names}")
+        if self.form == "xml" and self.xml_style is None:
+            raise ValueError("a tool_calls guide of form xml takes xml_style (xgrammar's name for its arguments)")
         return self
 
 
@@ -128,7 +131,7 @@ def tool_format(guide: Guide) -> dict:
                 for f in guide.functions]
     else:
         tags = [{"type": "tag", "begin": f"<tool_call>\n<function={f.name}>\n",
-                 "content": content | {"json_schema": f.parameters, "style": XML_STYLE},
+                 "content": content | {"json_schema": f.parameters, "style": guide.xml_style},
                  "end": "\n</function>\n</tool_call>"} for f in guide.functions]
     if guide.required:
         fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True}

@@ -336,7 +336,8 @@ async def chat_completion(ctx: Context, body: ChatBody):
         return error(400, str(e.errors()[0]["msg"]))
     try:
         calls = tools.check(body.tools, body.tool_choice, body.parallel_tool_calls, speaking=speech is not None,
-                            form=tools.form_of(ctx.engine.template, body.chat_template))
+                            form=tools.form_of(ctx.engine.template, body.chat_template),
+                            xml_style=ctx.engine.host.tool_xml_style)
         params = tools.constrained(params, calls.guide)
         template_kwargs = tools.variables(body.chat_template_kwargs, calls)
     except InvalidInput as e:

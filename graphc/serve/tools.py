@@ -59,9 +59,10 @@ def form_of(template, own: str | None = None) -> str:
 
 
 def check(tools: list | None, tool_choice, parallel: bool = True, speaking: bool = False,
-          form: str = "json") -> Calls:
+          form: str = "json", xml_style: str | None = None) -> Calls:
     """A request's tools and tool_choice (pydantic models of graphc/serve/schemas.py) checked: what it asks;
-    form: the calls' form the template teaches (form_of), which constrained decoding keeps to."""
+    form: the calls' form the template teaches (form_of), which constrained decoding keeps to, the XML form's
+    arguments in the host's xml_style (Host.tool_xml_style)."""
     if not tools:
         if tool_choice is not None:
             raise InvalidInput("tool_choice without tools", "a tool can be chosen only among the request's tools",
@@ -82,7 +83,12 @@ def check(tools: list | None, tool_choice, parallel: bool = True, speaking: bool
         raise InvalidInput("tools with audio output", "a spoken answer would speak the calls' text",
                            "send tools without modalities [\"text\", \"audio\"], or tool_choice none", param="tools")
     rendered = [t.model_dump(exclude_unset=True) for t in tools]
-    return Calls(render=rendered, parse=True, guide=guide_of(rendered, choice, parallel, form),
+    if form == "xml" and xml_style is None and choice != "auto":
+        raise InvalidInput(f"tool_choice {choice if isinstance(choice, str) else 'naming a function'} with a chat "
+                           "template that writes XML tool calls (<function=NAME>)", "this model's host declares no "
+                           "grammar style for their arguments (graphc.Host.tool_xml_style)", "send tool_choice auto, "
+                           "or declare tool_xml_style in the model file's host", param="tool_choice")
+    return Calls(render=rendered, parse=True, guide=guide_of(rendered, choice, parallel, form, xml_style),
                  most=None if parallel else 1)
 
 
@@ -107,7 +113,8 @@ def _checked(fn, i: int) -> str:
     return fn.name
 
 
-def guide_of(tools: list[dict], tool_choice, parallel: bool = True, form: str = "json") -> Guide | None:
+def guide_of(tools: list[dict], tool_choice, parallel: bool = True, form: str = "json",
+             xml_style: str | None = None) -> Guide | None:
     """The constraint on decoding that tool_choice asks (None for auto): required, calls to any of the tools; a
     named function, calls to that one; parallel false, one call (graphc/runtime/grammar.py, kind tool_calls)."""
     if isinstance(tool_choice, str) and tool_choice != "required":
@@ -115,7 +122,8 @@ def guide_of(tools: list[dict], tool_choice, parallel: bool = True, form: str = 
     wanted = None if isinstance(tool_choice, str) else tool_choice.function.name
     functions = [ToolFunction(name=t["function"]["name"], parameters=t["function"].get("parameters") or NO_ARGUMENTS)
                  for t in tools if wanted in (None, t["function"]["name"])]
-    return Guide(kind="tool_calls", functions=functions, required=True, parallel=parallel, form=form)
+    return Guide(kind="tool_calls", functions=functions, required=True, parallel=parallel, form=form,
+                 xml_style=xml_style if form == "xml" else None)
 
 
 def constrained(params, guide: Guide | None):

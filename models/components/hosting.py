@@ -37,6 +37,7 @@ def random_media_tokens(vocab: int) -> MediaTokens:
 
 
 class AudioVisualHost(Host):
+    tool_xml_style = "qwen_xml"       # xgrammar's name for the <function=N><parameter=P> form Qwen's templates write
     def __init__(self, model: Model, llm: str, encoders: Encoders, media: MediaTokens, mrope: bool,
                  eos_token_ids: tuple[int, ...], vision: VisionProcessing | None = None, audio_end: int | None = None):
         """audio_end: the <|audio_end|> id, which closes an audio-in-video run (HF's audio_eos_token)."""

@@ -136,7 +136,7 @@ def test_xml_form_tool_calls_parse_into_known_functions_with_valid_arguments(eng
 
     rendered = [{"type": "function", "function": f} for f in (WEATHER, NOOP)]
     guide = {"kind": "tool_calls", "functions": [WEATHER, NOOP], "required": True, "parallel": False,
-             "form": "xml"}
+             "form": "xml", "xml_style": "qwen_xml"}
     outs = run(engine, [dict(messages=MESSAGES, params=guided(guide, 360, **kw))
                         for kw in ({}, {"temperature": 1.0, "seed": 5}, {"temperature": 1.0, "seed": 6})])
     for o in outs:

@@ -238,7 +238,8 @@ class FakeRoute:
         from graphc.runtime.inputs import SERVED, Limits
 
         self.answers, self.finish_reason, self.submitted = answers, finish_reason, []
-        self.engine = SimpleNamespace(tokenizer=None, sample_rate=24000, template=None, compile_guide=lambda g: None)
+        self.engine = SimpleNamespace(tokenizer=None, sample_rate=24000, template=None, compile_guide=lambda g: None,
+                                      host=SimpleNamespace(tool_xml_style="qwen_xml"))
         self.driver = SimpleNamespace(admit=lambda: None, abort=lambda rid: None)
         self.model_name, self.names, self.sources, self.limits = "m", ("m",), SERVED, Limits()
 
@@ -305,7 +306,16 @@ def test_required_calls_keep_to_the_form_the_template_teaches():
         route = FakeRoute([[W]])
         route.engine.template, route.own_templates = server and ChatTemplate(server), True
         _chat(route, tools=TOOLS, tool_choice="required", **({"chat_template": own} if own else {}))
-        assert route.submitted[0]["params"].guide.form == form, (server, own)
+        guide = route.submitted[0]["params"].guide
+        assert (guide.form, guide.xml_style) == (form, "qwen_xml" if form == "xml" else None), (server, own)
+    # a host that declares no style for the XML form: required is refused, auto still parses
+    route = FakeRoute([[W]])
+    route.engine.template, route.own_templates, route.engine.host.tool_xml_style = ChatTemplate(xml_text), True, None
+    bad = _chat(route, tools=TOOLS, tool_choice="required")
+    err = json.loads(bad.body)["error"]
+    assert bad.status_code == 400 and "declares no grammar style" in err["message"] and err["param"] == "tool_choice"
+    assert not route.submitted
+    assert _chat(route, tools=TOOLS)["choices"][0]["finish_reason"] == "tool_calls"
 
 
 def test_route_without_tools_leaves_tags_as_text():
