@@ -16,10 +16,7 @@ from collections import OrderedDict
 
 import torch
 
-
-def on_device(rows: list[int], device: torch.device) -> torch.Tensor:
-    """Row indices on the device by an async copy: a blocking one would wait for the step in flight."""
-    return torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+from graphc.runtime.sampler import on_device
 
 
 class FollowRows:
@@ -46,7 +43,7 @@ class FollowRows:
         """Copies of the held rows at these offsets of a page (holds() first), the page now most recently used."""
         held = self.entries[key]
         self.entries.move_to_end(key)
-        rows = self.buf.index_select(0, on_device([held[o] for o in offsets], self.buf.device))
+        rows = self.buf.index_select(0, on_device([held[o] for o in offsets], torch.int64, self.buf.device))
         return dict(zip(offsets, rows))
 
     def store(self, key: bytes, rows: dict[int, torch.Tensor]) -> None:
@@ -58,7 +55,7 @@ class FollowRows:
             self.free += gone.values()
             self.evicted += 1
         taken, self.free = self.free[:len(rows)], self.free[len(rows):]
-        index = on_device(taken, self.buf.device)
+        index = on_device(taken, torch.int64, self.buf.device)   # async: no wait for the step in flight
         self.buf.index_copy_(0, index, torch.stack(list(rows.values())).to(self.buf.dtype))
         self.entries[key] = dict(zip(rows, taken))
 

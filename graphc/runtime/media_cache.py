@@ -18,8 +18,8 @@ from collections import OrderedDict
 import torch
 
 from graphc.media_rows import SECTION, RowPort, llm_of, row_ports
-from graphc.runtime.follow_rows import on_device
 from graphc.runtime.prefix_cache import piece_key
+from graphc.runtime.sampler import on_device
 from graphc.step import TORCH_DTYPES
 
 
@@ -106,7 +106,7 @@ class MediaCache:
             self.free += rows
             self.evicted += 1
         taken, self.free = self.free[len(self.free) - n:], self.free[:len(self.free) - n]
-        rows = on_device(taken, self.buf[self.ports[0].port].device)
+        rows = on_device(taken, torch.int64, self.buf[self.ports[0].port].device)
         for port in self.ports:
             buf = self.buf[port.port]
             buf.index_copy_(0, rows, _rows(out[port.port], port, start, n).to(buf.dtype))

@@ -107,8 +107,8 @@ def bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     if not rows:
         return logits
     i, t, b = zip(*rows)
-    idx = (_on(list(i), torch.int64, logits.device), _on(list(t), torch.int64, logits.device))
-    return logits.index_put(idx, _on(list(b), logits.dtype, logits.device), accumulate=True)
+    idx = (on_device(list(i), torch.int64, logits.device), on_device(list(t), torch.int64, logits.device))
+    return logits.index_put(idx, on_device(list(b), logits.dtype, logits.device), accumulate=True)
 
 
 def needs_history(params: SamplingParams) -> bool:
@@ -116,13 +116,13 @@ def needs_history(params: SamplingParams) -> bool:
     return params.repetition_penalty != 1.0 or bool(params.presence_penalty or params.frequency_penalty)
 
 
-def _on(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A small tensor on the device without a host sync (an async copy from the host)."""
     return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def _column(values: list[float], like: torch.Tensor) -> torch.Tensor:
-    return _on(values, like.dtype, like.device)[:, None]
+    return on_device(values, like.dtype, like.device)[:, None]
 
 
 def penalise(logits: torch.Tensor, params: list[SamplingParams], prompts: list[list[int]],
@@ -197,11 +197,11 @@ class Sampler:
         shared = [i for i, g in enumerate(generators) if g is None and not params[i].greedy]
         if shared:
             noise = torch.empty(len(shared), probs.shape[1], device=probs.device).exponential_(generator=self.shared)
-            race.index_copy_(0, _on(shared, torch.int64, probs.device), noise)
+            race.index_copy_(0, on_device(shared, torch.int64, probs.device), noise)
         for i, g in enumerate(generators):
             if g is not None and not params[i].greedy:
                 race[i] = torch.empty(probs.shape[1], device=probs.device).exponential_(generator=g)
-        greedy = _on([p.greedy for p in params], torch.bool, logits.device)
+        greedy = on_device([p.greedy for p in params], torch.bool, logits.device)
         tokens = torch.where(greedy, processed.argmax(dim=-1), (probs / race).argmax(dim=-1))
         return self._logprobs(raw, tokens, params)
 
@@ -214,7 +214,7 @@ class Sampler:
             return Sampled(tokens, nan, tokens.new_empty(b, 0), logits.new_empty(b, 0))
         lp = logits.log_softmax(dim=-1)
         chosen = lp.gather(1, tokens[:, None])[:, 0]
-        asked = _on([p.logprobs for p in params], torch.bool, logits.device)
+        asked = on_device([p.logprobs for p in params], torch.bool, logits.device)
         chosen = torch.where(asked, chosen, torch.full_like(chosen, float("nan")))
         top = lp.topk(n, dim=-1) if n else None
         return Sampled(tokens, chosen, top.indices if top else tokens.new_empty(b, 0),
