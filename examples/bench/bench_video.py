@@ -29,8 +29,10 @@ A request: --prompt random token ids (bench_prefix.id_source: never an end of tu
 then the host's video placeholder id with a clip of --seconds x --fps frames of --size pixels (H W, or a side),
 --tokens tokens greedily with the end of turn ignored. Every clip's frames are random pixels drawn afresh
 (the warm-up's and every repeat's too), so the media cache, which keys encoder input by content
-(graphc/runtime/media_cache.py), never serves one. One warm-up request first, not counted; then, per
---streams c, --repeats rounds of c requests submitted at once, each round after the last has finished.
+(graphc/runtime/media_cache.py), never serves one. One warm-up request of each clip length first, not
+counted; then, per length and per --streams c, --repeats rounds of c requests submitted at once, each round
+after the last has finished. Several --seconds run on one boot (seed 001's video cells: --seconds 60 30 8
+--streams 16 32).
 
 Per request (ms): ttft, first token as the client sees it (its first event, perf_counter) less its submit
 time; engine_ttft, the engine's own (request.times first_token - arrived; the Request is made once its media
@@ -64,23 +66,23 @@ TARGET = 1.3          # the issue's bound on TTFT p50 at 4 streams / at 1 stream
 
 
 def clip_source(a, seed: int):
-    """clip(): a fresh uint8 clip [--seconds x --fps, 3, H, W] of random pixels, never the same twice."""
+    """clip(seconds): a fresh uint8 clip [seconds x --fps, 3, H, W] of random pixels, never the same twice."""
     import torch
 
     h, w = a.size if len(a.size) == 2 else a.size * 2
-    frames = max(1, round(a.seconds * a.fps))
     rng = np.random.default_rng(seed + 1)
-    return lambda: torch.from_numpy(rng.integers(0, 256, (frames, 3, h, w), dtype=np.uint8))
+    return lambda seconds: torch.from_numpy(rng.integers(0, 256, (max(1, round(seconds * a.fps)), 3, h, w),
+                                                         dtype=np.uint8))
 
 
-def requests(engine, draw, clip, a, n: int) -> list[dict]:
-    """n Engine.prepare keyword sets: random ids, the video placeholder, a fresh clip each."""
+def requests(engine, draw, clip, a, n: int, seconds: float) -> list[dict]:
+    """n Engine.prepare keyword sets: random ids, the video placeholder, a fresh clip of `seconds` each."""
     from graphc.runtime.sampler import SamplingParams
     from graphc.serving import Media
 
     params = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
     token = engine.host.media.video_token_id
-    return [{"prompt_token_ids": draw(a.prompt) + [token], "media": [Media("video", clip(), float(a.fps))],
+    return [{"prompt_token_ids": draw(a.prompt) + [token], "media": [Media("video", clip(seconds), float(a.fps))],
              "params": params} for _ in range(n)]
 
 
@@ -135,14 +137,14 @@ def diff(before: dict, after: dict) -> dict:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
 
-def summarize(c: int, rounds: list[dict], base: dict | None, tokens: int) -> dict:
+def summarize(c: int, rounds: list[dict], base: dict | None, tokens: int, seconds: float) -> dict:
     """TTFT percentiles over every request of c's rounds, the ratios to c = 1, steps summed over rounds, output
     tokens a second (c x tokens over a round's wall time, the rounds' median)."""
     samples = [s for r in rounds for s in r["samples"]]
     ttft, eng = [s["ttft_ms"] for s in samples], [s["engine_ttft_ms"] for s in samples]
     total = {k: dict(sum((Counter(r[k]) for r in rounds), Counter()))
              for k in ("steps", "rungs", "units", "cache_hits")}
-    out = {"c": c, "requests": len(samples), "ttft_ms_p50": float(np.median(ttft)),
+    out = {"seconds": seconds, "c": c, "requests": len(samples), "ttft_ms_p50": float(np.median(ttft)),
            "ttft_ms_p95": float(np.percentile(ttft, 95)), "ttft_ms_max": max(ttft),
            "engine_ttft_ms_p50": float(np.median(eng)), "prepared_ms_p50": float(np.median(
                [s["prepared_ms"] for s in samples])), "prompt_rows": sorted({s["prompt_rows"] for s in samples}),
@@ -160,21 +162,21 @@ def check(engine, a) -> str | None:
                 "use a plan with a video walk (plans/qwen3_omni_h200.plan, plans/qwen3_omni_tiny_cpu.plan)")
     if len(a.size) > 2 or min(a.size) < 1:
         return f"--size is {a.size}: give the frames' side (H) or their height and width (H W), each >= 1"
-    if min(a.streams) < 1 or min(a.repeats, a.tokens, a.prompt) < 1 or a.seconds <= 0 or a.fps <= 0:
+    if min(a.streams) < 1 or min(a.repeats, a.tokens, a.prompt) < 1 or min(a.seconds) <= 0 or a.fps <= 0:
         return "--streams, --repeats, --tokens and --prompt must be at least 1, --seconds and --fps above 0"
     return None
 
 
 def table(rows: list[dict]) -> None:
-    print(f"\n| streams | prompt rows | TTFT p50 | p95 | max | p50 / p50(1) (<= {TARGET} at 4) | engine TTFT p50 | "
+    print(f"\n| clip | streams | prompt rows | TTFT p50 | p95 | max | p50 / p50(1) (<= {TARGET} at 4) | engine TTFT p50 | "
           "ratio | prepared p50 | tok/s | steps (walk: count) | cache hits |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
         eng = "" if r["engine_ratio"] is None else f"{r['engine_ratio']:.2f}"
         steps = ", ".join(f"{w} {n}" for w, n in r["steps"].items())
         prompt = "/".join(map(str, r["prompt_rows"]))
-        print(f"| {r['c']} | {prompt} | {r['ttft_ms_p50']:.1f} | {r['ttft_ms_p95']:.1f} | {r['ttft_ms_max']:.1f} | "
+        print(f"| {r['seconds']:g} s | {r['c']} | {prompt} | {r['ttft_ms_p50']:.1f} | {r['ttft_ms_p95']:.1f} | {r['ttft_ms_max']:.1f} | "
               f"{ratio} | {r['engine_ttft_ms_p50']:.1f} | {eng} | {r['prepared_ms_p50']:.1f} | {r['tok_s']:.0f} | "
               f"{steps} | {sum(r['cache_hits'].values())} |", flush=True)
 
@@ -237,7 +239,8 @@ def arguments() -> argparse.Namespace:
                     "writes one): models whose clips carry their frames' times as text (Qwen3.5) need one")
     ap.add_argument("--emulate", action="store_true", help="boot a plan for a smaller card of the same arch")
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8], help="requests arriving at once")
-    ap.add_argument("--seconds", type=float, default=30.0, help="each clip's length")
+    ap.add_argument("--seconds", type=float, nargs="+", default=[30.0], help="the clips' length; several: each "
+                    "in turn on one boot, every stream count for each (seed 001's cells: 60 30 8)")
     ap.add_argument("--fps", type=float, default=2.0, help="each clip's frames a second")
     ap.add_argument("--size", type=int, nargs="+", default=[360, 640], help="the frames' height and width, or one side")
     ap.add_argument("--prompt", type=int, default=20, help="random text ids before the video")
@@ -266,15 +269,17 @@ def main() -> None:
     loop = asyncio.new_event_loop()      # one loop and its thread pool, as a server has
     draw, clip = id_source(engine, a.seed), clip_source(a, a.seed)
     try:
-        warm = one_round(engine, driver, loop, requests(engine, draw, clip, a, 1))
-        rows, base = [], None
-        for c in a.streams:
-            rows.append(summarize(c, [one_round(engine, driver, loop, requests(engine, draw, clip, a, c))
-                                      for _ in range(a.repeats)], base, a.tokens))
-            base = base or (rows[-1] if c == 1 else None)
-            save(a, engine, warm, rows)              # after each stream count: a run cut short keeps what it has
+        warm = [one_round(engine, driver, loop, requests(engine, draw, clip, a, 1, seconds)) for seconds in a.seconds]
+        rows = []
+        for seconds in a.seconds:
+            base = None
+            for c in a.streams:
+                rows.append(summarize(c, [one_round(engine, driver, loop, requests(engine, draw, clip, a, c, seconds))
+                                          for _ in range(a.repeats)], base, a.tokens, seconds))
+                base = base or (rows[-1] if c == 1 else None)
+                save(a, engine, warm, rows)          # after each stream count: a run cut short keeps what it has
         if a.profile:
-            profile_one(engine, driver, loop, requests(engine, draw, clip, a, 1), a.profile)
+            profile_one(engine, driver, loop, requests(engine, draw, clip, a, 1, a.seconds[0]), a.profile)
     except InvalidInput as e:              # the engine refused a request (a clip larger than the plan's walks)
         why = f"a request was refused: {e}"
     finally:
