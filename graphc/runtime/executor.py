@@ -79,7 +79,8 @@ class NodeRunner:
     def _cast(self, node: Node, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Inputs on the device in their declared dtypes; host tensors copied async (staged now, no host sync
         that would wait for the step in flight)."""
-        return {k: v.to(device=self.boot.device, dtype=TORCH_DTYPES[node.inputs[k].dtype], non_blocking=True)
+        return {k: _pinned(v, self.boot.device).to(device=self.boot.device, dtype=TORCH_DTYPES[node.inputs[k].dtype],
+                                                   non_blocking=True)
                 for k, v in inputs.items()}
 
     def run_node(self, node: str, walk: str, rung: int | None, size: int, inputs: dict, layouts: dict) -> dict:
@@ -112,6 +113,20 @@ class NodeRunner:
             binds[role] = torch_binding(self.boot, spec, (lay,) if isinstance(spec, RaggedAttentionSpec) else lay)
         with torch.inference_mode():
             return self.boot.modules[node](StepContext(binds, self.boot.reduce), **inputs)
+
+
+PIN_BYTES = 1 << 20      # host inputs from this size up are copied to a GPU from page-locked memory
+
+
+def _pinned(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A large pageable host tensor bound for a GPU, in page-locked memory. From pageable memory the copy
+    runs through the driver's staging buffer: the calling thread copies chunk by chunk while the device
+    waits on each (a 30 s clip's patches in fp32, 162 MB: 86 ms of the engine's thread and 40 ms of copies
+    on the device, on an H100); from page-locked memory it is one DMA behind the thread's back. torch's host
+    allocator keeps the block until the copy that reads it has run."""
+    if device.type != "cuda" or t.device.type != "cpu" or t.nbytes < PIN_BYTES or t.is_pinned():
+        return t
+    return t.pin_memory()
 
 
 class Executor:
