@@ -4,7 +4,9 @@ its memory, and a plan that promises the cards room must not leave the host shor
   pinned    page-locked memory: each FlashInfer wrapper keeps a page-locked copy of its int workspace
             (one per captured graph's attention role, one per eager node and phase; the boot builds up to
             BOOT_WRAPPERS more for its warm-up steps, dropped again), each a torch host-allocator block,
-            a power of two; plus the sampled tokens' read-back copies (READBACK_BYTES).
+            a power of two; the sampled tokens' read-back copies (READBACK_BYTES); and the blocks a step's
+            large host inputs (patches, mel frames) are copied from (hostmem.input_blocks: a block per input
+            port, INPUT_SETS steps' worth at once, kept by the allocator for the next).
   staging   the weight loader's chunk (hostmem.STAGING_BYTES, graphc/runtime/checkpoint.py) as read and as cast.
   process   CUDA's host side, torch and the kernel libraries, the captured graphs' host state:
             calibrated, host_base + host_per_launch x the device's captured kernel launches.
@@ -13,7 +15,7 @@ CPU targets have none of this: their devices' ledgers are host memory already (t
 """
 from __future__ import annotations
 
-from graphc.hostmem import STAGING_BYTES
+from graphc.hostmem import INPUT_SETS, STAGING_BYTES, host_block, input_blocks
 from graphc.ir import IR
 from graphc.passes.tally_ledger import Item, Sizing, capture_order, graph_launches
 from graphc.targets import calibration
@@ -21,11 +23,6 @@ from graphc.units import fmt_bytes
 
 BOOT_WRAPPERS = 2               # warm-up wrappers the boot builds and drops (seen on the H200: 39 = 36 + 1 + 2)
 READBACK_BYTES = 1 << 20        # page-locked read-backs of sampled tokens: small blocks, under 1 MiB on the H200
-
-
-def _pow2(n: int) -> int:
-    """The block torch's page-locked host allocator takes for n bytes."""
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def _int_workspace(s: Sizing, res: str, step, rung: int) -> int:
@@ -36,7 +33,7 @@ def _int_workspace(s: Sizing, res: str, step, rung: int) -> int:
         return 0
     shape = spec.step_shape(step.axis, step.sizes_at(rung), step.phase)
     names = [name for name, _ in spec.wrapper_allocs(s.backends.backend(res, step.phase), shape)]
-    return _pow2(spec.int_workspace_bytes) if "int_workspace" in names else 0
+    return host_block(spec.int_workspace_bytes) if "int_workspace" in names else 0
 
 
 def pinned_blocks(s: Sizing, nodes: list[str]) -> list[int]:
@@ -56,13 +53,17 @@ def size_host(s: Sizing, nodes: list[str]) -> list[Item]:
         return []
     blocks = pinned_blocks(s, nodes)
     boot = BOOT_WRAPPERS * max(blocks, default=0)
+    ports = input_blocks(s.ir, nodes)
+    inputs = INPUT_SETS * sum(ports.values())
+    each = ", ".join(f"{node}.{port} {fmt_bytes(b)}" for (node, port), b in ports.items())
+    staged = f" + large host inputs {fmt_bytes(inputs)}: {INPUT_SETS} steps x a block each ({each})" if ports else ""
     cal = calibration(s.ir.target)
     launches = graph_launches(s, nodes)[1]
     process = cal.host_base_bytes + cal.host_launch_bytes * launches
     return [
-        Item("pinned", sum(blocks) + boot + READBACK_BYTES, "formula",
+        Item("pinned", sum(blocks) + boot + READBACK_BYTES + inputs, "formula",
              f"{len(blocks)} FlashInfer wrappers x their page-locked int workspace ({fmt_bytes(sum(blocks))}) + "
-             f"{BOOT_WRAPPERS} the boot drops ({fmt_bytes(boot)}) + read-backs {fmt_bytes(READBACK_BYTES)}"),
+             f"{BOOT_WRAPPERS} the boot drops ({fmt_bytes(boot)}) + read-backs {fmt_bytes(READBACK_BYTES)}{staged}"),
         Item("staging", 2 * STAGING_BYTES, "formula",
              f"the weight loader's chunk, as read and as cast: 2 x {fmt_bytes(STAGING_BYTES)}"),
         Item("process", process, "calibrated",

@@ -14,6 +14,7 @@ import torch
 
 from graphc.declare import Node
 from graphc.errors import WorkerDied
+from graphc.hostmem import PIN_BYTES, input_blocks
 from graphc.ir import Step
 from graphc.plan import Plan
 from graphc.runtime.boot import DeviceBoot, torch_binding
@@ -71,16 +72,17 @@ class NodeRunner:
         """scratch: a page of each paged resource that padding rows of a captured rung write (GPU). ranks: the
         other tensor-parallel ranks (graphc/runtime/tensor_parallel.py), which run every step this one runs."""
         self.boot, self.model, self.ranks = boot, boot.ir.model, ranks
-        self.gpu = None
+        self.gpu, self.blocks = None, {}        # (node, port) -> its page-locked staging block (GPU)
         if boot.device.type == "cuda":
             from graphc.runtime.gpu_step import GpuSteps
             self.gpu = GpuSteps(boot, scratch or {})
+            self.blocks = input_blocks(boot.ir, boot.nodes)
 
     def _cast(self, node: Node, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Inputs on the device in their declared dtypes; host tensors copied async (staged now, no host sync
         that would wait for the step in flight)."""
-        return {k: _pinned(v, self.boot.device).to(device=self.boot.device, dtype=TORCH_DTYPES[node.inputs[k].dtype],
-                                                   non_blocking=True)
+        return {k: staged(v, self.blocks.get((node.name, k))).to(
+                    device=self.boot.device, dtype=TORCH_DTYPES[node.inputs[k].dtype], non_blocking=True)
                 for k, v in inputs.items()}
 
     def run_node(self, node: str, walk: str, rung: int | None, size: int, inputs: dict, layouts: dict) -> dict:
@@ -115,18 +117,19 @@ class NodeRunner:
             return self.boot.modules[node](StepContext(binds, self.boot.reduce), **inputs)
 
 
-PIN_BYTES = 1 << 20      # host inputs from this size up are copied to a GPU from page-locked memory
-
-
-def _pinned(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A large pageable host tensor bound for a GPU, in page-locked memory. From pageable memory the copy
-    runs through the driver's staging buffer: the calling thread copies chunk by chunk while the device
-    waits on each (a 30 s clip's patches in fp32, 162 MB: 86 ms of the engine's thread and 40 ms of copies
-    on the device, on an H100); from page-locked memory it is one DMA behind the thread's back. torch's host
-    allocator keeps the block until the copy that reads it has run."""
-    if device.type != "cuda" or t.device.type != "cpu" or t.nbytes < PIN_BYTES or t.is_pinned():
+def staged(t: torch.Tensor, block: int | None) -> torch.Tensor:
+    """A large pageable host tensor bound for a GPU, copied into a page-locked block of `block` bytes (the
+    plan's size: hostmem.input_blocks). From pageable memory the copy to the device runs through the
+    driver's staging buffer: the calling thread copies chunk by chunk while the device waits on each (a 30 s
+    clip's patches in fp32, 162 MB: 86 ms of the engine's thread and 40 ms of copies on the device, on an
+    H100); from page-locked memory it is one DMA behind the thread's back. torch's host allocator keeps the
+    block until the copy that reads it has run, then hands it to the next step (a port's block is always
+    its planned size). Small, pinned, device or oversized tensors, and ports with no block, are returned as
+    they are."""
+    if not block or t.device.type != "cpu" or not PIN_BYTES <= t.nbytes <= block or t.is_pinned():
         return t
-    return t.pin_memory()
+    view = torch.empty(block, dtype=torch.uint8, pin_memory=True)[:t.nbytes].view(t.dtype).view(t.shape)
+    return view.copy_(t)
 
 
 class Executor:

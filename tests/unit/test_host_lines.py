@@ -11,8 +11,10 @@ import sys
 
 import pytest
 
+from graphc.hostmem import INPUT_SETS, PIN_BYTES, host_block, input_blocks
 from graphc.passes import size_host
 from graphc.plan import load_plan
+from graphc.runtime.boot import plan_ir
 from graphc.targets import calibration, get_target
 from graphc.units import MiB
 from tests.conftest import ROOT
@@ -29,7 +31,9 @@ def test_host_lines_cover_what_the_h200_measured(record):
     rec = json.loads(record.read_text())
     host = compile_shipped(rec["plan"].removeprefix("plans/").removesuffix(".plan")).devices[0].host
     last = rec["phases"][-1]
-    spare = size_host.BOOT_WRAPPERS * 8 * MiB + size_host.READBACK_BYTES
+    plan = compile_shipped(rec["plan"].removeprefix("plans/").removesuffix(".plan"))
+    inputs = INPUT_SETS * sum(input_blocks(plan_ir(plan), plan.devices[0].nodes).values())   # no boot stages one
+    spare = size_host.BOOT_WRAPPERS * 8 * MiB + size_host.READBACK_BYTES + inputs
     assert last["pinned_peak"] <= host["pinned"] <= last["pinned_peak"] + spare
     total = sum(host.values())
     if rec["checkpoint"] is None:
@@ -57,4 +61,20 @@ def test_the_tiny_plans_lines_by_hand():
 
 
 def test_page_locked_blocks_are_powers_of_two_by_hand():
-    assert [size_host._pow2(n) for n in (1, 2, 3, 5, 8 * MiB, 8 * MiB + 1)] == [1, 2, 4, 8, 8 * MiB, 16 * MiB]
+    assert [host_block(n) for n in (1, 2, 3, 5, 8 * MiB, 8 * MiB + 1)] == [1, 2, 4, 8, 8 * MiB, 16 * MiB]
+
+
+def test_large_host_inputs_blocks_by_hand():
+    """qwen3_omni_h200: the host feeds the vision encoder 8,192 patches of 3 x 2 x 16 x 16 = 1,536 bf16 values
+    (25,165,824 B: a 32 MiB block) and the audio encoder 16 windows of 8 x 128 x 100 fp32 mel values (6,553,600 B:
+    8 MiB); its patch positions ([8192, 4] int64, 256 KiB) stay under PIN_BYTES and the thinker's host inputs
+    are ids and positions. Two steps' worth: 80 MiB more page-locked memory than the wrappers' and read-backs'."""
+    plan = compile_shipped("qwen3_omni_h200")
+    blocks = input_blocks(plan_ir(plan), plan.devices[0].nodes)
+    assert blocks == {("audio_encoder", "mel"): 8 * MiB, ("vision_encoder", "pixel_patches"): 32 * MiB}
+    assert PIN_BYTES > 8192 * 4 * 8
+    dev = plan.devices[0]                   # 108 wrappers' 8 MiB int workspaces, 2 the boot drops, 1 MiB read-backs
+    assert dev.host["pinned"] == (108 * 8 + 2 * 8 + 1 + 2 * (32 + 8)) * MiB
+    assert "large host inputs 80.00 MiB: 2 steps x a block each" in dev.host_sources["pinned"]
+    asr = compile_shipped("qwen3_asr_1.7b_h100")
+    assert input_blocks(plan_ir(asr), asr.devices[0].nodes) == {("audio_encoder", "mel"): 16 * MiB}  # 32 windows
