@@ -5,7 +5,7 @@ its memory, and a plan that promises the cards room must not leave the host shor
             (one per captured graph's attention role, one per eager node and phase; the boot builds up to
             BOOT_WRAPPERS more for its warm-up steps, dropped again), each a torch host-allocator block,
             a power of two; the sampled tokens' read-back copies (READBACK_BYTES); and the blocks a step's
-            large host inputs (patches, mel frames) are copied from (hostmem.input_blocks: a block per input
+            large host inputs (patches, mel frames) are copied from (input_blocks: a block per input
             port, INPUT_SETS steps' worth at once, kept by the allocator for the next).
   staging   the weight loader's chunk (hostmem.STAGING_BYTES, graphc/runtime/checkpoint.py) as read and as cast.
   process   CUDA's host side, torch and the kernel libraries, the captured graphs' host state:
@@ -15,7 +15,7 @@ CPU targets have none of this: their devices' ledgers are host memory already (t
 """
 from __future__ import annotations
 
-from graphc.hostmem import INPUT_SETS, STAGING_BYTES, host_block, input_blocks
+from graphc.hostmem import STAGING_BYTES
 from graphc.ir import IR
 from graphc.passes.tally_ledger import Item, Sizing, capture_order, graph_launches
 from graphc.targets import calibration
@@ -23,6 +23,32 @@ from graphc.units import fmt_bytes
 
 BOOT_WRAPPERS = 2               # warm-up wrappers the boot builds and drops (seen on the H200: 39 = 36 + 1 + 2)
 READBACK_BYTES = 1 << 20        # page-locked read-backs of sampled tokens: small blocks, under 1 MiB on the H200
+PIN_BYTES = 4 << 20             # a step's host inputs from this size up reach a GPU through page-locked blocks
+INPUT_SETS = 2                  # steps whose input blocks can be held at once: one launched, its copies not yet
+                                # run, and the next one's (the engine reads a step back before it builds the one after)
+
+
+def host_block(n: int) -> int:
+    """The block torch's page-locked host allocator takes for n bytes (a power of two)."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def input_blocks(ir: IR, nodes: list[str]) -> dict[tuple[str, str], int]:
+    """(node, port) -> the page-locked block that input is staged in on its way to a GPU: every input port of
+    these nodes that the host feeds (no edge or link does) and that some step fills with PIN_BYTES or more at
+    its walk's budget, as a host-allocator block of its largest fill. graphc/runtime/executor.py stages by
+    it; size_host() plans INPUT_SETS of each."""
+    fed = {e.ends()[1] for e in ir.model.edges}
+    fed |= {(link.dst, port) for link in ir.model.links for port in link.inputs}
+    blocks: dict[tuple[str, str], int] = {}
+    for st in ir.steps:
+        if st.node not in nodes:
+            continue
+        for p in st.inputs:
+            n = ir.node(st.node).inputs[p].nbytes(st.sizes_at(st.budget))
+            if (st.node, p) not in fed and n >= PIN_BYTES:
+                blocks[(st.node, p)] = max(blocks.get((st.node, p), 0), host_block(n))
+    return dict(sorted(blocks.items()))
 
 
 def _int_workspace(s: Sizing, res: str, step, rung: int) -> int:

@@ -14,7 +14,7 @@ import torch
 
 from graphc.declare import Node
 from graphc.errors import WorkerDied
-from graphc.hostmem import PIN_BYTES, input_blocks
+from graphc.passes.size_host import PIN_BYTES, input_blocks
 from graphc.ir import Step
 from graphc.plan import Plan
 from graphc.runtime.boot import DeviceBoot, torch_binding
@@ -118,14 +118,14 @@ class NodeRunner:
 
 
 def staged(t: torch.Tensor, block: int | None) -> torch.Tensor:
-    """A large pageable host tensor bound for a GPU, copied into a page-locked block of `block` bytes (the
-    plan's size: hostmem.input_blocks). From pageable memory the copy to the device runs through the
-    driver's staging buffer: the calling thread copies chunk by chunk while the device waits on each (a 30 s
-    clip's patches in fp32, 162 MB: 86 ms of the engine's thread and 40 ms of copies on the device, on an
-    H100); from page-locked memory it is one DMA behind the thread's back. torch's host allocator keeps the
-    block until the copy that reads it has run, then hands it to the next step (a port's block is always
-    its planned size). Small, pinned, device or oversized tensors, and ports with no block, are returned as
-    they are."""
+    """A large pageable host tensor bound for a GPU, copied into a page-locked block of `block` bytes (its
+    port's, as graphc/passes/size_host.py input_blocks plans it). From pageable memory the copy to the device
+    runs through the driver's staging buffer: the calling thread copies chunk by chunk while the device waits
+    on each (a 30 s clip's patches in fp32, 162 MB: 86 ms of the engine's thread and 40 ms of copies on the
+    device, on an H100); from page-locked memory it is one DMA behind the thread's back. torch's host
+    allocator keeps the block until the copy that reads it has run, then hands it to the next step (a port's
+    block is always its planned size). Small, pinned, device or oversized tensors, and ports with no block,
+    are returned as they are."""
     if not block or t.device.type != "cpu" or not PIN_BYTES <= t.nbytes <= block or t.is_pinned():
         return t
     view = torch.empty(block, dtype=torch.uint8, pin_memory=True)[:t.nbytes].view(t.dtype).view(t.shape)
