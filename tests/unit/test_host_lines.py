@@ -78,3 +78,25 @@ def test_large_host_inputs_blocks_by_hand():
     assert "large host inputs 80.00 MiB: 2 steps x a block each" in dev.host_sources["pinned"]
     asr = compile_shipped("qwen3_asr_1.7b_h100")
     assert input_blocks(plan_ir(asr), asr.devices[0].nodes) == {("audio_encoder", "mel"): 16 * MiB}  # 32 windows
+
+
+def test_input_blocks_take_host_fed_ports_from_pin_bytes_up_on_their_devices():
+    """A hand-built walk: a host-fed port of exactly PIN_BYTES is staged in a block of that size, one a byte
+    under is not, a port an edge feeds is not; a node on another device adds nothing. omni_2gpu: its encoders'
+    device stages the mel and patches (as on the one-GPU plan), the thinker's device nothing."""
+    from types import SimpleNamespace as NS
+
+    from graphc.declare import Edge, Port
+
+    ports = {"big": Port(shape=("tokens", 1024), dtype="float32"), "small": Port(shape=("tokens", 1023), dtype="float32"),
+             "fed": Port(shape=("tokens", 4096), dtype="float32")}
+    rows = PIN_BYTES // 4096
+    step = lambda node: NS(node=node, inputs=("big", "small", "fed"), sizes_at=lambda budget: {"tokens": rows},
+                           budget=rows)                                                  # noqa: E731
+    ir = NS(model=NS(edges=[Edge(src="enc.out", dst="dec.fed"), Edge(src="enc.out", dst="far.fed")], links=[]),
+            steps=[step("far"), step("dec")], node=lambda name: NS(inputs=ports))
+    assert input_blocks(ir, ["dec"]) == {("dec", "big"): PIN_BYTES}
+    assert input_blocks(ir, ["far", "dec"]) == {("dec", "big"): PIN_BYTES, ("far", "big"): PIN_BYTES}
+    plan = compile_shipped("omni_2gpu")
+    enc, thinker = (input_blocks(plan_ir(plan), d.nodes) for d in plan.devices)
+    assert enc == {("audio_encoder", "mel"): 8 * MiB, ("vision_encoder", "pixel_patches"): 32 * MiB} and thinker == {}
