@@ -15,6 +15,7 @@ CPU targets have none of this: their devices' ledgers are host memory already (t
 """
 from __future__ import annotations
 
+from graphc.host_inputs import INPUT_SETS, host_block, input_blocks
 from graphc.hostmem import STAGING_BYTES
 from graphc.ir import IR
 from graphc.passes.tally_ledger import Item, Sizing, capture_order, graph_launches
@@ -23,34 +24,6 @@ from graphc.units import fmt_bytes
 
 BOOT_WRAPPERS = 2               # warm-up wrappers the boot builds and drops (seen on the H200: 39 = 36 + 1 + 2)
 READBACK_BYTES = 1 << 20        # page-locked read-backs of sampled tokens: small blocks, under 1 MiB on the H200
-PIN_BYTES = 4 << 20             # a step's host inputs from this size up reach a GPU through page-locked blocks
-INPUT_SETS = 2                  # steps whose input blocks can be held at once: one launched, its copies not yet
-                                # run, and the next one's (the engine reads a step back before it builds the one after)
-
-
-def host_block(n: int) -> int:
-    """The block torch's page-locked host allocator takes for n bytes (a power of two)."""
-    return 1 << max(n - 1, 0).bit_length()
-
-
-def input_blocks(ir: IR, nodes: list[str]) -> dict[tuple[str, str], int]:
-    """(node, port) -> the page-locked block that input is staged in on its way to a GPU: every input port of
-    these nodes that the host feeds (no edge or link does) and that some step fills with PIN_BYTES or more at
-    its walk's budget, as a host-allocator block of its largest fill. graphc/runtime/executor.py stages by
-    it; size_host() plans INPUT_SETS of each."""
-    fed = {e.ends()[1] for e in ir.model.edges}
-    fed |= {(link.dst, port) for link in ir.model.links for port in link.inputs}
-    blocks: dict[tuple[str, str], int] = {}
-    for st in ir.steps:
-        if st.node not in nodes:
-            continue
-        for p in st.inputs:
-            n = ir.node(st.node).inputs[p].nbytes(st.sizes_at(st.budget))
-            if (st.node, p) not in fed and n >= PIN_BYTES:
-                blocks[(st.node, p)] = max(blocks.get((st.node, p), 0), host_block(n))
-    return dict(sorted(blocks.items()))
-
-
 def _int_workspace(s: Sizing, res: str, step, rung: int) -> int:
     """Bytes of the page-locked int workspace a FlashInfer wrapper of res keeps for this step at this rung (an
     eager step: at its budget), 0 for none."""

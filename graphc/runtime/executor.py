@@ -14,7 +14,7 @@ import torch
 
 from graphc.declare import Node
 from graphc.errors import WorkerDied
-from graphc.passes.size_host import PIN_BYTES, input_blocks
+from graphc.host_inputs import PIN_BYTES, input_blocks
 from graphc.ir import Step
 from graphc.plan import Plan
 from graphc.runtime.boot import DeviceBoot, torch_binding
@@ -119,7 +119,7 @@ class NodeRunner:
 
 def staged(t: torch.Tensor, block: int | None) -> torch.Tensor:
     """A large pageable host tensor bound for a GPU, copied into a page-locked block of `block` bytes (its
-    port's, as graphc/passes/size_host.py input_blocks plans it). From pageable memory the copy to the device
+    port's, as graphc/host_inputs.py input_blocks plans it). From pageable memory the copy to the device
     runs through the driver's staging buffer: the calling thread copies chunk by chunk while the device waits
     on each (a 30 s clip's patches in fp32, 162 MB: 86 ms of the engine's thread and 40 ms of copies on the
     device, on an H100); from page-locked memory it is one DMA behind the thread's back. torch's host

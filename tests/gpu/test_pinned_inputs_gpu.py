@@ -5,7 +5,7 @@ the device copy holds the same values."""
 import pytest
 import torch
 
-from graphc.passes.size_host import PIN_BYTES, host_block
+from graphc.host_inputs import PIN_BYTES, host_block
 from graphc.runtime.executor import staged
 
 pytestmark = pytest.mark.gpu

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from graphc.passes import size_host
-from graphc.passes.size_host import INPUT_SETS, PIN_BYTES, host_block, input_blocks
+from graphc.host_inputs import INPUT_SETS, PIN_BYTES, host_block, input_blocks
 from graphc.plan import load_plan
 from graphc.runtime.boot import plan_ir
 from graphc.targets import calibration, get_target
