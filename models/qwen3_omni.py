@@ -15,7 +15,8 @@ Walks (one engine step each) and their budgets (the most one step carries):
   av_prefill       both encoders -> thinker     a video with its sound (use_audio_in_video)
   talker_prefill   talker                       the talker's prompt rows
   talker_decode    talker (+ code predictor)    sequences, one 16-code frame each
-  code2wav_short   code2wav                     frames in short slots (a request's first chunks: 5 + 10 frames)
+  code2wav_short   code2wav                     frames in short slots (a request's first chunks: 2, 4 and 8 new frames)
+  code2wav_mid     code2wav                     frames in middle slots (the next chunks, 16 and 32 new frames)
   code2wav_chunk   code2wav                     frames in slots of chunk_frames (75 new + 25 left context)
 """
 from __future__ import annotations
@@ -35,9 +36,10 @@ VISION_30B_A3B = VisionConfig(depth=27, hidden_size=1152, num_heads=16, intermed
 REAL = dict(
     aut=QWEN3_OMNI_AUT, vision=VISION_30B_A3B, thinker=THINKER_30B_A3B, talker=TALKER_30B_A3B,
     # Code2Wav serves streamed chunks in slots of 100 frames (75 new beside HF's 25 of left context); a
-    # request's first chunks are short (5 frames, then 10 beside 5 of context) and a slot costs its full
-    # length, so they have a walk of 16-frame slots
-    code2wav=c2w.Code2WavConfig(chunk_frames=100), code2wav_short=16,
+    # request's first chunks are shorter (2, 4 and 8 new frames with their context fill 16; 16 and 32 new
+    # frames, 57 at most with context, and an 8 s answer's last chunk fill 64) and a slot costs its full
+    # length, so they have walks of 16- and 64-frame slots
+    code2wav=c2w.Code2WavConfig(chunk_frames=100), code2wav_short=16, code2wav_mid=64,
     decode_seqs=64, prefill_tokens=2048, prefill_seqs=16, mixed_tokens=1024, windows=16, patches=8192,
     images=4, frame_groups=16, max_frame_patches=8192, talker_seqs=32, code2wav_slots=16,
     # the talker's prompts of 16 requests that heard a few seconds of audio (about 100 rows each) in one step
@@ -67,7 +69,7 @@ TINY = dict(
     code2wav=c2w.Code2WavConfig(codebook_size=64, num_quantizers=4, hidden_size=32, num_hidden_layers=2,
                                 num_attention_heads=4, num_key_value_heads=4, intermediate_size=64, sliding_window=8,
                                 upsampling_ratios=(2, 2), upsample_rates=(2, 2, 2, 2), decoder_dim=64,
-                                chunk_frames=24, left_context=4), code2wav_short=8,
+                                chunk_frames=24, left_context=4), code2wav_short=8, code2wav_mid=16,
     decode_seqs=8, prefill_tokens=128, prefill_seqs=4, mixed_tokens=64, windows=2, patches=256, images=2,
     frame_groups=4, max_frame_patches=128, talker_tokens=64, talker_seqs=4, code2wav_slots=2,
     thinker_len=1024, talker_len=1024, page_size=16, thinker_pages=256, talker_pages=256,
@@ -118,8 +120,6 @@ def resources(p: dict) -> list:
 
 
 def walks(p: dict) -> list[gc.Walk]:
-    c, short = p["code2wav"], p["code2wav_short"]
-    slots = [s for s in (1, 2, 4, 8, 16, 32) if s < p["code2wav_slots"]] + [p["code2wav_slots"]]
     return [
         gc.Walk(name="thinker_decode", kind="decode", path=("thinker",), budget=gc.Budget(seqs=p["decode_seqs"])),
         gc.Walk(name="thinker_prefill", kind="prefill", path=("thinker",),
@@ -141,18 +141,23 @@ def walks(p: dict) -> list[gc.Walk]:
         gc.Walk(name="talker_prefill", kind="prefill", path=("talker",),
                 budget=gc.Budget(tokens=p["talker_tokens"], seqs=p["talker_seqs"])),
         gc.Walk(name="talker_decode", kind="decode", path=("talker",), budget=gc.Budget(seqs=p["talker_seqs"])),
-        gc.Walk(name="code2wav_short", kind="chunk", path=("code2wav",),
-                budget=gc.Budget(frames=p["code2wav_slots"] * short, seqs=p["code2wav_slots"]),
-                ladder=tuple(s * short for s in slots)),
-        gc.Walk(name="code2wav_chunk", kind="chunk", path=("code2wav",),
-                budget=gc.Budget(frames=p["code2wav_slots"] * c.chunk_frames, seqs=p["code2wav_slots"]),
-                ladder=tuple(s * c.chunk_frames for s in slots)),
-    ]
+    ] + chunk_walks(p)
+
+
+def chunk_walks(p: dict) -> list[gc.Walk]:
+    """Code2Wav's walks, one a slot length: the short and middle slots of a request's first chunks and
+    chunk_frames; each takes code2wav_slots slots a step, in rungs of 1, 2, 4, ... slots."""
+    n = p["code2wav_slots"]
+    slots = [s for s in (1, 2, 4, 8, 16, 32) if s < n] + [n]
+    lengths = (p["code2wav_short"], p["code2wav_mid"], p["code2wav"].chunk_frames)
+    return [gc.Walk(name=name, kind="chunk", path=("code2wav",), budget=gc.Budget(frames=n * f, seqs=n),
+                    ladder=tuple(s * f for s in slots)) for name, f in zip(CHUNKS, lengths)]
 
 
 # the talker's inputs made on the thinker's device (the others, positions and row indices, on the host)
 TALKER_FROM_THINKER = ("embeds", "trailing_text", "sampling", "noise", "seen", "thinker_embeds", "thinker_hidden")
-SPEECH = ("thinker_decode", "talker_prefill", "talker_decode", "code2wav_short", "code2wav_chunk")
+CHUNKS = ("code2wav_short", "code2wav_mid", "code2wav_chunk")
+SPEECH = ("thinker_decode", "talker_prefill", "talker_decode") + CHUNKS
 
 
 def from_config(p: dict, config: dict) -> dict:
@@ -236,7 +241,7 @@ def pipeline(code2wav: c2w.Code2WavConfig, speech: bool) -> gc.Pipeline:
     if speech:
         stages += [gc.FollowStage(name="speak", node="talker", after="text", reads="hidden",
                                   prefill="talker_prefill", decode="talker_decode"),
-                   gc.ChunkStage(name="voice", node="code2wav", after="speak", walks=("code2wav_short", "code2wav_chunk"),
+                   gc.ChunkStage(name="voice", node="code2wav", after="speak", walks=CHUNKS,
                                  slot_frames=code2wav.chunk_frames, sample_rate=c2w.SAMPLE_RATE)]
     return gc.Pipeline(stages=stages)
 

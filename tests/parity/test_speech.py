@@ -101,8 +101,8 @@ def test_t2s_and_a2s_codes_and_one_chunk_waveform_equal_hf(omni, tmp_path):
 
 
 def test_streamed_chunks_are_hf_code2wav_on_the_same_frames_among_other_requests(omni):
-    """Default chunking (2 frames, then 4 beside 2 of context in short slots of 8, then 8, 16 and the last 15 new
-    frames beside 4 of context in slots of 24), 45 frames, t2s among a second t2s with another voice and a text
+    """Default chunking (2 frames, then 4 beside 2 of context in short slots of 8, then 8 beside 4 in middle slots
+    of 16, then 16 and the last 15 new frames beside 4 of context in slots of 24), 45 frames, t2s among a second t2s with another voice and a text
     request arriving later: frames equal HF's; each chunk's samples are HF Code2Wav's on that chunk's frames;
     the chunks join without a gap (U*N - tail samples in all)."""
     hf, tok, engine, _ = omni
@@ -114,7 +114,8 @@ def test_streamed_chunks_are_hf_code2wav_on_the_same_frames_among_other_requests
     before = dict(engine.scheduler.stats.steps)
     outs = serve(engine, items, arrivals=[0, 3, 5])
     ran = {w: n - before.get(w, 0) for w, n in engine.scheduler.stats.steps.items()}
-    assert ran["code2wav_short"] >= 1 and ran["code2wav_chunk"] >= 1   # first chunks in 8-frame slots, later in 24
+    # first chunks in 8-frame slots, the third in 16, later ones in 24
+    assert ran["code2wav_short"] >= 1 and ran["code2wav_mid"] >= 1 and ran["code2wav_chunk"] >= 1
     assert outs[0].audio_codes == codes and outs[1].audio_codes == codes_b
     assert outs[2].audio is None and len(outs[2].token_ids) == TEXT
     cfg = hf.code2wav.config

@@ -27,12 +27,13 @@ def step(ir, walk):
 
 
 def test_a_chunk_rung_counts_its_slots(real_ir):
-    long, short = step(real_ir, "code2wav_chunk"), step(real_ir, "code2wav_short")
-    assert (long.slot, short.slot) == (100, 16)                   # 1600 frames / 16 slots; 256 / 16
+    long, mid, short = (step(real_ir, w) for w in ("code2wav_chunk", "code2wav_mid", "code2wav_short"))
+    assert (long.slot, mid.slot, short.slot) == (100, 64, 16)     # 1600 frames / 16 slots; 1024 / 16; 256 / 16
     assert long.sizes_at(400) == {"frames": 400, "seqs": 4}
     assert long.sizes_at(1600) == {"frames": 1600, "seqs": 16}
     assert short.sizes_at(64) == {"frames": 64, "seqs": 4}
-    assert long.family != short.family                            # one node, two families of graphs
+    assert mid.sizes_at(128) == {"frames": 128, "seqs": 2}
+    assert len({long.family, mid.family, short.family}) == 3      # one node, three families of graphs
     talker = next(s for s in real_ir.steps if s.walk == "talker_prefill")
     assert talker.slot is None and talker.sizes_at(128)["seqs"] == 32   # a prefill's seqs stay its budget
 

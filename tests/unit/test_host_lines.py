@@ -24,6 +24,9 @@ from regen_plans import compile_shipped  # noqa: E402
 
 DATA = ROOT / "docs" / "data" / "host_memory_h200_2026-12-04"
 RECORDS = sorted(DATA.glob("*.json"))
+# FlashInfer wrappers the shipped plans gained after those boots: the Omni plan's code2wav_mid walk, five captured
+# graphs of one wrapper each (its rungs of 1, 2, 4, 8 and 16 slots)
+GAINED = {"plans/qwen3_omni_h200.plan": 5}
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=[r.stem for r in RECORDS])
@@ -34,7 +37,8 @@ def test_host_lines_cover_what_the_h200_measured(record):
     plan = compile_shipped(rec["plan"].removeprefix("plans/").removesuffix(".plan"))
     inputs = INPUT_SETS * sum(input_blocks(plan_ir(plan), plan.devices[0].nodes).values())   # no boot stages one
     spare = size_host.BOOT_WRAPPERS * 8 * MiB + size_host.READBACK_BYTES + inputs
-    assert last["pinned_peak"] <= host["pinned"] <= last["pinned_peak"] + spare
+    measured = host["pinned"] - GAINED.get(rec["plan"], 0) * 8 * MiB    # the line of the plan as it was booted
+    assert last["pinned_peak"] <= measured <= last["pinned_peak"] + spare
     total = sum(host.values())
     if rec["checkpoint"] is None:
         assert last["VmHWM"] <= total
@@ -73,8 +77,8 @@ def test_large_host_inputs_blocks_by_hand():
     blocks = input_blocks(plan_ir(plan), plan.devices[0].nodes)
     assert blocks == {("audio_encoder", "mel"): 8 * MiB, ("vision_encoder", "pixel_patches"): 32 * MiB}
     assert PIN_BYTES > 8192 * 4 * 8
-    dev = plan.devices[0]                   # 108 wrappers' 8 MiB int workspaces, 2 the boot drops, 1 MiB read-backs
-    assert dev.host["pinned"] == (108 * 8 + 2 * 8 + 1 + 2 * (32 + 8)) * MiB
+    dev = plan.devices[0]                   # 113 wrappers' 8 MiB int workspaces, 2 the boot drops, 1 MiB read-backs
+    assert dev.host["pinned"] == (113 * 8 + 2 * 8 + 1 + 2 * (32 + 8)) * MiB
     assert "large host inputs 80.00 MiB: 2 steps x a block each" in dev.host_sources["pinned"]
     asr = compile_shipped("qwen3_asr_1.7b_h100")
     assert input_blocks(plan_ir(asr), asr.devices[0].nodes) == {("audio_encoder", "mel"): 16 * MiB}  # 32 windows
