@@ -112,8 +112,9 @@ def test_plan_refuses_a_budget_that_breaks_the_chunk_slots(capsys, tmp_path):
                "-o", str(tmp_path / "p.plan")])
     err = capsys.readouterr().err
     assert rc == 2 and not (tmp_path / "p.plan").exists()
-    assert "the longest slot of stage voice's walks is 12 frames (code2wav_chunk: 24 frames over 2 slots)" in err
-    assert "walks.code2wav_chunk.budget.frames=48" in err
+    # the chunk walk's slots now hold 12 frames: the middle walk's 16 are the longest, short of the host's 24
+    assert "the longest slot of stage voice's walks is 16 frames (code2wav_mid: 32 frames over 2 slots)" in err
+    assert "walks.code2wav_mid.budget.frames=48" in err
 
 
 def test_a_chunk_walk_remedy_keeps_its_slots():
@@ -133,8 +134,9 @@ def test_a_chunk_walk_remedy_keeps_its_slots():
 
 
 def _broken_plan(tmp_path) -> str:
-    """The shipped tiny speaking plan with its longest chunk walk cut to 12-frame slots and fingerprinted
-    again, as a plan made by a compiler without the rule would be."""
+    """The shipped tiny speaking plan with its longest chunk walk cut to 12-frame slots (the middle walk's 16 are
+    then the longest, short of the host's 24-frame chunks) and fingerprinted again, as a plan made by a compiler
+    without the rule would be."""
     plan = load_plan(ROOT / "plans" / "qwen3_omni_tiny_cpu.plan")
     data = plan.body()
     data["walks"]["code2wav_chunk"]["budget"]["frames"] = 24
@@ -153,7 +155,7 @@ def test_run_refuses_a_plan_that_breaks_its_pipeline_before_loading(tmp_path):
     rc, seconds, torch_loaded = out.stdout.split()
     assert rc == "2" and torch_loaded == "False", out.stderr
     assert float(seconds) < 1.0
-    assert "cannot be served" in out.stderr and "the longest slot of stage voice's walks is 12 frames" in out.stderr
+    assert "cannot be served" in out.stderr and "the longest slot of stage voice's walks is 16 frames" in out.stderr
 
 
 def test_run_refuses_a_plan_without_a_pipeline(tmp_path, capsys):
