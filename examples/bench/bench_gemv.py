@@ -5,8 +5,11 @@ kernel's blocks (every one recorded), the configured choice (gemv_triton.config)
 against an fp32 product.
 
     python examples/bench/bench_gemv.py --json OUT.json [--quick]
+    python examples/bench/bench_gemv.py --swiglu --json OUT.json
 
-Prints per shape: cuBLAS us and TB/s, the configured blocks' us and TB/s, and the sweep's best.
+Prints per shape: cuBLAS us and TB/s, the configured blocks' us and TB/s, and the sweep's best. --swiglu: at
+the one-row MLPs' shapes, the gate_up gemv then norm_ops.silu_mul (two launches, as the gemv knob runs them)
+against gemv_silu_mul (one launch, the gemv_swiglu knob), captured the same way.
 """
 from __future__ import annotations
 
@@ -28,6 +31,9 @@ SHAPES = [("cp.qkv", 4096, 1024), ("cp.o", 1024, 2048), ("cp.gate_up", 6144, 102
           ("talker.shared_down", 1024, 768), ("talker.codec_head", 3072, 1024),
           ("talker.text_projection.fc1", 2048, 2048), ("thinker.qkv", 5120, 2048), ("thinker.o", 2048, 4096),
           ("thinker.router", 128, 2048), ("thinker.lm_head", 152064, 2048)]
+# (name, I, K): a SwiGLU's intermediate and hidden sizes (its gate_up weight is [2I, K])
+SWIGLU = [("cp.mlp", 3072, 1024), ("talker.shared_expert", 768, 1024), ("thinker.shared_expert", 768, 2048),
+          ("qwen3_5_9b.mlp", 12288, 4096), ("qwen3_5_0.8b.mlp", 3584, 1024)]
 SWEEP = list(itertools.product((1, 2, 4, 8, 16), (512, 1024, 2048, 4096), (4, 8)))
 
 
@@ -36,13 +42,44 @@ def timed(fn, copies: int, replays: int = 20) -> float:
     return captured(lambda: [fn(i) for i in range(copies)], replays) / copies
 
 
+def swiglu_rows() -> list[dict]:
+    """Per SWIGLU shape: us of the two launches and of the fused one, and the fused one's max difference."""
+    from models.components import gemv_triton as gk
+    from models.components.norm_ops import silu_mul
+
+    out = []
+    for name, i, k in SWIGLU:
+        nbytes = 2 * i * k * 2
+        copies = max(2, min(64, -(-200_000_000 // nbytes)))
+        ws = [torch.randn(2 * i, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5 for _ in range(copies)]
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        gus = [torch.empty(1, 2 * i, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        ys = [torch.empty(1, i, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        two = timed(lambda j: (gk.gemv(x, ws[j], None, gus[j]), silu_mul(gus[j])), copies)
+        one = timed(lambda j: gk.gemv_silu_mul(x, ws[j], ys[j]), copies)
+        gk.gemv(x, ws[0], None, gus[0])
+        gk.gemv_silu_mul(x, ws[0], ys[0])
+        diff = (ys[0].float() - silu_mul(gus[0]).float()).abs().max().item()
+        out.append({"shape": name, "i": i, "k": k, "two_launches_us": two, "fused_us": one, "max_diff": diff})
+        print(f"{name:24s} {nbytes / 1e6:7.1f} MB  gemv + silu_mul {two:7.2f} us  fused {one:7.2f} us "
+              f"({nbytes / one / 1e6:4.2f} TB/s)  max diff {diff:.3g}", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="no sweep: cuBLAS and the configured blocks only")
+    ap.add_argument("--swiglu", action="store_true", help="the fused SwiGLU product against its two launches only")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_gemv needs a CUDA device")
+    if a.swiglu:
+        rows = swiglu_rows()
+        if a.json:
+            Path(a.json).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                                "swiglu": rows}, indent=1))
+        return
     from models.components import gemv_triton as gk
 
     torch.manual_seed(0)

@@ -2,9 +2,11 @@
 capture and the compiler's simulation see it as one launch whose output the caller allocates with
 torch.empty. Triton is imported only when it runs on a device.
 
-    graphc::gemv(x, weight, bias, y!)     y = x @ weight^T (+ bias), x [1, K]
+    graphc::gemv(x, weight, bias, y!)             y = x @ weight^T (+ bias), x [1, K]
+    graphc::gemv_silu_mul(x, weight, y!)          y = silu(g) * u, [g | u] = x @ weight^T, weight [2I, K]
 
-layers.Linear takes it where the plan says so (the gemv knob) and the step has one row.
+layers.Linear takes gemv where the plan says so (the gemv knob) and the step has one row; layers.SwiGLU
+gemv_silu_mul (the gemv_swiglu knob).
 """
 from __future__ import annotations
 
@@ -23,13 +25,40 @@ def _(x, weight, bias, y) -> None:
     return None
 
 
+@torch.library.custom_op("graphc::gemv_silu_mul", mutates_args=("y",))
+def gemv_silu_mul_op(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> None:
+    from models.components import gemv_triton as k
+
+    k.gemv_silu_mul(x, weight, y)
+
+
+@gemv_silu_mul_op.register_fake
+def _(x, weight, y) -> None:
+    return None
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, what: str) -> None:
+    if x.shape[0] != 1 or weight.shape[1] != x.shape[1] or not weight.is_contiguous() or x.stride(1) != 1:
+        raise ValueError(f"{what} takes one row x [1, K] with contiguous elements and a contiguous weight [N, K]; got "
+                         f"x {list(x.shape)} strides {list(x.stride())}, weight {list(weight.shape)}")
+
+
+def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [1, K] (elements contiguous) @ weight [2I, K]^T = [g | u] -> silu(g) * u [1, I]."""
+    _check(x, weight, "gemv_silu_mul")
+    if weight.shape[0] % 2:
+        raise ValueError(f"gemv_silu_mul: weight {list(weight.shape)} has an odd row count; a SwiGLU's gate_up "
+                         f"weight holds gate's rows then up's")
+    y = torch.empty(1, weight.shape[0] // 2, dtype=x.dtype, device=x.device)
+    gemv_silu_mul_op(x, weight, y)
+    return y
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [1, K] (elements contiguous) @ weight [N, K]^T (+ bias [N]) -> [1, N]."""
     m, k = x.shape
     n = weight.shape[0]
-    if m != 1 or weight.shape[1] != k or not weight.is_contiguous() or x.stride(1) != 1:
-        raise ValueError(f"gemv takes one row x [1, K] with contiguous elements and a contiguous weight [N, K]; got x "
-                         f"{list(x.shape)} strides {list(x.stride())}, weight {list(weight.shape)}")
+    _check(x, weight, "gemv")
     if bias is not None and bias.shape != (n,):
         raise ValueError(f"gemv: bias {list(bias.shape)} is not [{n}]")
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)

@@ -11,14 +11,21 @@ accumulate in fp32 and round once to the output dtype). One row only: a first ve
 8 rows fell behind cuBLAS from 2-4 rows on the same shapes, where cuBLAS's time hardly grows with rows.
 
     gemv(x [1, K], weight [N, K], bias [N] or None, y [1, N])
+    gemv_silu_mul(x [1, K], weight [2I, K], y [1, I])     a SwiGLU's gate_up product and its activation
 
-gemv_ops.py makes it a torch operator; layers.Linear takes it where the plan says so (the gemv knob).
+gemv_silu_mul streams a SwiGLU's gate and up rows of the same columns in one program and writes
+silu(gate) * up, rounded where the two launches it replaces round (the product's output, silu's, the
+activation's: norm_triton._silu_mul), so a one-row MLP runs two launches, not three. gemv_ops.py makes both
+torch operators; layers.Linear takes gemv where the plan says so (the gemv knob), layers.SwiGLU gemv_silu_mul
+(the gemv_swiglu knob).
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from models.components.norm_triton import _round
 
 
 @triton.jit
@@ -39,6 +46,27 @@ def _gemv(x_ptr, w_ptr, b_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr, BLOCK_N: tl.
     tl.store(y_ptr + cols, acc.to(y_ptr.dtype.element_ty), mask=cm)
 
 
+@triton.jit
+def _gemv_silu_mul(x_ptr, w_ptr, y_ptr, I, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    cm = cols < I
+    g = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    u = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + ks
+        m = cm[:, None] & (k < K)[None, :]
+        x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]             # [1, BLOCK_K]
+        wg = tl.load(w_ptr + cols[:, None] * K + k[None, :], mask=m, other=0.0, eviction_policy="evict_first")
+        wu = tl.load(w_ptr + (cols + I)[:, None] * K + k[None, :], mask=m, other=0.0, eviction_policy="evict_first")
+        g += tl.sum(wg.to(tl.float32) * x, axis=1)
+        u += tl.sum(wu.to(tl.float32) * x, axis=1)
+    BF16: tl.constexpr = y_ptr.dtype.element_ty == tl.bfloat16
+    g, u = _round(g, BF16), _round(u, BF16)                  # the product's output in its dtype
+    a = _round(g / (1.0 + tl.exp(-g)), BF16)
+    tl.store(y_ptr + cols, _round(a * u, BF16).to(y_ptr.dtype.element_ty), mask=cm)
+
+
 def config(n: int, k: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps) for an [n, k] weight, measured on the H200 (examples/bench/bench_gemv.py at 14
     decode shapes: 0.6% above the sum of each shape's best choice of 40, no shape more than 0.9 us above its
@@ -56,3 +84,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: to
     bn, bk, warps = blocks or config(n, k)
     _gemv[(triton.cdiv(n, bn),)](x, weight, weight if bias is None else bias, y, n, k, HAS_BIAS=bias is not None,
                                  BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+
+
+def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor,
+                  blocks: tuple[int, int, int] | None = None) -> None:
+    """y [1, I] = silu(g) * u, [g | u] = x [1, K] @ weight [2I, K]^T; weight contiguous, x's and y's elements
+    contiguous. A program streams BLOCK_N columns' gate and up rows (as gemv's two rows a program at these widths)."""
+    n, k = weight.shape
+    i = n // 2
+    bn, bk, warps = blocks or (1, *config(n, k)[1:])
+    _gemv_silu_mul[(triton.cdiv(i, bn),)](x, weight, y, i, k, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)

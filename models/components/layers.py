@@ -77,10 +77,15 @@ class Linear(nn.Linear):
     # one row on a GPU (and on meta tensors) through the one-row kernel, more rows through cuBLAS; 0: never
     gemv: int = 0
 
+    def one_row(self, x: torch.Tensor) -> bool:
+        """The plan runs this input through the one-row kernel: the gemv knob, one bf16 row on a GPU (or meta)."""
+        k, w = x.shape[-1], self.weight
+        return bool(self.gemv and x.numel() == k == self.in_features and x.dtype == torch.bfloat16 == w.dtype
+                    and w.is_contiguous() and x.device.type in ("cuda", "meta"))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, w = x.shape[-1], self.weight
-        if (self.gemv and x.numel() == k == self.in_features and x.dtype == torch.bfloat16 == w.dtype
-                and w.is_contiguous() and x.device.type in ("cuda", "meta")):
+        if self.one_row(x):
             from models.components.gemv_ops import gemv
             return gemv(x.reshape(1, k).contiguous(), w, self.bias).view(*x.shape[:-1], self.out_features)
         return F.linear(x, w, self.bias)
@@ -162,6 +167,9 @@ class SwiGLU(nn.Module):
     # the plan's knob (as RMSNorm's): 1 runs bf16 rows on a GPU (and on meta tensors) through one fused
     # activation launch (norm_ops.silu_mul) in place of torch's silu and product
     fused_norms: int = 0
+    # the plan's knob: 1 runs a one-row bf16 input's gate_up product and activation as one launch
+    # (gemv_ops.gemv_silu_mul) where the gate_up product would take the one-row kernel (Linear's gemv knob)
+    gemv_swiglu: int = 0
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
@@ -169,7 +177,12 @@ class SwiGLU(nn.Module):
         self.down_proj = Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
+        gu = self.gate_up_proj
+        if self.gemv_swiglu and gu.bias is None and gu.one_row(x):
+            from models.components.gemv_ops import gemv_silu_mul
+            k = x.shape[-1]
+            return self.down_proj(gemv_silu_mul(x.reshape(1, k).contiguous(), gu.weight).view(*x.shape[:-1], -1))
+        gate_up = gu(x)
         if self.fused_norms and gate_up.dtype == torch.bfloat16 and gate_up.device.type in ("cuda", "meta"):
             from models.components.norm_ops import silu_mul
             return self.down_proj(silu_mul(gate_up))

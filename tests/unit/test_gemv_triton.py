@@ -47,3 +47,47 @@ def test_one_row_products_equal_fp64_within_fp32_rounding():
         assert err < 1e-5, (shape, err)
     assert errs[0] and "one row" in errs[0] and "[2, 8]" in errs[0], errs
     assert errs[1] and "contiguous weight" in errs[1], errs
+
+
+FUSED = r"""
+import torch
+from models.components import gemv_triton as g
+from models.components.gemv_ops import gemv_silu_mul
+from models.components.norm_triton import silu_mul
+
+torch.manual_seed(0)
+out = {}
+for i, k, blocks in ((37, 100, None), (130, 1030, None), (300, 2057, (2, 256, 4))):
+    x = torch.randn(2, k, dtype=torch.bfloat16)[1:]
+    w = (torch.randn(2 * i, k) / k ** 0.5).to(torch.bfloat16)
+    y, two, gu = torch.empty(1, i, dtype=torch.bfloat16), torch.empty(1, i, dtype=torch.bfloat16), torch.empty(1, 2 * i)
+    g.gemv_silu_mul(x, w, y, blocks)
+    g.gemv(x, w, None, gu)             # fp32 out: the sums as they are; torch rounds them to bf16 as a GPU store
+    silu_mul(gu.to(torch.bfloat16), two)    # does (the interpreter's own cast truncates)
+    p = x.double() @ w.double().t()
+    want = torch.nn.functional.silu(p[:, :i]) * p[:, i:]
+    out[f"{i}x{k}"] = [torch.equal(y, two), ((y.double() - want).abs().max() / want.abs().max()).item()]
+errs = []
+for bad in (lambda: gemv_silu_mul(torch.randn(1, 8), torch.randn(5, 8)),
+            lambda: gemv_silu_mul(torch.randn(2, 8), torch.randn(4, 8))):
+    try:
+        bad()
+        errs.append(None)
+    except ValueError as e:
+        errs.append(str(e))
+out["errors"] = errs
+print(json.dumps(out))
+"""
+
+
+def test_the_fused_swiglu_product_equals_the_two_launches_it_replaces():
+    """gemv_silu_mul under the interpreter, bf16: bitwise the gate_up gemv then norm_triton's silu_mul (it rounds
+    where they round), within bf16 of an fp64 silu(g) * u, with masked I and K and other blocks; it refuses a
+    weight of odd rows and more than one row, naming them."""
+    got = interpreted(FUSED)
+    errs = got.pop("errors")
+    assert set(got) == {"37x100", "130x1030", "300x2057"}
+    for shape, (same, err) in got.items():
+        assert same and err < 1e-2, (shape, same, err)
+    assert errs[0] and "odd row count" in errs[0] and "[5, 8]" in errs[0], errs
+    assert errs[1] and "one row" in errs[1], errs

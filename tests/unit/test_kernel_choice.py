@@ -275,6 +275,28 @@ def test_a_one_row_linear_takes_the_gemv_operator_and_more_rows_cublas():
         lin.to(torch.bfloat16)
 
 
+def test_a_one_row_swiglu_takes_one_fused_product_and_activation():
+    """layers.SwiGLU with gemv and gemv_swiglu, bf16 on meta: one row is one graphc.gemv_silu_mul writing [.., I]
+    then the down product's graphc.gemv; without gemv_swiglu the gate_up product and the activation are two
+    (graphc.gemv, graphc.silu_mul); two rows, or gemv off (the gate_up product would not take the one-row kernel),
+    never the fused operator."""
+    from models.components.layers import SwiGLU
+
+    with torch.device("meta"):
+        mlp = SwiGLU(32, 24).to(torch.bfloat16)
+        one, two = torch.empty(1, 1, 32, dtype=torch.bfloat16), torch.empty(2, 32, dtype=torch.bfloat16)
+    knobs = {"gemv": 1, "gemv_swiglu": 1, "fused_norms": 1}
+    set_kernels(mlp, knobs)
+    y, seen = OpNames.of(lambda: mlp(one))
+    assert y.shape == (1, 1, 32) and y.dtype == torch.bfloat16
+    assert graphc_ops(seen) == ["graphc.gemv_silu_mul", "graphc.gemv"], seen
+    set_kernels(mlp, knobs | {"gemv_swiglu": 0})
+    assert graphc_ops(OpNames.of(lambda: mlp(one))[1]) == ["graphc.gemv", "graphc.silu_mul", "graphc.gemv"]
+    for x, ks in ((two, knobs), (one, knobs | {"gemv": 0})):
+        set_kernels(mlp, ks)
+        assert "graphc.gemv_silu_mul" not in graphc_ops(OpNames.of(lambda: mlp(x))[1])
+
+
 def test_normed_q_and_k_land_in_the_frame_cache_in_place_where_its_rows_allow():
     """The code predictor's layers write q and k straight into their frame-cache slots (FrameAttend.qk_out):
     with the norms fused (bf16, meta) one graphc.q_k_norm_rope and no copy where the slots' rows take one
