@@ -60,3 +60,25 @@ def test_every_planned_graph_id_parses_back_to_a_family_the_ir_knows(path):
 
 def test_graph_ids_with_a_slash_in_the_family_parse():
     assert parse_graph_id("code2wav/prefill:frames/x/1600") == ("code2wav", "prefill:frames/x", 1600)
+
+
+@pytest.mark.parametrize("frames, want", [
+    # 2, 4 (+2), 8 (+6) | 16 (+14), 32 (+25), the last 38 (+25) = 63
+    (100, [16, 16, 16, 64, 64, 64]),
+    # ... 32 (+25) | 64 (+25) = 89, 75 (+25), the last 49 (+25) = 74
+    (250, [16, 16, 16, 64, 64, 100, 100, 100]),
+])
+def test_an_answers_chunks_take_the_shortest_planned_slot_that_holds_them(real_ir, frames, want):
+    """The real preset's streamed chunks (first chunk 2 frames, doubling, 25 frames of left context) in the
+    plan's slot lengths (16, 64, 100), each in the shortest that holds it: worked by hand, a 100-frame (8 s)
+    answer decodes 3 x 16 + 3 x 64 frames of slots and a 250-frame one 3 x 16 + 2 x 64 + 3 x 100."""
+    from models.components.code2wav import stream_chunk_frames, stream_slot
+    from models.qwen3_omni import CHUNKS, REAL
+
+    lengths = sorted(step(real_ir, w).slot for w in CHUNKS)
+    got, start, i = [], 0, 0
+    while start < frames:
+        end = min(start + stream_chunk_frames(REAL["code2wav"], i, 2), frames)
+        got.append(min(n for n in lengths if n >= stream_slot(REAL["code2wav"], start, end).frames))
+        start, i = end, i + 1
+    assert lengths == [16, 64, 100] and got == want
