@@ -9,7 +9,19 @@ pytest.importorskip("triton", reason="the kernels are Triton's; pip install -e '
 
 from tests.unit.test_moe_triton import interpreted  # noqa: E402
 
-SCRIPT = r"""
+REFUSALS = r"""
+def refusals(*calls):
+    errs = []
+    for bad in calls:
+        try:
+            bad()
+            errs.append(None)
+        except ValueError as e:
+            errs.append(str(e))
+    return errs
+"""
+
+SCRIPT = REFUSALS + r"""
 import torch
 from models.components import gemv_triton as g
 from models.components.gemv_ops import gemv
@@ -26,15 +38,8 @@ for n, k, blocks in ((37, 100, None), (130, 1030, None), (300, 2057, (4, 256, 4)
     g.gemv(x, w, b, y, blocks)
     e1 = ((y.double() - want - b.double()).abs().max() / want.abs().max()).item()
     out[f"{n}x{k}"] = max(e0, e1)
-errs = []
-for bad in (lambda: gemv(torch.randn(2, 8), torch.randn(4, 8), None),
-            lambda: gemv(torch.randn(1, 8), torch.randn(8, 4).t(), None)):
-    try:
-        bad()
-        errs.append(None)
-    except ValueError as e:
-        errs.append(str(e))
-out["errors"] = errs
+out["errors"] = refusals(lambda: gemv(torch.randn(2, 8), torch.randn(4, 8), None),
+                         lambda: gemv(torch.randn(1, 8), torch.randn(8, 4).t(), None))
 print(json.dumps(out))
 """
 
@@ -49,7 +54,7 @@ def test_one_row_products_equal_fp64_within_fp32_rounding():
     assert errs[1] and "contiguous weight" in errs[1], errs
 
 
-FUSED = r"""
+FUSED = REFUSALS + r"""
 import torch
 from models.components import gemv_triton as g
 from models.components.gemv_ops import gemv_silu_mul
@@ -67,15 +72,8 @@ for i, k, blocks in ((37, 100, None), (130, 1030, None), (300, 2057, (2, 256, 4)
     p = x.double() @ w.double().t()
     want = torch.nn.functional.silu(p[:, :i]) * p[:, i:]
     out[f"{i}x{k}"] = [torch.equal(y, two), ((y.double() - want).abs().max() / want.abs().max()).item()]
-errs = []
-for bad in (lambda: gemv_silu_mul(torch.randn(1, 8), torch.randn(5, 8)),
-            lambda: gemv_silu_mul(torch.randn(2, 8), torch.randn(4, 8))):
-    try:
-        bad()
-        errs.append(None)
-    except ValueError as e:
-        errs.append(str(e))
-out["errors"] = errs
+out["errors"] = refusals(lambda: gemv_silu_mul(torch.randn(1, 8), torch.randn(5, 8)),
+                         lambda: gemv_silu_mul(torch.randn(2, 8), torch.randn(4, 8)))
 print(json.dumps(out))
 """
 
