@@ -57,10 +57,18 @@ class RaggedAttentionSpec(ResourceSpec):
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_heads
 
+    @property
+    def padding_segments(self) -> int:
+        """Segments a step holds beyond its media's for the rows that pad it to its rung: one where the axis
+        counts rows (a full step of segments still pads to its rung's rows, in a segment of their own: without
+        it the attention reads them as keys of a real segment), none with rows_per_segment (a padded step pads
+        whole segments)."""
+        return 0 if self.rows_per_segment is not None else 1
+
     def step_shape(self, axis: str, sizes: dict[str, int], phase: str) -> StepShape:
         """With rows_per_segment, each unit of the capture axis is one segment of that many rows
         (audio windows, code-predictor frames); otherwise the axis counts rows and the walk's seqs
-        budget counts segments (one image or frame group each)."""
+        budget counts segments (one image or frame group each), plus the padding rows' segment."""
         if self.rows_per_segment is not None:
             if (self.segment_axis or axis) not in sizes:
                 raise InvalidInput(f"resource '{self.name}' counts its segments along '{self.segment_axis}', which a "
@@ -71,7 +79,8 @@ class RaggedAttentionSpec(ResourceSpec):
             units = sizes[self.segment_axis or axis]
             return StepShape(rows=units * self.rows_per_segment, seqs=units, kv_len=self.rows_per_segment)
         rows = sizes[axis]
-        return StepShape(rows=rows, seqs=min(rows, sizes.get("seqs", 1)), kv_len=min(rows, self.max_segment))
+        return StepShape(rows=rows, seqs=min(rows, sizes.get("seqs", 1) + self.padding_segments),
+                         kv_len=min(rows, self.max_segment))
 
     def float_workspace(self, backend: str, shape: StepShape, num_sms: int, head_dim: int | None = None) -> Sized:
         """head_dim: the one the kernels run at, when they pad this resource's."""

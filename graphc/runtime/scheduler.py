@@ -75,7 +75,7 @@ def _limits(model: Model, walk: str, units_axes: dict[str, str]) -> tuple[int, i
         for res in model.node(node).resources.values():
             spec = model.resource(res)
             if isinstance(spec, RaggedAttentionSpec):
-                segments = spec.step_shape(axis, dict(b), "prefill").seqs
+                segments = spec.step_shape(axis, dict(b), "prefill").seqs - spec.padding_segments
         per[node] = (b.get(axis, 0), segments)
     return tokens, seqs, per
 

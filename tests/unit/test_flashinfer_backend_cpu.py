@@ -149,3 +149,34 @@ def test_graph_buffers_are_what_wrapper_allocs_counts(spec, rung):
     # kv_lens buffer; the decode wrapper's qo_indptr (tensor cores) or none at all
     missing = {"int_workspace", "kv_lens"} | ({"qo_indptr"} if rung.phase == "decode" else set())
     assert ours == {k: n for k, n in listed.items() if k not in missing}
+
+
+@pytest.mark.parametrize("plan, walk", [("qwen3_5_9b_h200", "video_prefill"), ("qwen3_5_9b_h200", "image_prefill"),
+                                        ("qwen3_omni_h200", "video_prefill")])
+def test_a_full_step_of_small_media_fits_its_captured_vision_rung(plan, walk):
+    """A vision step the scheduler fills with its walk's most media (frame groups or images of 10 x 16 patches,
+    as a checkpoint-less 9B's 360 x 640 clip gives) pads to its rung, and the padding rows take a segment of their
+    own (vision_inputs.segment_bounds): every rung of the family holds that many segments, and the indptrs keep
+    each real segment's keys. (A 9B video step of 8 frame groups in a 1,536-row rung was refused on the H200.)"""
+    from graphc.plan import load_plan
+    from graphc.runtime.boot import plan_ir
+    from graphc.runtime.scheduler import _limits
+    from models.components.vision_inputs import segment_bounds
+    from tests.conftest import ROOT
+
+    p = load_plan(ROOT / "plans" / f"{plan}.plan")
+    ir = plan_ir(p)
+    node = next(n for n in ("vision_encoder",) if n in p.nodes)
+    step = next(s for s in ir.steps if s.walk == walk and s.node == node)
+    spec = ir.model.resource(ir.model.node(node).resources["attn"])
+    _, _, per = _limits(ir.model, walk, {node: step.axis})
+    units, most = per[node]
+    assert most == ir.model.walk(walk).budget.seqs          # the scheduler's segments: the walk's media a step
+    cu = segment_bounds([(1, 10, 16)] * most, most * 160)    # a full step's real rows
+    for rung in p.nodes[node].graphs[f"prefill:{step.axis}"]:
+        if rung < most * 160:
+            continue
+        shape = spec.step_shape(step.axis, step.sizes_at(rung), step.phase)
+        padded = segment_bounds([(1, 10, 16)] * most, rung)
+        qo, kv = fb.ragged_indptrs(padded, padded, shape, spec.causal)
+        assert len(qo) == shape.seqs + 1 and qo[-1] == rung and qo[:most + 1] == kv[:most + 1] == cu, rung
