@@ -32,7 +32,7 @@ SHAPES = [("cp.qkv", 4096, 1024), ("cp.o", 1024, 2048), ("cp.gate_up", 6144, 102
           ("talker.text_projection.fc1", 2048, 2048), ("thinker.qkv", 5120, 2048), ("thinker.o", 2048, 4096),
           ("thinker.router", 128, 2048), ("thinker.lm_head", 152064, 2048)]
 # (name, I, K): a SwiGLU's intermediate and hidden sizes (its gate_up weight is [2I, K])
-SWIGLU = [("cp.mlp", 3072, 1024), ("talker.shared_expert", 768, 1024), ("thinker.shared_expert", 768, 2048),
+SWIGLU = [("cp.mlp", 3072, 1024), ("talker.shared_expert", 768, 1024), ("shared_expert_768x2048", 768, 2048),
           ("qwen3_5_9b.mlp", 12288, 4096), ("qwen3_5_0.8b.mlp", 3584, 1024)]
 SWEEP = list(itertools.product((1, 2, 4, 8, 16), (512, 1024, 2048, 4096), (4, 8)))
 

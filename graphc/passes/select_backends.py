@@ -42,6 +42,13 @@ one Triton launch each (models/components/norm_ops.py, gdn_step_triton.py): the 
 11.89 -> 8.25 at 16, 14.49 -> 10.27 at 64 (examples/bench/ab_kernels.py --with KNOB; docs/benchmarks.md). It costs
 the 9B's plans 0.94 GB of KV pages: with fewer fp32 temporaries before them, the allocator model places a
 prefill layer's two 1 GiB blocks in a new segment (activations 2.96 -> 3.90 GB at 8,192 tokens).
+
+The same bf16 sm_90 nodes run a one-row SwiGLU's gate_up product and its activation as one launch (gemv_triton.
+gemv_silu_mul, the gemv_swiglu knob) where its gate_up weight holds at most GEMV_SWIGLU_BYTES: on the H200, captured,
+the code predictor's 12.6 MB MLP 6.54 -> 5.46 us, the talker's 3.1 MB shared expert 3.89 -> 2.88 us, a 6.3 MB one
+(768 x 2,048) 4.87 -> 3.92 us, Qwen3.5-0.8B's 14.7 MB MLP 6.98 -> 6.05 us, all bitwise the two launches' output;
+the 9B's 201 MB MLP was slower (50.83 -> 54.14 us), so larger weights keep the two (examples/bench/bench_gemv.py
+--swiglu, docs/data/h200_2026-12-06/swiglu.json).
 """
 from __future__ import annotations
 
@@ -63,6 +70,7 @@ class Choice:
 
 FUSED_MAX_TOKENS = 16384
 SM90_FROM = 2048
+GEMV_SWIGLU_BYTES = 16 * 2**20
 FUSED_ARCHS = ("sm_90",)
 
 
@@ -112,8 +120,8 @@ def select_backends(ir: IR) -> Backends:
             why += f"; {prefill} takes no head_dim {head_dim}: runs zero-padded to {runs}"
         chosen[r.name] = Choice(prefill, decode, runs, why)
     knobs = {"fused_gelu": 1, "fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_rope": 1,
-             "fused_router": 1, "fused_sampler": 1, "gemv": 1, "moe_route_group": 1, "moe_sm90_from": SM90_FROM,
-             "moe_sum_norm": 1}
+             "fused_router": 1, "fused_sampler": 1, "gemv": 1, "gemv_swiglu": GEMV_SWIGLU_BYTES, "moe_route_group": 1,
+             "moe_sm90_from": SM90_FROM, "moe_sum_norm": 1}
     kernels = {n.name: dict(knobs) for n in ir.model.nodes if arch in FUSED_ARCHS and n.dtype == "bfloat16"}
     for n in ir.model.nodes:        # the delta rule on fla-core where its state resource's backend is fla,
         if any(res in chosen and chosen[res].prefill == "fla" for res in n.resources.values()):   # decode in place

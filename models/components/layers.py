@@ -167,8 +167,9 @@ class SwiGLU(nn.Module):
     # the plan's knob (as RMSNorm's): 1 runs bf16 rows on a GPU (and on meta tensors) through one fused
     # activation launch (norm_ops.silu_mul) in place of torch's silu and product
     fused_norms: int = 0
-    # the plan's knob: 1 runs a one-row bf16 input's gate_up product and activation as one launch
-    # (gemv_ops.gemv_silu_mul) where the gate_up product would take the one-row kernel (Linear's gemv knob)
+    # the plan's knob: a one-row bf16 input's gate_up product and activation run as one launch
+    # (gemv_ops.gemv_silu_mul) where the gate_up product would take the one-row kernel (Linear's gemv knob) and
+    # its weight holds at most this many bytes; 0: never
     gemv_swiglu: int = 0
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
@@ -178,10 +179,11 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gu = self.gate_up_proj
-        if self.gemv_swiglu and gu.bias is None and gu.one_row(x):
+        w = gu.weight
+        if 0 < w.numel() * w.element_size() <= self.gemv_swiglu and gu.bias is None and gu.one_row(x):
             from models.components.gemv_ops import gemv_silu_mul
             k = x.shape[-1]
-            return self.down_proj(gemv_silu_mul(x.reshape(1, k).contiguous(), gu.weight).view(*x.shape[:-1], -1))
+            return self.down_proj(gemv_silu_mul(x.reshape(1, k).contiguous(), w).view(*x.shape[:-1], -1))
         gate_up = gu(x)
         if self.fused_norms and gate_up.dtype == torch.bfloat16 and gate_up.device.type in ("cuda", "meta"):
             from models.components.norm_ops import silu_mul

@@ -43,14 +43,16 @@ def test_shipped_plans_record_the_choice_where_it_acts():
         # the thinker and the talker hold sparse MoE experts, RMSNorms and layers.Linear, the talker its sampler
         # too; Code2Wav RMSNorms and a SwiGLU's Linears only; the audio encoder none of them (LayerNorms,
         # nn.Linear), the vision encoder its fp32 rotary, LayerNorms and MLP's GELU
+        mlp = {"fused_norms": 1, "gemv": 1, "gemv_swiglu": 16 * 2**20}       # SwiGLUs of 16 MiB or less fused
         both = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1, "gemv": 1, "moe_route_group": 1,
                 "moe_sm90_from": 2048, "moe_sum_norm": 1}
-        assert got == {"thinker": both, "talker": {**both, "fused_sampler": 1}, "audio_encoder": {},
+        # the thinker's MoE has no shared expert (no SwiGLU); the talker's has, and its code predictor MLPs
+        assert got == {"thinker": both, "talker": {**both, **mlp, "fused_sampler": 1}, "audio_encoder": {},
                        "vision_encoder": {"fused_gelu": 1, "fused_norms": 1, "fused_rope": 1},
-                       "code2wav": {"fused_norms": 1, "gemv": 1}}, got
+                       "code2wav": mlp}, got
     assert all(not p.kernels for p in load_plan("plans/qwen3_omni_tiny_cpu.plan").nodes.values())     # cpu
     asr = {n: p.kernels for n, p in load_plan("plans/qwen3_asr_1.7b_h100.plan").nodes.items()}
-    assert asr == {"audio_encoder": {}, "thinker": {"fused_norms": 1, "gemv": 1}}, asr     # a dense LM: no MoE
+    assert asr == {"audio_encoder": {}, "thinker": mlp}, asr     # a dense LM: no MoE
 
 
 def test_select_backends_by_arch_and_dtype():
@@ -65,8 +67,8 @@ def test_select_backends_by_arch_and_dtype():
         chosen = select_backends(ir).kernels
         bf16 = {n.name for n in model.nodes if n.dtype == "bfloat16"}
         knobs = {"fused_gelu": 1, "fused_max_tokens": 16384, "fused_norms": 1, "fused_rope": 1,
-                 "fused_router": 1, "fused_sampler": 1, "gemv": 1, "moe_route_group": 1, "moe_sm90_from": 2048,
-                 "moe_sum_norm": 1}
+                 "fused_router": 1, "fused_sampler": 1, "gemv": 1, "gemv_swiglu": 16 * 2**20, "moe_route_group": 1,
+                 "moe_sm90_from": 2048, "moe_sum_norm": 1}
         assert chosen == ({n: knobs for n in bf16}
                           if want else {}), gpu
 
@@ -276,22 +278,23 @@ def test_a_one_row_linear_takes_the_gemv_operator_and_more_rows_cublas():
 
 
 def test_a_one_row_swiglu_takes_one_fused_product_and_activation():
-    """layers.SwiGLU with gemv and gemv_swiglu, bf16 on meta: one row is one graphc.gemv_silu_mul writing [.., I]
-    then the down product's graphc.gemv; without gemv_swiglu the gate_up product and the activation are two
-    (graphc.gemv, graphc.silu_mul); two rows, or gemv off (the gate_up product would not take the one-row kernel),
-    never the fused operator."""
+    """layers.SwiGLU with gemv and gemv_swiglu (bytes), bf16 on meta: one row is one graphc.gemv_silu_mul writing
+    [.., I] then the down product's graphc.gemv; without gemv_swiglu, or with a bound under the gate_up weight's
+    3,072 bytes, the gate_up product and the activation are two (graphc.gemv, graphc.silu_mul); two rows, or gemv
+    off (the gate_up product would not take the one-row kernel), never the fused operator."""
     from models.components.layers import SwiGLU
 
     with torch.device("meta"):
         mlp = SwiGLU(32, 24).to(torch.bfloat16)
         one, two = torch.empty(1, 1, 32, dtype=torch.bfloat16), torch.empty(2, 32, dtype=torch.bfloat16)
-    knobs = {"gemv": 1, "gemv_swiglu": 1, "fused_norms": 1}
+    knobs = {"gemv": 1, "gemv_swiglu": 3072, "fused_norms": 1}        # gate_up: 48 x 32 bf16 = 3,072 bytes
     set_kernels(mlp, knobs)
     y, seen = OpNames.of(lambda: mlp(one))
     assert y.shape == (1, 1, 32) and y.dtype == torch.bfloat16
     assert graphc_ops(seen) == ["graphc.gemv_silu_mul", "graphc.gemv"], seen
-    set_kernels(mlp, knobs | {"gemv_swiglu": 0})
-    assert graphc_ops(OpNames.of(lambda: mlp(one))[1]) == ["graphc.gemv", "graphc.silu_mul", "graphc.gemv"]
+    for bound in (0, 3071):
+        set_kernels(mlp, knobs | {"gemv_swiglu": bound})
+        assert graphc_ops(OpNames.of(lambda: mlp(one))[1]) == ["graphc.gemv", "graphc.silu_mul", "graphc.gemv"]
     for x, ks in ((two, knobs), (one, knobs | {"gemv": 0})):
         set_kernels(mlp, ks)
         assert "graphc.gemv_silu_mul" not in graphc_ops(OpNames.of(lambda: mlp(x))[1])
