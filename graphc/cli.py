@@ -162,6 +162,10 @@ def _add_run(sub) -> None:
     rn.add_argument("--no-prefix-cache", action="store_true",
                     help="compute every prompt row (default: full pages of text rows another request computed are "
                          "reused; never for plans with linear-attention state)")
+    rn.add_argument("--audio-lead-ms", type=float, default=None, metavar="MS",
+                    help="a speaking request's later audio chunks may wait, while the text or speech model has a "
+                         "step to run, as long as its audio leads playback by more than MS, so Code2Wav steps carry "
+                         "more chunks (default: each chunk is decoded as soon as its frames exist)")
     rn.add_argument("--no-overlap", action="store_true",
                     help="read each LLM step's tokens back before building the next (default: the next step is "
                          "launched first, so host work runs while the GPU computes)")
@@ -408,6 +412,7 @@ def _boot_and_run(plan, args, requests: list | None) -> int:
     engine = serving(plan, args.checkpoint, random_weights=args.random_weights, seed=args.seed,
                      emulate=args.emulate, force=args.force, prefix_cache=not args.no_prefix_cache,
                      overlap=not args.no_overlap, default_max_tokens=args.default_max_tokens,
+                     audio_lead_ms=args.audio_lead_ms,
                      chat_template=args.chat_template, tokenizer=args.tokenizer)
     try:
         return _serve_or_run(engine, args, requests)
@@ -457,6 +462,7 @@ def _run_on_ray(plan, args, requests: list | None) -> int:
                          checkpoint=args.checkpoint, random_weights=args.random_weights, seed=args.seed,
                          emulate=args.emulate, force=args.force, prefix_cache=not args.no_prefix_cache,
                          overlap=not args.no_overlap, default_max_tokens=args.default_max_tokens,
+                         audio_lead_ms=args.audio_lead_ms,
                          chat_template=args.chat_template, tokenizer=args.tokenizer, quiet=args.quiet)
     try:
         print(serving.summary + f" (Ray cluster {args.ray})", file=sys.stderr)

@@ -8,8 +8,8 @@ closed (after one warm-up request). T2S prompts are a chat turn of random text i
 synthetic clip (--seconds) in the user turn. Seeded weights speak noise, so the thinker's text is capped
 (--text-tokens, end of turn ignored) and the talker runs --frames frames (12.5 a second of audio) unless its
 end code comes first. Reported per kind and c: audio-s/s (audio seconds made / wall seconds), TTFA
-(arrival to the first audio chunk) p50/p95, RTF p50 (a request's time / its audio seconds), and the engine's
-steps per walk. The chat ids are the host's (the real model's for seeded weights of the real preset).
+(arrival to the first audio chunk) p50/p95, RTF p50 (a request's time / its audio seconds), the stall a listener
+playing from the first chunk hears (Output.times audio_stall_s) p50 and max, and the engine's steps per walk. The chat ids are the host's (the real model's for seeded weights of the real preset).
 """
 from __future__ import annotations
 
@@ -69,6 +69,7 @@ def run(engine, kind: str, c: int, total: int, args, rng) -> dict:
     audio_s = [len(o.audio) / o.sample_rate for o in done]
     ttfa = [o.times["first_audio_s"] * 1e3 for o in done if "first_audio_s" in o.times]
     rtf = [o.times["total_s"] / a for o, a in zip(done, audio_s) if a > 0]
+    stall = [o.times["audio_stall_s"] * 1e3 for o in done if "audio_stall_s" in o.times]
     steps = {w: n - before.get(w, 0) for w, n in engine.scheduler.stats.steps.items() if n - before.get(w, 0)}
     errors = [o.error for o in done if o.error]
     phases = {}                       # where first audio goes: median ms from arrival to each mark
@@ -77,7 +78,8 @@ def run(engine, kind: str, c: int, total: int, args, rng) -> dict:
         phases[mark] = pct(got, 50)
     return {"kind": kind, "c": c, "requests": total, "wall_s": wall, "audio_s": sum(audio_s),
             "audio_s_per_s": sum(audio_s) / wall, "ttfa_ms": {"p50": pct(ttfa, 50), "p95": pct(ttfa, 95)},
-            "rtf_p50": pct(rtf, 50), "frames": [len(o.audio_codes) for o in done], "steps": steps,
+            "rtf_p50": pct(rtf, 50), "stall_ms": {"p50": pct(stall, 50), "max": max(stall, default=0.0)},
+            "frames": [len(o.audio_codes) for o in done], "steps": steps,
             "errors": errors[:3], "text_tokens": [len(o.token_ids) for o in done], "phases_ms_p50": phases}
 
 
@@ -94,11 +96,12 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32, help="text tokens in the user turn")
     ap.add_argument("--seconds", type=float, default=4.0, help="A2S clip length")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--audio-lead-ms", type=float, default=None, help="graphc run --audio-lead-ms (default: none)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     from graphc.runtime.engine import Engine
 
-    engine = Engine(a.plan, checkpoint=a.checkpoint, random_weights=a.random_weights)
+    engine = Engine(a.plan, checkpoint=a.checkpoint, random_weights=a.random_weights, audio_lead_ms=a.audio_lead_ms)
     print(engine.summary(), file=sys.stderr)
     rng = np.random.default_rng(a.seed)
     for kind in a.kinds:                                   # warm-up: one request of each kind
@@ -114,11 +117,11 @@ def main() -> None:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
     for kind in a.kinds:
-        print(f"\n{kind.upper()}\nc\taudio-s/s\tTTFA p50/p95 ms\tRTF p50")
+        print(f"\n{kind.upper()}\nc\taudio-s/s\tTTFA p50/p95 ms\tRTF p50\tstall p50/max ms")
         for r in rows:
             if r["kind"] == kind:
                 print(f"{r['c']}\t{r['audio_s_per_s']:.1f}\t{r['ttfa_ms']['p50']:.0f}/{r['ttfa_ms']['p95']:.0f}"
-                      f"\t{r['rtf_p50']:.3f}")
+                      f"\t{r['rtf_p50']:.3f}\t{r['stall_ms']['p50']:.0f}/{r['stall_ms']['max']:.0f}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from graphc.runtime.request import Request
 from graphc.runtime.sampler import Sampler, SamplingParams, needs_history, new_generator, score
 from graphc.runtime.follow_rows import follow_rows
 from graphc.runtime.scheduler import Scheduler, StepPlan
-from graphc.runtime.speech import SpeechLane, SpeechParams
+from graphc.runtime.speech import SpeechLane, SpeechParams, stall_s
 from graphc.runtime.workers import WorkerDied, device_memory
 from graphc.source import first_difference, read_config
 
@@ -92,7 +93,8 @@ class Engine:
     def __init__(self, plan: str | Path | Plan, checkpoint: str | Path | None = None, *, random_weights: bool = False,
                  seed: int = 0, emulate: bool = False, force: bool = False, prebuild: bool = True, boot=None,
                  links: dict | None = None, host: str = "127.0.0.1", replica: int = 0, prefix_cache: bool = True,
-                 overlap: bool = True, default_max_tokens: int | None = None, chat_template: str | None = None, tokenizer=None):
+                 overlap: bool = True, default_max_tokens: int | None = None, chat_template: str | None = None, tokenizer=None,
+                 audio_lead_ms: float | None = None):
         """boot: serve an already booted DeviceBoot of this plan (tests run one plan's weights on two devices).
         replica: which copy of a plan of several replicas this engine serves, on GPU `replica`
         (graphc/runtime/replicas.py starts one engine per replica). prefix_cache: share the LLM's full text
@@ -103,8 +105,13 @@ class Engine:
         leaves after its prompt). overlap: launch each LLM step before reading the one before it back (graphc/runtime/flight.py);
         never where the LLM runs on another device than this process's. links: the other devices' workers when something else started them (Ray actors, ray_run.py; this
         process then sees only its own GPU), else a worker process each is started; host: this
-        process's address as those workers reach it."""
-        self.default_max_tokens = default_max_tokens
+        process's address as those workers reach it. audio_lead_ms: a speaking request's later audio chunks may
+        wait, while another lane has a step, as long as its audio leads playback by more than this (speech.py
+        SpeechLane; None: none waits)."""
+        if audio_lead_ms is not None and not 0 <= audio_lead_ms < float("inf"):
+            raise InvalidInput(f"audio lead {audio_lead_ms} ms", "a chunk may wait only while its request's audio "
+                               "leads playback by more than a finite lead", "pass 0 or more (--audio-lead-ms)")
+        self.default_max_tokens, self.audio_lead_ms = default_max_tokens, audio_lead_ms
         self.text_folder, given = check_options(checkpoint, random_weights, default_max_tokens, chat_template, tokenizer)
         self.plan = plan if isinstance(plan, Plan) else load_plan(plan)
         check_servable(self.plan)
@@ -200,7 +207,8 @@ class Engine:
         overlap = self.overlap and pipe.follow.node in self.boot.nodes
         if self.scheduler.shared is not None:         # the follow stage's LLM rows of cached pages
             self.scheduler.follow = follow_rows(self.boot, self.llm)
-        return SpeechLane(pipe, sh, self.executor, self.boot, seed=seed, overlap=overlap), None
+        return SpeechLane(pipe, sh, self.executor, self.boot, seed=seed, overlap=overlap,
+                          lead_ms=self.audio_lead_ms), None
 
     def _text_tools(self, given):
         """(tokenizer, chat template) of the text folder (graphc/runtime/chat.py text_folder), each None where it
@@ -511,7 +519,8 @@ class Engine:
         return events
 
     def _step(self) -> list[Event]:
-        lanes = (self._llm_step, self._follow_step, self._chunk_step) if self.speech else (self._llm_step,)
+        lanes = ((self._llm_step, self._follow_step, partial(self._chunk_step, True)) if self.speech
+                 else (self._llm_step,))
         order = [(self._lane + k) % len(lanes) for k in range(len(lanes))]
         if self.speech is not None:           # first audio first: its chunk, else its follow step, before the rest
             for lane, urgent in ((1, self.speech.follow_urgent(self.talking)),
@@ -524,6 +533,11 @@ class Engine:
             events = lanes[i]()
             if events is not None:
                 self._lane = (i + 1) % len(lanes)
+                self.scheduler.stats.seconds[self._walk] += time.perf_counter() - t0
+                return events
+        if self.speech is not None and self.speech.lead_ms is not None:    # no other lane has a step: waiting chunks
+            t0 = time.perf_counter()
+            if (events := self._chunk_step(False)) is not None:
                 self.scheduler.stats.seconds[self._walk] += time.perf_counter() - t0
                 return events
         if self.speech is not None and self.speech.inflight is not None:    # no lane can run before its codes
@@ -570,13 +584,14 @@ class Engine:
         """Close the speaking requests whose text and speech are both done (their finishing events)."""
         return [ev for r in list(self.talking) if (ev := self._maybe_close(r)) is not None]
 
-    def _chunk_step(self) -> list[Event] | None:
-        """The chunk stage's next step; frames still in flight that a chunk waits for are read first."""
+    def _chunk_step(self, defer: bool) -> list[Event] | None:
+        """The chunk stage's next step; frames still in flight that a chunk waits for are read first. defer: the
+        lane's deferral applies (another lane may run instead)."""
         events = []
-        if self.speech.chunk_waits(self.talking):
+        if self.speech.chunk_waits(self.talking, defer):
             self.speech.read_follow()
             events = self._close_spoken()
-        step = self.speech.schedule_chunks(self.talking)
+        step = self.speech.schedule_chunks(self.talking, defer)
         if step is None:
             return events or None
         self._count(step)
@@ -745,6 +760,7 @@ class Engine:
             out.sample_rate, out.audio_codes, out.audio_finish_reason = self.speech.sample_rate, s.frames, s.ended
             if "first_audio" in t:
                 times["first_audio_s"] = t["first_audio"] - t["arrived"]
+                times["audio_stall_s"] = stall_s(s.sent, [len(a) for a in s.audio], self.speech.sample_rate)
         return out
 
     # ---- what ran

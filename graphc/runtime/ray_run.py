@@ -188,8 +188,9 @@ class RayServing:
     def __init__(self, plan: Plan, address: str, *, llm_device: int, checkpoint: str | None = None,
                  random_weights: bool = False, seed: int = 0, emulate: bool = False, force: bool = False,
                  prefix_cache: bool = True, overlap: bool = True, default_max_tokens: int | None = None,
-                 chat_template: str | None = None, tokenizer: str | None = None, quiet: bool = False):
-        """quiet: the engine actor reports no boot phases (graphc run -q)."""
+                 chat_template: str | None = None, tokenizer: str | None = None, quiet: bool = False,
+                 audio_lead_ms: float | None = None):
+        """quiet: the engine actor reports no boot phases (graphc run -q). The rest: the Engine's."""
         ray = self.ray = import_ray()
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -224,7 +225,7 @@ class RayServing:
             options = {"checkpoint": checkpoint, "random_weights": random_weights, "seed": seed, "emulate": emulate,
                        "prefix_cache": prefix_cache, "overlap": overlap, "force": force,
                        "default_max_tokens": default_max_tokens, "chat_template": chat_template,
-                       "tokenizer": tokenizer}
+                       "tokenizer": tokenizer, "audio_lead_ms": audio_lead_ms}
             self.engine = EngineActor.options(**place(llm_device)).remote(plan.model_dump_json(), self.actors, options, quiet)
             self.summary = self._get(self.engine.summary.remote(), None)
         except BaseException:

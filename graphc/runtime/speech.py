@@ -98,6 +98,7 @@ class SpeechState:
     decoded: int = 0                           # frames already turned into audio
     chunk: int = 0                             # chunks sent
     audio: list[np.ndarray] = field(default_factory=list)
+    sent: list[float] = field(default_factory=list)    # when each chunk's audio was made (perf_counter)
     text_done: bool = False
 
     @property
@@ -117,10 +118,13 @@ class SpeechStep:
 class SpeechLane:
     """The follow and chunk stages of a pipeline, driven for the engine: schedule a step, run it."""
 
-    def __init__(self, pipeline: Pipeline, speech: Speech, executor, boot, seed: int = 0, overlap: bool = False):
+    def __init__(self, pipeline: Pipeline, speech: Speech, executor, boot, seed: int = 0, overlap: bool = False,
+                 lead_ms: float | None = None):
         """seed: the shared noise generator's, for requests without their own. overlap: read each follow step's
-        codes after the next one launched (else at once)."""
-        self.sh, self.executor, self.overlap = speech, executor, overlap
+        codes after the next one launched (else at once). lead_ms: a later chunk of a request still speaking may
+        wait, while another lane has a step to run, as long as its request's audio leads playback by more than
+        this (None: every chunk runs as soon as its frames exist)."""
+        self.sh, self.executor, self.overlap, self.lead_ms = speech, executor, overlap, lead_ms
         self.inflight: _FollowFlight | None = None         # the follow step launched, its codes not yet read
         self.follow, self.chunk = pipeline.follow, pipeline.chunk
         model = boot.ir.model
@@ -341,11 +345,21 @@ class SpeechLane:
         n = self.sh.chunk_frames(s.chunk, s.first_chunk)
         return min(n, have) if have > 0 and (have >= n or s.ended) else 0
 
-    def chunk_waits(self, reqs: list) -> bool:
-        """Some request's next chunk waits only for frames of the follow step in flight."""
+    def urgent(self, r, now: float) -> bool:
+        """The request's next chunk runs now: no lead is set, it is the first, its speech has ended, or its audio
+        leads playback (from its first audio, in real time) by lead_ms or less."""
+        s = r.speech
+        if self.lead_ms is None or s.chunk == 0 or s.ended is not None:
+            return True
+        made = sum(len(a) for a in s.audio) / self.sample_rate
+        return (made - (now - s.sent[0])) * 1e3 <= self.lead_ms
+
+    def chunk_waits(self, reqs: list, defer: bool = False) -> bool:
+        """Some request's next chunk waits only for frames of the follow step in flight (defer: and runs now)."""
+        now = time.perf_counter()
         return self.inflight is not None and any(
             r.speech.flying and not r.speech.ended and not self._chunk_ready(r.speech)
-            and self._chunk_ready(r.speech, r.speech.flying) for r in reqs)
+            and self._chunk_ready(r.speech, r.speech.flying) and (not defer or self.urgent(r, now)) for r in reqs)
 
     def follow_urgent(self, reqs: list) -> bool:
         """Some request whose follow stage has started has no audio yet."""
@@ -356,11 +370,12 @@ class SpeechLane:
         return any(r.speech.chunk == 0 and self._chunk_ready(r.speech, 0 if r.speech.ended else r.speech.flying)
                    for r in reqs)
 
-    def schedule_chunks(self, reqs: list) -> SpeechStep | None:
-        """Ready chunks, first chunks first, then by arrival, in the walk of the shortest slot that holds
-        the first of them (a slot costs its full length: first audio is not decoded in long slots)."""
-        ready = []
-        for r in sorted(reqs, key=lambda r: r.speech.chunk > 0):
+    def schedule_chunks(self, reqs: list, defer: bool = False) -> SpeechStep | None:
+        """Ready chunks, first chunks first, then urgent ones, then by arrival, in the walk of the shortest slot
+        that holds the first of them (a slot costs its full length: first audio is not decoded in long slots).
+        defer: None where no ready chunk is urgent and they fill less than that walk's step (another lane runs)."""
+        now, ready = time.perf_counter(), []
+        for r in sorted(reqs, key=lambda r: (r.speech.chunk > 0, not self.urgent(r, now))):
             n = self._chunk_ready(r.speech)
             if n:
                 a = r.speech.decoded
@@ -369,6 +384,8 @@ class SpeechLane:
             return None
         frames, walk, seqs = self._walk_holding(ready[0][1].frames)
         filled = [c for c in ready if c[1].frames <= frames][:seqs]
+        if defer and len(filled) < seqs and not self.urgent(ready[0][0], now):
+            return None
         step = SpeechStep(walk, [r for r, _, _ in filled], {self.chunk.node: len(filled) * frames})
         step.data = (filled, frames)
         return step
@@ -396,6 +413,7 @@ class SpeechLane:
             s = r.speech
             s.audio.append(wav[i, slot.keep_start:slot.keep_stop].copy())
             s.decoded, s.chunk = end, s.chunk + 1
+            s.sent.append(now)
             r.times.setdefault("first_audio", now)
         return [r for r, _, _ in slots_of]
 
@@ -434,3 +452,14 @@ class _FollowBatch:
             self.samples.append(self.rows - 1)
             self.trailing.append(token)
             self.emit.append(req)
+
+
+def stall_s(sent: list[float], samples: list[int], rate: int) -> float:
+    """Seconds a listener who starts playing at the first chunk waits for later ones: chunk k made at sent[k]
+    with samples[k] samples, played at `rate` after the audio before it."""
+    waited, end = 0.0, None
+    for t, n in zip(sent, samples):
+        if end is not None and t > end:
+            waited += t - end
+        end = max(t, end if end is not None else t) + n / rate
+    return waited
