@@ -159,16 +159,7 @@ def _add_run(sub) -> None:
     rn.add_argument("--access-log", action="store_true", help="one JSON line per HTTP request on stderr")
     rn.add_argument("--max-upload-mb", type=float, default=25.0, metavar="MB",
                     help="largest /v1/audio/transcriptions upload in MiB (default 25, as OpenAI's)")
-    rn.add_argument("--no-prefix-cache", action="store_true",
-                    help="compute every prompt row (default: full pages of text rows another request computed are "
-                         "reused; never for plans with linear-attention state)")
-    rn.add_argument("--audio-lead-ms", type=float, default=None, metavar="MS",
-                    help="a speaking request's later audio chunks may wait, while the text or speech model has a "
-                         "step to run, as long as its audio leads playback by more than MS, so Code2Wav steps carry "
-                         "more chunks (default: each chunk is decoded as soon as its frames exist)")
-    rn.add_argument("--no-overlap", action="store_true",
-                    help="read each LLM step's tokens back before building the next (default: the next step is "
-                         "launched first, so host work runs while the GPU computes)")
+    _add_engine(rn)
     _add_text(rn)
     rn.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                     help="the names the server answers to (requests may give any; responses carry the first; "
@@ -187,6 +178,20 @@ def _add_run(sub) -> None:
                          "start one on this host); needs pip install 'graphc[ray]'")
     rn.add_argument("-q", "--quiet", action="store_true",
                     help="no boot progress on stderr (default: a line per boot phase, bars on a terminal)")
+
+
+def _add_engine(rn) -> None:
+    """graphc run's options of how the engine schedules its steps."""
+    rn.add_argument("--no-prefix-cache", action="store_true",
+                    help="compute every prompt row (default: full pages of text rows another request computed are "
+                         "reused; never for plans with linear-attention state)")
+    rn.add_argument("--audio-lead-ms", type=float, default=None, metavar="MS",
+                    help="a speaking request's later audio chunks may wait, while the text or speech model has a "
+                         "step to run, as long as its audio leads playback by more than MS, so Code2Wav steps carry "
+                         "more chunks (default: each chunk is decoded as soon as its frames exist)")
+    rn.add_argument("--no-overlap", action="store_true",
+                    help="read each LLM step's tokens back before building the next (default: the next step is "
+                         "launched first, so host work runs while the GPU computes)")
 
 
 def _add_text(rn) -> None:

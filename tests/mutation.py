@@ -46,8 +46,8 @@ from multiprocessing import Process, Queue
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGETS = ["graphc/passes", "graphc/verify.py", "graphc/allocator.py", "graphc/simulate.py", "resources/paged_kv.py",
-           "models/components/moe.py"]
+TARGETS = ["graphc/passes", "graphc/verify.py", "graphc/allocator.py", "graphc/simulate.py", "graphc/host_inputs.py",
+           "resources/paged_kv.py", "models/components/moe.py"]
 TEST_DIRS = ["tests/unit", "tests/property", "tests/parity"]
 RECORD_TEST = "tests/unit/test_mutation_record.py"   # checks this tool's own output: not a test of the code
 PRELOAD = ["torch", "transformers", "hypothesis", "pytest", "networkx", "pydantic", "yaml", "safetensors",

@@ -96,23 +96,21 @@ class Engine:
                  overlap: bool = True, default_max_tokens: int | None = None, chat_template: str | None = None, tokenizer=None,
                  audio_lead_ms: float | None = None):
         """boot: serve an already booted DeviceBoot of this plan (tests run one plan's weights on two devices).
-        replica: which copy of a plan of several replicas this engine serves, on GPU `replica`
-        (graphc/runtime/replicas.py starts one engine per replica). prefix_cache: share the LLM's full text
-        pages across requests by content (graphc/runtime/prefix_cache.py; plans with state slots never do).
-        chat_template: a template file or text that renders chat requests instead of the text folder's. tokenizer:
-        a folder whose tokenizer.json and chat template replace the checkpoint's (seeded weights too; chat.text_folder).
-        default_max_tokens: the most a request that names no max_tokens generates (None: what the plan's context
-        leaves after its prompt). overlap: launch each LLM step before reading the one before it back (graphc/runtime/flight.py);
-        never where the LLM runs on another device than this process's. links: the other devices' workers when something else started them (Ray actors, ray_run.py; this
-        process then sees only its own GPU), else a worker process each is started; host: this
-        process's address as those workers reach it. audio_lead_ms: a speaking request's later audio chunks may
-        wait, while another lane has a step, as long as its audio leads playback by more than this (speech.py
-        SpeechLane; None: none waits)."""
-        if audio_lead_ms is not None and not 0 <= audio_lead_ms < float("inf"):
-            raise InvalidInput(f"audio lead {audio_lead_ms} ms", "a chunk may wait only while its request's audio "
-                               "leads playback by more than a finite lead", "pass 0 or more (--audio-lead-ms)")
+        replica: which copy of a plan of several replicas this engine serves, on GPU `replica` (graphc/runtime/
+        replicas.py starts one engine per replica). prefix_cache: share the LLM's full text pages across requests by
+        content (graphc/runtime/prefix_cache.py; plans with state slots never do). chat_template: a template file or
+        text that renders chat requests instead of the text folder's. tokenizer: a folder whose tokenizer.json and
+        chat template replace the checkpoint's (seeded weights too; chat.text_folder). default_max_tokens: the most
+        a request that names no max_tokens generates (None: what the plan's context leaves after its prompt).
+        overlap: launch each LLM step before reading the one before it back (graphc/runtime/flight.py); never where
+        the LLM runs on another device than this process's. links: the other devices' workers when something else
+        started them (Ray actors, ray_run.py; this process then sees only its own GPU), else a worker process each
+        is started; host: this process's address as those workers reach it. audio_lead_ms: a speaking request's
+        later audio chunks may wait, while another lane has a step, as long as its audio leads playback by more
+        than this (speech.py SpeechLane; None: none waits)."""
         self.default_max_tokens, self.audio_lead_ms = default_max_tokens, audio_lead_ms
-        self.text_folder, given = check_options(checkpoint, random_weights, default_max_tokens, chat_template, tokenizer)
+        self.text_folder, given = check_options(checkpoint, random_weights, default_max_tokens, chat_template, tokenizer,
+                                                audio_lead_ms)
         self.plan = plan if isinstance(plan, Plan) else load_plan(plan)
         check_servable(self.plan)
         self.tokenizer, self.template = self._text_tools(given)
@@ -148,14 +146,17 @@ class Engine:
         self._ids = itertools.count()
         self.requests: dict[str, Request] = {}
         self.dead: str | None = None              # why the engine stopped (a worker died)
-        # each plan device's boot against its ledger (its peak, its graphs), this device's and the workers'
-        self.devices = {self.boot.index: verdict(compare(self.boot))}
-        if self.workers is not None:
-            self.devices |= self.workers.checks
-        if self.ranks is not None:                # rank r's device: the plan's one ledger, on GPU r
-            self.devices |= self.ranks.checks
-        self.devices = dict(sorted(self.devices.items()))
+        self.devices = self._verdicts()
         self.boot_seconds = progress.done()
+
+    def _verdicts(self) -> dict:
+        """Each plan device's boot against its ledger (its peak, its graphs), this device's and the workers'."""
+        devices = {self.boot.index: verdict(compare(self.boot))}
+        if self.workers is not None:
+            devices |= self.workers.checks
+        if self.ranks is not None:                # rank r's device: the plan's one ledger, on GPU r
+            devices |= self.ranks.checks
+        return dict(sorted(devices.items()))
 
     def _boot(self, opts: dict, links: dict | None, host: str, replica: int, progress: BootProgress):
         """This process's device, booted: with a worker process for each other plan device, or a process for
@@ -901,7 +902,7 @@ def parse_or_refuse(item, index: int) -> dict | Output:
 
 
 def check_options(checkpoint, random_weights: bool, default_max_tokens: int | None, chat_template: str | None,
-                  tokenizer: str | Path | None = None):
+                  tokenizer: str | Path | None = None, audio_lead_ms: float | None = None):
     """The Engine's options that can be refused before a byte is loaded: (the text folder its tokenizer and
     chat template come from, or None; the given chat template, parsed, or None)."""
     from graphc.runtime.chat import ChatTemplate, text_folder
@@ -913,6 +914,9 @@ def check_options(checkpoint, random_weights: bool, default_max_tokens: int | No
     if default_max_tokens is not None and default_max_tokens < 1:
         raise InvalidInput(f"default max_tokens {default_max_tokens}", "a request must be able to make a token",
                            "pass 1 or more (--default-max-tokens)")
+    if audio_lead_ms is not None and not 0 <= audio_lead_ms < float("inf"):
+        raise InvalidInput(f"audio lead {audio_lead_ms} ms", "a chunk may wait only while its request's audio leads "
+                           "playback by more than a finite lead", "pass 0 or more (--audio-lead-ms)")
     folder = text_folder(checkpoint, tokenizer)
     if chat_template is None:
         return folder, None
