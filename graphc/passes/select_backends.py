@@ -45,10 +45,10 @@ prefill layer's two 1 GiB blocks in a new segment (activations 2.96 -> 3.90 GB a
 
 The same bf16 sm_90 nodes run a one-row SwiGLU's gate_up product and its activation as one launch (gemv_triton.
 gemv_silu_mul, the gemv_swiglu knob) where its gate_up weight holds at most GEMV_SWIGLU_BYTES: on the H200, captured,
-the code predictor's 12.6 MB MLP 6.54 -> 5.46 us, the talker's 3.1 MB shared expert 3.89 -> 2.88 us, a 6.3 MB one
-(768 x 2,048) 4.87 -> 3.92 us, Qwen3.5-0.8B's 14.7 MB MLP 6.98 -> 6.05 us, all bitwise the two launches' output;
-the 9B's 201 MB MLP was slower (50.83 -> 54.14 us), so larger weights keep the two (examples/bench/bench_gemv.py
---swiglu, docs/data/h200_2026-12-06/swiglu.json).
+MLPs of intermediate x hidden 3,072 x 1,024 (12.6 MB) 6.54 -> 5.46 us, 768 x 1,024 (3.1 MB) 3.89 -> 2.88 us,
+768 x 2,048 (6.3 MB) 4.87 -> 3.92 us and 3,584 x 1,024 (14.7 MB) 6.98 -> 6.05 us, all bitwise the two launches'
+output; 12,288 x 4,096 (201 MB) was slower (50.83 -> 54.14 us), so larger weights keep the two
+(examples/bench/bench_gemv.py --swiglu, docs/data/h200_2026-12-06/swiglu.json).
 """
 from __future__ import annotations
 
