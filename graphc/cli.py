@@ -187,8 +187,8 @@ def _add_engine(rn) -> None:
                          "reused; never for plans with linear-attention state)")
     rn.add_argument("--audio-lead-ms", type=float, default=None, metavar="MS",
                     help="a speaking request's later audio chunks may wait, while the text or speech model has a "
-                         "step to run, as long as its audio leads playback by more than MS, so the audio decoder's steps "
-                         "carry more chunks (default: each chunk is decoded as soon as its frames exist)")
+                         "step to run, as long as its audio leads playback by more than MS, so the audio decoder's "
+                         "steps carry more chunks (default: each chunk is decoded as soon as its frames exist)")
     rn.add_argument("--no-overlap", action="store_true",
                     help="read each LLM step's tokens back before building the next (default: the next step is "
                          "launched first, so host work runs while the GPU computes)")
