@@ -109,8 +109,8 @@ class Engine:
         later audio chunks may wait, while another lane has a step, as long as its audio leads playback by more
         than this (speech.py SpeechLane; None: none waits)."""
         self.default_max_tokens, self.audio_lead_ms = default_max_tokens, audio_lead_ms
-        self.text_folder, given = check_options(checkpoint, random_weights, default_max_tokens, chat_template, tokenizer,
-                                                audio_lead_ms)
+        self.text_folder, given = check_options(checkpoint, random_weights, default_max_tokens, chat_template,
+                                                tokenizer, audio_lead_ms)
         self.plan = plan if isinstance(plan, Plan) else load_plan(plan)
         check_servable(self.plan)
         self.tokenizer, self.template = self._text_tools(given)
