@@ -157,7 +157,8 @@ def test_a_full_step_of_small_media_fits_its_captured_vision_rung(plan, walk):
     """A vision step the scheduler fills with its walk's most media (frame groups or images of 10 x 16 patches,
     as a checkpoint-less 9B's 360 x 640 clip gives) pads to its rung, and the padding rows take a segment of their
     own (vision_inputs.segment_bounds): every rung of the family holds that many segments, and the indptrs keep
-    each real segment's keys. (A 9B video step of 8 frame groups in a 1,536-row rung was refused on the H200.)"""
+    each real segment's keys. (Without the padding segment the H200 refuses a 9B video step of 8 frame groups in a
+    1,536-row rung: docs/data/h200_2026-12-06/video_q35.txt.)"""
     from graphc.plan import load_plan
     from graphc.runtime.boot import plan_ir
     from graphc.runtime.scheduler import _limits
