@@ -9,7 +9,8 @@ synthetic clip (--seconds) in the user turn. Seeded weights speak noise, so the 
 (--text-tokens, end of turn ignored) and the talker runs --frames frames (12.5 a second of audio) unless its
 end code comes first. Reported per kind and c: audio-s/s (audio seconds made / wall seconds), TTFA
 (arrival to the first audio chunk) p50/p95, RTF p50 (a request's time / its audio seconds), the stall a listener
-playing from the first chunk hears (Output.times audio_stall_s) p50 and max, and the engine's steps per walk. The chat ids are the host's (the real model's for seeded weights of the real preset).
+playing from the first chunk hears (Output.times audio_stall_s) p50 and max, and the engine's steps per walk.
+The chat ids are the host's (the real model's for seeded weights of the real preset).
 """
 from __future__ import annotations
 
