@@ -164,7 +164,18 @@ def check(engine, a) -> str | None:
         return f"--size is {a.size}: give the frames' side (H) or their height and width (H W), each >= 1"
     if min(a.streams) < 1 or min(a.repeats, a.tokens, a.prompt) < 1 or min(a.seconds) <= 0 or a.fps <= 0:
         return "--streams, --repeats, --tokens and --prompt must be at least 1, --seconds and --fps above 0"
+    if a.video_pixels is not None and not 1 <= a.video_pixels[0] <= a.video_pixels[1]:
+        return f"--video-pixels is {a.video_pixels}: give MIN and MAX with 1 <= MIN <= MAX"
     return None
+
+
+def set_video_pixels(engine, bounds: list[int] | None) -> None:
+    """The host's video pixel bounds, as a checkpoint's video_preprocessor_config would set them (the bench's
+    seeded weights have no checkpoint to read them from)."""
+    if bounds is not None:
+        vision = engine.host.vision
+        engine.host.vision = type(vision).model_validate(
+            {**vision.model_dump(), "video_min_pixels": bounds[0], "video_max_pixels": bounds[1]})
 
 
 def table(rows: list[dict]) -> None:
@@ -188,6 +199,7 @@ def save(a, engine, warm: dict, rows: list[dict]) -> None:
               "plan": a.plan, "summary": engine.summary(), "args": vars(a), "environment": environment(),
               "path": "graphc.serve Driver.submit (Engine.prepare in worker threads, admit on the engine thread)",
               "target_ratio_at_4": TARGET, "warm_up": warm, "streams": rows,
+              "video_processing": engine.host.vision.model_dump(),
               "media_cache": stats.get("media_cache"), "steps": stats["steps"]}
     Path(a.out).write_text(json.dumps(result, indent=1))
 
@@ -238,6 +250,10 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--tokenizer", default=None, help="a tokenizer folder (examples/tools/synthetic_tokenizer.py "
                     "writes one): models whose clips carry their frames' times as text (Qwen3.5) need one")
     ap.add_argument("--emulate", action="store_true", help="boot a plan for a smaller card of the same arch")
+    ap.add_argument("--video-pixels", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                    help="the processor's pixel bounds over a whole clip (a checkpoint's video_preprocessor_config "
+                    "size.shortest_edge and longest_edge); default the checkpoint's, or HF's class defaults "
+                    "(131072 786432) without one. Qwen3.5's checkpoints reportedly ship 4096 25165824")
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8], help="requests arriving at once")
     ap.add_argument("--seconds", type=float, nargs="+", default=[30.0], help="the clips' length; several: each "
                     "in turn on one boot, every stream count for each (seed 001's cells: 60 30 8)")
@@ -265,6 +281,7 @@ def main() -> None:
     if why is not None:
         engine.close()
         sys.exit(f"bench_video: {why}")
+    set_video_pixels(engine, a.video_pixels)
     driver = Driver(engine, gather_ms=a.gather_ms)
     loop = asyncio.new_event_loop()      # one loop and its thread pool, as a server has
     draw, clip = id_source(engine, a.seed), clip_source(a, a.seed)
