@@ -6,7 +6,9 @@ Disk names are the node's weight_prefix + the module's state-dict names, except 
   [E, H, I]). Either form loads. (After loading, the boot may lay gate_up_proj's rows out for the plan's
   kernels: Experts.arrange_weights.)
 - Dense projections run as one GEMM: self_attn.qkv_proj.weight holds q_proj's rows, then k_proj's, then
-  v_proj's; mlp.gate_up_proj.weight gate_proj's, then up_proj's (biases alike). Either form loads.
+  v_proj's; mlp.gate_up_proj.weight gate_proj's, then up_proj's (biases alike). A module (any submodule)
+  may stack others: its class's STACKS maps a stacked name to the disk names of its parts, in row order
+  ({"in_proj_qkvzba": ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")}). Either form loads.
 Shards are found through model.safetensors.index.json or by listing the folder; TensorShards reads a state
 dict in memory the same way. Missing, unexpected and mis-shaped tensors are refused by name, from the files'
 headers, before a byte is read. Each disk tensor then goes straight into its place in the module,
@@ -33,8 +35,6 @@ from graphc.errors import InvalidInput
 from graphc.step import NodeModule, Split
 
 _FUSED = re.compile(r"^(?P<stem>.*experts\.)(?P<kind>gate_up_proj|down_proj)$")
-_STACKED = re.compile(r"^(?P<stem>(?:.*\.)?)(?P<kind>qkv_proj|gate_up_proj)\.(?P<field>weight|bias)$")
-_STACKED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 SHOWN = 8
 
 
@@ -145,16 +145,34 @@ def _stacked(shards: Shards, names: list[str], at: tuple = ()) -> tuple[Pieces, 
     return pieces, ([row, *shapes[0][1:]] if len(tails) == 1 else [row, "?"])
 
 
-def _pieces(shards: Shards, prefix: str, name: str, target: torch.Tensor) -> Pieces | str:
+STACKS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def stacks_of(module: torch.nn.Module) -> dict[str, tuple[str, ...]]:
+    """The stacked projections a module loads: STACKS and its submodules' own (a class attribute STACKS)."""
+    out = dict(STACKS)
+    for m in module.modules():
+        out.update(getattr(type(m), "STACKS", {}))
+    return out
+
+
+def _stacked_pattern(stacks: dict[str, tuple[str, ...]]) -> re.Pattern:
+    """A state-dict name <stem><stacked>.weight|bias, for the stacked names of a module's STACKS."""
+    kinds = "|".join(re.escape(k) for k in sorted(stacks, key=len, reverse=True))
+    return re.compile(rf"^(?P<stem>(?:.*\.)?)(?P<kind>{kinds})\.(?P<field>weight|bias)$")
+
+
+def _pieces(shards: Shards, prefix: str, name: str, target: torch.Tensor, stacks: dict[str, tuple[str, ...]]
+            ) -> Pieces | str:
     """Where each disk tensor of one state-dict entry goes, or a string saying what is wrong. Shapes come
-    from the files' headers: nothing is read yet."""
+    from the files' headers: nothing is read yet. stacks: the module's STACKS."""
     disk, want = prefix + name, list(target.shape)
     if disk in shards:
         shp = list(shards.shape(disk))
         return [((), disk)] if shp == want else f"{disk}: on disk {shp}, module wants {want}"
-    st = _STACKED.match(name)
+    st = _stacked_pattern(stacks).match(name)
     if st:
-        names = [f"{prefix}{st['stem']}{part}.{st['field']}" for part in _STACKED_PARTS[st["kind"]]]
+        names = [f"{prefix}{st['stem']}{part}.{st['field']}" for part in stacks[st["kind"]]]
         absent = [n for n in names if n not in shards]
         if absent:
             return f"{disk}: missing (nor {', '.join(absent)})"
@@ -200,6 +218,7 @@ def load_weights(module: torch.nn.Module, source: str | Path | Shards, prefix: s
     if (rank, tp) != (0, 1):
         shards = RankShards(shards, module.tp_splits() if isinstance(module, NodeModule) else [], rank, tp, prefix)
     report = LoadReport()
+    stacks = stacks_of(module)
     state = module.state_dict(keep_vars=True)
     aliases: dict[int, list[str]] = {}
     for name, t in state.items():
@@ -210,7 +229,7 @@ def load_weights(module: torch.nn.Module, source: str | Path | Shards, prefix: s
             target = state[names[0]]
             got = None
             for n in names:                       # tied weights: any one alias on disk is enough
-                got = _pieces(shards, prefix, n, target)
+                got = _pieces(shards, prefix, n, target, stacks)
                 if not isinstance(got, str):
                     break
             if isinstance(got, str):

@@ -4,9 +4,10 @@ each carrying its conv and recurrent state in a slot of a linear_state resource.
 One step holds any mix of prefill chunks (a first chunk, or one continuing from the slot's state) and
 decode rows; each sequence reads its slot and writes it back in place. Weight names follow the checkpoint
 (`...layers.{i}.linear_attn.`): in_proj_qkv [2 key_dim + value_dim, hidden] (rows q|k|v), in_proj_z
-[value_dim, hidden], in_proj_b and in_proj_a [HV, hidden], conv1d.weight [conv_dim, 1, K] (no bias), dt_bias
-and A_log [HV], norm.weight [dv] (plain, not 1 + w) and out_proj [hidden, value_dim]. The core runs in
-plain torch (delta_rule.py), or on flash-linear-attention's kernels on CUDA where the plan's fla_gdn knob
+[value_dim, hidden], in_proj_b and in_proj_a [HV, hidden] (stacked at load, in that order, into one
+projection, in_proj_qkvzba: one GEMM a layer on a GPU, where there were four), conv1d.weight [conv_dim, 1, K]
+(no bias), dt_bias and A_log [HV], norm.weight [dv] (plain, not 1 + w) and out_proj [hidden, value_dim]. The
+core runs in plain torch (delta_rule.py), or on flash-linear-attention's kernels on CUDA where the plan's fla_gdn knob
 says so (delta_rule.fla_rule); with the gdn_slots knob a decode step's rule runs on the state pool in place
 (gdn_triton.slot_decode, CUDA). With the gdn_fused knob the gates, a decode step's conv on the conv state pool in
 place and the gated output norm are one launch each (norm_ops.py: gdn_gates, gdn_conv_row, gated_rms_norm), on
@@ -54,6 +55,7 @@ class GatedDeltaNet(nn.Module):
     layer: this layer's index among the linear-attention layers, i.e. into the state pool's layer axis.
     """
 
+    STACKS = {"in_proj_qkvzba": ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")}   # read at load
     fla_gdn: int = 0          # the plan's knob: the delta rule on fla-core's kernels (CUDA)
     gdn_slots: int = 0        # the plan's knob: a decode step's rule on the state pool in place (CUDA, Triton)
     gdn_fused: int = 0        # the plan's knob: the gates, a decode step's conv (and the norms) one launch each
@@ -63,16 +65,27 @@ class GatedDeltaNet(nn.Module):
         self.cfg, self.layer = cfg, layer
         self.hk, self.hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        self.in_proj_qkv = Linear(cfg.hidden_size, cfg.conv_dim, bias=False)
-        self.in_proj_z = Linear(cfg.hidden_size, cfg.value_dim, bias=False)
-        self.in_proj_b = Linear(cfg.hidden_size, self.hv, bias=False)
-        self.in_proj_a = Linear(cfg.hidden_size, self.hv, bias=False)
+        self.widths = (cfg.conv_dim, cfg.value_dim, self.hv, self.hv)         # q|k|v, z, b, a
+        self.in_proj_qkvzba = Linear(cfg.hidden_size, sum(self.widths), bias=False)
         self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.linear_conv_kernel_dim, groups=cfg.conv_dim,
                                 bias=False)   # holds the weight only: the conv runs in causal_conv
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
         self.A_log = nn.Parameter(torch.zeros(self.hv))
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
         self.out_proj = Linear(cfg.value_dim, cfg.hidden_size, bias=False)
+
+    @staticmethod
+    def one_gemm(x: torch.Tensor) -> bool:
+        """Whether project() runs one GEMM for x's rows: on a GPU and in the compiler's trace."""
+        return x.is_cuda or x.is_meta
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """in_proj_qkv's, in_proj_z's, in_proj_b's and in_proj_a's rows of x: on a GPU (and in the compiler's
+        trace) column views of one GEMM (one gemv at one row, under the plan's knob); on a CPU four products,
+        summed as HF's four projections sum (the fp32 parity the tests hold to 1e-5 sees the order)."""
+        if self.one_gemm(x):
+            return self.in_proj_qkvzba(x).split(self.widths, dim=-1)
+        return tuple(F.linear(x, part) for part in self.in_proj_qkvzba.weight.split(self.widths, dim=0))
 
     def fused(self, x: torch.Tensor) -> bool:
         """Whether the gdn_fused kernels take this layer's rows x (bf16 on a kernel device)."""
@@ -113,12 +126,12 @@ class GatedDeltaNet(nn.Module):
 
         return slot_decode(q, k, v, g.contiguous(), beta.contiguous(), pool, state.slots, state.has_state)
 
-    def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(beta [T, HV] in x's dtype, g [T, HV] the log decay in fp32) of the layer's input rows x."""
-        if self.fused(x):
-            return norm_ops.gdn_gates(self.in_proj_b(x), self.in_proj_a(x), self.A_log, self.dt_bias)
-        beta = self.in_proj_b(x).sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+    def gates(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(beta [T, HV] in b's dtype, g [T, HV] the log decay in fp32) of in_proj_b's and in_proj_a's rows."""
+        if self.fused(b):
+            return norm_ops.gdn_gates(b, a, self.A_log, self.dt_bias)
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         return beta, g
 
     def forward(self, x: torch.Tensor, state: StateStep) -> torch.Tensor:
@@ -126,14 +139,15 @@ class GatedDeltaNet(nn.Module):
         if t != state.num_rows:
             raise ValueError(f"linear-attention layer {self.layer} got {t} rows for a step of {state.num_rows} "
                              f"(sequence lengths {state.seq_lens}): the step's rows and its StateStep must agree")
-        qkv = self.conv(self.in_proj_qkv(x), state)                          # [T, conv_dim]
+        qkv, z, b, a = self.project(x)
+        qkv = self.conv(qkv, state)                                          # [T, conv_dim]
         kd = self.hk * self.dk
         q = qkv[:, :kd].view(t, self.hk, self.dk)
         k = qkv[:, kd:2 * kd].view(t, self.hk, self.dk)
         v = qkv[:, 2 * kd:].view(t, self.hv, self.dv)
-        beta, g = self.gates(x)                                              # [T, HV] each
+        beta, g = self.gates(b, a)                                           # [T, HV] each
         o = self.core(q, k, v, g, beta, state)                               # [T, HV, dv] fp32
         if not self.norm.takes(x):                                           # (the fused norm rounds it itself)
             o = o.to(x.dtype)
-        o = self.norm(o, self.in_proj_z(x).view(t, self.hv, self.dv))
+        o = self.norm(o, z.view(t, self.hv, self.dv))
         return self.out_proj(o.reshape(t, self.hv * self.dv))

@@ -411,9 +411,11 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     if x.shape != gate.shape or weight.shape != (x.shape[-1],):
         raise ValueError(f"gated_rms_norm: x {tuple(x.shape)}, gate {tuple(gate.shape)} and weight "
                          f"{tuple(weight.shape)} must be [..., D], [..., D] and [D]")
-    x2, g2 = _rows(x), _rows(gate)
-    y = torch.empty(g2.shape, device=gate.device, dtype=gate.dtype)
-    gated_rms_norm_op(x2, g2, weight, y, eps)
+    x2 = _rows(x)
+    g3 = gate.reshape(-1, *gate.shape[-2:]) if gate.dim() >= 3 else _rows(gate)[:, None]     # [M, H, D]
+    g3 = g3 if g3.stride(-1) == 1 else g3.contiguous()
+    y = torch.empty(x2.shape, device=gate.device, dtype=gate.dtype)
+    gated_rms_norm_op(x2, g3, weight, y, eps)
     return y.view(gate.shape)
 
 

@@ -92,10 +92,10 @@ def _zc_rms_norm(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, H, D, x_row, x_head, r_strid
 
 
 @triton.jit
-def _gated_rms_norm(x_ptr, z_ptr, w_ptr, y_ptr, D, x_row, z_row, y_row, eps, BLOCK: tl.constexpr):
+def _gated_rms_norm(x_ptr, z_ptr, w_ptr, y_ptr, D, H, x_row, z_outer, z_inner, y_row, eps, BLOCK: tl.constexpr):
     """The Gated DeltaNet's output norm of one row (HF's Qwen3_5RMSNormGated), x first rounded to y's dtype (the
     core's fp32 output cast): the normed row rounded, its product with w rounded, that times silu(z) in fp32 and
-    rounded once."""
+    rounded once. Row r's gate is head r % H of gate row r // H."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = offs < D
@@ -104,7 +104,7 @@ def _gated_rms_norm(x_ptr, z_ptr, w_ptr, y_ptr, D, x_row, z_row, y_row, eps, BLO
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
     w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
     h = _round(w * _round(x * rstd, BF16), BF16)
-    z = tl.load(z_ptr + row * z_row + offs, mask=m, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + (row // H) * z_outer + (row % H) * z_inner + offs, mask=m, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * y_row + offs, _round(h * (z / (1.0 + tl.exp(-z))), BF16).to(y_ptr.dtype.element_ty),
              mask=m)
 
@@ -299,12 +299,13 @@ def add_zc_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, eps: float) -> None:
-    """x [N, D] (fp32 or y's dtype), gate and y [N, D] (rows may be strided, elements contiguous), weight [D]:
+    """x and y [N, D] (x fp32 or y's dtype), gate [M, H, D] with M H = N (row r's gate is gate[r // H, r % H];
+    rows and heads may be strided, elements contiguous), weight [D]:
     y = (weight * rms_norm(x.to(y.dtype)).to(y.dtype)) * silu(gate.float()), in y's dtype."""
     n, d = x.shape
     if n:
-        _gated_rms_norm[(n,)](x, gate, weight, y, d, x.stride(0), gate.stride(0), y.stride(0), eps, BLOCK=_block(d),
-                              num_warps=4 if d >= 1024 else 1)
+        _gated_rms_norm[(n,)](x, gate, weight, y, d, gate.shape[1], x.stride(0), gate.stride(0), gate.stride(1),
+                              y.stride(0), eps, BLOCK=_block(d), num_warps=4 if d >= 1024 else 1)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y: torch.Tensor, eps: float) -> None:

@@ -38,7 +38,7 @@ def layer(dtype: torch.dtype, fla: bool) -> GatedDeltaNet:
 
 def run(m: GatedDeltaNet, x: torch.Tensor, state, lens: list[int], has: list[bool]) -> torch.Tensor:
     with torch.no_grad():
-        return m(x.to(m.in_proj_qkv.weight.dtype), StateStep(state, list(range(len(lens))), lens, has)).float()
+        return m(x.to(m.in_proj_qkvzba.weight.dtype), StateStep(state, list(range(len(lens))), lens, has)).float()
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

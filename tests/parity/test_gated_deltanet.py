@@ -185,6 +185,25 @@ def test_a_mixed_step_equals_each_sequence_alone(pair):
     assert pair.slots.all_free()
 
 
+def test_the_one_gemm_projection_equals_hf(pair, monkeypatch):
+    """The projection a GPU runs (GatedDeltaNet.one_gemm: in_proj_qkv|z|b|a stacked at load, one GEMM, its
+    columns split as views) on a CPU: a decode row after a prefill and a fresh chunk in one step, against HF."""
+    monkeypatch.setattr(GatedDeltaNet, "one_gemm", staticmethod(lambda x: True))
+    lens = {"dec": [33, 1], "fresh": [40]}
+    xs = {name: rows(sum(c), seed=70 + i) for i, (name, c) in enumerate(lens.items())}
+    slot = {name: pair.slots.allocate() for name in lens}
+    try:
+        before = pair.chunks(xs["dec"], slot["dec"], [33])
+        got = pair.step(torch.cat([xs["dec"][33:], xs["fresh"]]), [slot["dec"], slot["fresh"]], [1, 40], [True, False])
+        for name, mine in (("dec", torch.cat([before, got[:1]])), ("fresh", got[1:])):
+            want, cache = pair.hf_steps(xs[name], lens[name])
+            assert rel(mine, want) < TOL, f"{name}: rel {rel(mine, want):.3g}"
+            pair.assert_state_is_hf(slot[name], cache)
+    finally:
+        for s in slot.values():
+            pair.slots.free(s)
+
+
 def test_the_delta_rules_equal_hf_from_a_carried_state():
     """The two torch rules alone against HF's, on 150 rows (three 64-row chunks, the last short) from a nonzero
     initial state: output and final state."""

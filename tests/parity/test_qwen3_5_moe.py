@@ -68,7 +68,8 @@ def pair(tmp_path_factory):
     cfg = Qwen3_5MoeTextConfig.from_text_config(hf.config.to_dict())
     ours = Qwen3_5LM(cfg).eval()
     report = load_weights(ours, renamed(load_file(str(folder / "model.safetensors"))))
-    assert report.fused == LAYERS * 3 + 2         # per layer experts' gate_up and down, shared gate_up; 2 qkv
+    assert report.fused == LAYERS * 3 + 2 + 6     # per layer experts' gate_up and down, shared gate_up; 2 full
+    #                                               layers' qkv; 6 linear layers' in_proj_qkv|z|b|a
     return hf, ours
 
 
@@ -88,7 +89,7 @@ def test_the_published_fused_expert_layout_loads_the_same_weights(pair):
     assert "model.language_model.layers.0.mlp.experts.gate_up_proj" in fused
     other = Qwen3_5LM(ours.cfg).eval()
     report = load_weights(other, fused)
-    assert report.fused == LAYERS + 2             # each shared expert's gate_up and the 2 qkv: experts read as is
+    assert report.fused == LAYERS + 2 + 6         # each shared expert's gate_up, 2 qkv, 6 in_proj_qkvzba; experts as is
     mine, theirs = ours.state_dict(), other.state_dict()
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
 

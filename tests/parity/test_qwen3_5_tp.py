@@ -171,15 +171,17 @@ def test_greedy_tokens_of_both_ranks_match_hf_generate(setup):
 
 def test_each_rank_holds_its_half_of_the_heads(setup):
     """Rank r's first GDN layer holds key heads r and value heads 2r, 2r+1 of HF's (rows of q, k, v in
-    in_proj_qkv; conv channels alike); its first full layer q/gate rows of heads 2r, 2r+1 and KV head r; MLP
-    columns of down_proj r's half. Read straight off HF's parameters."""
+    in_proj_qkv, then of z, b and a, stacked; conv channels alike); its first full layer q/gate rows of heads
+    2r, 2r+1 and KV head r; MLP columns of down_proj r's half. Read straight off HF's parameters."""
     hf, modules = setup
     lin, full = hf.model.layers[0].linear_attn, hf.model.layers[3].self_attn
     for r, m in enumerate(modules):
         gdn, att = m.body.layers[0].linear_attn, m.body.layers[3].self_attn
         qkv = lin.in_proj_qkv.weight                                  # [2 x 2 x 16 + 4 x 16, 64]
         want = torch.cat([qkv[16 * r:16 * r + 16], qkv[32 + 16 * r:48 + 16 * r], qkv[64 + 32 * r:96 + 32 * r]])
-        assert torch.equal(gdn.in_proj_qkv.weight, want)
+        want = torch.cat([want, lin.in_proj_z.weight[32 * r:32 * r + 32], lin.in_proj_b.weight[2 * r:2 * r + 2],
+                          lin.in_proj_a.weight[2 * r:2 * r + 2]])          # then z's rows of its heads, b's, a's
+        assert torch.equal(gdn.in_proj_qkvzba.weight, want)
         assert torch.equal(gdn.conv1d.weight[:, 0], torch.cat([lin.conv1d.weight[16 * r:16 * r + 16, 0],
                                                                 lin.conv1d.weight[32 + 16 * r:48 + 16 * r, 0],
                                                                 lin.conv1d.weight[64 + 32 * r:96 + 32 * r, 0]]))

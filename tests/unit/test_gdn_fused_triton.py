@@ -53,6 +53,8 @@ for dt in (torch.float32, torch.bfloat16):
         torch.nn.init.normal_(gated.weight, 1.0, 0.3)
         o, z = torch.randn(5, 3, 20), (2 * torch.randn(5, 3, 20)).to(dt)
         res["gated"] = cmp(norm_ops.gated_rms_norm(o, z, gated.weight, gated.eps), gated(o.to(dt), z))
+        zs = (2 * torch.randn(5, 77)).to(dt)[:, 9:69].view(5, 3, 20)   # z as the stacked projection's column view
+        res["gated_strided"] = cmp(norm_ops.gated_rms_norm(o, zs, gated.weight, gated.eps), gated(o.to(dt), zs))
         # gates: a + dt_bias past softplus's threshold (20), far below it, and where log1p matters (-12)
         a_log, dt_bias = torch.randn(12).to(dt), torch.randn(12).to(dt)
         b = (3 * torch.randn(7, 20)).to(dt)[:, 2:14]
@@ -89,7 +91,7 @@ print(json.dumps(out))
 def test_kernels_equal_the_torch_paths_in_the_interpreter():
     out = interpreted(KERNELS)
     f32, bf16 = out["torch.float32"], out["torch.bfloat16"]
-    norms = ("zc", "zc_heads", "add_total", "add_norm", "gated")
+    norms = ("zc", "zc_heads", "add_total", "add_norm", "gated", "gated_strided")
     convs = [f"conv_k{k}_{p}" for k in (4, 3) for p in ("float32", "bfloat16")]
     assert [f32[k]["shape"] for k in ("zc", "zc_heads", "add_norm", "gated")] == [[5, 96], [5, 6, 24], [5, 96],
                                                                                    [5, 3, 20]]
