@@ -140,23 +140,24 @@ def split_qkv(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int
 
 
 def norm_rope_qk(q_norm: RMSNorm, k_norm: RMSNorm, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 sin: torch.Tensor, out: tuple[torch.Tensor, ...] | None = None, v: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, ...]:
     """(norm_rope(q_norm, q, ...), norm_rope(k_norm, k, ...)): one fused launch for both where each would
     take the fused kernel and their rows and eps agree. out: (yq, yk) shaped as q and k to hold the results
     (returned): the fused launch writes them in place where their rows allow (norm_ops.q_k_norm_rope), the
-    torch path copies them in."""
+    torch path copies them in. With v, out is (yq, yk, yv) and v is copied into yv, by the same launch where
+    it is fused."""
     d = q.shape[-1]
     if (q_norm.fused(q) and k_norm.fused(k) and q_norm.eps == k_norm.eps and d & (d - 1) == 0
             and k.shape[-1] == d and k.shape[:-2] == q.shape[:-2] and _broadcasts(cos, (*q.shape[:-2], 1, d))
             and cos.shape == sin.shape and cos.dtype == sin.dtype == q.dtype):
         from models.components.norm_ops import q_k_norm_rope
-        return q_k_norm_rope(q, k, q_norm.weight, k_norm.weight, cos, sin, q_norm.eps, out)
-    rq, rk = norm_rope(q_norm, q, cos, sin), norm_rope(k_norm, k, cos, sin)
+        return q_k_norm_rope(q, k, q_norm.weight, k_norm.weight, cos, sin, q_norm.eps, out, v)
+    got = (norm_rope(q_norm, q, cos, sin), norm_rope(k_norm, k, cos, sin)) + (() if v is None else (v,))
     if out is None:
-        return rq, rk
-    out[0].copy_(rq)
-    out[1].copy_(rk)
+        return got
+    for o, y in zip(out, got, strict=True):
+        o.copy_(y)
     return out
 
 

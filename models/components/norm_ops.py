@@ -7,7 +7,7 @@ caller with torch.empty, which the simulation records). Triton is imported only 
     graphc::layer_norm(x, weight, bias, y!, eps)
     graphc::add_layer_norm(x, residual, weight, bias, total!, y!, eps)
     graphc::qk_norm_rope(x, weight, cos, sin, y!, eps)
-    graphc::q_k_norm_rope(q, k, wq, wk, cos, sin, yq!, yk!, eps)
+    graphc::q_k_norm_rope(q, k, wq, wk, cos, sin, yq!, yk!, eps, v?, yv!?)
     graphc::q_k_rope_f32(q, k, cos, sin, yq!, yk!, v?, yv!?)
     graphc::snake_beta(x, alpha, beta, y!)
     graphc::silu_mul(gate_up, y!)
@@ -99,16 +99,17 @@ def _(x, weight, cos, sin, y, eps) -> None:
     return None
 
 
-@torch.library.custom_op("graphc::q_k_norm_rope", mutates_args=("yq", "yk"))
+@torch.library.custom_op("graphc::q_k_norm_rope", mutates_args=("yq", "yk", "yv"))
 def q_k_norm_rope_op(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
-                     sin: torch.Tensor, yq: torch.Tensor, yk: torch.Tensor, eps: float) -> None:
+                     sin: torch.Tensor, yq: torch.Tensor, yk: torch.Tensor, eps: float, v: torch.Tensor | None,
+                     yv: torch.Tensor | None) -> None:
     from models.components import norm_triton as kern
 
-    kern.q_k_norm_rope(q, k, wq, wk, cos, sin, yq, yk, eps)
+    kern.q_k_norm_rope(q, k, wq, wk, cos, sin, yq, yk, eps, v, yv)
 
 
 @q_k_norm_rope_op.register_fake
-def _(q, k, wq, wk, cos, sin, yq, yk, eps) -> None:
+def _(q, k, wq, wk, cos, sin, yq, yk, eps, v, yv) -> None:
     return None
 
 
@@ -311,34 +312,46 @@ def head_rows(y: torch.Tensor) -> torch.Tensor | None:
 
 
 def q_k_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
-                  sin: torch.Tensor, eps: float, out: tuple[torch.Tensor, torch.Tensor] | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  sin: torch.Tensor, eps: float, out: tuple[torch.Tensor, ...] | None = None,
+                  v: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """(qk_norm_rope(q, wq, ...), qk_norm_rope(k, wk, ...)) in one launch: q [..., HQ, D] and k [..., HK, D] of
     the same rows, cos and sin as qk_norm_rope takes them. out: (yq, yk) shaped as q and k to hold the results
     (returned): written in place where their rows take one stride each (head_rows; the code predictor's
-    frame-cache slots of one sequence or one slot), else written beside and copied in."""
-    if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1] or k.dtype != q.dtype:
-        raise ValueError(f"q_k_norm_rope: q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} must share "
-                         "their rows, head dim and dtype")
-    if out is not None and (out[0].shape != q.shape or out[1].shape != k.shape or out[0].dtype != q.dtype
-                            or out[1].dtype != k.dtype):
-        raise ValueError(f"q_k_norm_rope: out {[tuple(y.shape) for y in out]} must be shaped as q {tuple(q.shape)} "
-                         f"and k {tuple(k.shape)}, in their dtype")
+    frame-cache slots of one sequence or one slot), else written beside and copied in. With v [..., HV, D] of the
+    same rows, out is (yq, yk, yv) and v's copy into yv comes from the same launch."""
+    _check_q_k_v(q, k, v, out)
     c2, s2 = _tables("q_k_norm_rope", q, cos, sin)
-    q3, k3 = _heads(q), _heads(k)
-    yq, yk = (None, None) if out is None else (head_rows(out[0]), head_rows(out[1]))
-    in_place = yq is not None and yk is not None
+    xs = [_heads(x) for x in (q, k) + (() if v is None else (v,))]
+    ys = None if out is None else [head_rows(y) for y in out]
+    in_place = ys is not None and all(y is not None for y in ys)
     if not in_place:
-        yq = torch.empty(q3.shape, device=q.device, dtype=q.dtype)
-        yk = torch.empty(k3.shape, device=k.device, dtype=k.dtype)
-    q_k_norm_rope_op(q3, k3, wq, wk, c2, s2, yq, yk, eps)
+        ys = [torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in xs]
+    v3, yv = (xs[2], ys[2]) if v is not None else (None, None)
+    q_k_norm_rope_op(xs[0], xs[1], wq, wk, c2, s2, ys[0], ys[1], eps, v3, yv)
     if in_place:
         return out
+    got = tuple(y.view(x.shape) for x, y in zip((q, k, v), ys))
     if out is None:
-        return yq.view(q.shape), yk.view(k.shape)
-    out[0].copy_(yq.view(q.shape))
-    out[1].copy_(yk.view(k.shape))
+        return got
+    for o, y in zip(out, got):
+        o.copy_(y)
     return out
+
+
+def _check_q_k_v(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, out: tuple[torch.Tensor, ...] | None
+                 ) -> None:
+    """q_k_norm_rope's refusals: q, k (and v) must share rows, head dim and dtype; out holds one of each."""
+    xs = (q, k) + (() if v is None else (v,))
+    if any(x.shape[:-2] != q.shape[:-2] or x.shape[-1] != q.shape[-1] or x.dtype != q.dtype for x in xs):
+        raise ValueError(f"q_k_norm_rope: q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)} {k.dtype}"
+                         f"{'' if v is None else f' and v {tuple(v.shape)} {v.dtype}'} must share their rows, head dim "
+                         "and dtype")
+    if v is not None and out is None:
+        raise ValueError("q_k_norm_rope: v is copied into out's third tensor; pass out = (yq, yk, yv)")
+    if out is not None and (len(out) != len(xs) or any(y.shape != x.shape or y.dtype != x.dtype
+                                                          for y, x in zip(out, xs))):
+        raise ValueError(f"q_k_norm_rope: out {[tuple(y.shape) for y in out]} must be shaped as q {tuple(q.shape)} "
+                         f"and k {tuple(k.shape)}{'' if v is None else f' and v {tuple(v.shape)}'}, in their dtype")
 
 
 def q_k_rope_f32(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, v: torch.Tensor | None = None,

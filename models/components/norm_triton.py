@@ -181,17 +181,22 @@ def _head_block(HQ, HK, HV, G: tl.constexpr):
 
 
 @triton.jit
-def _q_k_norm_rope(q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, yq_ptr, yk_ptr, HQ, HK, q_row, q_head, k_row,
-                   k_head, yq_row, yq_head, yk_row, yk_head, c_row, eps, D: tl.constexpr, G: tl.constexpr):
-    """q's and k's heads of a row in one grid: a program per (row, block of G heads of q, then of k)."""
-    row, b, bq, bk = _head_block(HQ, HK, 0, G)
+def _q_k_norm_rope(q_ptr, k_ptr, v_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, yq_ptr, yk_ptr, yv_ptr, HQ, HK, HV, q_row,
+                   q_head, k_row, k_head, v_row, v_head, yq_row, yq_head, yk_row, yk_head, yv_row, yv_head, c_row, eps,
+                   D: tl.constexpr, G: tl.constexpr):
+    """q's and k's heads of a row in one grid, with v's copy where HV > 0: a program per (row, block of G heads of
+    q, then of k, then of v)."""
+    row, b, bq, bk = _head_block(HQ, HK, HV, G)
     c_base, s_base = cos_ptr + row * c_row, sin_ptr + row * c_row
     if b < bq:
         _norm_rope_heads(q_ptr + row * q_row, q_head, wq_ptr, c_base, s_base, yq_ptr + row * yq_row, yq_head,
                          b * G, HQ, eps, D, G)
-    else:
+    elif b < bk:
         _norm_rope_heads(k_ptr + row * k_row, k_head, wk_ptr, c_base, s_base, yk_ptr + row * yk_row, yk_head,
                          (b - bq) * G, HK, eps, D, G)
+    else:
+        _rope_f32_heads(v_ptr + row * v_row, v_head, c_base, s_base, yv_ptr + row * yv_row, yv_head, (b - bk) * G,
+                        HV, D, D, D, G, False)
 
 
 @triton.jit
@@ -338,16 +343,20 @@ def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: 
 
 
 def q_k_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
-                  sin: torch.Tensor, yq: torch.Tensor, yk: torch.Tensor, eps: float) -> None:
+                  sin: torch.Tensor, yq: torch.Tensor, yk: torch.Tensor, eps: float, v: torch.Tensor | None = None,
+                  yv: torch.Tensor | None = None) -> None:
     """qk_norm_rope of q [N, HQ, D] (weight wq) and k [N, HK, D] (weight wk) in one launch, the same rows'
-    cos and sin [N, D]."""
+    cos and sin [N, D]; with v [N, HV, D], yv = v from the same launch."""
     n, hq, d = q.shape
     hk = k.shape[1]
+    hv = 0 if v is None else v.shape[1]
+    v, yv = (q, yq) if v is None else (v, yv)
     if n:
         g, warps = _rope_heads(n)
-        _q_k_norm_rope[(n * (triton.cdiv(hq, g) + triton.cdiv(hk, g)),)](
-            q, k, wq, wk, cos, sin, yq, yk, hq, hk, q.stride(0), q.stride(1), k.stride(0), k.stride(1), yq.stride(0),
-            yq.stride(1), yk.stride(0), yk.stride(1), cos.stride(0), eps, D=d, G=g, num_warps=warps)
+        _q_k_norm_rope[(n * (triton.cdiv(hq, g) + triton.cdiv(hk, g) + triton.cdiv(hv, g)),)](
+            q, k, v, wq, wk, cos, sin, yq, yk, yv, hq, hk, hv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            v.stride(0), v.stride(1), yq.stride(0), yq.stride(1), yk.stride(0), yk.stride(1), yv.stride(0),
+            yv.stride(1), cos.stride(0), eps, D=d, G=g, num_warps=warps)
 
 
 @triton.jit

@@ -145,31 +145,29 @@ class FrameCache:
         self.v = like.new_zeros(n, seqs, groups, cfg.num_key_value_heads, d)
 
     def attend(self, layer: int, slots: slice, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               written: tuple[bool, bool] = (False, False)) -> torch.Tensor:
+               written: tuple[bool, bool, bool] = (False, False, False)) -> torch.Tensor:
         """q [S, n, H, D], k/v [S, n, KV, D] at slots -> attention output of those slots [S, n, H, D]. written:
-        q and k are already in the cache's slots (FrameAttend.qk_out), not copied again."""
-        if not written[0]:
-            self.q[layer, :, slots] = q
-        if not written[1]:
-            self.k[layer, :, slots] = k
-        self.v[layer, :, slots] = v
+        q, k and v are already in the cache's slots (FrameAttend.qkv_out), not copied again."""
+        for cache, x, done in zip((self.q, self.k, self.v), (q, k, v), written):
+            if not done:
+                cache[layer, :, slots] = x
         o = self.attn(self.q[layer].flatten(0, 1), self.k[layer].flatten(0, 1), self.v[layer].flatten(0, 1))
         return o.view(self.s, self.g, *o.shape[1:])[:, slots]
 
 
 class FrameAttend(partial):
-    """A code predictor layer's attend at some slots: partial(FrameCache.attend, layer, slots), with qk_out
-    naming the cache's q and k slots, where the attention layer writes its normed q and k in place
-    (thinker.Attention). A partial, so the compiler's layer memo keys it as one (graphc/layer_memo.py: by
+    """A code predictor layer's attend at some slots: partial(FrameCache.attend, layer, slots), with qkv_out
+    naming the cache's q, k and v slots, where the attention layer writes its normed q and k and its v in place
+    (thinker.Attention; one launch where the norms are fused). A partial, so the compiler's layer memo keys it as one (graphc/layer_memo.py: by
     its function, not its layer and slots) and replays the frame's repeated layer passes."""
 
     def __new__(cls, cache: FrameCache, layer: int, slots: slice):
         self = super().__new__(cls, cache.attend, layer, slots)
-        self.qk_out = (cache.q[layer, :, slots], cache.k[layer, :, slots])
+        self.qkv_out = (cache.q[layer, :, slots], cache.k[layer, :, slots], cache.v[layer, :, slots])
         return self
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return super().__call__(q, k, v, (q is self.qk_out[0], k is self.qk_out[1]))
+        return super().__call__(q, k, v, tuple(x is y for x, y in zip((q, k, v), self.qkv_out)))
 
 
 class CodePredictorBody(nn.Module):

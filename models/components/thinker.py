@@ -47,8 +47,12 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         rows = x.shape[:-1]
         q, k, v = split_qkv(self.qkv_proj(x), self.h, self.kv, self.d)
-        # an attend that keeps q and k (the code predictor's frame cache) names where: written there in place
-        q, k = norm_rope_qk(self.q_norm, self.k_norm, q, k, cos, sin, getattr(attend, "qk_out", None))
+        # an attend that keeps q, k and v (the code predictor's frame cache) names where: written there in place
+        out = getattr(attend, "qkv_out", None)
+        if out is None:
+            q, k = norm_rope_qk(self.q_norm, self.k_norm, q, k, cos, sin)
+        else:
+            q, k, v = norm_rope_qk(self.q_norm, self.k_norm, q, k, cos, sin, out, v)
         return self.o_proj(attend(q, k, v).reshape(*rows, self.h * self.d))
 
 

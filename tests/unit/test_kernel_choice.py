@@ -300,40 +300,40 @@ def test_a_one_row_swiglu_takes_one_fused_product_and_activation():
         assert "graphc.gemv_silu_mul" not in graphc_ops(OpNames.of(lambda: mlp(x))[1])
 
 
-def test_normed_q_and_k_land_in_the_frame_cache_in_place_where_its_rows_allow():
-    """The code predictor's layers write q and k straight into their frame-cache slots (FrameAttend.qk_out):
-    with the norms fused (bf16, meta) one graphc.q_k_norm_rope and no copy where the slots' rows take one
-    stride (one slot of S sequences, or two slots of one), the kernel then copies where they cannot (two
-    slots of two sequences); without the knob (CPU, fp32) the torch path's results are copied into the slots
-    and equal a plain call's."""
+def test_normed_q_and_k_and_v_land_in_the_frame_cache_in_place_where_its_rows_allow():
+    """The code predictor's layers write q, k and v straight into their frame-cache slots (FrameAttend.qkv_out):
+    with the norms fused (bf16, meta) one graphc.q_k_norm_rope, which also copies v, and no copy where the slots'
+    rows take one stride (one slot of S sequences, or two slots of one), the kernel then copies where they
+    cannot (two slots of two sequences: q, k and v); without the knob (CPU, fp32) the torch path's results and
+    v are copied into the slots and equal a plain call's."""
     from models.components.layers import RMSNorm, norm_rope_qk
 
     H, KV, D, G = 4, 2, 16, 6
-    for s, n, copies in ((3, 1, 0), (1, 2, 0), (2, 2, 2)):
+    for s, n, copies in ((3, 1, 0), (1, 2, 0), (2, 2, 3)):
         with torch.device("meta"):
             qn, kn = RMSNorm(D).to(torch.bfloat16), RMSNorm(D).to(torch.bfloat16)
             q = torch.empty(s, n, H, D, dtype=torch.bfloat16)
-            k = torch.empty(s, n, KV, D, dtype=torch.bfloat16)
+            k, v = (torch.empty(s, n, KV, D, dtype=torch.bfloat16) for _ in range(2))
             cq = torch.empty(s, G, H, D, dtype=torch.bfloat16)
-            ck = torch.empty(s, G, KV, D, dtype=torch.bfloat16)
+            ck, cv = (torch.empty(s, G, KV, D, dtype=torch.bfloat16) for _ in range(2))
             cos = sin = torch.empty(n, 1, D, dtype=torch.bfloat16)
         set_kernels(qn, {"fused_norms": 1})
         set_kernels(kn, {"fused_norms": 1})
-        out = (cq[:, 1:1 + n], ck[:, 1:1 + n])
-        got, seen = OpNames.of(lambda: norm_rope_qk(qn, kn, q, k, cos, sin, out))
+        out = (cq[:, 1:1 + n], ck[:, 1:1 + n], cv[:, 1:1 + n])
+        got, seen = OpNames.of(lambda: norm_rope_qk(qn, kn, q, k, cos, sin, out, v))
         assert got is out
         assert graphc_ops(seen) == ["graphc.q_k_norm_rope"], seen
         assert sum(x.endswith("copy_") for x in seen) == copies, (s, n, seen)
     torch.manual_seed(0)
     qn, kn = RMSNorm(D), RMSNorm(D)
     torch.nn.init.normal_(qn.weight, 1.0, 0.3)
-    q, k = torch.randn(2, 1, H, D), torch.randn(2, 1, KV, D)
+    q, k, v = torch.randn(2, 1, H, D), torch.randn(2, 1, KV, D), torch.randn(2, 1, KV, D)
     cos, sin = torch.rand(1, 1, D), torch.rand(1, 1, D)
-    cq, ck = torch.zeros(2, G, H, D), torch.zeros(2, G, KV, D)
+    cq, ck, cv = torch.zeros(2, G, H, D), torch.zeros(2, G, KV, D), torch.zeros(2, G, KV, D)
     want = norm_rope_qk(qn, kn, q, k, cos, sin)
-    norm_rope_qk(qn, kn, q, k, cos, sin, (cq[:, 3:4], ck[:, 3:4]))
-    assert torch.equal(cq[:, 3:4], want[0]) and torch.equal(ck[:, 3:4], want[1])
-    assert not cq[:, :3].any() and not ck[:, 4:].any()
+    norm_rope_qk(qn, kn, q, k, cos, sin, (cq[:, 3:4], ck[:, 3:4], cv[:, 3:4]), v)
+    assert torch.equal(cq[:, 3:4], want[0]) and torch.equal(ck[:, 3:4], want[1]) and torch.equal(cv[:, 3:4], v)
+    assert not cq[:, :3].any() and not ck[:, 4:].any() and not cv[:, :3].any() and not cv[:, 4:].any()
 
 
 

@@ -64,6 +64,12 @@ for dtype in (torch.float32, torch.bfloat16):
         bq, bk = norm_ops.q_k_norm_rope(q, k_in, qn.weight, kn.weight, cos, sin, qn.eps)
         res["q_k_same"] = bool(torch.equal(bq, gq) and torch.equal(bk, norm_ops.qk_norm_rope(k_in, kn.weight, cos, sin, kn.eps)))
         res["q_k_err"] = (bk.float() - apply_rope(kn(k_in), cos, sin).float()).abs().max().item()
+        # with v: its copy from the same launch into slots of a wider cache (rows strided), q and k unchanged
+        v_in = (3 * torch.randn(T, KV + 1, HD)).to(dtype)[:, 1:]
+        cq, ck, cv = (torch.zeros(T, 3, h, HD, dtype=dtype) for h in (H, KV, KV))
+        got3 = norm_ops.q_k_norm_rope(q, k_in, qn.weight, kn.weight, cos, sin, qn.eps, (cq[:, 1], ck[:, 1], cv[:, 1]), v_in)
+        res["q_k_v_same"] = bool(torch.equal(got3[0], bq) and torch.equal(got3[1], bk) and torch.equal(cv[:, 1], v_in)
+                                 and not cv[:, 0].any() and not cv[:, 2].any())
         res["differ"] = {k: (a != b).float().mean().item() for k, (a, b) in
                          {"rms_norm": (got, want), "add_norm": (gn, wn), "qk_norm_rope": (gq, wq)}.items()}
         res["scale"] = max(want.float().abs().max().item(), wq.float().abs().max().item())
@@ -86,6 +92,7 @@ def test_fused_norms_equal_the_torch_path_in_the_interpreter(heads):
     assert f32["shapes"] == [[5, 96], [5, 96], [5, 6, 16]]
     assert f32["shapes_b"] == [[5, 2, 6, 16], [5, 1, 6, 16]]
     assert f32["q_k_same"] and bf16["q_k_same"] and f32["q_k_err"] <= 2e-6 * f32["scale"], (f32, bf16)
+    assert f32["q_k_v_same"] and bf16["q_k_v_same"]
     for k in ("rms_norm", "add_total", "add_norm", "qk_norm_rope", "broadcast_2", "broadcast_1"):
         assert f32[k] <= 2e-6 * f32["scale"], (k, f32)
     assert bf16["add_total"] == 0.0, bf16                     # the sum rounds once, as x + r does
