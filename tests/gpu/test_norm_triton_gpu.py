@@ -240,7 +240,8 @@ def test_fused_silu_mul_against_the_torch_path_and_fp64(hidden, inter, rows):
 @pytest.mark.parametrize("rows", [1, 64, 2048])
 def test_q_and_k_in_one_launch_equal_two(shape, rows):
     """q_k_norm_rope (a layer's q and k heads in one grid, each with its norm weight) equals qk_norm_rope run
-    on q and on k, bit for bit, on q and k as split_qkv gives them (strided views of one projection)."""
+    on q and on k, bit for bit, on q and k as split_qkv gives them (strided views of one projection); given v,
+    the same launch also copies it into the third output, in place in strided slots, touching nothing else."""
     pytest.importorskip("triton")
     from models.components import norm_ops
     from models.components.layers import split_qkv
@@ -251,12 +252,17 @@ def test_q_and_k_in_one_launch_equal_two(shape, rows):
     wq = torch.randn(d, device="cuda", generator=gen).mul(0.2).add(1).to(bf)
     wk = torch.randn(d, device="cuda", generator=gen).mul(0.2).add(1).to(bf)
     qkv = torch.randn(rows, (heads + 2 * kv) * d, device="cuda", generator=gen).to(bf)
-    q, k, _ = split_qkv(qkv, heads, kv, d)
+    q, k, v = split_qkv(qkv, heads, kv, d)
     ang = torch.rand(rows, 1, d // 2, device="cuda", generator=gen) * 100
     cos, sin = torch.cat([ang.cos()] * 2, -1).to(bf), torch.cat([ang.sin()] * 2, -1).to(bf)
     yq, yk = norm_ops.q_k_norm_rope(q, k, wq, wk, cos, sin, 1e-6)
     assert torch.equal(yq, norm_ops.qk_norm_rope(q, wq, cos, sin, 1e-6))
     assert torch.equal(yk, norm_ops.qk_norm_rope(k, wk, cos, sin, 1e-6))
+    # with v (the code predictor's frame cache: slot 1 of 3 of each row, left garbage around it)
+    cq, ck, cv = (torch.full((rows, 3, h, d), float("nan"), device="cuda", dtype=bf) for h in (heads, kv, kv))
+    norm_ops.q_k_norm_rope(q, k, wq, wk, cos, sin, 1e-6, (cq[:, 1], ck[:, 1], cv[:, 1]), v)
+    assert torch.equal(cq[:, 1], yq) and torch.equal(ck[:, 1], yk) and torch.equal(cv[:, 1], v)
+    assert cv[:, 0].isnan().all() and cv[:, 2].isnan().all()
 
 
 @pytest.mark.parametrize("patches", [64, 1024, 8192])
