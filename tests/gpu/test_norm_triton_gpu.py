@@ -102,10 +102,10 @@ def test_a_thinker_layer_runs_the_operators_and_replays_in_a_graph():
     seen = names.seen
     with torch.no_grad():
         set_kernels(layer, {})
-        plain = layer(x, cos, sin, attend)
+        plain = layer(x, None, cos, sin, attend)[0]
         set_kernels(layer, {"fused_norms": 1, "fused_max_tokens": 64})
         with names:
-            eager = layer(x, cos, sin, attend)
+            eager = layer(x, None, cos, sin, attend)[0]
         assert [s for s in seen if s in ("graphc.rms_norm", "graphc.q_k_norm_rope", "graphc.qk_norm_rope",
                                          "graphc.add_rms_norm", "graphc.moe_sum_add")] == [
             "graphc.rms_norm", "graphc.q_k_norm_rope", "graphc.add_rms_norm", "graphc.moe_sum_add"]
@@ -115,11 +115,11 @@ def test_a_thinker_layer_runs_the_operators_and_replays_in_a_graph():
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
-            layer(static, cos, sin, attend)
+            layer(static, None, cos, sin, attend)[0]
         torch.cuda.current_stream().wait_stream(s)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            out = layer(static, cos, sin, attend)
+            out = layer(static, None, cos, sin, attend)[0]
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, eager)
