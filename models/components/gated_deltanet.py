@@ -59,6 +59,7 @@ class GatedDeltaNet(nn.Module):
     fla_gdn: int = 0          # the plan's knob: the delta rule on fla-core's kernels (CUDA)
     gdn_slots: int = 0        # the plan's knob: a decode step's rule on the state pool in place (CUDA, Triton)
     gdn_fused: int = 0        # the plan's knob: the gates, a decode step's conv (and the norms) one launch each
+    gdn_conv_rows: int = 0    # the plan's knob: a many-row step's conv on the pool in place (two launches)
 
     def __init__(self, cfg: GatedDeltaNetConfig, layer: int):
         super().__init__()
@@ -96,6 +97,9 @@ class GatedDeltaNet(nn.Module):
         pool = state.conv(self.layer)                                        # [slots, conv_dim, K-1]
         if self.fused(qkv) and one_row(state.cu_seqlens):                    # in place on the pool
             return norm_ops.gdn_conv_row(qkv, self.conv1d.weight[:, 0], pool, state.slots, state.has_state)
+        if self.gdn_conv_rows and norm_ops.on_kernel_device(qkv) and not one_row(state.cu_seqlens):   # eager
+            cu, seq = state.row_index()
+            return norm_ops.gdn_conv_rows(qkv, self.conv1d.weight[:, 0], pool, state.slots, state.has_state, seq, cu)
         windows = read_slots(pool, state.slots, state.has_state)
         y, new = causal_conv(qkv, self.conv1d.weight[:, 0], windows, state.cu_seqlens)
         pool.index_copy_(0, state.slots, new.to(pool.dtype))

@@ -16,6 +16,7 @@ caller with torch.empty, which the simulation records). Triton is imported only 
     graphc::gated_rms_norm(x, gate, weight, y!, eps)
     graphc::gdn_gates(b, a, a_log, dt_bias, beta!, g!)
     graphc::gdn_conv_row(x, weight, pool!, slots, has_state, y!)
+    graphc::gdn_conv_rows(x, weight, pool!, slots, has_state, seq, cu, y!)
 
 layers.RMSNorm takes the first two, layers.LayerNorm the next two, the attention layers' q and k norm +
 rotary q_k_norm_rope (qk_norm_rope where only one of them is fused), code2wav.SnakeBeta snake_beta and
@@ -25,7 +26,8 @@ fused_rope knob). Qwen3.5's zero-centred norms (qwen3_5_text.ZeroCentredRMSNorm:
 add with the one after the mixer, q_norm and k_norm, the final norm) take zc_rms_norm and add_zc_rms_norm, and
 its Gated DeltaNet layers gated_rms_norm (the output norm, on the core's fp32 rows), gdn_gates (beta and the
 log decay) and gdn_conv_row (a decode step's conv on the conv state pool in place; gdn_step_triton.py), under
-the gdn_fused knob, on bf16 rows on a device in KERNEL_DEVICES. The wrappers here check shapes and return the
+the gdn_fused knob, on bf16 rows on a device in KERNEL_DEVICES; gdn_conv_rows (any step's conv, rows of several
+sequences, on the pool in place) under the gdn_conv_rows knob. The wrappers here check shapes and return the
 outputs.
 """
 from __future__ import annotations
@@ -211,6 +213,19 @@ def gdn_conv_row_op(x: torch.Tensor, weight: torch.Tensor, pool: torch.Tensor, s
 
 @gdn_conv_row_op.register_fake
 def _(x, weight, pool, slots, has_state, y) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::gdn_conv_rows", mutates_args=("pool", "y"))
+def gdn_conv_rows_op(x: torch.Tensor, weight: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor,
+                     has_state: torch.Tensor, seq: torch.Tensor, cu: torch.Tensor, y: torch.Tensor) -> None:
+    from models.components import gdn_step_triton as k
+
+    k.conv_rows(x, weight, pool, slots, has_state, seq, cu, y)
+
+
+@gdn_conv_rows_op.register_fake
+def _(x, weight, pool, slots, has_state, seq, cu, y) -> None:
     return None
 
 
@@ -445,6 +460,28 @@ def gdn_gates(b: torch.Tensor, a: torch.Tensor, a_log: torch.Tensor, dt_bias: to
     g = torch.empty(b.shape, device=b.device, dtype=torch.float32)
     gdn_gates_op(b2, a2, a_log, dt_bias, beta, g)
     return beta, g
+
+
+def gdn_conv_rows(x: torch.Tensor, weight: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor,
+                  has_state: torch.Tensor, seq: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+    """Any step's causal conv (delta_rule.causal_conv) on the conv state pool in place: x [T, C] (sequence n's rows
+    cu[n]:cu[n+1], seq [T] each row's sequence), weight [C, K], pool [slots, C, K-1] whose slot slots[n] holds
+    sequence n's last K-1 rows (read as zeros where has_state[n] is False) and takes its new window. Returns
+    silu(conv) [T, C] in x's dtype."""
+    t, c = x.shape
+    n = slots.shape[0]
+    if weight.dim() != 2 or weight.shape[0] != c or weight.shape[1] < 2 or pool.dim() != 3 or \
+            pool.shape[1:] != (c, weight.shape[1] - 1) or has_state.shape != (n,) or cu.shape != (n + 1,) or \
+            seq.shape != (t,):
+        raise ValueError(f"gdn_conv_rows: x {tuple(x.shape)} takes weight [C, K] (K >= 2), pool [slots, C, K-1], "
+                         f"slots and has_state [N], cu [N+1] and seq [T]; got weight {tuple(weight.shape)}, pool "
+                         f"{tuple(pool.shape)}, slots {tuple(slots.shape)}, has_state {tuple(has_state.shape)}, cu "
+                         f"{tuple(cu.shape)}, seq {tuple(seq.shape)}")
+    x2 = _rows(x)
+    w2 = weight if weight.stride(-1) == 1 else weight.contiguous()
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    gdn_conv_rows_op(x2, w2, pool, slots, has_state, seq, cu, y)
+    return y
 
 
 def gdn_conv_row(x: torch.Tensor, weight: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor,

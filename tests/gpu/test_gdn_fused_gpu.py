@@ -6,7 +6,7 @@
   then a step of a 40-row chunk beside two decode rows. Against the same layer in fp32 on the torch path, the
   knob's outputs and recurrent state are within the torch bf16 path's own error (25% margin); the conv state
   equals the torch path's bit for bit (the kernel only moves its values); the slots no sequence owns are left
-  untouched.
+  untouched. The same with gdn_conv_rows, which runs the mixed step's conv.
 - the zero-centred norms: the hidden rows' (1 and 64 rows, and the residual add with it) and q_norm's and
   k_norm's over strided heads of one projection. The kernels round where the torch path rounds: the residual
   sum bit for bit, the rest within one bf16 ulp on at most 1% of the elements (the mean's summation order).
@@ -31,7 +31,7 @@ CFG = GatedDeltaNetConfig(hidden_size=4096, linear_num_key_heads=16, linear_num_
                           linear_key_head_dim=128, linear_value_head_dim=128)
 
 
-def layer(dtype: torch.dtype, fused: bool) -> GatedDeltaNet:
+def layer(dtype: torch.dtype, fused: bool, rows: bool = False) -> GatedDeltaNet:
     torch.manual_seed(0)
     m = GatedDeltaNet(CFG, 0)
     with torch.no_grad():
@@ -40,7 +40,7 @@ def layer(dtype: torch.dtype, fused: bool) -> GatedDeltaNet:
         m.A_log.copy_(torch.empty_like(m.A_log).uniform_(0.01, 0.3).log())
         m.norm.weight.normal_(1.0, 0.1)
         m.conv1d.weight.mul_(10)
-    set_kernels(m, {"gdn_slots": 1, "gdn_fused": int(fused)})
+    set_kernels(m, {"gdn_slots": 1, "gdn_fused": int(fused), "gdn_conv_rows": int(rows)})
     return m.to("cuda", dtype)
 
 
@@ -59,22 +59,23 @@ def test_a_gated_deltanet_layer_with_the_knob_holds_the_torch_paths_bf16_error()
     has = [i % 5 != 0 for i in range(n)]
     x1, x2 = torch.randn(n, CFG.hidden_size, device="cuda"), torch.randn(42, CFG.hidden_size, device="cuda")
     results = {}
-    for name, dtype, fused in (("ref32", torch.float32, False), ("ref16", torch.bfloat16, False),
-                               ("fused16", torch.bfloat16, True)):
-        m, state = layer(dtype, fused), copy.deepcopy(start)
+    for name, dtype, fused, rows in (("ref32", torch.float32, False, False), ("ref16", torch.bfloat16, False, False),
+                                     ("fused16", torch.bfloat16, True, False), ("rows16", torch.bfloat16, True, True)):
+        m, state = layer(dtype, fused, rows), copy.deepcopy(start)
         with torch.no_grad():
             y1 = m(x1.to(dtype), StateStep(state, order, [1] * n, has))
             conv1 = state.conv.clone()
             y2 = m(x2.to(dtype), StateStep(state, order[:3], [1, 40, 1], [True, True, True]))
         results[name] = (y1, y2, state.recurrent[0, order].clone(), conv1, state.conv.clone())
     ref = results["ref32"]
-    errs = {name: [rel(results[name][i], ref[i]) for i in (0, 1, 2)] for name in ("ref16", "fused16")}
+    errs = {name: [rel(results[name][i], ref[i]) for i in (0, 1, 2)] for name in ("ref16", "fused16", "rows16")}
     print(f"\nrelative error against fp32 (step 1 out, step 2 out, owned slots): torch bf16 {errs['ref16']}, "
-          f"knob {errs['fused16']}")
-    for got, base in zip(errs["fused16"], errs["ref16"]):
-        assert got <= 1.25 * base + 1e-4, errs
-    assert torch.equal(results["fused16"][3], results["ref16"][3])   # the decode step's conv windows
-    assert torch.equal(results["fused16"][4], results["ref16"][4])
+          f"knob {errs['fused16']}, with gdn_conv_rows {errs['rows16']}")
+    for name in ("fused16", "rows16"):
+        for got, base in zip(errs[name], errs["ref16"]):
+            assert got <= 1.25 * base + 1e-4, errs
+        assert torch.equal(results[name][3], results["ref16"][3])   # the decode step's conv windows
+        assert torch.equal(results[name][4], results["ref16"][4])   # the mixed step's (gdn_conv_rows in rows16)
     free = [i for i in range(slots) if i not in order]
     assert torch.equal(results["fused16"][3][0, free], start.conv[0, free])
 

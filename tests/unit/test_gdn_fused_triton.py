@@ -83,6 +83,21 @@ for dt in (torch.float32, torch.bfloat16):
                 res[tag] = cmp(got_y, want_y)
                 res[tag]["pool_equal"] = bool(torch.equal(got_pool, want_pool))
                 res[tag]["untouched"] = bool(torch.equal(got_pool[[2, 4, 6]], pool[[2, 4, 6]]))
+                # any step's conv: sequences of 1, 2 (under K-1 rows: its new window keeps old rows), 5 and 3 rows,
+                # two without a state whose slots hold garbage
+                lens = [1, 2, 5, 3]
+                cu = [0, 1, 3, 8, 11]
+                xs = (2 * torch.randn(cu[-1], c + 6)).to(dt)[:, 3:3 + c]
+                want_pool = pool.clone()
+                want_y, new = causal_conv(xs, w, read_slots(want_pool, slots, has), cu)
+                want_pool.index_copy_(0, slots, new.to(pool_dt))
+                got_pool = pool.clone()
+                seq = torch.repeat_interleave(torch.arange(4, dtype=torch.int32), torch.tensor(lens))
+                got_y = norm_ops.gdn_conv_rows(xs, w, got_pool, slots, has, seq, torch.tensor(cu, dtype=torch.int32))
+                tag = f"rows_k{k}_{str(pool_dt)[6:]}"
+                res[tag] = cmp(got_y, want_y)
+                res[tag]["pool_equal"] = bool(torch.equal(got_pool, want_pool))
+                res[tag]["untouched"] = bool(torch.equal(got_pool[[2, 4, 6]], pool[[2, 4, 6]]))
     out[str(dt)] = res
 print(json.dumps(out))
 """
@@ -92,7 +107,7 @@ def test_kernels_equal_the_torch_paths_in_the_interpreter():
     out = interpreted(KERNELS)
     f32, bf16 = out["torch.float32"], out["torch.bfloat16"]
     norms = ("zc", "zc_heads", "add_total", "add_norm", "gated", "gated_strided")
-    convs = [f"conv_k{k}_{p}" for k in (4, 3) for p in ("float32", "bfloat16")]
+    convs = [f"{kind}_k{k}_{p}" for kind in ("conv", "rows") for k in (4, 3) for p in ("float32", "bfloat16")]
     assert [f32[k]["shape"] for k in ("zc", "zc_heads", "add_norm", "gated")] == [[5, 96], [5, 6, 24], [5, 96],
                                                                                    [5, 3, 20]]
     for k in norms + ("beta",) + tuple(convs):
@@ -150,14 +165,14 @@ class Seen(TorchDispatchMode):
 runs = {}
 for knob in (0, 1):
     for m in layers:
-        set_kernels(m, {"gdn_fused": knob})
+        set_kernels(m, {"gdn_fused": knob, "gdn_conv_rows": knob})
     state = new_state(cfg.state_spec("s"), 6)
     state.conv.copy_(start.conv)
     state.recurrent.copy_(start.recurrent)
     seen = Seen()
     with torch.no_grad(), seen:
         # a decode step of 3 sequences (slots out of order, the second without a state), then a step of a 3-row
-        # chunk continuing slot 4 and a decode row (the gates fused; the conv's torch path: not one row each)
+        # chunk continuing slot 4 and a decode row (the gates fused; the conv gdn_conv_rows: not one row each)
         y1 = layers[0](xs[0], cos, sin, StepContext({"state": StateStep(state, [4, 0, 2], [1, 1, 1],
                                                                           [True, False, True])}))
         y2 = layers[0](xs[1], cos, sin, StepContext({"state": StateStep(state, [4, 2], [3, 1], [True, True])}))
@@ -182,7 +197,8 @@ print(json.dumps({"y_rel": [rel(a, b) for a, b in zip(on["y"], off["y"])],
 
 def test_decoder_layers_with_the_knob_equal_the_torch_path():
     """A Gated DeltaNet decoder layer (a decode step, then a step with a prompt chunk) and a full-attention one
-    (q_norm and k_norm on strided heads), bf16 on CPU-interpreted kernels, knob on against off. The full layer
+    (q_norm and k_norm on strided heads), bf16 on CPU-interpreted kernels, the knobs (gdn_fused and
+    gdn_conv_rows) on against off. The full layer
     and a lone norm are equal bit for bit; the linear layer's outputs within one bf16 ulp of its largest (its gate
     g may differ from torch's in the last fp32 bits, which moves the core's output before it is rounded; equal
     in these rows), its conv state equal bit for bit and its recurrent state within fp32 rounding. The knob's
@@ -190,7 +206,7 @@ def test_decoder_layers_with_the_knob_equal_the_torch_path():
     r = interpreted(LAYERS)
     assert r["ops_off"] == [], r
     assert r["ops_on"] == ["graphc::add_zc_rms_norm", "graphc::gated_rms_norm", "graphc::gdn_conv_row",
-                           "graphc::gdn_gates", "graphc::zc_rms_norm"], r
+                           "graphc::gdn_conv_rows", "graphc::gdn_gates", "graphc::zc_rms_norm"], r
     assert r["y_equal"][2:] == [True, True], r
     assert max(r["y_rel"][:2]) <= 2 ** -7, r
     assert r["conv_equal"] and r["conv_moved"] and r["rec_rel"] <= 1e-5, r
