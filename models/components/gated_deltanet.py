@@ -11,7 +11,8 @@ core runs in plain torch (delta_rule.py), or on flash-linear-attention's kernels
 says so (delta_rule.fla_rule); with the gdn_slots knob a decode step's rule runs on the state pool in place
 (gdn_triton.slot_decode, CUDA). With the gdn_fused knob the gates, a decode step's conv on the conv state pool in
 place and the gated output norm are one launch each (norm_ops.py: gdn_gates, gdn_conv_row, gated_rms_norm), on
-bf16 rows on a GPU (no plan sets it until it is measured on the GPU).
+bf16 rows on a GPU. With the gdn_conv_rows knob a step of many-row sequences runs its conv on the pool in place
+(norm_ops.gdn_conv_rows, two launches; no plan sets it until it is measured on the GPU).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The checkpoint loader: per-expert tensors fuse, q/k/v and gate/up stack; missing, unexpected and mis-shaped
-are named."""
+"""The checkpoint loader: per-expert tensors fuse, q/k/v and gate/up stack, as do a module's own STACKS;
+missing, unexpected and mis-shaped are named."""
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -155,3 +155,34 @@ def test_a_large_tensor_goes_in_by_row_chunks_cast_on_the_way(tmp_path, monkeypa
     load_weights(m, tmp_path)
     assert [r for r in reads if r[0] == "w"] == [("w", r, r + 16) for r in range(0, 256, 16)]
     assert torch.equal(m.w, big.to(torch.bfloat16)) and m.s.item() == 2.5
+
+
+class Mixer(torch.nn.Module):
+    """A submodule that holds three disk projections as one matrix (as GatedDeltaNet does)."""
+
+    STACKS = {"in_abc": ("in_a", "in_b", "in_c")}
+
+    def __init__(self):
+        super().__init__()
+        self.in_abc = torch.nn.Linear(4, 2 + 3 + 1, bias=False)
+
+
+def test_a_submodules_own_stacks_load_its_parts_in_order(tmp_path):
+    """A module's STACKS (here a submodule's, under a plain parent) stacks its parts' rows in the order it names:
+    rows 0-1 in_a's, 2-4 in_b's, 5 in_c's; a missing part is refused by its disk name."""
+    torch.manual_seed(0)
+    t = {"m.layer.in_a.weight": torch.randn(2, 4), "m.layer.in_b.weight": torch.randn(3, 4),
+         "m.layer.in_c.weight": torch.randn(1, 4)}
+    save_file(t, tmp_path / "model.safetensors")
+    parent = torch.nn.Module()
+    parent.layer = Mixer()
+    rep = load_weights(parent, tmp_path, prefix="m.")
+    assert rep.fused == 1 and rep.loaded == 1
+    w = parent.layer.in_abc.weight
+    assert torch.equal(w[:2], t["m.layer.in_a.weight"]) and torch.equal(w[2:5], t["m.layer.in_b.weight"])
+    assert torch.equal(w[5:], t["m.layer.in_c.weight"])
+    del t["m.layer.in_b.weight"]
+    save_file(t, tmp_path / "model.safetensors")
+    with pytest.raises(InvalidInput) as e:
+        load_weights(parent, tmp_path, prefix="m.")
+    assert "m.layer.in_abc.weight: missing (nor m.layer.in_b.weight)" in str(e.value)
