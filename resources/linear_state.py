@@ -207,7 +207,7 @@ class StateStep:
         if len(set(slot_ids)) != len(slot_ids):
             raise ValueError(f"slot ids {slot_ids} must be distinct: two sequences of one step never share a slot")
         self._lens(seq_lens)
-        self._row_index = None
+        self._row_index = self._cu = None
         device = self.state.conv.device
         # async copies (staged now): a host sync here would wait for the step in flight
         self.slots = torch.tensor(slot_ids, dtype=torch.long).to(device, non_blocking=True)           # [N]
@@ -222,6 +222,16 @@ class StateStep:
     @property
     def num_rows(self) -> int:
         return self.cu_seqlens[-1]
+
+    def cu_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's offsets cu_seqlens as int64 (on the host, on the pool's device), made once a step: every
+        layer of the step passes these same two tensors (eager steps only)."""
+        import torch
+
+        if getattr(self, "_cu", None) is None:
+            host = torch.tensor(self.cu_seqlens, dtype=torch.long)
+            self._cu = (host, host.to(self.state.conv.device, non_blocking=True))
+        return self._cu
 
     def row_index(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(cu [N+1] int32, seq [T] int32: each row's sequence) on the pool's device, made once a step (eager

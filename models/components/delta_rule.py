@@ -144,12 +144,17 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
 
 
 def fla_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-             states: torch.Tensor, cu: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+             states: torch.Tensor, cu: list[int], cu_t: tuple[torch.Tensor, torch.Tensor] | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """gated_delta_rule on flash-linear-attention's Triton kernels (fla-core), CUDA only: q, k [T, HK, dk] raw
     (FLA normalises them and scales q by dk^-0.5 in the kernel, and serves HV = group x HK value heads), v [T, HV,
     dv], g (log decay, fp32), beta [T, HV]; states [N, HV, dk, dv] fp32. A step of one-row sequences (decode)
     runs the fused recurrent kernel on them as a batch (no host work: a captured graph replays it), any other
-    the chunked one over the packed sequences (its grid is sized on the host: eager only). Returns (o [T, HV, dv] fp32, new states fp32)."""
+    the chunked one over the packed sequences (its grid is sized on the host: eager only). Returns (o [T, HV,
+    dv] fp32, new states fp32). cu_t: the step's offsets as int64 (on the host, on q's device), one pair for
+    every layer of the step (StateStep.cu_tensors). FLA sizes its chunks from the host's copy, so no call waits
+    for the GPU (given only the device's, it reads them back), and caches its chunk indices by the tensors'
+    identity (a pair made per call, where cu_t is None, misses that cache)."""
     if q.is_meta:
         return fla_allocations(q, k, v, g, beta, states, cu)
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
@@ -159,9 +164,11 @@ def fla_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                                                 beta=beta[:, None], initial_state=states, output_final_state=True,
                                                 use_qk_l2norm_in_kernel=True)
         return o[:, 0].float(), s.float()
-    cu_t = torch.tensor(cu, dtype=torch.long, device=q.device)
+    host, dev = cu_t if cu_t is not None else (torch.tensor(cu, dtype=torch.long), None)
+    dev = host.to(q.device, non_blocking=True) if dev is None else dev
     o, s = chunk_gated_delta_rule(q[None], k[None], v[None], g=g[None].float(), beta=beta[None], initial_state=states,
-                                  output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_t)
+                                  output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=dev,
+                                  cu_seqlens_cpu=host)
     return o[0].float(), s.float()
 
 

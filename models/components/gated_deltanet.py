@@ -77,6 +77,11 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = Linear(cfg.value_dim, cfg.hidden_size, bias=False)
 
     @staticmethod
+    def fla_device(x: torch.Tensor) -> bool:
+        """Whether fla-core's kernels can take x: on a GPU, and on meta (the compiler's trace of their memory)."""
+        return x.is_cuda or x.is_meta
+
+    @staticmethod
     def one_gemm(x: torch.Tensor) -> bool:
         """Whether project() runs one GEMM for x's rows: on a GPU and in the compiler's trace."""
         return x.is_cuda or x.is_meta
@@ -113,8 +118,9 @@ class GatedDeltaNet(nn.Module):
         if self.gdn_slots and (q.is_cuda or q.is_meta) and one_row(state.cu_seqlens):
             return self.slot_core(q, k, v, g, beta, pool, state)
         s0 = read_slots(pool, state.slots, state.has_state).float()
-        if self.fla_gdn and (q.is_cuda or q.is_meta):     # meta: the compiler's trace of the kernels' memory
-            o, s1 = fla_rule(q, k, v, g, beta, s0, state.cu_seqlens)
+        if self.fla_gdn and self.fla_device(q):
+            cu_t = None if q.is_meta or one_row(state.cu_seqlens) else state.cu_tensors()
+            o, s1 = fla_rule(q, k, v, g, beta, s0, state.cu_seqlens, cu_t)
         else:
             q, k = prepare_qk(q, k, self.hv // self.hk)
             o, s1 = gated_delta_rule(q, k, v, g, beta, s0, state.cu_seqlens)
