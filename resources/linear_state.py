@@ -207,7 +207,7 @@ class StateStep:
         if len(set(slot_ids)) != len(slot_ids):
             raise ValueError(f"slot ids {slot_ids} must be distinct: two sequences of one step never share a slot")
         self._lens(seq_lens)
-        self._row_index = self._cu = None
+        self._seq = self._cu = None
         device = self.state.conv.device
         # async copies (staged now): a host sync here would wait for the step in flight
         self.slots = torch.tensor(slot_ids, dtype=torch.long).to(device, non_blocking=True)           # [N]
@@ -233,18 +233,16 @@ class StateStep:
             self._cu = (host, host.to(self.state.conv.device, non_blocking=True))
         return self._cu
 
-    def row_index(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cu [N+1] int32, seq [T] int32: each row's sequence) on the pool's device, made once a step (eager
-        steps only: a kernel that indexes rows by sequence reads them)."""
+    def row_sequences(self) -> torch.Tensor:
+        """seq [T] int32 on the pool's device: each row's sequence, made once a step (eager steps only: a kernel
+        that finds its row's sequence reads it, with cu_tensors' offsets)."""
         import torch
 
-        if getattr(self, "_row_index", None) is None:
-            cu = torch.tensor(self.cu_seqlens, dtype=torch.int32)
+        if getattr(self, "_seq", None) is None:
             seq = torch.repeat_interleave(torch.arange(len(self.seq_lens), dtype=torch.int32),
                                           torch.tensor(self.seq_lens))
-            device = self.state.conv.device
-            self._row_index = (cu.to(device, non_blocking=True), seq.to(device, non_blocking=True))
-        return self._row_index
+            self._seq = seq.to(self.state.conv.device, non_blocking=True)
+        return self._seq
 
     def persistent(self) -> list[torch.Tensor]:
         """Tensors that exist before the step runs (the pool and this step's index tensors): a trace of the

@@ -104,8 +104,8 @@ class GatedDeltaNet(nn.Module):
         if self.fused(qkv) and one_row(state.cu_seqlens):                    # in place on the pool
             return norm_ops.gdn_conv_row(qkv, self.conv1d.weight[:, 0], pool, state.slots, state.has_state)
         if self.gdn_conv_rows and norm_ops.on_kernel_device(qkv) and not one_row(state.cu_seqlens):   # eager
-            cu, seq = state.row_index()
-            return norm_ops.gdn_conv_rows(qkv, self.conv1d.weight[:, 0], pool, state.slots, state.has_state, seq, cu)
+            return norm_ops.gdn_conv_rows(qkv, self.conv1d.weight[:, 0], pool, state.slots, state.has_state,
+                                          state.row_sequences(), state.cu_tensors()[1])
         windows = read_slots(pool, state.slots, state.has_state)
         y, new = causal_conv(qkv, self.conv1d.weight[:, 0], windows, state.cu_seqlens)
         pool.index_copy_(0, state.slots, new.to(pool.dtype))
