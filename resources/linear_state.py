@@ -239,15 +239,22 @@ class StateStep:
         import torch
 
         if getattr(self, "_seq", None) is None:
-            seq = torch.repeat_interleave(torch.arange(len(self.seq_lens), dtype=torch.int32),
-                                          torch.tensor(self.seq_lens))
-            self._seq = seq.to(self.state.conv.device, non_blocking=True)
+            device = self.state.conv.device
+            if device.type == "meta":          # the compiler's trace: no values, and no torch op on the host (a
+                self._seq = torch.empty(self.num_rows, dtype=torch.int32, device=device)  # parallel one would
+            else:                              # start OpenMP threads, which a later fork cannot take along)
+                import numpy as np
+
+                seq = torch.from_numpy(np.repeat(np.arange(len(self.seq_lens), dtype=np.int32), self.seq_lens))
+                self._seq = seq.to(device, non_blocking=True)
         return self._seq
 
     def persistent(self) -> list[torch.Tensor]:
-        """Tensors that exist before the step runs (the pool and this step's index tensors): a trace of the
-        step does not count them as its allocations."""
-        return [self.state.conv, self.state.recurrent, self.slots, self.has_state]
+        """Tensors that exist before the step runs (the pool and this step's index tensors, its offsets and
+        rows' sequences among them: the host makes those for the step, whichever layer asks first): a trace of
+        the step does not count them as its allocations."""
+        return [self.state.conv, self.state.recurrent, self.slots, self.has_state, self.cu_tensors()[1],
+                self.row_sequences()]
 
     def conv(self, layer: int) -> torch.Tensor:
         """Layer `layer`'s conv slots [slots, conv_dim, kernel - 1] (a view: writes land in the pool)."""
