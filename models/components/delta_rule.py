@@ -151,7 +151,8 @@ def fla_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     dv], g (log decay, fp32), beta [T, HV]; states [N, HV, dk, dv] fp32. A step of one-row sequences (decode)
     runs the fused recurrent kernel on them as a batch (no host work: a captured graph replays it), any other
     the chunked one over the packed sequences (its grid is sized on the host: eager only). Returns (o [T, HV,
-    dv] fp32, new states fp32). cu_t: the step's offsets as int64 (on the host, on q's device), one pair for
+    dv] in v's dtype as fla-core writes it, new states fp32): bf16 rows are not widened, the gated norm after
+    the rule reads either dtype. cu_t: the step's offsets as int64 (on the host, on q's device), one pair for
     every layer of the step (StateStep.cu_tensors). FLA sizes its chunks from the host's copy, so no call waits
     for the GPU (given only the device's, it reads them back), and caches its chunk indices by the tensors'
     identity (a pair made per call, where cu_t is None, misses that cache)."""
@@ -163,13 +164,13 @@ def fla_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
         o, s = fused_recurrent_gated_delta_rule(q[:, None], k[:, None], v[:, None], g=g[:, None].float(),
                                                 beta=beta[:, None], initial_state=states, output_final_state=True,
                                                 use_qk_l2norm_in_kernel=True)
-        return o[:, 0].float(), s.float()
+        return o[:, 0], s.float()
     host, dev = cu_t if cu_t is not None else (torch.tensor(cu, dtype=torch.long), None)
     dev = host.to(q.device, non_blocking=True) if dev is None else dev
     o, s = chunk_gated_delta_rule(q[None], k[None], v[None], g=g[None].float(), beta=beta[None], initial_state=states,
                                   output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=dev,
                                   cu_seqlens_cpu=host)
-    return o[0].float(), s.float()
+    return o[0], s.float()
 
 
 def fla_allocations(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -186,7 +187,7 @@ def fla_allocations(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
         o = torch.empty_like(copies[2])
         s = torch.empty(n, hv, dk, dv, dtype=f32, device=q.device)
         del copies
-        return o[:, 0].float(), s
+        return o[:, 0], s
     t, hk = q.shape[0], q.shape[1]
     chunks = sum(-(-(b - a) // CHUNK) for a, b in zip(cu, cu[1:]))
     temps = [x[None].contiguous() for x in (q, k, v)]
@@ -198,4 +199,4 @@ def fla_allocations(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     temps.append(torch.empty(1, t, hv, dv, dtype=v.dtype, device=q.device))       # v_new
     o = torch.empty(1, t, hv, dv, dtype=v.dtype, device=q.device)
     del temps
-    return o[0].float(), s
+    return o[0], s

@@ -12,7 +12,7 @@ says so (delta_rule.fla_rule); with the gdn_slots knob a decode step's rule runs
 (gdn_triton.slot_decode, CUDA). With the gdn_fused knob the gates, a decode step's conv on the conv state pool in
 place and the gated output norm are one launch each (norm_ops.py: gdn_gates, gdn_conv_row, gated_rms_norm), on
 bf16 rows on a GPU. With the gdn_conv_rows knob a step of many-row sequences runs its conv on the pool in place
-(norm_ops.gdn_conv_rows, two launches; no plan sets it until it is measured on the GPU).
+(norm_ops.gdn_conv_rows, two launches; graphc/passes/select_backends.py gives its measure).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 class GatedRMSNorm(RMSNorm):
     """weight * rmsnorm(x) * silu(gate) over each head's last dim: RMSNorm's, then the gate, in gate's dtype (HF's
     Qwen3_5RMSNormGated). x: rows in gate's dtype, or the core's fp32 output, rounded to it first. Under the
-    gdn_fused knob (takes) one launch (norm_ops.gated_rms_norm), which reads the fp32 rows as they are."""
+    gdn_fused knob (takes) one launch (norm_ops.gated_rms_norm), which reads the rows as they are (fp32 or bf16)."""
 
     gdn_fused: int = 0        # the plan's knob (graphc/modules.py KERNEL_KNOBS)
 
@@ -113,7 +113,8 @@ class GatedDeltaNet(nn.Module):
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
              state: StateStep) -> torch.Tensor:
-        """The delta rule from each sequence's slot state, written back in place: o [T, HV, dv] fp32."""
+        """The delta rule from each sequence's slot state, written back in place: o [T, HV, dv], fp32 (v's dtype
+        from fla-core's chunked and recurrent kernels)."""
         pool = state.recurrent(self.layer)                                   # [slots, HV, dk, dv]
         if self.gdn_slots and (q.is_cuda or q.is_meta) and one_row(state.cu_seqlens):
             return self.slot_core(q, k, v, g, beta, pool, state)
@@ -157,7 +158,7 @@ class GatedDeltaNet(nn.Module):
         k = qkv[:, kd:2 * kd].view(t, self.hk, self.dk)
         v = qkv[:, 2 * kd:].view(t, self.hv, self.dv)
         beta, g = self.gates(b, a)                                           # [T, HV] each
-        o = self.core(q, k, v, g, beta, state)                               # [T, HV, dv] fp32
+        o = self.core(q, k, v, g, beta, state)                               # [T, HV, dv]
         if not self.norm.takes(x):                                           # (the fused norm rounds it itself)
             o = o.to(x.dtype)
         o = self.norm(o, z.view(t, self.hv, self.dv))
