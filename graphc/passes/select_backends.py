@@ -41,7 +41,12 @@ with one), the Gated DeltaNet's gates, its gated output norm and a decode step's
 one Triton launch each (models/components/norm_ops.py, gdn_step_triton.py): the 9B's decode on an H100 9.04 -> 6.53 ms at 1 sequence,
 11.89 -> 8.25 at 16, 14.49 -> 10.27 at 64 (examples/bench/ab_kernels.py --with KNOB; docs/benchmarks.md). It costs
 the 9B's plans 0.94 GB of KV pages: with fewer fp32 temporaries before them, the allocator model places a
-prefill layer's two 1 GiB blocks in a new segment (activations 2.96 -> 3.90 GB at 8,192 tokens).
+prefill layer's two 1 GiB blocks in a new segment (activations 2.96 -> 3.90 GB at 8,192 tokens). The same nodes
+run an eager step's conv (many rows a sequence) on the conv state pool in place, two launches a layer
+(norm_ops.gdn_conv_rows, the gdn_conv_rows knob), where torch's reference path gathers each row's window as an fp32
+[T, K, C] tensor: the 9B's activations at 8,192 tokens 3.77 -> 1.66 GiB (+4,308 KV pages on the h100 plan), and
+on one H100 a round of 16 60 s clips 490 -> 514 tok/s at the default pixel bounds, 168 -> 181 at a checkpoint's
+(examples/bench/bench_video.py; docs/benchmarks.md).
 
 The same bf16 sm_90 nodes run a one-row SwiGLU's gate_up product and its activation as one launch (gemv_triton.
 gemv_silu_mul, the gemv_swiglu knob) where its gate_up weight holds at most GEMV_SWIGLU_BYTES: on the H200, captured,
@@ -125,7 +130,7 @@ def select_backends(ir: IR) -> Backends:
     kernels = {n.name: dict(knobs) for n in ir.model.nodes if arch in FUSED_ARCHS and n.dtype == "bfloat16"}
     for n in ir.model.nodes:        # the delta rule on fla-core where its state resource's backend is fla,
         if any(res in chosen and chosen[res].prefill == "fla" for res in n.resources.values()):   # decode in place
-            gdn = {"fla_gdn": 1, "gdn_fused": 1, "gdn_slots": 1}
+            gdn = {"fla_gdn": 1, "gdn_conv_rows": 1, "gdn_fused": 1, "gdn_slots": 1}
             kernels[n.name] = dict(sorted((kernels.get(n.name, {}) | gdn).items()))
     out = Backends(chosen, kernels)
     out.check(ir)
