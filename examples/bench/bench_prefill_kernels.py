@@ -10,7 +10,10 @@ memory floor, each captured as a CUDA graph of 16 calls and replayed (median us 
   - the vision encoder's fp32 rotary of q and k (16 heads of 72) by the torch path and by q_k_rope_f32 (the
     fused_rope knob), at --patches rows; both must give the same bits. Then what runs before fa3 (which runs 72
     zero-padded to 128): the torch path and the backend's three pads, against one q_k_rope_f32 writing q, k
-    and v padded; the launch at each VISION_ROPE_CHOICES (heads a program, warps).
+    and v padded; the launch at each VISION_ROPE_CHOICES (heads a program, warps);
+  - a Gated DeltaNet layer's causal conv of an eager step at the Qwen3.5-9B's shapes: the torch path
+    (delta_rule.causal_conv, which gathers each row's window as an fp32 [T, K, C] tensor) against
+    norm_ops.gdn_conv_rows (the gdn_conv_rows knob); both must give the same bits.
 
     python examples/bench/bench_prefill_kernels.py --json OUT.json
 """
@@ -161,13 +164,55 @@ def group_rows(args) -> list[dict]:
     return rows
 
 
-BENCHES = {"rope": rope_rows, "group": group_rows, "vision_rope": vision_rope_rows}
+def conv_rows(args) -> list[dict]:
+    """A Gated DeltaNet layer's causal conv in an eager step at the Qwen3.5-9B's shapes (8,192 channels, 4 taps, a
+    bf16 conv state pool of 64 slots): the torch path (read_slots, delta_rule.causal_conv, index_copy_ into the
+    pool) against norm_ops.gdn_conv_rows (the gdn_conv_rows knob, in place), --conv-rows rows over 4 sequences of
+    which the first starts from zeros. Both must give the same outputs and pool, bit for bit."""
+    from models.components import norm_ops
+    from models.components.delta_rule import causal_conv, read_slots
+
+    rows, c, taps = [], 8192, 4
+    for t in args.conv_rows:
+        g = torch.Generator(device="cuda").manual_seed(t)
+        x = torch.randn(t, c, device="cuda", generator=g).bfloat16()
+        w = torch.randn(c, taps, device="cuda", generator=g).bfloat16()
+        pool = torch.randn(64, c, taps - 1, device="cuda", generator=g).bfloat16()
+        lens = [t // 4 + (i < t % 4) for i in range(4)]
+        cu = [0] + [sum(lens[:i + 1]) for i in range(4)]
+        slots = torch.tensor([7, 3, 50, 12], device="cuda")
+        has = torch.tensor([False, True, True, True], device="cuda")
+        seq = torch.repeat_interleave(torch.arange(4, dtype=torch.int32), torch.tensor(lens)).cuda()
+        cu_t = torch.tensor(cu, device="cuda")
+        p_torch, p_rows = pool.clone(), pool.clone()
+
+        def torch_path():
+            y, new = causal_conv(x, w, read_slots(p_torch, slots, has), cu)
+            p_torch.index_copy_(0, slots, new.to(p_torch.dtype))
+            return y
+
+        def in_place():
+            return norm_ops.gdn_conv_rows(x, w, p_rows, slots, has, seq, cu_t)
+        same = torch.equal(torch_path(), in_place()) and torch.equal(p_torch, p_rows)
+        t_torch, t_rows = per_call(torch_path, args.replays), per_call(in_place, args.replays)
+        floor = 2 * t * c * 2 / args.bandwidth * 1e6                  # x read and y written once, bf16
+        rows.append({"kernel": "gdn_conv", "rows": t, "torch_us": t_torch, "conv_rows_us": t_rows, "floor_us": floor,
+                     "same": same})
+        print(f"gdn conv {t:5d} rows: torch path {t_torch:9.1f} us  gdn_conv_rows {t_rows:7.1f} us  (floor "
+              f"{floor:5.1f})  same: {same}", flush=True)
+        if not same:
+            raise SystemExit("gdn_conv_rows differs from the torch path")
+    return rows
+
+
+BENCHES = {"rope": rope_rows, "group": group_rows, "vision_rope": vision_rope_rows, "conv": conv_rows}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 64, 512, 2048])
     ap.add_argument("--patches", type=int, nargs="+", default=[1024, 8192], help="vision rotary rows")
+    ap.add_argument("--conv-rows", type=int, nargs="+", default=[512, 2048, 8192], help="the conv's step rows")
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--skew", type=float, default=3.0, help="router logit added to 8 experts (seeded weights' skew)")
     ap.add_argument("--bandwidth", type=float, default=4.26e12)

@@ -43,8 +43,8 @@ engine's counters over
 the rounds (stats(), after less before: steps per walk, rungs per walk/node/rung, the units each walk/node
 carried: rows or patches) and the media cache's hits (0 unless a clip repeated, which would falsify the
 measure). OUT.json holds the plan, the environment, the date and every sample; a table last. --profile FILE:
-then one more request alone under torch.profiler, with its GPU time, the copies of its patches and how long
-after its submission the GPU's first work came.
+then one more request alone (--profile-streams N: N at once) under torch.profiler, with the round's wall time,
+the GPU's busy time in it, the copies of its patches and how long after submission the GPU's first work came.
 """
 from __future__ import annotations
 
@@ -205,8 +205,8 @@ def save(a, engine, warm: dict, rows: list[dict]) -> None:
 
 
 def profile_one(engine, driver, loop, items: list[dict], path: str) -> None:
-    """One request alone under torch.profiler (host and GPU): its sample, where its GPU time goes and how long
-    the GPU waited after submission, then the profiler's tables, written to `path`."""
+    """One round of `items` under torch.profiler (host and GPU): its wall time and first sample, where its GPU
+    time goes and how long the GPU waited after submission, then the profiler's tables, written to `path`."""
     import tempfile
 
     from torch.profiler import ProfilerActivity, profile
@@ -216,7 +216,8 @@ def profile_one(engine, driver, loop, items: list[dict], path: str) -> None:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         events = [e for e in json.loads(Path(f.name).read_text())["traceEvents"] if e.get("ph") == "X"]
-    lines = [f"sample: {r['samples'][0]}", *gpu_lines(events),
+    lines = [f"{len(items)} requests, round {r['wall_s'] * 1e3:.1f} ms; first sample: {r['samples'][0]}",
+             *gpu_lines(events),
              "(the profiler starts just before the submission; its own overhead is in these times)"]
     ka = prof.key_averages()
     lines += [ka.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70),
@@ -265,6 +266,8 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default=None, metavar="FILE", help="last, one more request alone under "
                     "torch.profiler: its GPU time, the GPU's wait after submission, the profiler's tables, to FILE")
+    ap.add_argument("--profile-streams", type=int, default=1, metavar="N", help="--profile's round: N requests "
+                    "submitted at once (the first --seconds), not one alone")
     return ap.parse_args()
 
 
@@ -296,7 +299,8 @@ def main() -> None:
                 base = base or (rows[-1] if c == 1 else None)
                 save(a, engine, warm, rows)          # after each stream count: a run cut short keeps what it has
         if a.profile:
-            profile_one(engine, driver, loop, requests(engine, draw, clip, a, 1, a.seconds[0]), a.profile)
+            profile_one(engine, driver, loop, requests(engine, draw, clip, a, a.profile_streams, a.seconds[0]),
+                        a.profile)
     except InvalidInput as e:              # the engine refused a request (a clip larger than the plan's walks)
         why = f"a request was refused: {e}"
     finally:
