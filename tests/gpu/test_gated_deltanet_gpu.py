@@ -72,10 +72,11 @@ def test_fla_kernels_hold_the_torch_rule_bf16_error():
 @pytest.mark.parametrize("lens", [[1] * 64, [300, 1, 77, 620]], ids=["decode64", "prefill998"])
 def test_the_compiler_traces_what_the_fla_kernels_allocate(lens):
     """delta_rule.fla_allocations (the simulation's stand-in for fla-core's kernels) against the kernels
-    themselves: the peak bytes the caching allocator gives a call, and what the call leaves allocated, equal the
-    trace's to the allocator's 512 B rounding of each block (and the few int64 offsets fla-core caches). The
-    chunked rule's peak is above the trace by bytes not identified (428,544 B and 320,000 B at 998 rows in two
-    runs on the H200); it may stay within 1% of the peak."""
+    themselves: the peak of the bytes a call requests from the caching allocator, and what it leaves, equal the
+    trace's but for the few int64 offsets and chunk indices fla-core makes and caches (400 B a call at 998 rows).
+    Requested, not allocated, bytes: a cached block the allocator hands out whole carries up to 1 MiB beyond the
+    request, which depends on what ran before (1,386,496 B above the trace at 998 rows on an H100); the
+    allocator model (graphc/allocator.py) places the blocks, this test checks the requests it places."""
     pytest.importorskip("fla")
     from graphc.simulate import _Recorder
     from models.components.delta_rule import fla_rule
@@ -98,17 +99,18 @@ def test_the_compiler_traces_what_the_fla_kernels_allocate(lens):
     qkv, args = inputs("cuda")
     fla_rule(*args, cu)                                        # compiles and tunes the kernels
     torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
+    base = torch.cuda.memory_stats()["requested_bytes.all.current"]
     torch.cuda.reset_peak_memory_stats()
     o, s = fla_rule(*args, cu)
     torch.cuda.synchronize()
-    peak, kept = torch.cuda.max_memory_allocated() - base, torch.cuda.memory_allocated() - base
+    stats = torch.cuda.memory_stats()
+    peak, kept = stats["requested_bytes.all.peak"] - base, stats["requested_bytes.all.current"] - base
     mqkv, margs = inputs("meta")
     rec = _Recorder([mqkv, *margs])
     with rec:
         mo, ms = fla_rule(*margs, cu)
     traced_kept = mo.untyped_storage().nbytes() + ms.untyped_storage().nbytes()
-    slack = 512 * 24 + 16 * 1024 + (0 if lens[0] == lens[-1] == 1 else peak // 100)
+    slack = 4096
     print(f"\n{lens[:4]}...: peak {peak:,} B against traced {rec.peak:,} B; kept {kept:,} against {traced_kept:,}")
     assert abs(peak - rec.peak) <= slack and abs(kept - traced_kept) <= slack, (peak, rec.peak, kept, traced_kept)
 
