@@ -9,9 +9,9 @@ model whose host takes a clip without a tokenizer (Qwen3-Omni's; Qwen3.5's write
 Prints the median wall time of host.prompt() per item over --repeats runs after one warm-up, and the prompt rows.
 
 --concurrent N: also N clips prepared at once in N threads (as `graphc run` prepares requests that arrive
-together), first with torch's intra-op threads as they are in every thread, then with each thread's share of the
-cores (graphc/serve/driver.py share_of_cores, what the server's workers take): the round's wall time and the
-clips' median, each the median of --repeats rounds. --tokenizer DIR: a tokenizer for hosts that write a clip's
+together), first with torch's intra-op threads as they are in every thread, then with one each (whether N teams
+of every core contend for the cores): the round's wall time and the clips' median, each the median of --repeats
+rounds. --tokenizer DIR: a tokenizer for hosts that write a clip's
 frame times as text (Qwen3.5's: `--model models/qwen3_5.py --preset 9b --tokenizer DIR`); --video-pixels MIN
 MAX: the processor's pixel bounds over a clip (bench_video.py's).
 """
@@ -55,11 +55,10 @@ def concurrent(host, ids: list[int], clips: list[Media], repeats: int, share: in
     `share` intra-op threads (None: as torch has them)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from graphc.serve.driver import use_threads
-
     def one(media: Media) -> float:
-        if share is not None:
-            use_threads(share)
+        if share is not None:            # torch's first use in a thread takes the process's last setting: first
+            torch.get_num_threads()
+            torch.set_num_threads(share)
         t0 = time.perf_counter()
         host.prompt(ids, [media])
         return time.perf_counter() - t0
@@ -97,10 +96,8 @@ def main() -> None:
         ms, rows = timed(host, [1, 2, 3, host.token_of[kind]], media, a.repeats)
         print(f"{kind}: {ms:.0f} ms, {rows} prompt rows ({torch.get_num_threads()} threads)", flush=True)
     if a.concurrent:
-        from graphc.serve.driver import share_of_cores
-
         clips = [Media("video", clip.clone(), a.fps) for _ in range(a.concurrent)]
-        for share in (None, share_of_cores(a.concurrent)):
+        for share in (None, 1):
             wall, each = concurrent(host, [1, 2, 3, host.token_of["video"]], clips, a.repeats, share)
             print(f"{a.concurrent} clips at once, {share or torch.get_num_threads()} threads each: round {wall:.0f} "
                   f"ms, a clip {each:.0f} ms (median)", flush=True)
