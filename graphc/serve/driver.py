@@ -10,10 +10,6 @@ a little apart. An idle engine that takes the first would run its prefill (a cli
 of ms) alone, and the others after it. So when the engine had nothing running and others submitted are still
 preparing, it waits for them, at most `gather_ms` (default 50; 0: never), and one step takes them all. A
 running engine never waits: its next step takes whatever has arrived.
-
-Threads: a worker prepares with its share of the host's cores for torch's CPU ops (share_of_cores over the
-requests submitted and not yet taken), so that 16 clips resized at once run side by side, not as 16 teams of
-every core contending for them; a request alone has every core.
 """
 from __future__ import annotations
 
@@ -24,30 +20,12 @@ import queue
 import threading
 import time
 
-import torch
-
 from graphc.errors import InvalidInput
 from graphc.runtime.engine import Engine, Event
 from graphc.runtime.workers import WorkerDied
 from graphc.serve.errors import QueueFull
 
 log = logging.getLogger("graphc.server")
-
-
-def share_of_cores(preparing: int, cores: int | None = None) -> int:
-    """torch's intra-op threads for each of `preparing` requests that prepare at once: the host's cores split
-    between them, at least one each. Each CPU op of a request's preprocessing (a clip's resize, its patches'
-    normalisation) otherwise starts a team of every core, and that many teams on the same cores thrash."""
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // max(1, preparing))
-
-
-def use_threads(n: int) -> None:
-    """torch's intra-op threads in this thread: n. torch's first use in a thread sets them to the process's last
-    setting (set_num_threads in any thread), so that first use comes before."""
-    torch.get_num_threads()
-    torch.set_num_threads(n)
 
 
 GATHER_MS = 50.0              # the longest an idle engine waits for requests still preparing beside the first
@@ -89,7 +67,6 @@ class Driver:
         self.observers: list = []
         self.inbox: queue.Queue = queue.Queue()
         self.pending = 0                  # submitted, not yet taken by the engine thread
-        self.threads = torch.get_num_threads()    # the engine thread's intra-op threads (workers take shares)
         self.lock = threading.RLock()      # submit() holds it while admit() reads the finishing rate
         self.finished: list[float] = []   # monotonic times of the last RATE_WINDOW finished requests
         self.wake = threading.Event()
@@ -140,8 +117,6 @@ class Driver:
     def _prepare(self, loop, kwargs: dict, fut: asyncio.Future, events: asyncio.Queue) -> None:
         """In a worker thread: the request's prompt and media (Engine.prepare), then to the engine thread; a
         refusal settles its future here. Requests prepare in parallel, and the engine steps meanwhile."""
-        with self.lock:
-            use_threads(share_of_cores(self.pending))
         try:
             prepared = self.engine.prepare(**kwargs, user=(loop, events))
         except Exception as e:               # refused: InvalidInput with the numbers, or a bad input
@@ -239,7 +214,6 @@ class Driver:
     def _loop(self) -> None:
         from graphc.runtime.replicas import on_device
 
-        use_threads(self.threads)            # not a worker's share, which torch gives new threads
         with on_device(self.engine):        # a replica's engine steps on its own GPU
             self._run()
 

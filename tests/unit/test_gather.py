@@ -5,7 +5,6 @@ engine never waits; the window is bounded; a bad window is refused."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 import pytest
@@ -54,13 +53,10 @@ def staggered(engine, seen: list):
     return undo
 
 
-async def at_once(driver: Driver, firsts: list[int], tokens: int = 2, held: bool = False) -> list:
-    """Submit requests whose prompts start with `firsts`, at once (held: under the driver's lock, so that every
-    one is counted before a worker starts), and follow them to their ends."""
+async def at_once(driver: Driver, firsts: list[int], tokens: int = 2) -> list:
     loop = asyncio.get_running_loop()
-    with driver.lock if held else contextlib.nullcontext():
-        futs = [driver.submit(loop, {"prompt_token_ids": [f, 5, 6], "params": SamplingParams(
-            temperature=0, max_tokens=tokens, ignore_eos=True)})[0] for f in firsts]
+    futs = [driver.submit(loop, {"prompt_token_ids": [f, 5, 6], "params": SamplingParams(
+        temperature=0, max_tokens=tokens, ignore_eos=True)})[0] for f in firsts]
     reqs = await asyncio.gather(*futs)
     deadline = time.monotonic() + 60
     while any(r.finish_reason is None for r in reqs) and time.monotonic() < deadline:
@@ -136,37 +132,3 @@ def test_a_window_out_of_range_is_refused(engine):
     for bad in (-10, 11_000):
         with pytest.raises(InvalidInput, match="between 0 and 10,000 ms"):
             Driver(engine, gather_ms=bad)
-
-
-def test_requests_preparing_together_split_the_cores(engine):
-    """Each of four requests submitted at once prepares with its share of the cores (share_of_cores: the cores
-    over the requests waiting, at least one), a request alone with all of them, and the engine thread keeps the
-    threads it had: torch's intra-op threads as each prompt() and step() sees them."""
-    import torch
-
-    from graphc.serve.driver import share_of_cores
-
-    cores = share_of_cores(1)
-    if cores < 2 or torch.get_num_threads() < 2:
-        pytest.skip("one core: every share is the whole")
-    seen: dict[str, list[int]] = {"prompt": [], "step": []}
-    prompt, step = engine.host.prompt, engine.step
-
-    def counting_prompt(ids, media):
-        seen["prompt"].append(torch.get_num_threads())
-        return prompt(ids, media)
-
-    def counting_step():
-        seen["step"].append(torch.get_num_threads())
-        return step()
-    engine.host.prompt, engine.step = counting_prompt, counting_step
-    driver = Driver(engine, gather_ms=0)
-    try:
-        asyncio.run(at_once(driver, [0, 0, 0, 0], held=True))
-        together = list(seen["prompt"])
-        asyncio.run(at_once(driver, [0], held=True))
-    finally:
-        driver.close()
-        engine.host.prompt, engine.step = prompt, step
-    assert together == [max(1, cores // 4)] * 4 and seen["prompt"][4:] == [cores], seen["prompt"]
-    assert set(seen["step"]) == {torch.get_num_threads()}, seen["step"]
