@@ -44,9 +44,10 @@ the 9B's plans 0.94 GB of KV pages: with fewer fp32 temporaries before them, the
 prefill layer's two 1 GiB blocks in a new segment (activations 2.96 -> 3.90 GB at 8,192 tokens). The same nodes
 run an eager step's conv (many rows a sequence) on the conv state pool in place, two launches a layer
 (norm_ops.gdn_conv_rows, the gdn_conv_rows knob), where torch's reference path gathers each row's window as an fp32
-[T, K, C] tensor: the 9B's activations at 8,192 tokens 3.77 -> 1.66 GiB (+4,308 KV pages on the h100 plan), and
-on one H100 a round of 16 60 s clips 490 -> 514 tok/s at the default pixel bounds, 168 -> 181 at a checkpoint's
-(examples/bench/bench_video.py; docs/benchmarks.md).
+[T, K, C] tensor: the 9B's activations at 8,192 tokens 3.77 -> 1.66 GiB (+4,308 KV pages on the h100 plan); on
+an H100, captured, a layer's conv of 8,192 rows 2,591 -> 572 us (examples/bench/bench_prefill_kernels.py --only
+conv; its outputs within a bf16 ulp of torch's, the pool the same), and a round of 16 60 s clips 490 -> 514 tok/s
+(examples/bench/bench_video.py, one round each; docs/benchmarks.md).
 
 The same bf16 sm_90 nodes run a one-row SwiGLU's gate_up product and its activation as one launch (gemv_triton.
 gemv_silu_mul, the gemv_swiglu knob) where its gate_up weight holds at most GEMV_SWIGLU_BYTES: on the H200, captured,
