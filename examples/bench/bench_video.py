@@ -204,26 +204,37 @@ def save(a, engine, warm: dict, rows: list[dict]) -> None:
     Path(a.out).write_text(json.dumps(result, indent=1))
 
 
-def profile_one(engine, driver, loop, items: list[dict], path: str) -> None:
+def profile_one(engine, driver, loop, items: list[dict], again: list[dict], path: str) -> None:
     """One round of `items` under torch.profiler (host and GPU): its wall time and first sample, where its GPU
-    time goes and how long the GPU waited after submission, then the profiler's tables, written to `path`."""
+    time goes, how long the GPU waited after submission and, while it was idle, what the engine's thread was
+    doing (examples/bench/gpu_idle.py); then the round `again` (fresh clips) counting the host calls that
+    synchronised with the GPU; then the profiler's tables, written to `path`."""
     import tempfile
 
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    from examples.bench.gpu_idle import aligned, annotated, idle_lines, synced
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, annotated(engine) as spans:
         r = one_round(engine, driver, loop, items)
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         events = [e for e in json.loads(Path(f.name).read_text())["traceEvents"] if e.get("ph") == "X"]
+    events += aligned(spans, events)
     lines = [f"{len(items)} requests, round {r['wall_s'] * 1e3:.1f} ms; first sample: {r['samples'][0]}",
-             *gpu_lines(events),
+             *gpu_lines(events), *idle_lines(events),
              "(the profiler starts just before the submission; its own overhead is in these times)"]
-    ka = prof.key_averages()
+    if torch.cuda.is_available():       # the same round again, fresh clips, counting the host's syncs
+        syncs: list[str] = []
+        with synced(syncs):
+            r = one_round(engine, driver, loop, again)
+        lines += [f"the round again, unprofiled, under torch's sync debug mode: {r['wall_s'] * 1e3:.1f} ms", *syncs]
+    head, ka = len(lines), prof.key_averages()
     lines += [ka.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70),
               ka.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=70)]
     Path(path).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[:3]), flush=True)
+    print("\n".join(lines[:head]), flush=True)
 
 
 def gpu_lines(events: list[dict]) -> list[str]:
@@ -300,7 +311,7 @@ def main() -> None:
                 save(a, engine, warm, rows)          # after each stream count: a run cut short keeps what it has
         if a.profile:
             profile_one(engine, driver, loop, requests(engine, draw, clip, a, a.profile_streams, a.seconds[0]),
-                        a.profile)
+                        requests(engine, draw, clip, a, a.profile_streams, a.seconds[0]), a.profile)
     except InvalidInput as e:              # the engine refused a request (a clip larger than the plan's walks)
         why = f"a request was refused: {e}"
     finally:
