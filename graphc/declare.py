@@ -14,8 +14,8 @@ from graphc.strict import Strict
 from graphc.units import DTYPE_BYTES
 from resources.base import ResourceSpec
 
-AXES: tuple[str, ...] = ("tokens", "seqs", "windows", "patches", "frames")
-Axis = Literal["tokens", "seqs", "windows", "patches", "frames"]
+AXES: tuple[str, ...] = ("tokens", "seqs", "windows", "patches", "frames", "segments")
+Axis = Literal["tokens", "seqs", "windows", "patches", "frames", "segments"]
 DType = Literal["float32", "bfloat16", "float16", "int64", "int32", "bool", "uint8"]
 FloatDType = Literal["float32", "bfloat16", "float16"]
 WalkKind = Literal["decode", "prefill", "mixed", "encode", "chunk"]
@@ -71,13 +71,16 @@ class Port(Strict):
 
 
 class Budget(Strict):
-    """The most one step of a walk may carry, per axis."""
+    """The most one step of a walk may carry, per axis. segments: the segments (images, a clip's frame groups)
+    an encoder's ragged attention takes in one step, where they are not its sequences: without it, seqs
+    bounds both the LLM's sequences and the encoder's segments."""
 
     tokens: int | None = Field(None, ge=1)
     seqs: int | None = Field(None, ge=1)
     windows: int | None = Field(None, ge=1)
     patches: int | None = Field(None, ge=1)
     frames: int | None = Field(None, ge=1)
+    segments: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _some_axis(self) -> "Budget":

@@ -9,6 +9,7 @@ from graphc.declare import Model, ModuleRef, Node
 from graphc.errors import InvalidInput
 from graphc.ir import IR, build_ir, capture_axis, fed_inputs, walk_sizes
 from graphc.targets import Target
+from resources.ragged_attention import RaggedAttentionSpec
 from resources.workspace import WorkspaceSpec
 
 
@@ -18,6 +19,7 @@ def verify_graph(model: Model, target: Target, num_devices: int) -> IR:
     _check_nodes(model, num_devices)
     _check_edges(model)
     _check_walks(model)
+    _check_segments(model)
     _check_requests(model)
     _check_resources(model)
     ir = build_ir(model, target, num_devices)
@@ -147,6 +149,20 @@ def _check_walks(model: Model) -> None:
     if stray:
         raise InvalidInput(f"node(s) {stray} are on no walk", "nothing would ever run them",
                            "add them to a walk's path or remove them")
+
+
+def _check_segments(model: Model) -> None:
+    """A segments budget bounds an encoder's ragged attention segments: a walk with no such encoder would
+    ignore it."""
+    for w in model.walks:
+        if w.budget.segments is None:
+            continue
+        counted = [n for n in w.path for res in model.node(n).resources.values()
+                   if isinstance(spec := model.resource(res), RaggedAttentionSpec) and spec.rows_per_segment is None]
+        if not counted:
+            raise InvalidInput(f"walk '{w.name}' budgets segments={w.budget.segments}, but no node on its path has "
+                               "ragged attention whose segments that counts (images or frame groups of one step)",
+                               f"its path: {list(w.path)}", f"remove walks.{w.name}.budget.segments")
 
 
 def _check_requests(model: Model) -> None:

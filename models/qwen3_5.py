@@ -47,20 +47,21 @@ TEXT_CONFIGS = {"qwen3_5": Qwen3_5TextConfig, "qwen3_5_text": Qwen3_5TextConfig,
 
 PRESETS = {
     # text config, per-step budgets, the longest request
-    # (patches: an image's patches at most, 16 x 16 px each, 4 to an LLM token; images: per step; frame_groups:
-    # per step, 64: a clip's frames shrink with its length under one pixel budget, to 12 patches a group for 60 s
-    # at the processor's defaults, so the patches, not the groups, bound a step of long clips)
+    # (patches: an image's patches at most, 16 x 16 px each, 4 to an LLM token; images: per step; videos: clips a
+    # step; frame_groups: the vision attention's segments a step, one a frame group: a clip's frames shrink with
+    # its length under one pixel budget, to 12 patches a group for 60 s at the processor's defaults, so a 60 s
+    # clip is 60 groups of 768 patches and 1,065 prompt rows; 512 groups let the tokens bound such a step, at 7)
     "9b": dict(text=QWEN3_5_9B, vision=VISION_QWEN3_5_9B, decode_seqs=64, prefill_tokens=8192, prefill_seqs=16,
-               mixed_tokens=2048, patches=16384, images=8, frame_groups=64, max_seq_len=32768, page_size=16),
+               mixed_tokens=2048, patches=16384, images=8, videos=16, frame_groups=512, max_seq_len=32768, page_size=16),
     "0.8b": dict(text=QWEN3_5_0_8B, vision=VISION_QWEN3_5_0_8B, decode_seqs=128, prefill_tokens=8192, prefill_seqs=16,
-                 mixed_tokens=2048, patches=16384, images=8, frame_groups=64, max_seq_len=32768, page_size=16),
+                 mixed_tokens=2048, patches=16384, images=8, videos=16, frame_groups=512, max_seq_len=32768, page_size=16),
     "35b-a3b": dict(text=QWEN3_5_35B_A3B, vision=VISION_QWEN3_5_35B_A3B, decode_seqs=64, prefill_tokens=8192,
-                    prefill_seqs=16, mixed_tokens=2048, patches=16384, images=8, frame_groups=64, max_seq_len=32768,
+                    prefill_seqs=16, mixed_tokens=2048, patches=16384, images=8, videos=16, frame_groups=512, max_seq_len=32768,
                     page_size=16),
     "tiny": dict(text=TINY, vision=TINY_VISION, decode_seqs=8, prefill_tokens=128, prefill_seqs=4, mixed_tokens=64,
-                 patches=256, images=2, frame_groups=4, max_seq_len=1024, page_size=16, pages=256),
+                 patches=256, images=2, videos=2, frame_groups=8, max_seq_len=1024, page_size=16, pages=256),
     "tiny-moe": dict(text=TINY_MOE, vision=TINY_VISION, decode_seqs=8, prefill_tokens=128, prefill_seqs=4,
-                     mixed_tokens=64, patches=256, images=2, frame_groups=4, max_seq_len=1024, page_size=16, pages=256),
+                     mixed_tokens=64, patches=256, images=2, videos=2, frame_groups=8, max_seq_len=1024, page_size=16, pages=256),
 }
 
 
@@ -93,8 +94,8 @@ def walks(p: dict) -> list[gc.Walk]:
                            budget=gc.Budget(patches=p["patches"], tokens=p["prefill_tokens"], seqs=p["images"])))
         out.append(gc.Walk(name="video_prefill", kind="prefill", path=("vision_encoder", "llm"),
                            capture_limit={"llm": 0},
-                           budget=gc.Budget(patches=p["patches"], tokens=p["prefill_tokens"],
-                                            seqs=p["frame_groups"])))
+                           budget=gc.Budget(patches=p["patches"], tokens=p["prefill_tokens"], seqs=p["videos"],
+                                            segments=p["frame_groups"])))
     return out
 
 

@@ -32,7 +32,7 @@ class RaggedAttentionSpec(ResourceSpec):
     # window is 104 rows; the code predictor's frame is 16): rows = units x rows_per_segment.
     rows_per_segment: int | None = Field(None, ge=1)
     # the axis that counts those segments (default: the capture axis); graphc.declare.AXES
-    segment_axis: Literal["tokens", "seqs", "windows", "patches", "frames"] | None = None
+    segment_axis: Literal["tokens", "seqs", "windows", "patches", "frames", "segments"] | None = None
     causal: bool = False
     window: int | None = Field(None, ge=1)   # causal sliding window: keys seen per query, itself included
     backend: str = "auto"
@@ -67,8 +67,8 @@ class RaggedAttentionSpec(ResourceSpec):
 
     def step_shape(self, axis: str, sizes: dict[str, int], phase: str) -> StepShape:
         """With rows_per_segment, each unit of the capture axis is one segment of that many rows
-        (audio windows, code-predictor frames); otherwise the axis counts rows and the walk's seqs
-        budget counts segments (one image or frame group each), plus the padding rows' segment."""
+        (audio windows, code-predictor frames); otherwise the axis counts rows and the walk's segments
+        budget, else its seqs, counts segments (one image or frame group each), plus the padding rows' segment."""
         if self.rows_per_segment is not None:
             if (self.segment_axis or axis) not in sizes:
                 raise InvalidInput(f"resource '{self.name}' counts its segments along '{self.segment_axis}', which a "
@@ -79,7 +79,8 @@ class RaggedAttentionSpec(ResourceSpec):
             units = sizes[self.segment_axis or axis]
             return StepShape(rows=units * self.rows_per_segment, seqs=units, kv_len=self.rows_per_segment)
         rows = sizes[axis]
-        return StepShape(rows=rows, seqs=min(rows, sizes.get("seqs", 1) + self.padding_segments),
+        segments = sizes.get("segments", sizes.get("seqs", 1))
+        return StepShape(rows=rows, seqs=min(rows, segments + self.padding_segments),
                          kv_len=min(rows, self.max_segment))
 
     def float_workspace(self, backend: str, shape: StepShape, num_sms: int, head_dim: int | None = None) -> Sized:

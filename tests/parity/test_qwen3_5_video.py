@@ -103,7 +103,10 @@ def test_video_prompts_equal_hf_generate(served, leak_oracle):
     while engine.has_work():
         engine.step()
     assert [r.kind for r in reqs] == ["v2t", "v2t", "i2t", "t2t"]
-    assert engine.stats()["steps"].get("video_prefill", 0) > 0
+    # both clips' groups in one encoder step: 5 frame groups, past the walk's 2 sequences (the tiny preset's videos)
+    # but within its 8 segments
+    rungs = engine.stats()["rungs"]
+    assert sum(n for k, n in rungs.items() if k.startswith("video_prefill/vision_encoder/")) == 1, rungs
     for i, (r, ids) in enumerate(zip(reqs, prompts)):
         kw = {}
         if i < 2:

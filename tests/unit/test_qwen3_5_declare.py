@@ -90,3 +90,28 @@ def test_the_real_0_8b_config_json_declares_the_real_model(tmp_path):
     plan = load_plan(out)
     assert plan.resources["llm_state"].slot_bytes == 18 * ((2 * 16 * 128 + 16 * 128) * 3 * 2 + 16 * 128 * 128 * 4)
     assert sorted(plan.requests) == ["i2t", "t2t", "v2t"]
+
+
+def test_a_video_step_takes_more_frame_groups_than_clips():
+    """9B's video walk: 16 clips a step for the LLM, 512 frame groups for the tower's attention (a 60 s clip at the
+    processor's default bounds is 60 groups, so 64 segments held one clip a step); the step's attention plans 512
+    segments and one of padding rows, and the scheduler reads both bounds."""
+    from graphc.runtime.scheduler import _limits
+
+    model = load_model(MODEL, "9b").model
+    budget = model.walk("video_prefill").budget
+    assert (budget.seqs, budget.segments) == (16, 512)
+    sizes = {"patches": 16384, "tokens": 8192, "seqs": 16, "segments": 512}
+    assert model.resource("vision_attn").step_shape("patches", sizes, "prefill").seqs == 513
+    assert _limits(model, "video_prefill", {"vision_encoder": "patches"}) == (8192, 16, {"vision_encoder": (16384, 512)})
+    # the image walk budgets no segments: its 8 images a step are both the LLM's sequences and the tower's segments
+    assert _limits(model, "image_prefill", {"vision_encoder": "patches"}) == (8192, 8, {"vision_encoder": (16384, 8)})
+
+
+def test_a_segments_budget_on_a_walk_without_an_encoder_is_refused(tmp_path, capsys):
+    from graphc.cli import main
+
+    code = main(["plan", MODEL, "--preset", "tiny", "--gpu", "cpu", "-o", str(tmp_path / "p.plan"), "-q",
+                 "--set", "walks.llm_prefill.budget.segments=4"])
+    assert code == 2
+    assert "walk 'llm_prefill' budgets segments=4, but no node on its path has ragged attention" in capsys.readouterr().err
