@@ -44,7 +44,10 @@ the rounds (stats(), after less before: steps per walk, rungs per walk/node/rung
 carried: rows or patches) and the media cache's hits (0 unless a clip repeated, which would falsify the
 measure). OUT.json holds the plan, the environment, the date and every sample; a table last. --profile FILE:
 then one more request alone (--profile-streams N: N at once) under torch.profiler, with the round's wall time,
-the GPU's busy time in it, the copies of its patches and how long after submission the GPU's first work came.
+the GPU's busy time in it, the copies of its patches, how long after submission the GPU's first work came and
+its idle time split by what the engine's thread was doing (examples/bench/gpu_idle.py); then such a round again,
+unprofiled, counting the host calls that synchronised with the GPU. --switch-interval MS: Python's GIL hand-over
+interval for the whole run.
 """
 from __future__ import annotations
 
@@ -279,11 +282,18 @@ def arguments() -> argparse.Namespace:
                     "torch.profiler: its GPU time, the GPU's wait after submission, the profiler's tables, to FILE")
     ap.add_argument("--profile-streams", type=int, default=1, metavar="N", help="--profile's round: N requests "
                     "submitted at once (the first --seconds), not one alone")
+    ap.add_argument("--switch-interval", type=float, default=None, metavar="MS", help="Python's GIL hand-over "
+                    "interval for the run (sys.setswitchinterval; default Python's 5 ms): whether the engine's thread "
+                    "waits for the GIL behind the threads preparing clips")
     return ap.parse_args()
 
 
 def main() -> None:
     a = arguments()
+    if a.switch_interval is not None:
+        if not 0 < a.switch_interval <= 1000:
+            sys.exit(f"bench_video: --switch-interval is {a.switch_interval:g} ms: give one in (0, 1000]")
+        sys.setswitchinterval(a.switch_interval / 1e3)
     from graphc.errors import InvalidInput
     from graphc.runtime.engine import Engine
     from graphc.serve.driver import Driver
