@@ -13,6 +13,7 @@ step's P patches, so VisionEncoder's forward sees only static shapes.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -240,17 +241,6 @@ def segment_bounds(grids: list[tuple[int, int, int]], patches: int, max_segment:
     return cu
 
 
-def _runs(grids: list[tuple[int, int, int]]) -> list[tuple[tuple[int, int], int]]:
-    """Consecutive grids of one frame size merged: [((h, w), frames in the run)]."""
-    runs: list[list] = []
-    for t, h, w in grids:
-        if runs and runs[-1][0] == (h, w):
-            runs[-1][1] += t
-        else:
-            runs.append([(h, w), t])
-    return [(hw, t) for hw, t in runs]
-
-
 @functools.lru_cache(maxsize=256)
 def _frame_positions(h: int, w: int, side: int, merge: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One h x w frame's interpolation taps, their weights and its patches' (row, col), kept for the next
@@ -275,7 +265,8 @@ def build_step(items: list[VisionItem], cfg: VisionConfig, patches: int | None =
     dtype = items[0].patches.dtype if items else torch.float32        # the host's (its node's input dtype)
     pixels = torch.cat([it.patches.to(dtype) for it in items] + [torch.zeros(pad, cfg.patch_dim, dtype=dtype)])
     index, weight, rope = [], [], []
-    for (h, w), t in _runs(grids):          # a clip's pieces (its frame groups) share one frame size
+    for (h, w), run in itertools.groupby(grids, key=lambda g: g[1:]):   # a clip's frame groups share a size
+        t = sum(g[0] for g in run)
         i, wt, pos = _frame_positions(h, w, cfg.grid_side, m)
         index.append(i.repeat(t, 1)), weight.append(wt.repeat(t, 1)), rope.append(pos.repeat(t, 1))
     index.append(torch.zeros(pad, TAPS, dtype=torch.int64))
