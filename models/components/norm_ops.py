@@ -13,6 +13,7 @@ caller with torch.empty, which the simulation records). Triton is imported only 
     graphc::silu_mul(gate_up, y!)
     graphc::zc_rms_norm(x, weight, y!, eps)
     graphc::add_zc_rms_norm(x, residual, weight, total!, y!, eps)
+    graphc::zc_norm_partial_rope(q, k, wq, wk, cos, sin, yq!, yk!, eps)
     graphc::gated_rms_norm(x, gate, weight, y!, eps)
     graphc::gdn_gates(b, a, a_log, dt_bias, beta!, g!)
     graphc::gdn_conv_row(x, weight, pool!, slots, has_state, y!)
@@ -23,7 +24,9 @@ rotary q_k_norm_rope (qk_norm_rope where only one of them is fused), code2wav.Sn
 layers.SwiGLU silu_mul, where the plan says so (the fused_norms knob: the normalisation-like elementwise
 chains of a node as one launch each) and the inputs allow; the vision tower's attention q_k_rope_f32 (the
 fused_rope knob). Qwen3.5's zero-centred norms (qwen3_5_text.ZeroCentredRMSNorm: the layer norms, the residual
-add with the one after the mixer, q_norm and k_norm, the final norm) take zc_rms_norm and add_zc_rms_norm, and
+add with the one after the mixer and with the next layer's, q_norm and k_norm, the final norm) take zc_rms_norm
+and add_zc_rms_norm, its gated attention's q_norm and k_norm with the partial rotary after them
+zc_norm_partial_rope (the fused_rope knob), and
 its Gated DeltaNet layers gated_rms_norm (the output norm, on the core's fp32 rows), gdn_gates (beta and the
 log decay) and gdn_conv_row (a decode step's conv on the conv state pool in place; gdn_step_triton.py), under
 the gdn_fused knob, on bf16 rows on a device in KERNEL_DEVICES; gdn_conv_rows (any step's conv, rows of several
@@ -112,6 +115,19 @@ def q_k_norm_rope_op(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: tor
 
 @q_k_norm_rope_op.register_fake
 def _(q, k, wq, wk, cos, sin, yq, yk, eps, v, yv) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::zc_norm_partial_rope", mutates_args=("yq", "yk"))
+def zc_norm_partial_rope_op(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
+                            sin: torch.Tensor, yq: torch.Tensor, yk: torch.Tensor, eps: float) -> None:
+    from models.components import norm_triton as kern
+
+    kern.zc_norm_partial_rope(q, k, wq, wk, cos, sin, yq, yk, eps)
+
+
+@zc_norm_partial_rope_op.register_fake
+def _(q, k, wq, wk, cos, sin, yq, yk, eps) -> None:
     return None
 
 
@@ -351,6 +367,24 @@ def q_k_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.
     for o, y in zip(out, got):
         o.copy_(y)
     return out
+
+
+def zc_norm_partial_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
+                         sin: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3.5's gated attention: (apply_partial_rope(zc_rms_norm(q, wq), cos, sin), the same of k with wk) in one
+    launch: q [..., HQ, D] and k [..., HK, D] of the same rows and dtype (heads may be strided views of the
+    projection), cos and sin [..., 1, R] (R even, at most D) or broadcasting to it, in q's dtype -> [..., H, D]."""
+    r = cos.shape[-1]
+    if (k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1] or k.dtype != q.dtype or r % 2 or r > q.shape[-1]
+            or wq.shape != (q.shape[-1],) or wk.shape != wq.shape):
+        raise ValueError(f"zc_norm_partial_rope: q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} must "
+                         f"share their rows, head dim and dtype, with weights of the head dim (got {tuple(wq.shape)}, "
+                         f"{tuple(wk.shape)}) and an even rotary width at most it (cos {tuple(cos.shape)})")
+    c2, s2 = _tables("zc_norm_partial_rope", q[..., :r], cos, sin)
+    xq, xk = _heads(q), _heads(k)
+    yq, yk = (torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in (xq, xk))
+    zc_norm_partial_rope_op(xq, xk, wq, wk, c2, s2, yq, yk, eps)
+    return yq.view(q.shape), yk.view(k.shape)
 
 
 def _check_q_k_v(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, out: tuple[torch.Tensor, ...] | None

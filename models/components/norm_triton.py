@@ -170,6 +170,47 @@ def _qk_norm_rope(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, HEADS, x_row, x_head, y
 
 
 @triton.jit
+def _zc_rope_head(x_base, w_ptr, c_base, s_base, y_base, eps, D: tl.constexpr, R: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """One head's [D] row: its zero-centred norm as _zc_rms_norm computes it (x * rstd * (1 + w) in fp32, rounded
+    once), then rotate-half rotary on its first R dims, each product and the sum rounded as torch's bf16 ops round
+    them; dims R.. pass through normed. A rotary column's partner (the other half's same column) is normed again
+    from its own load rather than moved across lanes."""
+    BF16: tl.constexpr = y_base.dtype.element_ty == tl.bfloat16
+    HALF: tl.constexpr = R // 2
+    offs = tl.arange(0, BLOCK)
+    m = offs < D
+    x = tl.load(x_base + offs, mask=m, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    n = _round(x * rstd * (1.0 + tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)), BF16)
+    rot = offs < R
+    partner = tl.where(offs < HALF, offs + HALF, offs - HALF)
+    xp = tl.load(x_base + partner, mask=rot, other=0.0).to(tl.float32)
+    npart = _round(xp * rstd * (1.0 + tl.load(w_ptr + partner, mask=rot, other=0.0).to(tl.float32)), BF16)
+    c = tl.load(c_base + offs, mask=rot, other=0.0).to(tl.float32)
+    s = tl.load(s_base + offs, mask=rot, other=0.0).to(tl.float32)
+    signed = tl.where(offs < HALF, -npart, npart)              # rotate_half(n) = cat(-n2, n1)
+    y = tl.where(rot, _round(_round(n * c, BF16) + _round(signed * s, BF16), BF16), n)
+    tl.store(y_base + offs, y.to(y_base.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _zc_norm_partial_rope(q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, yq_ptr, yk_ptr, HQ, HK, q_row, q_head,
+                          k_row, k_head, yq_row, yq_head, yk_row, yk_head, c_row, eps, D: tl.constexpr,
+                          R: tl.constexpr, BLOCK: tl.constexpr):
+    """A program per (row, head of q, then of k)."""
+    pid = tl.program_id(0)
+    row, h = pid // (HQ + HK), pid % (HQ + HK)
+    c_base, s_base = cos_ptr + row * c_row, sin_ptr + row * c_row
+    if h < HQ:
+        _zc_rope_head(q_ptr + row * q_row + h * q_head, wq_ptr, c_base, s_base, yq_ptr + row * yq_row + h * yq_head,
+                      eps, D, R, BLOCK)
+    else:
+        _zc_rope_head(k_ptr + row * k_row + (h - HQ) * k_head, wk_ptr, c_base, s_base,
+                      yk_ptr + row * yk_row + (h - HQ) * yk_head, eps, D, R, BLOCK)
+
+
+@triton.jit
 def _head_block(HQ, HK, HV, G: tl.constexpr):
     """The grid of the q/k(/v) kernels: a program per (row, block of G heads of q, then of k, then of v). Returns
     the program's row, its block b of the row, and where k's (bq) and v's (bk) blocks start."""
@@ -357,6 +398,19 @@ def q_k_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.
             q, k, v, wq, wk, cos, sin, yq, yk, yv, hq, hk, hv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             v.stride(0), v.stride(1), yq.stride(0), yq.stride(1), yk.stride(0), yk.stride(1), yv.stride(0),
             yv.stride(1), cos.stride(0), eps, D=d, G=g, num_warps=warps)
+
+
+def zc_norm_partial_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
+                         sin: torch.Tensor, yq: torch.Tensor, yk: torch.Tensor, eps: float) -> None:
+    """q [N, HQ, D] and k [N, HK, D] (rows and heads may be strided, elements contiguous), weights [D], cos and
+    sin [N, R] with contiguous rows (R even, at most D): yq, yk [N, H, D] = rotate-half rotary on the first R dims
+    of each head's zero-centred norm (x * rstd * (1 + w)), in one launch."""
+    n, hq, d = q.shape
+    if n:
+        _zc_norm_partial_rope[(n * (hq + k.shape[1]),)](
+            q, k, wq, wk, cos, sin, yq, yk, hq, k.shape[1], q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            yq.stride(0), yq.stride(1), yk.stride(0), yk.stride(1), cos.stride(0), eps, D=d, R=cos.shape[-1],
+            BLOCK=_block(d), num_warps=4 if d >= 1024 else 1)
 
 
 @triton.jit

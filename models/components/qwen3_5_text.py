@@ -74,8 +74,12 @@ class GatedAttention(nn.Module):
     """Softmax attention with a sigmoid output gate. q_proj's rows hold, per head, the query then its gate
     ([H, 2D] viewed); the checkpoint's q_proj, k_proj and v_proj are stacked into qkv_proj at load.
 
-    layer: this layer's index among the full-attention layers, i.e. into the paged KV pool's layer axis.
+    layer: this layer's index among the full-attention layers, i.e. into the paged KV pool's layer axis. Under the
+    fused_rope knob bf16 rows on a kernel device take q_norm, k_norm and the partial rotary of both in one launch
+    (norm_ops.zc_norm_partial_rope), in place of torch's rotate-half, slices and concatenations.
     """
+
+    fused_rope: int = 0       # the plan's knob (graphc/modules.py KERNEL_KNOBS)
 
     def __init__(self, cfg: Qwen3_5TextConfig, layer: int):
         super().__init__()
@@ -92,8 +96,12 @@ class GatedAttention(nn.Module):
         q, gate = q_gate[..., :d], q_gate[..., d:]                                     # [T, H, D] each
         k = qkv[:, 2 * h * d:(2 * h + self.kv) * d].view(t, self.kv, d)
         v = qkv[:, (2 * h + self.kv) * d:].view(t, self.kv, d)
-        q = apply_partial_rope(self.q_norm(q), cos, sin)
-        k = apply_partial_rope(self.k_norm(k), cos, sin)
+        if self.fused_rope and q.dtype == torch.bfloat16 == self.q_norm.weight.dtype and norm_ops.on_kernel_device(q):
+            q, k = norm_ops.zc_norm_partial_rope(q, k, self.q_norm.weight, self.k_norm.weight, cos, sin,
+                                                 self.q_norm.eps)
+        else:
+            q = apply_partial_rope(self.q_norm(q), cos, sin)
+            k = apply_partial_rope(self.k_norm(k), cos, sin)
         o = kv(self.layer, q, k, v) * torch.sigmoid(gate)                              # [T, H, D]
         return self.o_proj(o.reshape(t, h * d))
 
@@ -119,15 +127,18 @@ class Qwen3_5DecoderLayer(nn.Module):
         self.post_attention_layernorm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = feed_forward(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        h = self.input_layernorm(x)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext,
+                delta: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: the residual stream; delta: what the layer before added to it, not yet summed (None: nothing).
+        Returns the same pair, so that each residual add runs with the norm after it (one launch where fused)."""
+        x, h = (x, self.input_layernorm(x)) if delta is None else self.input_layernorm.add(x, delta)
         mixed = self.linear_attn(h, ctx["state"]) if self.is_linear else self.self_attn(h, cos, sin, ctx["kv"])
         x, h = self.post_attention_layernorm.add(x, ctx.reduce(mixed))
         if self.tp > 1:
-            return x + ctx.reduce(self.mlp(h))    # the ranks' partial sums first, the residual once
+            return x, ctx.reduce(self.mlp(h))       # the ranks' partial sums first, the residual once
         if isinstance(self.mlp, SparseMoE):
-            return self.mlp(h, residual=x)          # the residual add in the block's last sum (HF's order of adds)
-        return x + self.mlp(h)
+            return self.mlp(h, residual=x), None    # the residual add in the block's last sum (HF's order of adds)
+        return x, self.mlp(h)
 
 
 class Qwen3_5TextBody(nn.Module):
@@ -198,7 +209,11 @@ class Qwen3_5LM(NodeModule):
                 mm_rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         x = self.embed(token_ids, mm_embeds, mm_rows)
         cos, sin = mrope_cos_sin(positions, self.inv_freq, self.mrope_slots, x.dtype)   # [T, 1, rotary_dim]
+        delta = None
         for layer in self.body.layers:
-            x = layer(x, cos, sin, ctx)
-        x = self.body.norm(x.index_select(0, sample_rows))             # [S, D]
+            x, delta = layer(x, cos, sin, ctx, delta)
+        x = x.index_select(0, sample_rows)
+        if delta is not None:                                          # the last add, on the sampled rows only
+            x = x + delta.index_select(0, sample_rows)
+        x = self.body.norm(x)                                          # [S, D]
         return {"logits": self.lm_head(x).float()}

@@ -106,3 +106,38 @@ def test_the_zero_centred_norms_round_as_the_torch_path(rows):
         off = ulps(got, want)
         print(f"\n{rows} rows, output {i}: max {off.max().item():.2f} ulp, {(off > 0).float().mean().item():.4%} differ")
         assert off.max().item() <= 1.0 and (off > 0).float().mean().item() <= 0.01, (i, off.max().item())
+
+
+@pytest.mark.parametrize("rows", [1, 64])
+def test_the_fused_q_k_norms_and_partial_rotary_round_as_the_torch_path(rows):
+    """The fused_rope knob's one launch (norm_ops.zc_norm_partial_rope) for GatedAttention's q and k at the 9B's
+    shapes (rotary on 64 of 256 dims, cos and sin of M-RoPE's layout in bf16): within one bf16 ulp (at each head's
+    largest value: a rotary sum that cancels is small beside its terms) of q_norm, k_norm and apply_partial_rope on
+    torch's path, on at most 1% of the elements; printed against the same with the norms fused (gdn_fused), whose
+    arithmetic it repeats."""
+    from models.components import norm_ops
+    from models.components.qwen3_5_text import apply_partial_rope
+
+    torch.manual_seed(rows)
+    heads, kv, d, r = 16, 4, 256, 64
+    qn, kn = (ZeroCentredRMSNorm(d).to("cuda", torch.bfloat16) for _ in range(2))
+    with torch.no_grad():
+        qn.weight.normal_(0.0, 0.3)
+        kn.weight.normal_(0.0, 0.3)
+    proj = (2 * torch.randn(rows, (2 * heads + 2 * kv) * d, device="cuda")).to(torch.bfloat16)
+    q = proj[:, :2 * heads * d].view(rows, heads, 2 * d)[..., :d]
+    k = proj[:, 2 * heads * d:(2 * heads + kv) * d].view(rows, kv, d)
+    angle = torch.rand(rows, 1, r // 2, device="cuda") * 100
+    cos, sin = (torch.cat((f(angle), f(angle)), -1).to(torch.bfloat16) for f in (torch.cos, torch.sin))
+    with torch.no_grad():
+        got = norm_ops.zc_norm_partial_rope(q, k, qn.weight, kn.weight, cos, sin, qn.eps)
+        want = {}
+        for knob in (0, 1):
+            set_kernels(qn, {"gdn_fused": knob})
+            set_kernels(kn, {"gdn_fused": knob})
+            want[knob] = (apply_partial_rope(qn(q), cos, sin), apply_partial_rope(kn(k), cos, sin))
+    for name, g, w0, w1 in zip("qk", got, want[0], want[1]):
+        off = ulps(g, w0, w0.abs().amax(-1, keepdim=True).expand_as(w0))
+        print(f"\n{rows} rows, {name}: max {off.max().item():.2f} ulp, {(off > 0).float().mean().item():.4%} differ "
+              f"from torch's path; equal to the fused norms' path: {torch.equal(g, w1)}")
+        assert off.max().item() <= 1.0 and (off > 0).float().mean().item() <= 0.01, (name, off.max().item())

@@ -178,7 +178,9 @@ for knob in (0, 1):
         y2 = layers[0](xs[1], cos, sin, StepContext({"state": StateStep(state, [4, 2], [3, 1], [True, True])}))
         y3 = layers[1](xs[0], cos, sin, StepContext({"kv": attend}))
         y4 = layers[1].input_layernorm(xs[1])                  # the final norm's case: a [S, D] row
-    runs[knob] = dict(y=[y1, y2, y3, y4], conv=state.conv.clone(), rec=state.recurrent.clone(), ops=seen.ops)
+        y5 = layers[1](xs[0], cos, sin, StepContext({"kv": attend}), delta=xs[0].flip(0))   # the add before its norm
+    # each layer gives (the residual stream, its MLP's output not yet added)
+    runs[knob] = dict(y=[*y1, *y2, *y3, y4, *y5], conv=state.conv.clone(), rec=state.recurrent.clone(), ops=seen.ops)
 
 
 def rel(a, b):
@@ -197,8 +199,8 @@ print(json.dumps({"y_rel": [rel(a, b) for a, b in zip(on["y"], off["y"])],
 
 def test_decoder_layers_with_the_knob_equal_the_torch_path():
     """A Gated DeltaNet decoder layer (a decode step, then a step with a prompt chunk) and a full-attention one
-    (q_norm and k_norm on strided heads), bf16 on CPU-interpreted kernels, the knobs (gdn_fused and
-    gdn_conv_rows) on against off. The full layer
+    (q_norm and k_norm on strided heads; then with the layer before's output to add first), bf16 on
+    CPU-interpreted kernels, the knobs (gdn_fused and gdn_conv_rows) on against off. The full layer
     and a lone norm are equal bit for bit; the linear layer's outputs within one bf16 ulp of its largest (its gate
     g may differ from torch's in the last fp32 bits, which moves the core's output before it is rounded; equal
     in these rows), its conv state equal bit for bit and its recurrent state within fp32 rounding. The knob's
@@ -207,8 +209,8 @@ def test_decoder_layers_with_the_knob_equal_the_torch_path():
     assert r["ops_off"] == [], r
     assert r["ops_on"] == ["graphc::add_zc_rms_norm", "graphc::gated_rms_norm", "graphc::gdn_conv_row",
                            "graphc::gdn_conv_rows", "graphc::gdn_gates", "graphc::zc_rms_norm"], r
-    assert r["y_equal"][2:] == [True, True], r
-    assert max(r["y_rel"][:2]) <= 2 ** -7, r
+    assert len(r["y_equal"]) == 9 and r["y_equal"][4:] == [True] * 5, r
+    assert max(r["y_rel"][:4]) <= 2 ** -7, r
     assert r["conv_equal"] and r["conv_moved"] and r["rec_rel"] <= 1e-5, r
 
 
