@@ -22,8 +22,7 @@ renormalisation as one (moe_ops.fused_route, the fused_router knob), at every to
 layers' one-row products in a weight-streaming Triton kernel (gemv_triton.py, the gemv knob; cuBLAS for more
 rows); and an in-step sampler of codes in one launch per code (select_ops.py, the fused_sampler knob); and
 the vision tower's fp32 rotary of q and k in one launch that also writes the zero-padded q, k and v its
-attention kernel runs (norm_ops.q_k_rope_f32, the fused_rope knob; under the same knob a gated attention with
-zero-centred q and k norms runs them and its partial rotary as one launch, norm_ops.zc_norm_partial_rope), its LayerNorms with the residual add
+attention kernel runs (norm_ops.q_k_rope_f32, the fused_rope knob), its LayerNorms with the residual add
 before them (layers.LayerNorm under fused_norms) and its MLP's bias and GELU in cuBLASLt's GEMM epilogue (the
 fused_gelu knob). Measured on the H200 (docs/benchmarks.md), not on other archs. Their Gated DeltaNet layers
 run the delta rule on flash-linear-attention's Triton kernels where their linear_state resource's backend is
