@@ -120,9 +120,29 @@ def test_kernels_equal_the_torch_paths_in_the_interpreter():
             assert r[k]["pool_equal"] and r[k]["untouched"], (k, r[k])
 
 
+# a script's attention stand-in (q, k and v all reach the output; one kv head) and the operators a block ran
+WATCH = r"""
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+def attend(layer, q, k, v):
+    return q * (k * v).sum(-1, keepdim=True)
+
+
+class Seen(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(str(func.overloadpacket._qualified_op_name))
+        return func(*args, **(kwargs or {}))
+
+
+"""
+
 LAYERS = r"""
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from graphc import StepContext
 from graphc.modules import set_kernels
 from models.components import norm_ops
@@ -147,21 +167,7 @@ start.recurrent.normal_(0, 0.3)
 xs = [(2 * torch.randn(t, 48)).to(torch.bfloat16) for t in (3, 4)]
 cos, sin = torch.randn(3, 1, 6).to(torch.bfloat16), torch.randn(3, 1, 6).to(torch.bfloat16)
 
-
-def attend(layer, q, k, v):
-    return q * (k * v).sum(-1, keepdim=True)                  # q, k and v all reach the output (one kv head)
-
-
-class Seen(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.add(str(func.overloadpacket._qualified_op_name))
-        return func(*args, **(kwargs or {}))
-
-
+""" + WATCH + r"""
 runs = {}
 for knob in (0, 1):
     for m in layers:

@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("triton", reason="the kernels are Triton's; pip install -e '.[test]' brings it")
 
+from tests.unit.test_gdn_fused_triton import WATCH  # noqa: E402
 from tests.unit.test_moe_triton import interpreted  # noqa: E402
 
 KERNEL = r"""
@@ -61,7 +62,6 @@ def test_one_launch_equals_the_norms_and_the_partial_rotary():
 
 LAYER = r"""
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from graphc.modules import set_kernels
 from models.components import norm_ops
 from models.components.qwen3_5_text import GatedAttention
@@ -80,21 +80,7 @@ layer.to(torch.bfloat16).eval()
 x = (2 * torch.randn(4, 48)).to(torch.bfloat16)
 cos, sin = torch.randn(4, 1, 6).to(torch.bfloat16), torch.randn(4, 1, 6).to(torch.bfloat16)
 
-
-def attend(i, q, k, v):
-    return q * (k * v).sum(-1, keepdim=True)                  # q, k and v all reach the output (one kv head)
-
-
-class Seen(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.add(str(func.overloadpacket._qualified_op_name))
-        return func(*args, **(kwargs or {}))
-
-
+""" + WATCH + r"""
 runs = {}
 for knob in (0, 1):
     set_kernels(layer, {"fused_rope": knob})
