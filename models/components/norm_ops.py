@@ -26,7 +26,7 @@ chains of a node as one launch each) and the inputs allow; the vision tower's at
 fused_rope knob). Qwen3.5's zero-centred norms (qwen3_5_text.ZeroCentredRMSNorm: the layer norms, the residual
 add with the one after the mixer and with the next layer's, q_norm and k_norm, the final norm) take zc_rms_norm
 and add_zc_rms_norm, its gated attention's q_norm and k_norm with the partial rotary after them
-zc_norm_partial_rope (the fused_rope knob), and
+zc_norm_partial_rope (the gated_rope knob), and
 its Gated DeltaNet layers gated_rms_norm (the output norm, on the core's fp32 rows), gdn_gates (beta and the
 log decay) and gdn_conv_row (a decode step's conv on the conv state pool in place; gdn_step_triton.py), under
 the gdn_fused knob, on bf16 rows on a device in KERNEL_DEVICES; gdn_conv_rows (any step's conv, rows of several

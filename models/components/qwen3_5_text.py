@@ -75,11 +75,12 @@ class GatedAttention(nn.Module):
     ([H, 2D] viewed); the checkpoint's q_proj, k_proj and v_proj are stacked into qkv_proj at load.
 
     layer: this layer's index among the full-attention layers, i.e. into the paged KV pool's layer axis. Under the
-    fused_rope knob bf16 rows on a kernel device take q_norm, k_norm and the partial rotary of both in one launch
-    (norm_ops.zc_norm_partial_rope), in place of torch's rotate-half, slices and concatenations.
+    gated_rope knob bf16 rows on a kernel device take q_norm, k_norm and the partial rotary of both in one launch
+    (norm_ops.zc_norm_partial_rope), in place of torch's rotate-half, slices and concatenations. No plan chooses
+    it yet (it has not run on a GPU): examples/bench/ab_kernels.py --with gated_rope sets it.
     """
 
-    fused_rope: int = 0       # the plan's knob (graphc/modules.py KERNEL_KNOBS)
+    gated_rope: int = 0       # a kernel knob (graphc/modules.py KERNEL_KNOBS)
 
     def __init__(self, cfg: Qwen3_5TextConfig, layer: int):
         super().__init__()
@@ -96,7 +97,7 @@ class GatedAttention(nn.Module):
         q, gate = q_gate[..., :d], q_gate[..., d:]                                     # [T, H, D] each
         k = qkv[:, 2 * h * d:(2 * h + self.kv) * d].view(t, self.kv, d)
         v = qkv[:, (2 * h + self.kv) * d:].view(t, self.kv, d)
-        if self.fused_rope and q.dtype == torch.bfloat16 == self.q_norm.weight.dtype and norm_ops.on_kernel_device(q):
+        if self.gated_rope and q.dtype == torch.bfloat16 == self.q_norm.weight.dtype and norm_ops.on_kernel_device(q):
             q, k = norm_ops.zc_norm_partial_rope(q, k, self.q_norm.weight, self.k_norm.weight, cos, sin,
                                                  self.q_norm.eps)
         else:

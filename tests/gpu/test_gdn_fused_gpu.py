@@ -110,7 +110,7 @@ def test_the_zero_centred_norms_round_as_the_torch_path(rows):
 
 @pytest.mark.parametrize("rows", [1, 64])
 def test_the_fused_q_k_norms_and_partial_rotary_round_as_the_torch_path(rows):
-    """The fused_rope knob's one launch (norm_ops.zc_norm_partial_rope) for GatedAttention's q and k at the 9B's
+    """The gated_rope knob's one launch (norm_ops.zc_norm_partial_rope) for GatedAttention's q and k at the 9B's
     shapes (rotary on 64 of 256 dims, cos and sin of M-RoPE's layout in bf16): within one bf16 ulp (at each head's
     largest value: a rotary sum that cancels is small beside its terms) of q_norm, k_norm and apply_partial_rope on
     torch's path, on at most 1% of the elements; printed against the same with the norms fused (gdn_fused), whose

@@ -1,4 +1,4 @@
-"""Qwen3.5's gated attention under the fused_rope knob: q_norm, k_norm and the partial rotary after them in one
+"""Qwen3.5's gated attention under the gated_rope knob: q_norm, k_norm and the partial rotary after them in one
 launch (norm_triton._zc_norm_partial_rope, norm_ops.zc_norm_partial_rope) under Triton's interpreter on CPU,
 against the torch path it replaces (qwen3_5_text.ZeroCentredRMSNorm in fp32, then apply_partial_rope: torch's
 rotate-half, slices and concatenation), then a whole GatedAttention with the knob on and off.
@@ -83,7 +83,7 @@ cos, sin = torch.randn(4, 1, 6).to(torch.bfloat16), torch.randn(4, 1, 6).to(torc
 """ + WATCH + r"""
 runs = {}
 for knob in (0, 1):
-    set_kernels(layer, {"fused_rope": knob})
+    set_kernels(layer, {"gated_rope": knob})
     seen = Seen()
     with torch.no_grad(), seen:
         y = layer(x, cos, sin, attend)
@@ -94,7 +94,7 @@ print(json.dumps({"equal": bool(torch.equal(runs[0][0], runs[1][0])), "ops_off":
 
 
 def test_gated_attention_with_the_knob_equals_the_torch_path():
-    """A GatedAttention layer in bf16 (rotary width 6 of head dim 24), fused_rope on against off: equal outputs
+    """A GatedAttention layer in bf16 (rotary width 6 of head dim 24), gated_rope on against off: equal outputs
     bit for bit, the fused launch with the knob on and no concatenation left; neither with it off."""
     r = interpreted(LAYER)
     assert r["rotary"] == 6, r
