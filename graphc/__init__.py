@@ -24,6 +24,7 @@ _API = {"AXES": "graphc.declare", "Budget": "graphc.declare", "Edge": "graphc.de
         "Host": "graphc.serving", "Speech": "graphc.serving", "SpeechSampling": "graphc.serving",
         "FollowPrompt": "graphc.serving", "Slot": "graphc.serving", "Transcription": "graphc.serving",
         "Media": "graphc.serving", "MediaItem": "graphc.serving", "Piece": "graphc.serving", "Prompt": "graphc.serving",
+        "SpreadFrames": "graphc.serving",
         "EncodeBatch": "graphc.serving", "expand_placeholders": "graphc.serving",
         "Strict": "graphc.strict", "InvalidInput": "graphc.errors", "read_config": "graphc.source",
         "ceil_div": "graphc.units", "round_up": "graphc.units", "MiB": "graphc.units",

@@ -453,7 +453,9 @@ def _serve_or_run(engine, args, requests: list | None) -> int:
     from graphc.runtime.batch import run_batch
     from graphc.runtime.engine import parse_or_refuse
 
-    return _write_offline(*run_batch(engine, [parse_or_refuse(item, i) for i, item in enumerate(requests)]), args)
+    limits = engine.media_limits()
+    return _write_offline(*run_batch(engine, [parse_or_refuse(item, i, limits) for i, item in enumerate(requests)]),
+                          args)
 
 
 def _run_on_ray(plan, args, requests: list | None) -> int:
@@ -476,7 +478,8 @@ def _run_on_ray(plan, args, requests: list | None) -> int:
             _serving_on(args.host, args, opts["api_key"], f" on the engine actor's node, {serving.node_ip()}")
             serving.serve(args.host, args.port, **opts)
             return EXIT_FITS
-        outs, stats, line = serving.generate([parse_or_refuse(item, i) for i, item in enumerate(requests)])
+        limits = serving.media_limits()
+        outs, stats, line = serving.generate([parse_or_refuse(item, i, limits) for i, item in enumerate(requests)])
         return _write_offline(outs, stats, line, args)
     finally:
         serving.close()

@@ -41,12 +41,36 @@ MediaKind = Literal["audio", "image", "video"]
 @dataclass
 class Media:
     """One media input as the user gave it, decoded: audio float32 [n] at 16 kHz, an image uint8
-    [3, H, W], a video uint8 [F, 3, H, W] sampled at `fps` frames a second."""
+    [3, H, W], a video uint8 [F, 3, H, W] sampled at `fps` frames a second, or, where `times` is given, its
+    frames at those times (seconds into the clip: a host's SpreadFrames sampling)."""
 
     kind: MediaKind
     data: np.ndarray | torch.Tensor
     fps: float | None = None
     audio: np.ndarray | None = None     # a video's own sound at 16 kHz, heard with it (use_audio_in_video)
+    times: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class SpreadFrames:
+    """A video sampled as evenly spaced frames over the whole clip, where a host sets Host.video_frames to one
+    (None: the frames nearest k / fps). Of a clip of `total` frames at `rate` a second, asked for `fps`:
+    n = int(total / rate x fps), within [min_frames, max_frames] and at most total; frame k of n is index
+    k x (total - 1) / (n - 1) in decode order, rounded half to even. A kept frame's time is its index / rate."""
+
+    min_frames: int = 4
+    max_frames: int = 768
+
+    def __post_init__(self):
+        if not all(type(n) is int for n in (self.min_frames, self.max_frames)) or \
+                not 1 <= self.min_frames <= self.max_frames:
+            raise InvalidInput(f"SpreadFrames({self.min_frames}, {self.max_frames})",
+                               "frames are at least 1 and min_frames at most max_frames", "e.g. SpreadFrames(4, 768)")
+
+    def indices(self, total: int, rate: float, fps: float) -> list[int]:
+        """The frame indices kept of a clip of `total` frames at `rate` frames a second, sampled at `fps`."""
+        n = min(max(int(total / rate * fps), self.min_frames), self.max_frames, total)
+        return np.linspace(0, total - 1, n).round().astype(int).tolist() if n > 0 else []
 
 
 @dataclass
@@ -126,6 +150,9 @@ class Host(ABC):
     # xgrammar's structural-tag style of the `<function=N><parameter=P>VALUE</parameter>` tool-call arguments the
     # model's chat templates write; None: tool_choice required or named is refused where a template writes them
     tool_xml_style: str | None = None
+
+    # how the runtime samples a video file's frames for this host (None: the frames nearest k / fps)
+    video_frames: SpreadFrames | None = None
 
     @abstractmethod
     def prompt(self, ids: list[int], media: list[Media]) -> Prompt:

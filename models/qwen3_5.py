@@ -148,11 +148,12 @@ def host(model: gc.Model, checkpoint: str | None = None):
     """The serving host (graphc.Host): text, images and videos in (models/components/vl_host.py), 3-row M-RoPE
     positions; the media ids and end-of-sequence ids from the checkpoint's config.json (the real ids, or the
     vocabulary's last ones, with seeded weights; then no end of sequence: greedy runs to max_tokens). A video's
-    frame-group times are text in the checkpoint tokenizer's ids (tokenizer.json); without one, videos are refused."""
+    frame-group times are text in the checkpoint tokenizer's ids (tokenizer.json); without one, videos are refused.
+    A video file's frames are sampled as HF's Qwen3-VL video processor samples them (vl_host.spread_frames)."""
     from models.components.hosting import Encoders, checkpoint_config, generation_eos, random_media_tokens, \
         vision_processing
     from models.components.mrope import MediaTokens
-    from models.components.vl_host import TimestampVideoHost
+    from models.components.vl_host import TimestampVideoHost, spread_frames
 
     vocab = model.node("llm").config.vocab_size
     cfg = checkpoint_config(checkpoint)
@@ -169,7 +170,8 @@ def host(model: gc.Model, checkpoint: str | None = None):
                                                      video=("vision_encoder", "video_prefill") if seen else None),
                               media, mrope=True, eos_token_ids=eos,
                               vision=vision_processing(checkpoint) if checkpoint else None,
-                              vision_end=end if real else vocab - 6, timestamp_ids=timestamp_ids(checkpoint))
+                              vision_end=end if real else vocab - 6, timestamp_ids=timestamp_ids(checkpoint),
+                              video_frames=spread_frames(checkpoint))
 
 
 def timestamp_ids(checkpoint: str | None):

@@ -48,7 +48,7 @@ def batch(engine, items: list) -> dict:
             "errors": [o.error for o in outs if o.error][:3]}
 
 
-def make_batches(a, ap) -> list[list]:
+def make_batches(a, ap, limits) -> list[list]:
     """A warm-up batch of 2, then one of each --concurrency: random prompts, or the lines of --requests in order."""
     sizes = [2] + a.concurrency
     if not a.requests:
@@ -60,7 +60,7 @@ def make_batches(a, ap) -> list[list]:
     lines = read_jsonl(a.requests)
     if len(lines) < sum(sizes):
         ap.error(f"--requests holds {len(lines)} requests; the batches take {sum(sizes)}")
-    parsed = iter([parse_or_refuse(x, i) for i, x in enumerate(lines)])
+    parsed = iter([parse_or_refuse(x, i, limits) for i, x in enumerate(lines)])
     return [[next(parsed) for _ in range(c)] for c in sizes]
 
 
@@ -85,7 +85,7 @@ def main() -> None:
     serving = Replicas if plan.replicas > 1 else Engine
     engine = serving(plan, a.checkpoint, random_weights=a.random_weights)
     print(engine.summary(), flush=True)
-    batches = make_batches(a, ap)
+    batches = make_batches(a, ap, engine.media_limits())
     batch(engine, batches[0])
     rows = [batch(engine, b) for b in batches[1:]]
     print(f"{'c':>5} {'tok/s':>9} {'TPOT p50':>9} {'TTFT p50':>9} {'TTFT p95':>9} {'prompt':>7}  steps per replica")

@@ -307,7 +307,7 @@ class Engine:
 
         most = self.executor.kv_spec.max_seq_len
         seconds, frames = self.host.media_limits(most)
-        return Limits(seconds, frames, f"a prompt of this plan holds at most {most:,} rows")
+        return Limits(seconds, frames, f"a prompt of this plan holds at most {most:,} rows", self.host.video_frames)
 
     def tokenize(self, messages: list[dict] | None = None, prompt: str | None = None,
                  template_kwargs: dict | None = None, add_generation_prompt: bool = True,
@@ -810,7 +810,8 @@ class Engine:
     def generate(self, items: list[dict], progress: bool = False) -> list[Output]:
         """Run a batch of request dicts (parse_request's shape), arriving at once; outputs in input order. A
         request the engine refuses comes back with finish_reason 'refused' and the reason in `error`."""
-        return self.run_parsed([parse_or_refuse(item, i) for i, item in enumerate(items)], progress)
+        limits = self.media_limits()
+        return self.run_parsed([parse_or_refuse(item, i, limits) for i, item in enumerate(items)], progress)
 
     def run_parsed(self, parsed: list, progress: bool = False) -> list[Output]:
         """generate() after parse_or_refuse (which loads the media: graphc run --ray does that where the
@@ -893,10 +894,10 @@ def refused(rid: str, e: InvalidInput) -> Output:
     return Output(id=rid, kind="", prompt_tokens=0, token_ids=[], text=None, finish_reason="refused", error=str(e))
 
 
-def parse_or_refuse(item, index: int) -> dict | Output:
+def parse_or_refuse(item, index: int, limits=None) -> dict | Output:
     """parse_request's keyword arguments for Engine.add, or the request refused with its reason."""
     try:
-        return parse_request(item, index)
+        return parse_request(item, index, limits)
     except InvalidInput as e:
         return refused(item.get("id", f"line-{index}") if isinstance(item, dict) else f"line-{index}", e)
 
@@ -948,11 +949,12 @@ def check_checkpoint(plan: Plan, checkpoint: str | Path | None) -> None:
                            f"first difference: {diff}", f"plan again with --checkpoint {checkpoint}")
 
 
-def parse_request(item: dict, index: int = 0) -> dict:
+def parse_request(item: dict, index: int = 0, limits=None) -> dict:
     """One offline request (a JSONL line): messages | prompt | prompt_token_ids, optional media
     [{type: audio|image|video, path, fps}], id and use_audio_in_video, modalities ["text", "audio"] with
-    audio {voice, max_frames, first_chunk} for speech out, and sampling parameters by name."""
-    from graphc.runtime.media import load_audio, load_image
+    audio {voice, max_frames, first_chunk} for speech out, and sampling parameters by name. Media are loaded
+    within `limits` (inputs.Limits: Engine.media_limits(), which also says how a video is sampled)."""
+    from graphc.runtime.inputs import Limits, load_media
 
     if not isinstance(item, dict):
         raise InvalidInput(f"request {index} is {type(item).__name__}, not an object", "", "write one JSON object a line")
@@ -963,18 +965,12 @@ def parse_request(item: dict, index: int = 0) -> dict:
         raise InvalidInput(f"request {index}: bad sampling parameters", str(e),
                            f"request keys: {sorted(REQUEST_KEYS)}; sampling: {sorted(SamplingParams.model_fields)}") from None
     media = []
-    for m in item.get("media", []):
+    for j, m in enumerate(item.get("media", [])):
         kind, path = m.get("type"), m.get("path")
-        if kind == "audio":
-            media.append(Media("audio", load_audio(path)))
-        elif kind == "image":
-            media.append(Media("image", load_image(path)))
-        elif kind == "video":
-            from graphc.runtime.media import load_video, video_audio
-            frames, fps = load_video(path, fps=m.get("fps"))
-            media.append(Media("video", frames, fps, audio=video_audio(path) if item.get("use_audio_in_video") else None))
-        else:
+        if kind not in ("audio", "image", "video"):
             raise InvalidInput(f"request {index}: media type {kind!r}", "", "use audio, image or video")
+        media.append(load_media(kind, path, f"request {index}: media[{j}]", m.get("fps"),
+                                bool(item.get("use_audio_in_video")) and kind == "video", limits or Limits()))
     speech = None
     modalities = item.get("modalities") or ["text"]
     if modalities not in (["text"], ["text", "audio"]) or ("audio" in item) != ("audio" in modalities):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graphc.errors import InvalidInput
-from graphc.serving import Media
+from graphc.serving import Media, SpreadFrames
 from graphc.runtime.media import MediaError, load_audio, load_image
 
 
@@ -66,6 +66,7 @@ class Limits:
     audio_seconds: float | None = None
     video_frames: int | None = None
     why: str = ""
+    spread: SpreadFrames | None = None      # how a video's frames are sampled (Host.video_frames)
 
 URL_KEYS = {"image_url": "image", "video_url": "video"}
 DATA_PREFIX = {"image": "data:image/", "video": "data:video/"}
@@ -100,8 +101,9 @@ def _url(url: str, kind: str, what: str, sources: Sources) -> bytes | str:
     return sources.read(url, f"{what}.url")
 
 
-def _media(kind: str, source: bytes | str, what: str, fps: float | None = None, with_audio: bool = False,
-           limits: Limits = Limits()) -> Media:
+def load_media(kind: str, source: bytes | str, what: str, fps: float | None = None, with_audio: bool = False,
+               limits: Limits = Limits()) -> Media:
+    """One media item decoded within `limits` (a video sampled as they say), or refused naming `what`."""
     why = limits.why
     try:
         if kind == "audio":
@@ -110,10 +112,11 @@ def _media(kind: str, source: bytes | str, what: str, fps: float | None = None, 
             return Media("image", load_image(source))
         from graphc.runtime.media import MAX_VIDEO_FRAMES, load_video, video_audio
         most = min(MAX_VIDEO_FRAMES, limits.video_frames or MAX_VIDEO_FRAMES)
-        frames, rate = load_video(source, fps=fps, max_frames=most,
-                                  why=why if most < MAX_VIDEO_FRAMES else "the most frames graphc takes of a video")
-        return Media("video", frames, rate,
-                     audio=video_audio(source, max_seconds=limits.audio_seconds, why=why) if with_audio else None)
+        clip = load_video(source, fps=fps, max_frames=most, spread=limits.spread,
+                          why=why if most < MAX_VIDEO_FRAMES else "the most frames graphc takes of a video")
+        if with_audio:
+            clip.audio = video_audio(source, max_seconds=limits.audio_seconds, why=why)
+        return clip
     except MediaError as e:
         raise InvalidInput(f"{what}: {e}", "", f"send a {kind} file that decodes and fits") from None
     except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
@@ -171,19 +174,19 @@ def split_messages(messages: list, use_audio_in_video: bool = False, sources: So
                 if not isinstance(spec, dict) or not isinstance(spec.get("data"), str):
                     raise InvalidInput(f"{what}.input_audio needs data, a base64 string", f"got {spec!r:.80}",
                                        "send {\"data\": BASE64, \"format\": \"wav\"}")
-                media.append(_media("audio", _b64(spec["data"], f"{what}.input_audio.data"), what, limits=limits))
+                media.append(load_media("audio", _b64(spec["data"], f"{what}.input_audio.data"), what, limits=limits))
                 parts.append({"type": "audio"})
             elif kind in URL_KEYS:
                 spec = part.get(kind)
                 if not isinstance(spec, dict):
                     raise InvalidInput(f"{what}.{kind} must be an object {{url}}", f"got {spec!r:.80}", "send {\"url\": ...}")
-                media.append(_media(URL_KEYS[kind], _url(spec.get("url"), URL_KEYS[kind], f"{what}.{kind}", sources),
+                media.append(load_media(URL_KEYS[kind], _url(spec.get("url"), URL_KEYS[kind], f"{what}.{kind}", sources),
                                     what, _fps(part.get("fps"), what), use_audio_in_video, limits))
                 parts.append({"type": URL_KEYS[kind]})
             elif kind in ("audio", "image", "video") and "path" in part:
                 if not isinstance(part["path"], str) or not part["path"]:
                     raise InvalidInput(f"{what}.path must be a non-empty string", f"got {part['path']!r:.80}", "")
-                media.append(_media(kind, sources.read(part["path"], f"{what}.path"), what, _fps(part.get("fps"), what),
+                media.append(load_media(kind, sources.read(part["path"], f"{what}.path"), what, _fps(part.get("fps"), what),
                                     use_audio_in_video, limits))
                 parts.append({"type": kind})
             else:

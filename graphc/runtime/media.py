@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from graphc.serving import Media, SpreadFrames
+
 
 class MediaError(ValueError):
     """Input media that cannot be used: the message says what, why and what to send instead."""
@@ -97,50 +99,98 @@ def _open_av(data: bytes | str | Path):
 
 
 def load_video(data: bytes | str | Path, fps: float | None = None, max_frames: int = MAX_VIDEO_FRAMES,
-               max_pixels: int = MAX_IMAGE_PIXELS, why: str = ""):
-    """Decode with PyAV and sample `fps` frames a second (default 2): (uint8 [F, 3, H, W] RGB, fps).
-    Frames are taken at the stream times nearest k / fps; an even count (two frames make one temporal
-    patch) is kept by repeating the last when needed. video_audio() reads the same file's sound. More than
-    max_frames (or than MAX_VIDEO_BYTES of decoded frames hold) is refused, from the header's duration
-    when it has one, the refusal saying `why` that is the limit."""
-    import av
-    import torch
-
+               max_pixels: int = MAX_IMAGE_PIXELS, why: str = "", spread: SpreadFrames | None = None) -> Media:
+    """Decode with PyAV and sample `fps` frames a second (default 2): a video Media, uint8 [F, 3, H, W] RGB.
+    Without `spread`, frames are taken at the stream times nearest k / fps. With it, the frames at
+    spread.indices() of the clip (its frame count from the header, else its packets counted; its rate the
+    stream's average rate), each frame's time (index / rate) in Media.times. An even count (two frames make one
+    temporal patch) is kept by repeating the last when needed. video_audio() reads the same file's sound. More
+    than max_frames (or than MAX_VIDEO_BYTES of decoded frames hold) is refused before decoding where the
+    header or the spread tells, the refusal saying `why` that is the limit."""
     fps = VIDEO_FPS if fps is None else float(fps)
     if not 0 < fps <= 60:
         raise MediaError(f"fps {fps} is out of range; sample between 0 and 60 frames a second")
     with _open_av(data) as container:
-        if not container.streams.video:
-            raise MediaError("the file has no video stream; send a video")
-        stream = container.streams.video[0]
-        w, h = stream.codec_context.width, stream.codec_context.height
-        if w * h > max_pixels:
-            raise MediaError(f"the video is {w} x {h}, over {max_pixels:,} pixels a frame; send it smaller")
-        if w * h and max_frames * 3 * w * h > MAX_VIDEO_BYTES:     # what the decoded frames may hold
-            max_frames = max(MAX_VIDEO_BYTES // (3 * w * h), 2)
-        seconds = float(stream.duration * stream.time_base) if stream.duration and stream.time_base else \
-            (container.duration / 1e6 if container.duration else None)
-        if seconds is not None and int(seconds * fps) > max_frames + 1:      # from the header: refused undecoded
-            raise MediaError(f"the video is {seconds:.1f} s long: {int(seconds * fps)} frames at {fps:g} fps, "
-                             f"at most {max_frames} are taken of a {w} x {h} video{f' ({why})' if why else ''}; "
-                             "send a shorter clip or a lower fps")
-        frames, next_t = [], 0.0
-        try:
-            for frame in container.decode(stream):
-                t = float(frame.time or 0.0)
-                if t + 1e-6 >= next_t:
-                    frames.append(torch.from_numpy(frame.to_ndarray(format="rgb24")).permute(2, 0, 1))
-                    next_t += 1.0 / fps
-                    if len(frames) > max_frames:
-                        raise MediaError(f"the video gives more than {max_frames} frames at {fps} fps"
-                                         f"{f' ({why})' if why else ''}; send a shorter clip or a lower fps")
-        except av.error.FFmpegError as e:
-            raise MediaError(f"the video does not decode: {e}; send the whole file") from e
+        stream, max_frames = _video_stream(container, max_pixels, max_frames)
+        limit = f"at most {max_frames} are taken of a {stream.codec_context.width} x " \
+                f"{stream.codec_context.height} video{f' ({why})' if why else ''}; send a shorter clip or a lower fps"
+        keep = _spread(data, stream, spread, fps) if spread is not None else None
+        if keep is not None and len(keep) > max_frames:
+            raise MediaError(f"the video gives {len(keep)} frames at {fps:g} fps, {limit}")
+        seconds = _seconds(container, stream)
+        if keep is None and seconds is not None and int(seconds * fps) > max_frames + 1:    # refused undecoded
+            raise MediaError(f"the video is {seconds:.1f} s long: {int(seconds * fps)} frames at {fps:g} fps, {limit}")
+        frames, indices = _decode(container, stream, fps, keep, max_frames, limit)
     if not frames:
         raise MediaError("the video has no frames")
     if len(frames) % 2:
         frames.append(frames[-1])
-    return torch.stack(frames), fps
+        indices.append(indices[-1])
+    import torch
+
+    rate = float(stream.average_rate) if keep is not None else None
+    return Media("video", torch.stack(frames), fps,
+                 times=tuple(i / rate for i in indices) if rate else None)
+
+
+def _video_stream(container, max_pixels: int, max_frames: int):
+    """The first video stream, its frame size checked; max_frames lowered to what MAX_VIDEO_BYTES holds."""
+    if not container.streams.video:
+        raise MediaError("the file has no video stream; send a video")
+    stream = container.streams.video[0]
+    w, h = stream.codec_context.width, stream.codec_context.height
+    if w * h > max_pixels:
+        raise MediaError(f"the video is {w} x {h}, over {max_pixels:,} pixels a frame; send it smaller")
+    if w * h and max_frames * 3 * w * h > MAX_VIDEO_BYTES:     # what the decoded frames may hold
+        max_frames = max(MAX_VIDEO_BYTES // (3 * w * h), 2)
+    return stream, max_frames
+
+
+def _seconds(container, stream) -> float | None:
+    if stream.duration and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    return container.duration / 1e6 if container.duration else None
+
+
+def _spread(data, stream, spread: SpreadFrames, fps: float) -> list[int]:
+    """spread.indices() of the clip: its frames from the header, else its video packets counted (a second pass
+    over the file that decodes nothing); its rate the stream's average rate."""
+    if not stream.average_rate:
+        raise MediaError("the video's header gives no frame rate; send an MP4 or WebM that states one")
+    total = stream.frames
+    if not total:
+        with _open_av(data) as again:
+            total = sum(1 for packet in again.demux(again.streams.video[0]) if packet.size)
+    return spread.indices(total, float(stream.average_rate), fps)
+
+
+def _decode(container, stream, fps: float, keep: list[int] | None, max_frames: int, limit: str):
+    """The frames kept and their indices in decode order: those in `keep` (each as often as it is there), else
+    the first at or after each k / fps."""
+    import av
+    import torch
+
+    frames, indices, next_t = [], [], 0.0
+    if keep == []:
+        return frames, indices
+    wanted = {i: keep.count(i) for i in keep} if keep is not None else None
+    try:
+        for i, frame in enumerate(container.decode(stream)):
+            if wanted is not None:
+                if i > keep[-1]:
+                    break
+                n = wanted.get(i, 0)
+            else:
+                n = int(float(frame.time or 0.0) + 1e-6 >= next_t)
+                next_t += n / fps
+            if n:
+                frames += [torch.from_numpy(frame.to_ndarray(format="rgb24")).permute(2, 0, 1)] * n
+                indices += [i] * n
+            if len(frames) > max_frames:
+                raise MediaError(f"the video gives more than {max_frames} frames at {fps:g} fps; {limit}")
+    except av.error.FFmpegError as e:
+        raise MediaError(f"the video does not decode: {e}; send the whole file") from e
+    return frames, indices
 
 
 def video_audio(data: bytes | str | Path, sample_rate: int = AUDIO_RATE, max_seconds: float | None = None,

@@ -159,6 +159,9 @@ def _classes(ray):
         def summary(self) -> str:
             return self.engine.summary()
 
+        def media_limits(self):
+            return self.engine.media_limits()
+
         def generate(self, parsed: list):
             """batch.run_batch's (outputs, stats, their line), or ('dead', what, why, fix) when a device's worker
             died."""
@@ -265,6 +268,10 @@ class RayServing:
 
     def node_ip(self) -> str:
         return self._get(self.engine.node_ip.remote(), STEP_TIMEOUT_S)
+
+    def media_limits(self):
+        """The engine's media limits (inputs.Limits), for loading the requests' media here."""
+        return self._get(self.engine.media_limits.remote(), STEP_TIMEOUT_S)
 
     def close(self) -> None:
         ray = self.ray

@@ -186,7 +186,8 @@ def hf_omni(hf, tok, engine, parts, wav=None, img=None, video=None) -> list[int]
         kw |= dict(pixel_values=item.patches, image_grid_thw=torch.tensor([item.grid_thw]))
         counts.append(item.num_patches // 4)
     if video is not None:
-        frames, fps = load_video(video)
+        clip = load_video(video)
+        frames, fps = clip.data, clip.fps
         item = process_video(frames, proc)
         kw |= dict(pixel_values_videos=item.patches, video_grid_thw=torch.tensor([item.grid_thw]),
                    video_second_per_grid=torch.tensor([proc.temporal_patch_size / fps]))
@@ -254,7 +255,8 @@ def test_omni_video_heard_with_its_sound_equals_hf(omni, files):
     frames_mel = int(fe["attention_mask"].sum())
     n_audio = int(_get_feat_extract_output_lengths(torch.tensor(frames_mel)))
     proc = vision_processing(str(engine.checkpoint))
-    frames, fps = load_video(files["av"])
+    clip = load_video(files["av"])
+    frames, fps = clip.data, clip.fps
     item = process_video(frames, proc)
     seconds = proc.temporal_patch_size / fps
     fake = SimpleNamespace(audio_bos_token="<|audio_start|>", audio_eos_token="<|audio_end|>", video_token="<|video_pad|>",

@@ -54,9 +54,10 @@ def served(tmp_path_factory):
     return hf, cpu_engine(d / "ckpt", d / "p.plan"), d / "ckpt"
 
 
-def hf_video_ids(ckpt, grid: tuple[int, int, int], frames: int, fps: float) -> list[int]:
+def hf_video_ids(ckpt, grid: tuple[int, int, int], frames: int, fps: float, meta=None) -> list[int]:
     """The ids HF's Qwen3VLProcessor puts where the video's placeholder was, tokenized by the checkpoint's
-    tokenizer (its replace_video_token, with the frames' metadata: indices 0..frames-1 at fps)."""
+    tokenizer (its replace_video_token, with the frames' metadata: `meta`, HF's loader's, else indices
+    0..frames-1 at fps)."""
     from tokenizers import Tokenizer
     from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
     from transformers.video_utils import VideoMetadata
@@ -65,7 +66,7 @@ def hf_video_ids(ckpt, grid: tuple[int, int, int], frames: int, fps: float) -> l
                            vision_start_token="<|vision_start|>", video_token="<|video_pad|>",
                            vision_end_token="<|vision_end|>")
     proc._calculate_timestamps = lambda *a: Qwen3VLProcessor._calculate_timestamps(proc, *a)
-    meta = VideoMetadata(total_num_frames=frames, fps=fps, frames_indices=list(range(frames)))
+    meta = meta or VideoMetadata(total_num_frames=frames, fps=fps, frames_indices=list(range(frames)))
     text = Qwen3VLProcessor.replace_video_token(proc, {"video_grid_thw": torch.tensor([grid]),
                                                        "video_metadata": [meta]}, 0)
     return Tokenizer.from_file(str(ckpt / "tokenizer.json")).encode(text, add_special_tokens=False).ids
@@ -134,7 +135,7 @@ def test_video_prompts_equal_hf_generate(served, leak_oracle):
         assert list(r.output) == out[0, len(ids):].tolist(), f"request {i}"
 
 
-def test_a_video_without_the_tokenizer_or_its_rate_is_refused(served):
+def test_a_video_without_the_tokenizer_its_rate_or_its_times_is_refused(served):
     from graphc import InvalidInput, Media
 
     _, engine, _ = served
@@ -142,6 +143,9 @@ def test_a_video_without_the_tokenizer_or_its_rate_is_refused(served):
     ids = [IDS["vision_start_token_id"], IDS["video_token_id"], IDS["vision_end_token_id"]]
     with pytest.raises(InvalidInput, match="a video needs its sampling rate"):
         engine.host.prompt(ids, [Media("video", clip)])
+    with pytest.raises(InvalidInput, match="frame times must be one a frame") as e:
+        engine.host.prompt(ids, [Media("video", clip, times=(0.0, 0.5, 1.0))])
+    assert e.value.why == "3 times for 4 frames"
     keep, engine.host.timestamp_ids = engine.host.timestamp_ids, None
     try:
         with pytest.raises(InvalidInput, match="a video prompt needs a tokenizer"):
@@ -164,13 +168,16 @@ def test_the_frame_limit_is_safe(served):
 
 
 def test_a_video_file_in_chat_messages_equals_hf_generate(served, tmp_path):
-    """The user's path: a chat message with an mp4 part (decoded and sampled by graphc's loader at 2 frames a
-    second), the checkpoint's chat template and tokenizer, the host's layout; its greedy tokens equal HF's
-    generate given the same frames (the loader's), HF's processor's layout of them and HF's positions (the
-    template's ids hold 0, the tiny tokenizer's unknown token: HF's mask is given, not guessed from the pad id)."""
+    """The user's path: a chat message with an mp4 part (decoded and sampled by graphc's loader as the host's
+    SpreadFrames says), the checkpoint's chat template and tokenizer, the host's layout; its prompt ids and
+    greedy tokens equal HF's: HF's own loader (PyAV) and Qwen3VLVideoProcessor.sample_frames choose the frames
+    (14 at 4 fps, asked 2 a second: indices 0 2 4 6 9 11 13, where frames nearest k / 2 s would be 0 2 ... 12),
+    HF's processor lays out their times, HF's generate runs (the template's ids hold 0, the tiny tokenizer's
+    unknown token: HF's mask is given, not guessed from the pad id)."""
     import numpy as np
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+    from transformers.video_utils import load_video as hf_load_video
 
-    from graphc.runtime.media import load_video
     from graphc.runtime.sampler import SamplingParams
     from models.components.vision_inputs import process_clip
     from tests.parity.test_engine import write_video
@@ -183,11 +190,15 @@ def test_a_video_file_in_chat_messages_equals_hf_generate(served, tmp_path):
     while engine.has_work():
         engine.step()
     assert r.kind == "v2t"
-    frames, fps = load_video(str(path))
+    sampler = Qwen3VLVideoProcessor()
+    frames, meta = hf_load_video(str(path), backend="pyav",
+                                 sample_indices_fn=lambda metadata, **_: sampler.sample_frames(metadata, fps=2))
+    frames = torch.from_numpy(frames).permute(0, 3, 1, 2)
+    frames = torch.cat([frames, frames[-1:]]) if len(frames) % 2 else frames    # HF's processor pads so
     item = process_clip(frames, engine.host.vision)
     ids = engine.tokenize([{"role": "user", "content": [{"type": "text", "text": "0.5 s"}, {"type": "video"}]}])
     k = ids.index(IDS["video_token_id"])
-    ids = ids[:k] + hf_video_ids(ckpt, item.grid_thw, len(frames), fps) + ids[k + 1:]
+    ids = ids[:k] + hf_video_ids(ckpt, item.grid_thw, len(frames), 2.0, meta) + ids[k + 1:]
     assert list(r.prompt.ids) == ids
     types = torch.tensor([[2 if t == IDS["video_token_id"] else 0 for t in ids]])
     with torch.no_grad():
