@@ -24,7 +24,10 @@ rows); and an in-step sampler of codes in one launch per code (select_ops.py, th
 the vision tower's fp32 rotary of q and k in one launch that also writes the zero-padded q, k and v its
 attention kernel runs (norm_ops.q_k_rope_f32, the fused_rope knob), its LayerNorms with the residual add
 before them (layers.LayerNorm under fused_norms) and its MLP's bias and GELU in cuBLASLt's GEMM epilogue (the
-fused_gelu knob). Measured on the H200 (docs/benchmarks.md), not on other archs. Their Gated DeltaNet layers
+fused_gelu knob); and a gated attention's two zero-centred q/k norms and partial rotary in one launch
+(norm_ops.zc_norm_partial_rope, the gated_rope knob: the 9B's decode on an H100 6.31 -> 6.11 ms at 1 sequence,
+7.77 -> 7.54 at 16, 8.44 -> 8.17 at 32). Measured on the H200 (docs/benchmarks.md), the gated_rope knob on
+an H100, not on other archs. Their Gated DeltaNet layers
 run the delta rule on flash-linear-attention's Triton kernels where their linear_state resource's backend is
 'fla' (resources/capabilities.py; delta_rule.fla_rule, the fla_gdn knob; its
 parity at real shapes: tests/gpu/test_gated_deltanet_gpu.py); the compiler traces what those kernels allocate
@@ -126,7 +129,7 @@ def select_backends(ir: IR) -> Backends:
             why += f"; {prefill} takes no head_dim {head_dim}: runs zero-padded to {runs}"
         chosen[r.name] = Choice(prefill, decode, runs, why)
     knobs = {"fused_gelu": 1, "fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_rope": 1,
-             "fused_router": 1, "fused_sampler": 1, "gemv": 1, "gemv_swiglu": GEMV_SWIGLU_BYTES, "moe_route_group": 1,
+             "fused_router": 1, "fused_sampler": 1, "gated_rope": 1, "gemv": 1, "gemv_swiglu": GEMV_SWIGLU_BYTES, "moe_route_group": 1,
              "moe_sm90_from": SM90_FROM, "moe_sum_norm": 1}
     kernels = {n.name: dict(knobs) for n in ir.model.nodes if arch in FUSED_ARCHS and n.dtype == "bfloat16"}
     for n in ir.model.nodes:        # the delta rule on fla-core where its state resource's backend is fla,

@@ -76,8 +76,8 @@ class GatedAttention(nn.Module):
 
     layer: this layer's index among the full-attention layers, i.e. into the paged KV pool's layer axis. Under the
     gated_rope knob bf16 rows on a kernel device take q_norm, k_norm and the partial rotary of both in one launch
-    (norm_ops.zc_norm_partial_rope), in place of torch's rotate-half, slices and concatenations. No plan chooses
-    it yet (it has not run on a GPU): examples/bench/ab_kernels.py --with gated_rope sets it.
+    (norm_ops.zc_norm_partial_rope), in place of torch's rotate-half, slices and concatenations (chosen by
+    select_backends for bf16 nodes on sm_90).
     """
 
     gated_rope: int = 0       # a kernel knob (graphc/modules.py KERNEL_KNOBS)

@@ -77,9 +77,12 @@ def small_plan(tmp_path, gpu: str) -> str:
 def test_captured_decode_on_state_slots_matches_a_cpu_fp32_forward(tmp_path):
     pytest.importorskip("flashinfer")
     pytest.importorskip("fla")
-    path = small_plan(tmp_path, "h200")
+    from graphc.runtime.boot import local_gpu
+
+    path = small_plan(tmp_path, local_gpu()[0] or "h200")       # planned for this card (h100 or h200)
     engine = Engine(load_plan(path), str(tmp_path / "ckpt"), emulate=True)
-    assert engine.boot.modules["llm"].model.language_model.layers[0].linear_attn.fla_gdn == 1
+    layers = engine.boot.modules["llm"].model.language_model.layers
+    assert layers[0].linear_attn.fla_gdn == 1 and all(x.self_attn.gated_rope == 1 for x in layers if not x.is_linear)
     reqs, seen = run_arrivals(engine)
     stats = engine.stats()
     decode = {r: n for k, n in stats["rungs"].items() for key, r in [k.rsplit("/", 1)] if key == "llm_decode/llm"}
