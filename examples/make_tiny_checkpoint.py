@@ -196,9 +196,13 @@ def save(model, tok: Tokenizer, path: str | Path) -> Path:
     (path / "chat_template.jinja").write_text(TEMPLATE)
     s = ids(tok)
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
-    # pixel bounds the tiny plans hold: a video frame slice within the vision attention's 128-patch segment
-    (path / "preprocessor_config.json").write_text(json.dumps({"min_pixels": 32 * 32, "max_pixels": 128 * 256}))
-    (path / "video_preprocessor_config.json").write_text(json.dumps({"min_pixels": 32 * 32, "max_pixels": 96 * 128}))
+    # pixel bounds the tiny plans hold: a video frame slice within the vision attention's 128-patch segment; the
+    # patch layout of the towers (16-pixel patches, 2 frames, 2 x 2 merged), as the real checkpoints state it for
+    # HF's processors
+    grid = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2}
+    (path / "preprocessor_config.json").write_text(json.dumps({"min_pixels": 32 * 32, "max_pixels": 128 * 256} | grid))
+    (path / "video_preprocessor_config.json").write_text(json.dumps({"min_pixels": 32 * 32, "max_pixels": 96 * 128}
+                                                                    | grid))
     # a 2 s tone to send it (examples/requests_tiny_asr.jsonl reads ckpt/tiny_asr/sample.wav)
     import numpy as np
     import soundfile as sf
