@@ -56,16 +56,22 @@ class SpreadFrames:
     """A video sampled as evenly spaced frames over the whole clip, where a host sets Host.video_frames to one
     (None: the frames nearest k / fps). Of a clip of `total` frames at `rate` a second, asked for `fps`:
     n = int(total / rate x fps), within [min_frames, max_frames] and at most total; frame k of n is index
-    k x (total - 1) / (n - 1) in decode order, rounded half to even. A kept frame's time is its index / rate."""
+    k x (total - 1) / (n - 1) in decode order, rounded half to even. A kept frame's time is its index / rate.
+    fps: the rate a request that names none is sampled at (None: the runtime's default, 2)."""
 
     min_frames: int = 4
     max_frames: int = 768
+    fps: float | None = None
 
     def __post_init__(self):
         if not all(type(n) is int for n in (self.min_frames, self.max_frames)) or \
                 not 1 <= self.min_frames <= self.max_frames:
             raise InvalidInput(f"SpreadFrames({self.min_frames}, {self.max_frames})",
                                "frames are at least 1 and min_frames at most max_frames", "e.g. SpreadFrames(4, 768)")
+        if self.fps is not None and (isinstance(self.fps, bool) or not isinstance(self.fps, (int, float))
+                                     or not 0 < self.fps <= 60):
+            raise InvalidInput(f"SpreadFrames fps {self.fps!r}", "a rate is over 0 and at most 60 frames a second",
+                               "e.g. fps=2")
 
     def indices(self, total: int, rate: float, fps: float) -> list[int]:
         """The frame indices kept of a clip of `total` frames at `rate` frames a second, sampled at `fps`."""

@@ -100,14 +100,15 @@ def _open_av(data: bytes | str | Path):
 
 def load_video(data: bytes | str | Path, fps: float | None = None, max_frames: int = MAX_VIDEO_FRAMES,
                max_pixels: int = MAX_IMAGE_PIXELS, why: str = "", spread: SpreadFrames | None = None) -> Media:
-    """Decode with PyAV and sample `fps` frames a second (default 2): a video Media, uint8 [F, 3, H, W] RGB.
+    """Decode with PyAV and sample `fps` frames a second (default: spread.fps, else 2): a video Media, uint8
+    [F, 3, H, W] RGB.
     Without `spread`, frames are taken at the stream times nearest k / fps. With it, the frames at
     spread.indices() of the clip (its frame count from the header, else its packets counted; its rate the
     stream's average rate), each frame's time (index / rate) in Media.times. An even count (two frames make one
     temporal patch) is kept by repeating the last when needed. video_audio() reads the same file's sound. More
     than max_frames (or than MAX_VIDEO_BYTES of decoded frames hold) is refused before decoding where the
     header or the spread tells, the refusal saying `why` that is the limit."""
-    fps = VIDEO_FPS if fps is None else float(fps)
+    fps = float(fps) if fps is not None else float(spread.fps) if spread is not None and spread.fps else VIDEO_FPS
     if not 0 < fps <= 60:
         raise MediaError(f"fps {fps} is out of range; sample between 0 and 60 frames a second")
     with _open_av(data) as container:

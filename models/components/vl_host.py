@@ -37,8 +37,8 @@ class TimestampVideoHost(AudioVisualHost):
                  video_frames: SpreadFrames = SpreadFrames(), **kwargs):
         """vision_end: <|vision_end|>'s id; timestamp_ids: text -> its token ids (the checkpoint's tokenizer,
         until the engine gives its own through use_tokenizer; None: no tokenizer, and videos are refused);
-        video_frames: how a video file's frames are sampled (HF Qwen3VLVideoProcessor's min_frames and
-        max_frames, 4 and 768 by default)."""
+        video_frames: how a video file's frames are sampled (HF Qwen3VLVideoProcessor's min_frames,
+        max_frames and fps: 4, 768 and 2 by default)."""
         super().__init__(*args, **kwargs)
         self.vision_end, self.timestamp_ids = vision_end, timestamp_ids
         self.video_frames = video_frames
@@ -103,12 +103,12 @@ class TimestampVideoHost(AudioVisualHost):
 
 
 def spread_frames(checkpoint: str | None) -> SpreadFrames:
-    """How the checkpoint's video processor samples a clip: min_frames and max_frames from its
-    video_preprocessor_config.json, HF Qwen3VLVideoProcessor's 4 and 768 where absent."""
+    """How the checkpoint's video processor samples a clip: min_frames, max_frames and fps from its
+    video_preprocessor_config.json, HF Qwen3VLVideoProcessor's 4, 768 and 2 where absent."""
     import json
     from pathlib import Path
 
     path = Path(checkpoint) / "video_preprocessor_config.json" if checkpoint else None
     d = json.loads(path.read_text()) if path is not None and path.is_file() else {}
-    got = {k: d[k] for k in ("min_frames", "max_frames") if d.get(k) is not None}
+    got = {k: d[k] for k in ("min_frames", "max_frames", "fps") if d.get(k) is not None}
     return SpreadFrames(**got)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graphc import InvalidInput, SpreadFrames
-from graphc.runtime.media import MediaError, load_video, video_audio
+from graphc.runtime.media import VIDEO_FPS, MediaError, load_video, video_audio
 from tests.parity.test_engine import write_video
 
 
@@ -87,3 +87,32 @@ def test_spread_frames_are_padded_to_an_even_count_and_bounded(clips):
         load_video(clips / "silent.mp4", fps=2, max_frames=4, spread=SpreadFrames(5, 768))
     with pytest.raises(InvalidInput, match="min_frames at most max_frames"):
         SpreadFrames(8, 4)
+
+
+def test_a_spread_with_its_own_rate_samples_at_it_when_asked_none(clips):
+    """30 frames at 10 fps, the spread's 1 a second: int(3 s x 1) = 3, raised to min_frames 4: linspace(0, 29, 4)
+    = 0, 9.67, 19.33, 29 rounded: 0 10 19 29; a request's own fps (2) comes first."""
+    clip = load_video(clips / "greys.mp4", spread=SpreadFrames(4, 768, fps=1.0))
+    assert [round(m / 8) for m in clip.data.float().mean(dim=(1, 2, 3)).tolist()] == [0, 10, 19, 29]
+    assert clip.fps == 1.0
+    assert load_video(clips / "greys.mp4", fps=2, spread=SpreadFrames(4, 768, fps=1.0)).data.shape[0] == 6
+    with pytest.raises(InvalidInput, match="fps 0"):
+        SpreadFrames(fps=0)
+
+
+def test_the_checkpoints_sampling_is_what_hf_reads_from_it(tmp_path):
+    """vl_host.spread_frames reads video_preprocessor_config.json's min_frames, max_frames and fps as HF's
+    Qwen3VLVideoProcessor.from_pretrained does; absent keys are the class defaults (fps None: the loader's 2)."""
+    import json
+
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    from models.components.vl_host import spread_frames
+
+    for i, keys in enumerate([{"min_frames": 2, "max_frames": 10, "fps": 1}, {"fps": 4}, {}]):
+        d = tmp_path / str(i)
+        d.mkdir()
+        (d / "video_preprocessor_config.json").write_text(json.dumps(keys))
+        hf = Qwen3VLVideoProcessor.from_pretrained(str(d))
+        got = spread_frames(str(d))
+        assert (got.min_frames, got.max_frames, got.fps or VIDEO_FPS) == (hf.min_frames, hf.max_frames, hf.fps), keys
