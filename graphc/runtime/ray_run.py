@@ -144,6 +144,12 @@ def _classes(ray):
             self.stopped.wait()
             return True
 
+    return DeviceActor, _engine_actor(ray)
+
+
+def _engine_actor(ray):
+    """The engine's actor class."""
+
     @ray.remote
     class EngineActor:
         """The LLM node's device: the engine, driving the other devices' actors."""
@@ -182,7 +188,7 @@ def _classes(ray):
         def close(self) -> None:
             self.engine.close()
 
-    return DeviceActor, EngineActor
+    return EngineActor
 
 
 class RayServing:
