@@ -105,6 +105,9 @@ def load_media(kind: str, source: bytes | str, what: str, fps: float | None = No
                limits: Limits = Limits()) -> Media:
     """One media item decoded within `limits` (a video sampled as they say), or refused naming `what`."""
     why = limits.why
+    if not isinstance(source, (bytes, bytearray)) and (source is None or not Path(source).is_file()):
+        raise InvalidInput(f"{what}: {source} cannot be read", "no such file" if source is not None else
+                           "it names no file", "check the path")
     try:
         if kind == "audio":
             return Media("audio", load_audio(source, max_seconds=limits.audio_seconds, why=why))
@@ -118,7 +121,8 @@ def load_media(kind: str, source: bytes | str, what: str, fps: float | None = No
             clip.audio = video_audio(source, max_seconds=limits.audio_seconds, why=why)
         return clip
     except MediaError as e:
-        raise InvalidInput(f"{what}: {e}", "", f"send a {kind} file that decodes and fits") from None
+        raise InvalidInput(f"{what}: {e}", "", f"send {'an' if kind[0] in 'ai' else 'a'} {kind} file that decodes "
+                           "and fits") from None
     except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
         raise InvalidInput(f"{what}: {source} cannot be read ({e.strerror})", "", "check the path") from None
 
