@@ -67,7 +67,8 @@ def test_select_backends_by_arch_and_dtype():
         chosen = select_backends(ir).kernels
         bf16 = {n.name for n in model.nodes if n.dtype == "bfloat16"}
         knobs = {"fused_gelu": 1, "fused_max_tokens": 16384, "fused_norms": 1, "fused_rope": 1,
-                 "fused_router": 1, "fused_sampler": 1, "gemv": 1, "gemv_swiglu": 16 * 2**20, "moe_route_group": 1,
+                 "fused_router": 1, "fused_sampler": 1, "gated_rope": 1, "gemv": 1, "gemv_swiglu": 16 * 2**20,
+                 "moe_route_group": 1,
                  "moe_sm90_from": 2048, "moe_sum_norm": 1}
         assert chosen == ({n: knobs for n in bf16}
                           if want else {}), gpu
