@@ -122,6 +122,7 @@ def load_video(data: bytes | str | Path, fps: float | None = None, max_frames: i
         if keep is None and seconds is not None and int(seconds * fps) > max_frames + 1:    # refused undecoded
             raise MediaError(f"the video is {seconds:.1f} s long: {int(seconds * fps)} frames at {fps:g} fps, {limit}")
         frames, indices = _decode(container, stream, fps, keep, max_frames, limit)
+        rate = float(stream.average_rate) if keep is not None else None
     if not frames:
         raise MediaError("the video has no frames")
     if len(frames) % 2:
@@ -129,7 +130,6 @@ def load_video(data: bytes | str | Path, fps: float | None = None, max_frames: i
         indices.append(indices[-1])
     import torch
 
-    rate = float(stream.average_rate) if keep is not None else None
     return Media("video", torch.stack(frames), fps,
                  times=tuple(i / rate for i in indices) if rate else None)
 
@@ -166,27 +166,27 @@ def _spread(data, stream, spread: SpreadFrames, fps: float) -> list[int]:
 
 
 def _decode(container, stream, fps: float, keep: list[int] | None, max_frames: int, limit: str):
-    """The frames kept and their indices in decode order: those in `keep` (each as often as it is there), else
-    the first at or after each k / fps."""
+    """The frames kept and their indices in decode order: those in `keep` (distinct, ascending), else the first
+    at or after each k / fps."""
     import av
     import torch
 
     frames, indices, next_t = [], [], 0.0
     if keep == []:
         return frames, indices
-    wanted = {i: keep.count(i) for i in keep} if keep is not None else None
+    wanted = set(keep) if keep is not None else None
     try:
         for i, frame in enumerate(container.decode(stream)):
             if wanted is not None:
                 if i > keep[-1]:
                     break
-                n = wanted.get(i, 0)
+                take = i in wanted
             else:
-                n = int(float(frame.time or 0.0) + 1e-6 >= next_t)
-                next_t += n / fps
-            if n:
-                frames += [torch.from_numpy(frame.to_ndarray(format="rgb24")).permute(2, 0, 1)] * n
-                indices += [i] * n
+                take = float(frame.time or 0.0) + 1e-6 >= next_t
+                next_t += take / fps
+            if take:
+                frames.append(torch.from_numpy(frame.to_ndarray(format="rgb24")).permute(2, 0, 1))
+                indices.append(i)
             if len(frames) > max_frames:
                 raise MediaError(f"the video gives more than {max_frames} frames at {fps:g} fps; {limit}")
     except av.error.FFmpegError as e:
