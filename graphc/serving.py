@@ -56,8 +56,8 @@ class SpreadFrames:
     """A video sampled as evenly spaced frames over the whole clip, where a host sets Host.video_frames to one
     (None: the frames nearest k / fps). Of a clip of `total` frames at `rate` a second, asked for `fps`:
     n = int(total / rate x fps), within [min_frames, max_frames] and at most total; frame k of n is index
-    k x (total - 1) / (n - 1) in decode order, rounded half to even (distinct: n is at most total). A kept frame's time is its index / rate.
-    fps: the rate a request that names none is sampled at (None: the runtime's default, 2)."""
+    k x (total - 1) / (n - 1) in decode order, rounded half to even (distinct: n is at most total). A kept
+    frame's time is its index / rate. fps: the rate a request that names none is sampled at (None: the runtime's default, 2)."""
 
     min_frames: int = 4
     max_frames: int = 768
