@@ -36,6 +36,9 @@ class Experts(nn.Module):
     # a knob: with the fused kernels, add_norm's norm runs in the launch that sums the slots and adds the residual
     # (moe_ops.fused_experts_norm); 0: a launch of its own
     moe_sum_norm: int = 0
+    # a knob: with the fused kernels, steps of at most this many tokens run a program per token-expert pair and no
+    # grouping (moe_pairs_triton.py), below the grouped kernels; 0: never
+    moe_pair_tokens: int = 0
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int):
         super().__init__()
@@ -83,7 +86,8 @@ class Experts(nn.Module):
         if self.moe_sum_norm and self.fused(x) and norm.fused(x) and type(norm).forward is RMSNorm.forward:
             from models.components.moe_ops import fused_experts_norm
             return fused_experts_norm(x, self.gate_up_proj, self.down_proj, experts, weights, residual,
-                                      (norm.weight, norm.eps), self.gate_up_layout, self.moe_sm90_from, grouped)
+                                      (norm.weight, norm.eps), self.gate_up_layout, self.moe_sm90_from, grouped,
+                                      self.moe_pair_tokens)
         y = self(x, experts, weights, residual, grouped)
         return y, norm(y)
 
@@ -97,7 +101,7 @@ class Experts(nn.Module):
         if self.fused(x):
             from models.components.moe_ops import fused_experts
             return fused_experts(x, self.gate_up_proj, self.down_proj, experts, weights, residual,
-                                 self.gate_up_layout, self.moe_sm90_from, grouped)
+                                 self.gate_up_layout, self.moe_sm90_from, grouped, self.moe_pair_tokens)
         order, rows = torch.sort(experts.reshape(-1))                            # [T*k] pairs by expert
         ends = torch.searchsorted(order, torch.arange(1, self.num_experts + 1, device=x.device),
                                   out_int32=True)                                 # [E] end of each expert's rows
@@ -150,12 +154,12 @@ class SparseMoE(nn.Module):
 
     def routed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """route(x), and the pairs grouped by expert where the moe_route_group knob has the router group them in
-        its launch (a step of few pairs on the fused kernels below their SM90 ones), else None."""
+        its launch (a step of few pairs on the fused grouped kernels below their SM90 ones), else None."""
         from models.components.moe_ops import ROUTE_GROUP_PAIRS
 
         t, ex = x.shape[0], self.experts
         if (self.moe_route_group and self.fused_router and ex.fused(x) and t * self.top_k <= ROUTE_GROUP_PAIRS
-                and not (ex.moe_sm90_from and t >= ex.moe_sm90_from)):
+                and t > ex.moe_pair_tokens and not (ex.moe_sm90_from and t >= ex.moe_sm90_from)):
             from models.components.moe_ops import fused_route_group
             return fused_route_group(self.gate(x), self.top_k, self.norm_topk_prob)
         return (*self.route(x), None)

@@ -20,6 +20,9 @@ only when an operator runs on a device, so planning needs no GPU stack.
                                                                  to whole tiles, and the tiles' maps
     graphc::moe_sm90_gate_up(x, w1, h!, rows, tiles, top_k)      FlashInfer's SM90 grouped GEMMs (moe_sm90.py)
     graphc::moe_sm90_down(h, w2, pairs!, rows, tiles, scales, top_k)
+    graphc::moe_pair_gate_up(x, gate_up_proj, experts, h!, top_k)    a few tokens: silu(gate) * up, a program per
+                                                                 (pair, columns), no grouping (moe_pairs_triton.py)
+    graphc::moe_pair_down(h, down_proj, experts, weights, pairs!)    ... and down, scaled, in pair order
 """
 from __future__ import annotations
 
@@ -129,6 +132,32 @@ def _(h, down_proj, pairs, rows, ends, weights) -> None:
     return None
 
 
+@torch.library.custom_op("graphc::moe_pair_gate_up", mutates_args=("h",))
+def moe_pair_gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, experts: torch.Tensor, h: torch.Tensor, top_k: int,
+                     interleave: int = 0) -> None:
+    from models.components import moe_pairs_triton as k
+
+    k.gate_up(x, gate_up_proj, experts, h, top_k, interleave)
+
+
+@moe_pair_gate_up.register_fake
+def _(x, gate_up_proj, experts, h, top_k, interleave=0) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::moe_pair_down", mutates_args=("pairs",))
+def moe_pair_down(h: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
+                  pairs: torch.Tensor) -> None:
+    from models.components import moe_pairs_triton as k
+
+    k.down(h, down_proj, experts, weights, pairs)
+
+
+@moe_pair_down.register_fake
+def _(h, down_proj, experts, weights, pairs) -> None:
+    return None
+
+
 @torch.library.custom_op("graphc::moe_route", mutates_args=("experts", "weights"))
 def moe_route(logits: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, norm: bool) -> None:
     from models.components import moe_triton as k
@@ -221,31 +250,36 @@ GROUP_SORT_FROM = 512
 
 def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor,
                   weights: torch.Tensor, residual: torch.Tensor | None = None, interleave: int = 0,
-                  sm90_from: int = 0, grouped: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                  sm90_from: int = 0, grouped: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  pair_tokens: int = 0) -> torch.Tensor:
     """Experts.forward's contract: x [T, H], gate_up_proj [E, 2I, H] (gate rows then up rows, or up and gate
     `interleave` rows at a time), down_proj [E, H, I], experts and weights [T, k] -> [T, H] in x's dtype (plus
     residual [T, H] where given: the decoder layer's add, in the same launch as the slots' sum); three operators
     and a sum, static shapes for a given T. Steps of sm90_from tokens or more (0: none) run the two GEMMs in
     FlashInfer's SM90 kernels (moe_sm90.py; gate_up_proj interleaved as they read it). grouped: the pairs
-    already grouped by expert (fused_route_group's rows and ends), for a step below sm90_from."""
-    return _experts(x, gate_up_proj, down_proj, experts, weights, residual, interleave, sm90_from, grouped)[0]
+    already grouped by expert (fused_route_group's rows and ends), for a step below sm90_from. Steps of at most
+    pair_tokens tokens run a program per token-expert pair and no grouping (moe_pairs_triton.py)."""
+    return _experts(x, gate_up_proj, down_proj, experts, weights, residual, interleave, sm90_from, grouped,
+                    pair_tokens=pair_tokens)[0]
 
 
 def fused_experts_norm(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor,
                        weights: torch.Tensor, residual: torch.Tensor, norm: tuple[torch.Tensor, float],
                        interleave: int = 0, sm90_from: int = 0,
-                       grouped: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       grouped: tuple[torch.Tensor, torch.Tensor] | None = None, pair_tokens: int = 0
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """fused_experts with the residual, and the next decoder layer's input RMSNorm (norm: its weight [H] in x's
     dtype, and eps) of the result in the slots' sum's launch: (y, rms_norm(y) * weight)."""
     if norm[0].shape != (x.shape[-1],) or norm[0].dtype != x.dtype or x.shape[-1] > SUM_NORM_WIDTH:
         raise ValueError(f"fused_experts_norm: a norm weight {tuple(norm[0].shape)} {norm[0].dtype} for rows "
                          f"{tuple(x.shape)} {x.dtype}: want [{x.shape[-1]}] in the rows' dtype, at most "
                          f"{SUM_NORM_WIDTH} wide")
-    return _experts(x, gate_up_proj, down_proj, experts, weights, residual, interleave, sm90_from, grouped, norm)
+    return _experts(x, gate_up_proj, down_proj, experts, weights, residual, interleave, sm90_from, grouped, norm,
+                    pair_tokens)
 
 
-def _experts(x, gate_up_proj, down_proj, experts, weights, residual, interleave, sm90_from, grouped, norm=None
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _experts(x, gate_up_proj, down_proj, experts, weights, residual, interleave, sm90_from, grouped, norm=None,
+             pair_tokens=0) -> tuple[torch.Tensor, torch.Tensor | None]:
     t, k = experts.shape
     num_experts, two_i, hidden = gate_up_proj.shape
     if x.shape != (t, hidden) or down_proj.shape != (num_experts, hidden, two_i // 2):
@@ -257,11 +291,28 @@ def _experts(x, gate_up_proj, down_proj, experts, weights, residual, interleave,
     flat = experts.reshape(-1).contiguous()
     if sm90_from and t >= sm90_from:
         return _sm90_experts(x, gate_up_proj, down_proj, flat, weights, residual, interleave, norm)
+    if t <= pair_tokens:
+        return _pair_experts(x, gate_up_proj, down_proj, flat, weights, residual, interleave, norm)
     rows, ends = grouped if grouped is not None else _group(flat, num_experts)
     h = torch.empty(t * k, two_i // 2, device=x.device, dtype=x.dtype)      # in grouped order
     moe_gate_up(x.contiguous(), gate_up_proj, h, rows, ends, k, interleave)
     pairs = torch.empty(t * k, hidden, device=x.device, dtype=x.dtype)  # in (token, slot) order
     moe_down(h, down_proj, pairs, rows, ends, weights.reshape(-1).contiguous())
+    if residual is None:
+        return pairs.view(t, k, hidden).sum(dim=1), None
+    return _sum_slots(pairs.view(t, k, hidden), x, residual, None, norm)
+
+
+def _pair_experts(x, gate_up_proj, down_proj, flat, weights, residual, interleave, norm
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """fused_experts a pair at a time: gate_up, down (scaled), the slots' sum (with the residual, and the norm
+    where asked): three launches, no grouping."""
+    t, k = weights.shape
+    hidden, inter = down_proj.shape[1:]
+    h = torch.empty(t * k, inter, device=x.device, dtype=x.dtype)                 # pair order
+    moe_pair_gate_up(x.contiguous(), gate_up_proj, flat, h, k, interleave)
+    pairs = torch.empty(t * k, hidden, device=x.device, dtype=x.dtype)
+    moe_pair_down(h, down_proj, flat, weights.reshape(-1).contiguous(), pairs)
     if residual is None:
         return pairs.view(t, k, hidden).sum(dim=1), None
     return _sum_slots(pairs.view(t, k, hidden), x, residual, None, norm)

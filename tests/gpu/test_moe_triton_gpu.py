@@ -26,10 +26,15 @@ def reference(x, gu, dn, ex, w) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("tokens", [1, 7, 64, 100, 300, 2048])
-def test_fused_experts_against_fp64_and_the_bf16_path(shape, tokens):
+@pytest.mark.parametrize("tokens, pairs", [(1, 0), (7, 0), (64, 0), (100, 0), (300, 0), (2048, 0), (1, 1), (2, 2),
+                                           (7, 7)])
+def test_fused_experts_against_fp64_and_the_bf16_path(shape, tokens, pairs):
+    """pairs: the steps of that many tokens run a program per pair (moe_pairs_triton.py)."""
     pytest.importorskip("triton")
+    from functools import partial
+
     from models.components.moe_ops import fused_experts
+    fused_experts = partial(fused_experts, pair_tokens=pairs)
 
     e, h, i, k = SHAPES[shape]
     gen = torch.Generator(device="cuda").manual_seed(tokens)
@@ -49,7 +54,7 @@ def test_fused_experts_against_fp64_and_the_bf16_path(shape, tokens):
         theirs = mod(x, ex, w)
     err_ours = (ours.double() - ref).abs().max().item() / scale
     err_theirs = (theirs.double() - ref).abs().max().item() / scale
-    print(f"{shape} T={tokens}: fused {err_ours:.3e}, bf16 path {err_theirs:.3e} (of the largest output)")
+    print(f"{shape} T={tokens} pairs {pairs}: fused {err_ours:.3e}, bf16 path {err_theirs:.3e} (of the largest output)")
     assert ours.dtype == torch.bfloat16 and ours.shape == (tokens, h)
     assert err_ours <= err_theirs, (err_ours, err_theirs)
 
