@@ -52,6 +52,14 @@ an H100, captured, a layer's conv of 8,192 rows 2,591 -> 572 us (examples/bench/
 conv; its outputs within a bf16 ulp of torch's, the pool the same), and a round of 16 60 s clips 490 -> 514 tok/s
 (examples/bench/bench_video.py, one round each; docs/benchmarks.md).
 
+Of the fused experts' steps, those of at most PAIR_TOKENS tokens run a program per token-expert pair and no
+grouping (models/components/moe_pairs_triton.py, the moe_pair_tokens knob; the router's launch then routes alone):
+on an H100, one layer's experts with the residual, captured, 35.9 -> 30.0 us at the larger node's shape at one
+token, 53.9 -> 48.0 at two, 104.4 -> 98.1 at four; the smaller's 14.9 -> 8.1, 17.2 -> 10.8, 22.8 -> 20.3
+(examples/bench/bench_moe_pairs.py); a shipped one-80 GB MoE plan's decode at one sequence 3.99 -> 3.52 ms (larger
+node) and 3.79 -> 3.66 ms (smaller). Not measured past four tokens, where tokens sharing an expert read it once
+each.
+
 The same bf16 sm_90 nodes run a one-row SwiGLU's gate_up product and its activation as one launch (gemv_triton.
 gemv_silu_mul, the gemv_swiglu knob) where its gate_up weight holds at most GEMV_SWIGLU_BYTES: on the H200, captured,
 MLPs of intermediate x hidden 3,072 x 1,024 (12.6 MB) 6.54 -> 5.46 us, 768 x 1,024 (3.1 MB) 3.89 -> 2.88 us,
@@ -80,6 +88,7 @@ class Choice:
 FUSED_MAX_TOKENS = 16384
 SM90_FROM = 2048
 GEMV_SWIGLU_BYTES = 16 * 2**20
+PAIR_TOKENS = 4
 FUSED_ARCHS = ("sm_90",)
 
 
@@ -129,8 +138,8 @@ def select_backends(ir: IR) -> Backends:
             why += f"; {prefill} takes no head_dim {head_dim}: runs zero-padded to {runs}"
         chosen[r.name] = Choice(prefill, decode, runs, why)
     knobs = {"fused_gelu": 1, "fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_rope": 1,
-             "fused_router": 1, "fused_sampler": 1, "gated_rope": 1, "gemv": 1, "gemv_swiglu": GEMV_SWIGLU_BYTES, "moe_route_group": 1,
-             "moe_sm90_from": SM90_FROM, "moe_sum_norm": 1}
+             "fused_router": 1, "fused_sampler": 1, "gated_rope": 1, "gemv": 1, "gemv_swiglu": GEMV_SWIGLU_BYTES,
+             "moe_pair_tokens": PAIR_TOKENS, "moe_route_group": 1, "moe_sm90_from": SM90_FROM, "moe_sum_norm": 1}
     kernels = {n.name: dict(knobs) for n in ir.model.nodes if arch in FUSED_ARCHS and n.dtype == "bfloat16"}
     for n in ir.model.nodes:        # the delta rule on fla-core where its state resource's backend is fla,
         if any(res in chosen and chosen[res].prefill == "fla" for res in n.resources.values()):   # decode in place
