@@ -53,12 +53,14 @@ conv; its outputs within a bf16 ulp of torch's, the pool the same), and a round 
 (examples/bench/bench_video.py, one round each; docs/benchmarks.md).
 
 Of the fused experts' steps, those of at most PAIR_TOKENS tokens run a program per token-expert pair and no
-grouping (models/components/moe_pairs_triton.py, the moe_pair_tokens knob; the router's launch then routes alone):
-on an H100, one layer's experts with the residual, captured, 35.9 -> 30.0 us at the larger node's shape at one
-token, 53.9 -> 48.0 at two, 104.4 -> 98.1 at four; the smaller's 14.9 -> 8.1, 17.2 -> 10.8, 22.8 -> 20.3
-(examples/bench/bench_moe_pairs.py); a shipped one-80 GB MoE plan's decode at one sequence 3.99 -> 3.52 ms (larger
-node) and 3.79 -> 3.66 ms (smaller). Not measured past four tokens, where tokens sharing an expert read it once
-each.
+grouping (models/components/moe_pairs_triton.py, the moe_pair_tokens knob; the router's launch then routes alone).
+On an H100, one layer's experts with the residual, captured, random routing (examples/bench/bench_moe_pairs.py):
+at the larger node's shape 35.9 -> 30.0 us at one token, 53.9 -> 48.0 at two, 104.4 -> 98.1 at four, 160.4 ->
+154.5 at eight; the smaller's 14.9 -> 8.1, 17.2 -> 10.8, 22.8 -> 20.3, 41.1 -> 37.0. A shipped one-80 GB MoE
+plan's captured decode (examples/bench/ab_kernels.py, seeded weights): the larger node 3.98 -> 3.55 ms at one
+sequence, 4.58 -> 4.39 at two, but 4.88 -> 5.47 at four: seeded weights send a step's tokens to few experts (13
+a layer at 16 sequences against 82 under uniform routing, docs/benchmarks.md), and the pairs read a shared expert
+once each; the smaller node 3.75 -> 3.69, 5.02 -> 4.86, 5.33 -> 5.08. So two tokens, faster both ways.
 
 The same bf16 sm_90 nodes run a one-row SwiGLU's gate_up product and its activation as one launch (gemv_triton.
 gemv_silu_mul, the gemv_swiglu knob) where its gate_up weight holds at most GEMV_SWIGLU_BYTES: on the H200, captured,
@@ -88,7 +90,7 @@ class Choice:
 FUSED_MAX_TOKENS = 16384
 SM90_FROM = 2048
 GEMV_SWIGLU_BYTES = 16 * 2**20
-PAIR_TOKENS = 4
+PAIR_TOKENS = 2
 FUSED_ARCHS = ("sm_90",)
 
 
