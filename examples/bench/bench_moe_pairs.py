@@ -55,8 +55,7 @@ def one_row(name: str, t: int, gen: torch.Generator, args) -> dict:
             if kind not in best or us < best[kind][1]:
                 best[kind] = (cfg, us)
         mp.BLOCKS = {**mp.BLOCKS, kind: {0: best[kind][0]}}
-    row |= {"pair_us": best["down"][1], "pair_err": err(run_p()), "best_blocks": {kd: v[0] for kd, v in best.items()},
-            "shipped_us": None}
+    row |= {"pair_us": best["down"][1], "pair_err": err(run_p()), "best_blocks": {kd: v[0] for kd, v in best.items()}}
     mp.BLOCKS = keep
     row["shipped_us"] = captured_per_call(run_p, args.replays)
     return row

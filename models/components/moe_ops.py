@@ -313,8 +313,6 @@ def _pair_experts(x, gate_up_proj, down_proj, flat, weights, residual, interleav
     moe_pair_gate_up(x.contiguous(), gate_up_proj, flat, h, k, interleave)
     pairs = torch.empty(t * k, hidden, device=x.device, dtype=x.dtype)
     moe_pair_down(h, down_proj, flat, weights.reshape(-1).contiguous(), pairs)
-    if residual is None:
-        return pairs.view(t, k, hidden).sum(dim=1), None
     return _sum_slots(pairs.view(t, k, hidden), x, residual, None, norm)
 
 
