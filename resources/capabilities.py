@@ -4,7 +4,8 @@ compiler's backend pass and the runtime both read, so a plan and its boot cannot
 Order is preference: 'auto' takes the first entry. FlashInfer names its backends fa2 (sm_80+),
 fa3 (Hopper only), cutlass (Blackwell FMHA), trtllm-gen (sm_100 only) and cudnn; 'torch' is this
 project's SDPA path, which runs on the CPU (on a GPU it is a test reference, never planned); 'triton' is
-this project's short-segment kernel (resources/ragged_triton.py), which takes only some resources (SHORT_SEGMENT).
+this project's short-segment kernel (resources/ragged_triton.py), which takes only some resources (SHORT_SEGMENT),
+and for paged decode its one-launch append + decode kernel (resources/paged_triton.py).
 """
 from __future__ import annotations
 
@@ -41,10 +42,13 @@ TABLE: dict[str, dict[str, tuple[str, ...]]] = {
         "sm_103": ("torch",),
         "cpu": ("torch",),
     },
-    "paged_kv_decode": {     # steps of one row per sequence (H200: fa2 80 us vs fa3 522 us, docs/gpu-attention.md)
+    # steps of one row per sequence. 'triton' is this project's one-launch append + decode (resources/paged_triton.py):
+    # on an H100 faster than fa2 at 1 to 64 sequences of 256 and 2,048 keys; fa2 against fa3: 80 us vs 522 on the
+    # H200 (docs/gpu-attention.md)
+    "paged_kv_decode": {
         "sm_80": ("fa2",),
         "sm_89": ("fa2",),
-        "sm_90": ("fa2", "fa3"),
+        "sm_90": ("triton", "fa2", "fa3"),
         "sm_100": ("trtllm-gen", "fa2"),
         "sm_103": ("fa2",),
         "cpu": ("torch",),
@@ -116,6 +120,9 @@ def unfit(spec, backend: str) -> str | None:
         return None
     if spec is None:
         return "it takes only some resources, and none was given"
+    if spec.kind == "paged_kv":      # the decode kernel (resources/paged_triton.py) holds a head in one block
+        d = spec.head_dim
+        return None if 16 <= d <= 256 and not d & (d - 1) else f"head_dim {d} is not a power of two from 16 to 256"
     why = []
     if spec.rows_per_segment is None:
         why.append("its segments have no fixed length (rows_per_segment)")

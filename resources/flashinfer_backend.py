@@ -231,7 +231,8 @@ class PagedFlashInfer:
         if rung is None or rung.phase != "decode":
             self._prefill = self._prefill_wrapper(workspace)
             self._prefill.reset_workspace_buffer(workspace, ints)
-        if rung is None or rung.phase == "decode":
+        # a 'triton' decode backend runs a rung's decode steps (PagedTriton); eager steps stay on FlashInfer's prefill
+        if (rung is None and self.decode_backend != "triton") or (rung is not None and rung.phase == "decode"):
             self._decode = self._decode_wrapper(workspace)
             self._decode.reset_workspace_buffer(workspace, ints)
         self._append: tuple[torch.Tensor, ...] = ()
@@ -329,5 +330,8 @@ def make_backend(spec: RaggedAttentionSpec | PagedKVSpec, backend: str, workspac
     if isinstance(spec, PagedKVSpec):
         if cache is None:
             raise ValueError(f"paged resource '{spec.name}' needs its cache pool")
+        if backend == "triton":
+            from resources.paged_triton import PagedTriton
+            return PagedTriton(spec, workspace, cache, rung)
         return PagedFlashInfer(spec, backend, workspace, cache, rung, dtype, decode_backend, ints)
     raise TypeError(f"{type(spec).__name__} has no FlashInfer backend")

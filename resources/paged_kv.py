@@ -18,6 +18,12 @@ from resources.capabilities import USES_FLOAT_WORKSPACE, tensor_core_decode
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
 
+# The triton decode backend (resources/paged_triton.py) launches sequences x kv heads x splits programs, the
+# splits a power of two that brings the launch near DECODE_PROGRAMS (about two for each of an H100's or H200's
+# 132 SMs), at most DECODE_MAX_SPLITS.
+DECODE_PROGRAMS = 256
+DECODE_MAX_SPLITS = 64
+
 if TYPE_CHECKING:
     import torch
 
@@ -71,7 +77,17 @@ class PagedKVSpec(ResourceSpec):
         rows = sizes.get("tokens", sizes[axis])
         return StepShape(rows=rows, seqs=min(rows, sizes.get("seqs", 1)), kv_len=self.max_seq_len, phase=phase)
 
+    def decode_splits(self, seqs: int) -> int:
+        """The triton decode backend's splits of each (sequence, kv head) in a launch of `seqs` sequences."""
+        want = max(1, DECODE_PROGRAMS // (seqs * self.num_kv_heads))
+        return min(DECODE_MAX_SPLITS, 1 << (want.bit_length() - 1))
+
     def float_workspace(self, backend: str, shape: StepShape, num_sms: int, head_dim: int | None = None) -> Sized:
+        if backend == "triton":
+            n = self.decode_splits(shape.seqs)
+            return Sized(4 * shape.seqs * self.num_qo_heads * n * (self.head_dim + 2),
+                         f"4 B x {shape.seqs} seqs x {self.num_qo_heads} q heads x {n} splits x ({self.head_dim} "
+                         f"dims + max + sum): each split's fp32 partial")
         if backend not in USES_FLOAT_WORKSPACE:
             return Sized(0, f"{backend} keeps no split-KV partials in the float workspace")
         if shape.phase == "decode":
@@ -84,6 +100,9 @@ class PagedKVSpec(ResourceSpec):
         if backend == "torch":
             return []
         max_pages = shape.seqs * self.pages_for(shape.kv_len)
+        if backend == "triton":       # page table and lengths, and a count of the splits done per kv head
+            return [("kv_indptr", 4 * (shape.seqs + 1)), ("kv_indices", 4 * max_pages),
+                    ("kv_last_page_len", 4 * shape.seqs), ("split_counts", 4 * shape.seqs * self.num_kv_heads)]
         bufs = [("int_workspace", self.int_workspace_bytes)]
         # decode needs no qo_indptr of ours; FlashInfer's decode wrapper keeps one on tensor cores only
         if shape.phase != "decode" or tensor_core_decode(backend, self.num_qo_heads, self.num_kv_heads):

@@ -134,8 +134,8 @@ def select_backends(ir: IR) -> Backends:
         decode = prefill
         if paged:
             decode, _ = capabilities.choose("paged_kv_decode", arch, r.decode_backend, r.name, target, head_dim,
-                                            field="decode_backend", pad=False)
-            why += f"; decode: {_why(r.decode_backend, 'paged_kv_decode', arch, decode)}"
+                                            field="decode_backend", pad=False, spec=r)
+            why += f"; decode: {_why(r.decode_backend, 'paged_kv_decode', arch, decode, r)}"
         if runs is not None and runs != head_dim:
             why += f"; {prefill} takes no head_dim {head_dim}: runs zero-padded to {runs}"
         chosen[r.name] = Choice(prefill, decode, runs, why)

@@ -125,4 +125,4 @@ def test_run_head_dim_only_when_padded(padded):
     enc, kv = padded.resources["encoder_attn"], padded.resources["decoder_kv"]
     assert (enc.backend, enc.run_head_dim, enc.decode_backend) == ("fa3", 128, None)
     assert "fa3 takes no head_dim 72: runs zero-padded to 128" in enc.why
-    assert (kv.backend, kv.decode_backend, kv.run_head_dim) == ("fa3", "fa2", None), "64 runs as it is"
+    assert (kv.backend, kv.decode_backend, kv.run_head_dim) == ("fa3", "triton", None), "64 runs as it is"

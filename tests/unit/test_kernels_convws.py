@@ -10,13 +10,13 @@ from graphc.simulate import _Recorder
 from graphc.trace import Trace
 
 
-def test_tiny_plan_needs_one_prefill_and_one_decode_module():
+def test_tiny_plan_needs_one_prefill_module():
     plan = load_plan("plans/tiny_h100.plan")
     jobs = kernel_jobs(plan, plan_ir(plan), [0])
     # the encoder's fa3 ragged prefill shares the decoder's fa3 paged prefill module (head dim 64);
-    # the paged job is kept so the page (append) module is built too
-    assert [(j.resource, j.phase, j.backend) for j in jobs] == [("decoder_kv", "prefill", "fa3"),
-                                                                ("decoder_kv", "decode", "fa2")]
+    # the paged job is kept so the page (append) module is built too; decode runs on triton (no FlashInfer module)
+    assert plan.resources["decoder_kv"].decode_backend == "triton"
+    assert [(j.resource, j.phase, j.backend) for j in jobs] == [("decoder_kv", "prefill", "fa3")]
 
 
 def test_cpu_plan_needs_no_kernels():

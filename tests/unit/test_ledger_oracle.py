@@ -11,6 +11,8 @@ Walks (one node `mlp`, capture axis tokens, or seqs on decode):
     mixed    budget tokens=32 seqs=2, ladder (8, 16),    -> rungs [8, 16, 32], captured [8, 16];
              capture_limit 16                               steps of 17..32 tokens run eagerly at 32
     decode   budget seqs=4, default ladder               -> rungs [1, 2, 4], all captured
+The h100 plans decode on FlashInfer's fa2 (asked for, FA2: the hand sums count its wrappers' buffers); sm_90's
+own choice, the one-launch Triton decode, has a test of its own (test_triton_decode_wrappers).
 prefill and mixed are one graph family (prefill:tokens): it captures the union [8, 16, 24] (24 only
 from prefill, 16 only from mixed) and its static buffers are sized at 24; decode:seqs captures
 [1, 2, 4], buffers at 4.
@@ -49,6 +51,7 @@ BF16, FP32, I32 = 2, 4, 4
 
 # ------------------------------------------------------------------ the declaration, by hand
 
+FA2 = {"resources": {"cache": {"decode_backend": "fa2"}}}
 H100_BYTES = 85_017_493_504                       # torch's total on an H100 SXM 80GB HBM3 (measured)
 CPU_BYTES = 8 * GiB                               # the cpu target's default host budget
 GPU_GRAPHS = [("prefill:tokens", 8), ("prefill:tokens", 16), ("prefill:tokens", 24),
@@ -196,7 +199,7 @@ def source():
 
 @pytest.fixture(scope="module")
 def gpu(source):
-    compiled = compile_model(source, "h100")
+    compiled = compile_model(source, "h100", 1, FA2)
     return compiled.plan, compiled.plan.devices[0]
 
 
@@ -449,15 +452,29 @@ def test_cpu_plan(cpu):
 # ------------------------------------------------------------------ wrappers as the runtime allocates them
 
 def test_cuda_core_decode_wrappers_hold_no_qo_indptr():
-    plan = compile_model(load_model(MODEL, "cuda_core"), "h100").plan   # 8 query heads on 2: group 4, CUDA cores
+    plan = compile_model(load_model(MODEL, "cuda_core"), "h100", 1, FA2).plan   # 8 query heads on 2: group 4, CUDA cores
     want = INT_WORKSPACE + sum(n for fam, r in GPU_GRAPHS for _, n in wrapper_buffers(fam, r, decode_qo_indptr=False))
     expect(plan.devices[0].ledger["wrappers.cache"], want, "wrappers.cache with CUDA-core decode",
            "as test_wrappers, less the decode rungs' qo_indptr (4*2 + 4*3 + 4*5 = 40 B) that nothing allocates")
 
 
+def test_triton_decode_wrappers():
+    """sm_90's own decode choice: the Triton kernel's rungs keep the page table, the lengths and one split counter
+    per (sequence, kv head), no int workspace, append indices or qo_indptr; its split partials sit in the declared
+    workspace (16 MiB, far over 4 B x 4 seqs x 8 heads x 64 splits x 66 at most)."""
+    plan = compile_model(load_model(MODEL), "h100").plan
+    assert plan.resources["cache"].decode_backend == "triton"
+    prefill = sum(n for fam, r in GPU_GRAPHS if fam.startswith("prefill") for _, n in wrapper_buffers(fam, r))
+    # decode rungs of T seqs: kv_indptr 4*(T+1) + kv_indices 4*T*64 + last 4*T + split_counts 4*T*1 kv head
+    decode = (8 + 256 + 4 + 4) + (12 + 512 + 8 + 8) + (20 + 1024 + 16 + 16)
+    expect(plan.devices[0].ledger["wrappers.cache"], INT_WORKSPACE + prefill + decode, "wrappers.cache on triton decode",
+           "the prefill rungs' FlashInfer buffers and one int workspace, and per decode rung of T seqs kv_indptr "
+           "4*(T+1), kv_indices 4*T*64, kv_last_page_len 4*T, split_counts 4*T")
+
+
 def test_wrappers_use_the_family_step():
     # prefill budgets 1 seq and mixed 4: the family prefill:tokens runs its rungs 8/16/24 with 4 seqs
-    plan = compile_model(load_model(MODEL, "split_seqs"), "h100").plan
+    plan = compile_model(load_model(MODEL, "split_seqs"), "h100", 1, FA2).plan
     want = INT_WORKSPACE + sum(n for fam, r in GPU_GRAPHS for _, n in wrapper_buffers(fam, r, family_seqs=4))
     expect(plan.devices[0].ledger["wrappers.cache"], want, "wrappers.cache with 1- and 4-seq walks in one family",
            "prefill rungs at the family's 4 seqs: qo_indptr and kv_indptr 4*5, kv_indices 4*4*64, last 4*4")

@@ -360,8 +360,8 @@ def test_a_candidate_that_cannot_be_planned_is_skipped():
 def test_workspace_candidates_only_for_what_can_shrink():
     """exact: declared at its need rounded up to a MiB, one slot: nothing to shrink. auto: sized by
     the compiler (bytes=null) in two slots: one slot may go. big: declared far above its need in two
-    slots: both. The pools' need is FlashInfer's fa2 decode partials (their prefill runs on fa3,
-    which keeps none): padded = 16 blocks/SM x 132 SMs / 8 kv heads = 264 rows of 8 heads x 128 dims
+    slots: both. The pools decode on fa2 (asked for); their need is FlashInfer's fa2 decode partials (their
+    prefill runs on fa3, which keeps none): padded = 16 blocks/SM x 132 SMs / 8 kv heads = 264 rows of 8 heads x 128 dims
     in fp32, + 8 x 264 fp32 scores = 1,089,792 B, 2 MiB rounded up."""
     from graphc.passes.suggest_remedies import candidates
 
@@ -370,8 +370,9 @@ def test_workspace_candidates_only_for_what_can_shrink():
     model = gc.Model(name="ws", nodes=[dec_node(pools=("p", "q", "r"), kv=BIG_KV)],
                      resources=[WorkspaceSpec(name="exact", bytes=2 * MiB), WorkspaceSpec(name="auto", slots=2),
                                 WorkspaceSpec(name="big", bytes=64 * MiB, slots=2),
-                                big_pool("p", 64, workspace="exact"), big_pool("q", 64, workspace="auto"),
-                                big_pool("r", 64, workspace="big")],
+                                big_pool("p", 64, workspace="exact", decode_backend="fa2"),
+                                big_pool("q", 64, workspace="auto", decode_backend="fa2"),
+                                big_pool("r", 64, workspace="big", decode_backend="fa2")],
                      walks=[gc.Walk(name="decode", kind="decode", path=("dec",), budget=gc.Budget(seqs=4))])
     result = planner(model, "h100", 1 << 30)({})
     assert not result.fit.fits

@@ -210,9 +210,9 @@ def test_overhead_on_cpu_is_the_headroom(cpu):
 # ------------------------------------------------------------------ FlashInfer modules and convolutions
 
 def test_kernel_modules_per_device(h100, cpu):
-    # sm_90: paged prefill fa3 at head dim 64 (page + prefill), decode fa2 on CUDA cores (group 2 < 5);
+    # sm_90: paged prefill fa3 at head dim 64 (page + prefill), decode on triton (no FlashInfer module);
     # ragged prefill fa3 at head dim 128
-    paged, ragged = ["decode:fa2:64", "page", "prefill:fa3:64"], ["prefill:fa3:128"]
+    paged, ragged = ["page", "prefill:fa3:64"], ["prefill:fa3:128"]
     assert kernel_modules(h100, ["p"]) == paged
     assert kernel_modules(h100, ["r"]) == ragged
     assert kernel_modules(h100, ALL) == sorted(paged + ragged)
@@ -263,9 +263,9 @@ def test_details_of_the_exact_and_formula_lines(h100):
     for n in ("a", "b", "p", "r"):      # one family each: x and y
         assert detail(led, f"graph_io.{n}") == "2 static input/output buffers at each captured family's largest rung"
     # paged prefill wrapper: int workspace, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-    # append_indices, kv_lens; prefill fa3, decode fa2
+    # append_indices, kv_lens; prefill fa3, decode triton
     assert detail(led, "wrappers.kv") == \
-        "7 fixed buffers of captured fa3/fa2 wrappers (append_indices, int_workspace, kv_indices, kv_indptr, " \
+        "7 fixed buffers of captured fa3/triton wrappers (append_indices, int_workspace, kv_indices, kv_indptr, " \
         "kv_last_page_len, kv_lens, qo_indptr)"
     # ragged wrapper: int workspace, qo_indptr, kv_indptr; fa3 for both phases: named once
     assert detail(led, "wrappers.vis") == \
@@ -279,24 +279,25 @@ def test_details_of_the_exact_and_formula_lines(h100):
 def test_details_of_the_oracle(oracle):
     led = tally_ledger(oracle, 0, ["mlp"], {"cache": 0})
     assert detail(led, "graph_io.mlp") == "4 static input/output buffers at each captured family's largest rung"
-    # one shared int workspace + 3 x 6 prefill + 3 x 5 decode
-    count = 1 + sum(len(wrapper_buffers(fam, r)) for fam, r in GPU_GRAPHS)
-    assert count == 34
+    # one shared int workspace + 3 prefill rungs x 6 + 3 decode rungs (on triton) x 4
+    count = 1 + sum(len(wrapper_buffers(fam, r)) for fam, r in GPU_GRAPHS if fam.startswith("prefill")) + 3 * 4
+    assert count == 31
     assert detail(led, "wrappers.cache") == \
-        f"{count} fixed buffers of captured fa3/fa2 wrappers (append_indices, int_workspace, kv_indices, kv_indptr, " \
-        "kv_last_page_len, kv_lens, qo_indptr)"
-    need = oracle.resources.workspaces["ws"].need
-    # 16 MiB x 2 slots, and the largest need size_resources found, with its formula
-    assert detail(led, "workspace.ws") == \
-        f"declared: 32.00 MiB; largest need {need.bytes / MiB:.2f} MiB = {need.formula}"
+        f"{count} fixed buffers of captured fa3/triton wrappers (append_indices, int_workspace, kv_indices, " \
+        "kv_indptr, kv_last_page_len, kv_lens, qo_indptr, split_counts)"
+    # 16 MiB x 2 slots, and the largest need size_resources found, with its formula: the triton decode's partials
+    # at 4 seqs, 256 programs // (4 seqs x 1 kv head) = 64 splits of 64 dims + max + sum: 540,672 B
+    assert 4 * 4 * 8 * 64 * 66 == 528 * KiB
+    assert detail(led, "workspace.ws") == "declared: 32.00 MiB; largest need 528.00 KiB = 4 B x 4 seqs x 8 q heads x " \
+        "64 splits x (64 dims + max + sum): each split's fp32 partial"
 
 
 def test_details_of_the_calibrated_and_simulated_lines(h100):
     led = tally_ledger(h100, 0, ["p"], {"kv": 16})
     src = "measured on NVIDIA H200 on 2026-11-29 (driver 580.159.04, torch 2.11.0+cu130)"
     assert detail(led, "kernels").startswith(
-        f"kernel code and driver reserves {CAL['kernels_base_bytes']:,} B (with 3 FlashInfer modules: decode:fa2:64, "
-        f"page, prefill:fa3:64) + 1 CUDA graphs holding 1 simulated kernel launches x {CAL['graph_launch_bytes']:,} B; "
+        f"kernel code and driver reserves {CAL['kernels_base_bytes']:,} B (with 2 FlashInfer modules: page, "
+        f"prefill:fa3:64) + 1 CUDA graphs holding 1 simulated kernel launches x {CAL['graph_launch_bytes']:,} B; "
         f"{src}")
     assert led.get("kernels") == CAL["kernels_base_bytes"] + CAL["graph_launch_bytes"]
     assert detail(led, "capture_pool") == ("1 graphs captured largest first into one pool; allocator model of their "
