@@ -95,6 +95,20 @@ def test_wrapper_buffers_by_hand():
         ("append_indices", 40)]
 
 
+def test_triton_decode_buffers_splits_and_partials_by_hand():
+    s = spec()
+    # decode of 5 sequences: the page table (35 pages), lengths and a split counter per (sequence, kv head)
+    assert s.wrapper_allocs("triton", StepShape(5, 5, 100, "decode")) == [
+        ("kv_indptr", 24), ("kv_indices", 4 * 35), ("kv_last_page_len", 20), ("split_counts", 4 * 10)]
+    # splits: the power of two at or under 256 programs / (seqs x kv heads), 1 to 64
+    assert [s.decode_splits(n) for n in (1, 2, 3, 5, 16, 64, 128, 200)] == [64, 64, 32, 16, 8, 2, 1, 1]
+    assert spec(num_kv_heads=1, num_qo_heads=4).decode_splits(1) == 64          # 256, capped at 64
+    assert spec(num_kv_heads=4, num_qo_heads=32).decode_splits(3) == 16         # 256 // 12 = 21 -> 16
+    # partials: 4 B x 5 seqs x 4 q heads x 16 splits x (8 dims + max + sum)
+    need = s.float_workspace("triton", StepShape(5, 5, 100, "decode"), 132)
+    assert need.bytes == 4 * 5 * 4 * 16 * 10 and "16 splits" in need.formula
+
+
 def cpu_backend(qo_lens, kv_lens, tables):
     s = spec(page_size=4, num_layers=1, dtype="float32")
     return PagedTorch(s, new_cache(s, 8), qo_lens, kv_lens, tables)
