@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from resources.base import StepShape
 from resources.capabilities import TABLE, tensor_core_decode
-from resources.paged_kv import PagedKVSpec
+from resources.paged_kv import PagedKVSpec, PagedPlan, paged_plan
 from resources.ragged_attention import RaggedAttentionSpec, check_cu
 
 
@@ -104,35 +103,6 @@ def ragged_indptrs(cu_q: list[int], cu_k: list[int], rung: StepShape | None,
                          " (causal masks cannot share one)")
     spare = rung.seqs + 1 - len(qo)
     return qo + [qo[-1]] * spare, kv + [kv[-1]] * spare
-
-
-@dataclass(frozen=True)
-class PagedPlan:
-    """What FlashInfer's paged wrappers and append read for one step (B sequences, T new rows)."""
-
-    qo_indptr: list[int]         # [B + 1] new rows per sequence, cumulated
-    kv_indptr: list[int]         # [B + 1] pages per sequence, cumulated
-    kv_indices: list[int]        # [kv_indptr[-1]] each sequence's pages, in order
-    kv_last_page_len: list[int]  # [B] tokens in each sequence's last page (0 when it has none)
-    batch_indices: list[int]     # [T] the sequence of each new row
-    positions: list[int]         # [T] its position in that sequence
-
-
-def paged_plan(qo_lens: list[int], kv_lens: list[int], page_tables: list[list[int]], page_size: int) -> PagedPlan:
-    """qo_lens[i] new rows of sequence i sit at the end of its kv_lens[i] positions (PagedTorch's
-    contract); only the first ceil(kv / page_size) pages of each table are used."""
-    qo_indptr, kv_indptr, indices, last, batch, positions = [0], [0], [], [], [], []
-    for i, (q, kv, table) in enumerate(zip(qo_lens, kv_lens, page_tables, strict=True)):
-        pages = -(-kv // page_size)
-        if not 0 <= q <= kv or pages > len(table):
-            raise ValueError(f"sequence {i} with {q} new rows of {kv} needs {pages} pages, has {len(table)}")
-        qo_indptr.append(qo_indptr[-1] + q)
-        kv_indptr.append(kv_indptr[-1] + pages)
-        indices += table[:pages]
-        last.append(kv - (pages - 1) * page_size if pages else 0)
-        batch += [i] * q
-        positions += range(kv - q, kv)
-    return PagedPlan(qo_indptr, kv_indptr, indices, last, batch, positions)
 
 
 def _i32(values) -> torch.Tensor:

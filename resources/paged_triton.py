@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from resources.base import StepShape
-from resources.paged_kv import PagedKVSpec
+from resources.paged_kv import PagedKVSpec, paged_plan
 
 LOG2E = 1.4426950408889634
 BLOCK_N = 64          # keys a block (four pages of 16)
@@ -195,8 +195,6 @@ class PagedTriton:
                              "pad with sequences on a scratch page")
 
     def plan(self, qo_lens: list[int], kv_lens: list[int], page_tables: list[list[int]]) -> None:
-        from resources.flashinfer_backend import paged_plan
-
         self._check(qo_lens, kv_lens)
         p = paged_plan(qo_lens, kv_lens, page_tables, self.spec.page_size)
         host = {"kv_indptr": p.kv_indptr, "kv_indices": p.kv_indices, "kv_last_page_len": p.kv_last_page_len}
