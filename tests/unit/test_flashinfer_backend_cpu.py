@@ -48,6 +48,41 @@ def test_paged_needs_its_pool():
         fb.make_backend(PAGED, "fa2", torch.zeros(16, dtype=torch.uint8), False, None)
 
 
+def test_a_triton_decode_rung_needs_no_flashinfer_and_holds_what_wrapper_allocs_counts(no_flashinfer):
+    from resources.paged_triton import PagedTriton
+
+    rung = StepShape(rows=3, seqs=3, kv_len=40, phase="decode")
+    b = fb.make_backend(PAGED, "triton", torch.zeros(16, dtype=torch.uint8), True, rung,
+                        cache=new_cache(PAGED, 30), decode_backend="triton")
+    assert isinstance(b, PagedTriton)
+    assert {k: t.numel() * 4 for k, t in b.buffers.items()} == dict(PAGED.wrapper_allocs("triton", rung))
+
+
+def test_eager_steps_of_a_triton_decode_resource_stay_on_flashinfers_prefill(monkeypatch):
+    """An eager backend of a resource that decodes on triton builds FlashInfer's prefill wrapper alone (the
+    triton decode has no FlashInfer wrapper), and plans a step of one row per sequence on it."""
+    made = []
+
+    class Wrapper:
+        def __init__(self, *args, backend=None, **kw):
+            made.append((type(self).__name__, backend))
+
+        def reset_workspace_buffer(self, *args):
+            pass
+
+        def plan(self, *args, **kw):
+            made.append(("plan", type(self).__name__))
+
+    stub = type(sys)("flashinfer")
+    stub.BatchPrefillWithPagedKVCacheWrapper = type("Prefill", (Wrapper,), {})
+    stub.BatchDecodeWithPagedKVCacheWrapper = type("Decode", (Wrapper,), {})
+    monkeypatch.setitem(sys.modules, "flashinfer", stub)
+    b = fb.make_backend(PAGED, "fa3", torch.zeros(16, dtype=torch.uint8), False, None, cache=new_cache(PAGED, 30),
+                        decode_backend="triton")
+    b.plan([1, 1], [5, 9], [[0, 1], [2, 3, 4]])
+    assert made == [("Prefill", "fa3"), ("plan", "Prefill")]
+
+
 # ---------------------------------------------------------------- ragged indptrs
 
 def random_cu(rng: random.Random, segs: int, most: int) -> list[int]:
