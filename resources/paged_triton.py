@@ -35,6 +35,9 @@ from resources.base import StepShape
 from resources.paged_kv import PagedKVSpec, paged_plan
 
 LOG2E = 1.4426950408889634
+# The blocks, from an H100 sweep of the kernel with a split's least key count as its knob (run paged-sweep-h100,
+# docs/benchmarks.md): the fastest least count was 64 keys at 256 keys a sequence, 128 at 2,048 and 256 at 8,192,
+# which BALANCE 8 gives (_chunk); 32-key blocks were slower in every cell; 2 stages within 3% of 3.
 BLOCK_N = 64          # keys a block (four pages of 16)
 BALANCE = 8           # a key block's time over a merged partial's (_chunk)
 MERGE_SPLITS = 8      # partials the merge loads at once
@@ -56,17 +59,18 @@ def _online(q, k, v, keep, m, l, acc, scale_log2):
 
 @triton.jit
 def _own_key(q, k_ptr, v_ptr, cache_ptr, slot, c_kv, m, l, acc, scale_log2, d):
-    """The step's own key and value (from k and v) folded in, and written into their cache slot."""
-    kn = tl.load(k_ptr + d)
-    vn = tl.load(v_ptr + d)
+    """The step's own key and value (from k and v, in the cache's dtype as every other key is read) folded in,
+    and written into their cache slot."""
+    kn = tl.load(k_ptr + d).to(cache_ptr.dtype.element_ty)
+    vn = tl.load(v_ptr + d).to(cache_ptr.dtype.element_ty)
     s = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], axis=1) * scale_log2
     m_new = tl.maximum(m, s)
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(s - m_new)
     l = l * alpha + p
     acc = acc * alpha[:, None] + p[:, None] * vn.to(tl.float32)[None, :]
-    tl.store(cache_ptr + slot + d, kn.to(cache_ptr.dtype.element_ty))
-    tl.store(cache_ptr + slot + c_kv + d, vn.to(cache_ptr.dtype.element_ty))
+    tl.store(cache_ptr + slot + d, kn)
+    tl.store(cache_ptr + slot + c_kv + d, vn)
     return m_new, l, acc
 
 
@@ -137,8 +141,8 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, o_ptr, cache_ptr, indptr_ptr, indices_ptr
             keep = pos < end
             page = tl.load(indices_ptr + p0 + pos // PAGE, mask=keep, other=0)
             off = page.to(tl.int64) * c_page + (pos % PAGE) * c_row + h * c_head
-            k = tl.load(cache_ptr + off[:, None] + d[None, :], mask=keep[:, None], other=0.0)
-            v = tl.load(cache_ptr + c_kv + off[:, None] + d[None, :], mask=keep[:, None], other=0.0)
+            k = tl.load(cache_ptr + off[:, None] + d[None, :], mask=keep[:, None], other=0.0).to(q.dtype)
+            v = tl.load(cache_ptr + c_kv + off[:, None] + d[None, :], mask=keep[:, None], other=0.0).to(q.dtype)
             m, l, acc = _online(q, k, v, keep, m, l, acc, scale_log2)
         if sp == nsplit - 1:       # this split holds the step's own position
             slot = tl.load(indices_ptr + p0 + own // PAGE).to(tl.int64) * c_page + (own % PAGE) * c_row + h * c_head

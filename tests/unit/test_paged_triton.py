@@ -3,7 +3,8 @@ PagedTorch (the CPU backend: the append, then SDPA per sequence) on the layouts 
 whose only key is the step's own, one past a page boundary, several key blocks, and histories long enough to be
 cut into splits that the last one in merges (their counters back at 0 after every launch, so a second call of
 the same graph merges again); the same rung replanned in place to another layout; a GQA group of 3 (not a
-power of two); an eager backend. The step's K/V must land in its page bit for bit.
+power of two); an eager backend; a float16 cache under float32 queries. The step's K/V must land in its page
+bit for bit.
 Prefill rungs, several rows of a sequence, a rung's wrong sequence count and a head dim it cannot run are
 refused. tests/gpu/test_paged_triton_gpu.py runs it compiled, against fp32 and FlashInfer."""
 import pytest
@@ -60,6 +61,10 @@ check("replanned", b, s, cache, [1100, 64, 65, 2])
 s3 = spec(hq=6, hkv=2)
 check("group3", PagedTriton(s3, ws, cache, StepShape(rows=2, seqs=2, kv_len=2400, phase="decode")), s3, cache, [700, 33])
 check("eager", PagedTriton(s, ws, cache), s, cache, [5, 900, 16])
+# a cache in another dtype than q's (float16 here; fp8 on a GPU): keys and values are read, and the step's own are
+# written, in the cache's dtype, as PagedTorch does
+s16, cache16 = s.model_copy(update={"dtype": "float16"}), cache.half()
+check("half_cache", PagedTriton(s16, ws, cache16), s16, cache16, [300, 2, 3])
 print(json.dumps(out))
 """
 
@@ -69,7 +74,7 @@ def test_decode_equals_paged_torch():
     # 256 programs over 4 sequences x 2 kv heads: 32 splits of each. The 2,400-key sequence is 38 blocks of 64
     # keys: 3 blocks a split (3 x 3 x 8 >= 38 > 2 x 2 x 8), so 13 splits, which the merge joins in two loads
     assert got.pop("splits") == [32, 8, 64]
-    for name in ("rung", "replanned", "group3", "eager"):
+    for name in ("rung", "replanned", "group3", "eager", "half_cache"):
         assert got.pop(name + "_append") is True, name
         assert got.pop(name) < 1e-5, name
     for name in ("rung", "replanned", "group3"):
