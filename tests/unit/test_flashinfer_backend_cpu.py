@@ -170,6 +170,14 @@ def test_paged_plan_refuses_a_short_table():
         fb.paged_plan([1], [9], [[0, 1]], 4)
 
 
+def test_paged_plan_refuses_lists_of_different_lengths():
+    # a sequence without a length or a table would be dropped from the step without a word
+    with pytest.raises(ValueError, match="shorter|longer"):
+        fb.paged_plan([1, 1], [3], [[0], [1]], 4)
+    with pytest.raises(ValueError, match="shorter|longer"):
+        fb.paged_plan([1], [3], [[0], [1]], 4)
+
+
 # ---------------------------------------------------------------- captured buffers
 
 @pytest.mark.parametrize("spec, rung", [
