@@ -25,7 +25,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).res
 import torch  # noqa: E402
 
 from attention_gpu import (Case, capture, new_pool, page_tables, paged_layout, qkv, refill, rel_err,  # noqa: E402
-                           replan)
+                           replan, time_replays)
 import resources.paged_triton as paged_triton  # noqa: E402
 from resources.base import StepShape  # noqa: E402
 from resources.flashinfer_backend import make_backend  # noqa: E402
@@ -33,19 +33,6 @@ from resources.paged_kv import PagedKVSpec, PagedTorch  # noqa: E402
 
 SHAPES = {"thinker": (32, 4), "talker": (16, 2)}        # query heads, kv heads; head dim 128
 LAYERS = 8
-
-
-def timed(graph: torch.cuda.CUDAGraph, replays: int) -> float:
-    graph.replay()
-    torch.cuda.synchronize()
-    marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
-    for start, end in marks:
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in marks)
-    return times[len(times) // 2] * 1000 / LAYERS
 
 
 def one(case: Case, variant: str, workspace: torch.Tensor, rng: random.Random, replays: int) -> dict:
@@ -75,7 +62,7 @@ def timed_case(case: Case, backend: str, workspace: torch.Tensor, rng: random.Ra
     graph.replay()
     err, exact = rel_err(outs[0], ref), torch.equal(cache[0].float(), ref_cache[0])
     replan(b, *full, full_tables)
-    return {"us": timed(graph, replays), "rel_err": err, "append_exact": exact}
+    return {"us": time_replays(graph, replays) / LAYERS, "rel_err": err, "append_exact": exact}
 
 
 def main() -> int:
