@@ -2,7 +2,8 @@
 Omni thinker's and talker's shapes (32 and 16 query heads over 4 and 2 key heads of 128) in bf16, built as the
 runtime builds it (make_backend, for a captured decode rung): against an fp32 reference (PagedTorch over fp32
 copies) its error is at most FlashInfer fa2's on the same inputs (x1.25 + one bf16 ulp of the output's scale),
-from a lone key to histories of 8,192 keys that many splits share and the last one in merges; the step's K/V
+from a lone key to histories of 8,192 keys that many splits share and the last one in merges, on pages of 16 and
+of 128 keys; the step's K/V
 lands in its page bit for bit; a CUDA graph of it, replayed after the layout is replanned in place, equals an
 eager call, and leaves every split counter at 0. Skipped without CUDA."""
 from __future__ import annotations
@@ -21,15 +22,15 @@ SHAPES = {"thinker": (32, 4), "talker": (16, 2)}
 POOL = 2200
 
 
-def spec(shape: str) -> PagedKVSpec:
+def spec(shape: str, page: int = 16) -> PagedKVSpec:
     hq, hkv = SHAPES[shape]
     return PagedKVSpec(name=f"{shape}_kv", num_layers=2, num_qo_heads=hq, num_kv_heads=hkv, head_dim=128,
-                       max_seq_len=8192)
+                       max_seq_len=8192, page_size=page)
 
 
-def layout(rng: random.Random, kv_lens: list[int]) -> list[list[int]]:
-    need = [-(-kv // 16) for kv in kv_lens]
-    pages = rng.sample(range(POOL), sum(need))
+def layout(rng: random.Random, kv_lens: list[int], page: int = 16) -> list[list[int]]:
+    need = [-(-kv // page) for kv in kv_lens]
+    pages = rng.sample(range(POOL * 16 // page), sum(need))
     out, at = [], 0
     for n in need:
         out.append(pages[at:at + n])
@@ -47,16 +48,18 @@ def backend(name: str, s: PagedKVSpec, seqs: int, cache: torch.Tensor):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-@pytest.mark.parametrize("kv_lens", [[1], [17], [300, 2048], [8192, 5, 4000, 129]])
-def test_error_is_at_most_fa2s_and_the_append_is_exact(shape, kv_lens):
+@pytest.mark.parametrize("kv_lens,page", [([1], 16), ([17], 16), ([300, 2048], 16), ([8192, 5, 4000, 129], 16),
+                                          ([8192, 129, 1], 128)])      # the 80 GB Omni plan's thinker pages
+def test_error_is_at_most_fa2s_and_the_append_is_exact(shape, kv_lens, page):
     pytest.importorskip("triton")
     pytest.importorskip("flashinfer")
-    s, n = spec(shape), len(kv_lens)
+    s, n = spec(shape, page), len(kv_lens)
     gen = torch.Generator(device="cuda").manual_seed(n * 1000 + kv_lens[0])
-    pool = torch.randn(2, POOL, 2, 16, s.num_kv_heads, 128, device="cuda", generator=gen).to(torch.bfloat16)
+    pool = torch.randn(2, POOL * 16 // page, 2, page, s.num_kv_heads, 128, device="cuda",
+                       generator=gen).to(torch.bfloat16)
     q, k, v = (torch.randn(n, h, 128, device="cuda", generator=gen).to(torch.bfloat16)
                for h in (s.num_qo_heads, s.num_kv_heads, s.num_kv_heads))
-    tables = layout(random.Random(n), kv_lens)
+    tables = layout(random.Random(n), kv_lens, page)
     ref_cache = pool.float()
     ref = PagedTorch(s.model_copy(update={"dtype": "float32"}), ref_cache, [1] * n, kv_lens, tables)(
         1, q.float(), k.float(), v.float())
