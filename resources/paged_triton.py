@@ -179,9 +179,10 @@ class PagedTriton:
         if rung is not None and rung.phase != "decode":
             raise ValueError(f"resource '{spec.name}': the triton backend runs decode steps only, not a "
                              f"{rung.phase} rung")
-        if spec.head_dim & (spec.head_dim - 1) or spec.head_dim < 16:
-            raise ValueError(f"resource '{spec.name}': the triton decode backend takes a power-of-two head dim "
-                             f"of 16 or more, not {spec.head_dim}")
+        from resources.capabilities import unfit
+
+        if why := unfit(spec, "triton"):
+            raise ValueError(f"resource '{spec.name}': the triton decode backend cannot run it: {why}")
         self.spec, self.cache, self.rung, self.workspace = spec, cache, rung, workspace
         self.buffers = {}
         if rung is not None:      # the fixed buffers the plan counts (PagedKVSpec.wrapper_allocs)

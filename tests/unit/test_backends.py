@@ -81,8 +81,12 @@ def test_decode_backend_is_chosen_apart_and_refused_apart(tiny, tiny_small):
     kv48 = PagedKVSpec(name="kv", num_layers=1, num_qo_heads=4, num_kv_heads=2, head_dim=48, max_seq_len=64)
     with pytest.raises(InvalidInput, match="backend 'triton' cannot run it") as e:
         capabilities.choose("paged_kv_decode", "sm_90", "triton", "kv", "h100", 48, "decode_backend", False, kv48)
-    assert "head_dim 48 is not a power of two from 16 to 256" in str(e.value)
+    assert "head_dim 48: it takes powers of two from 16 to 128" in str(e.value)
     assert "--set resources.kv.decode_backend=auto (on h100: fa2, fa3)" in str(e.value)
+    # auto passes over it for a head dim of 256 (Qwen3.5's), saying why
+    m = apply_overrides(tiny.model, {"resources": {"decoder_kv": {"head_dim": 256}}})
+    kv = select_backends(verify_graph(m, get_target("h100"), 1)).chosen["decoder_kv"]
+    assert kv.decode == "fa2" and "(triton: head_dim 256: it takes powers of two from 16 to 128)" in kv.why
 
 
 def test_padded_head_dim_sizes_the_float_workspace(tiny):

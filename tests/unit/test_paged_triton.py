@@ -101,7 +101,7 @@ def test_what_it_cannot_run_is_refused():
     cache, ws = torch.zeros(1, 8, 2, 16, 2, 32), torch.zeros(4096, dtype=torch.uint8)
     with pytest.raises(ValueError, match="runs decode steps only, not a prefill rung"):
         PagedTriton(s, ws, cache, StepShape(rows=8, seqs=2, kv_len=64, phase="prefill"))
-    with pytest.raises(ValueError, match="power-of-two head dim of 16 or more, not 40"):
+    with pytest.raises(ValueError, match="cannot run it: head_dim 40: it takes powers of two from 16 to 128"):
         PagedTriton(s.model_copy(update={"head_dim": 40}), ws, cache)
     b = PagedTriton(s, ws, cache, StepShape(rows=2, seqs=2, kv_len=64, phase="decode"))
     with pytest.raises(ValueError, match=r"one new row per sequence .* got new rows \[2, 1\]"):
