@@ -6,14 +6,15 @@ the merge of its splits). Here a program per (sequence, kv head, split) does all
 
 - its split of the sequence's cached keys, in blocks of BLOCK_N gathered through the page table, against the
   queries of every head of the kv head's group stacked as rows ([ROWS, D], ROWS >= 16 for tl.dot), with the
-  online softmax in fp32 (exp2 of the scaled scores; p in the cache's dtype for p . v, as FlashInfer does);
-- the split that holds the step's own position (the last key) takes that key and value from k and v as they
-  come, and writes them into their page: no program reads that slot from the cache, so the write needs no
-  order against the reads;
+  online softmax in fp32 (exp2 of the scaled scores; keys, values and p in q's dtype for the products, as
+  FlashInfer does);
+- the split that holds the step's own position (the last key) takes that key and value from k and v, rounded to
+  the cache's dtype as every other key was, and writes them into their page: no program reads that slot from
+  the cache, so the write needs no order against the reads;
 - a sequence of one split writes its output; otherwise each split writes its unnormalised partial (acc, max,
-  sum) to the workspace and counts itself in with an atomic add on its (sequence, kv head) counter, and the
-  split that arrives last merges the partials (read through L2: .cg), writes the output and puts the counter
-  back to 0 for the next launch.
+  sum) to the workspace and, after a barrier of its threads, counts itself in with an atomic add on its
+  (sequence, kv head) counter; the split that arrives last merges the partials (read through L2: .cg), writes
+  the output and puts the counter back to 0 for the next launch.
 
 A launch has a fixed grid (seqs x kv heads x splits, the splits set by the rung: PagedKVSpec.decode_splits).
 Each sequence cuts its keys into splits of a whole number of key blocks (_chunk: about sqrt(blocks / BALANCE)
