@@ -44,11 +44,14 @@ SHIPPED = {
 }
 
 
-def compile_shipped(name: str) -> Plan:
-    """The shipped plan of this name, compiled from its recorded inputs (run from the repo root)."""
+def compile_shipped(name: str, resources: dict | None = None) -> Plan:
+    """The shipped plan of this name, compiled from its recorded inputs (run from the repo root); `resources`:
+    settings laid over its resources' (e.g. {"thinker_kv": {"decode_backend": "fa2"}})."""
     file, preset, gpu, n, ov, *replicas = SHIPPED[name]
     fit = isinstance(ov, str) and ov.startswith("fit:")
     ov = load_config(ov.removeprefix("fit:")) if fit else ov
+    if resources:
+        ov = {**ov, "resources": {**ov.get("resources", {}), **resources}}
     return compile_model(load_model(file, preset), gpu, n, ov, fit=fit, replicas=replicas[0] if replicas else None).plan
 
 

@@ -20,7 +20,7 @@ from graphc.units import MiB
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "examples" / "tools"))
-from regen_plans import SHIPPED, compile_shipped  # noqa: E402
+from regen_plans import compile_shipped  # noqa: E402
 
 DATA = ROOT / "docs" / "data" / "host_memory_h200_2026-12-04"
 RECORDS = sorted(DATA.glob("*.json"))
@@ -32,14 +32,8 @@ GAINED = {"plans/qwen3_omni_h200.plan": 5}
 def as_booted(name: str):
     """The shipped plan as those boots ran it: its paged resources decoding on FlashInfer's fa2, whose captured
     wrappers each pin an int workspace (the one-launch Triton decode sm_90 plans take now pins none)."""
-    from graphc.pipeline import compile_model
-    from graphc.source import load_model
-
-    file, preset, gpu, n, ov, *replicas = SHIPPED[name]
-    source = load_model(file, preset)
-    fa2 = {r.name: {"decode_backend": "fa2"} for r in source.model.resources if r.kind == "paged_kv"}
-    ov = {**ov, "resources": {**ov.get("resources", {}), **fa2}}
-    return compile_model(source, gpu, n, ov, replicas=replicas[0] if replicas else None).plan
+    paged = [r for r, spec in load_plan(ROOT / "plans" / f"{name}.plan").resources.items() if spec.kind == "paged_kv"]
+    return compile_shipped(name, {r: {"decode_backend": "fa2"} for r in paged})
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=[r.stem for r in RECORDS])
