@@ -25,42 +25,51 @@ import torch
 import triton
 import triton.language as tl
 
-from models.components.norm_triton import _round
+from models.components.norm_triton import _pdl_start, _pdl_wait, _round, pdl_launch
 
 
 @triton.jit
-def _gemv(x_ptr, w_ptr, b_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gemv(x_ptr, w_ptr, b_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+          PDL: tl.constexpr = False):
+    _pdl_start(PDL)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     cm = cols < N
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    w = _tile(w_ptr, cols, cm, ks, K)           # the first block's weights, before the wait: they are constants
+    _pdl_wait(PDL)
+    acc = tl.sum(w * tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)[None, :], axis=1)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + ks
-        km = k < K
-        w = tl.load(w_ptr + cols[:, None] * K + k[None, :], mask=cm[:, None] & km[None, :], other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)                     # [BLOCK_N, BLOCK_K]
-        x = tl.load(x_ptr + k, mask=km, other=0.0).to(tl.float32)                      # [BLOCK_K]
-        acc += tl.sum(w * x[None, :], axis=1)
+        x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)                  # [BLOCK_K]
+        acc += tl.sum(_tile(w_ptr, cols, cm, k, K) * x[None, :], axis=1)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=cm, other=0.0).to(tl.float32)
     tl.store(y_ptr + cols, acc.to(y_ptr.dtype.element_ty), mask=cm)
 
 
 @triton.jit
-def _gemv_silu_mul(x_ptr, w_ptr, y_ptr, I, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _tile(w_ptr, cols, cm, k, K):
+    """Weight rows cols' columns k, [BLOCK_N, BLOCK_K] in fp32 (zeros outside N and K), streamed past the cache."""
+    return tl.load(w_ptr + cols[:, None] * K + k[None, :], mask=cm[:, None] & (k < K)[None, :], other=0.0,
+                   eviction_policy="evict_first").to(tl.float32)
+
+
+@triton.jit
+def _gemv_silu_mul(x_ptr, w_ptr, y_ptr, I, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    _pdl_start(PDL)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     cm = cols < I
-    g = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    u = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    wg, wu = _tile(w_ptr, cols, cm, ks, K), _tile(w_ptr, cols + I, cm, ks, K)     # constants, before the wait
+    _pdl_wait(PDL)
+    x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)[None, :]
+    g, u = tl.sum(wg * x, axis=1), tl.sum(wu * x, axis=1)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + ks
-        m = cm[:, None] & (k < K)[None, :]
         x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]             # [1, BLOCK_K]
-        wg = tl.load(w_ptr + cols[:, None] * K + k[None, :], mask=m, other=0.0, eviction_policy="evict_first")
-        wu = tl.load(w_ptr + (cols + I)[:, None] * K + k[None, :], mask=m, other=0.0, eviction_policy="evict_first")
-        g += tl.sum(wg.to(tl.float32) * x, axis=1)
-        u += tl.sum(wu.to(tl.float32) * x, axis=1)
+        g += tl.sum(_tile(w_ptr, cols, cm, k, K) * x, axis=1)
+        u += tl.sum(_tile(w_ptr, cols + I, cm, k, K) * x, axis=1)
     BF16: tl.constexpr = y_ptr.dtype.element_ty == tl.bfloat16
     g, u = _round(g, BF16), _round(u, BF16)                  # the product's output in its dtype
     a = _round(g / (1.0 + tl.exp(-g)), BF16)
@@ -77,20 +86,23 @@ def config(n: int, k: int) -> tuple[int, int, int]:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
-         blocks: tuple[int, int, int] | None = None) -> None:
+         blocks: tuple[int, int, int] | None = None, pdl: bool = False) -> None:
     """y [1, N] = x [1, K] @ weight [N, K]^T (+ bias [N]); weight contiguous, x's and y's elements
-    contiguous. blocks: (BLOCK_N, BLOCK_K, num_warps) to use (a sweep's)."""
+    contiguous. blocks: (BLOCK_N, BLOCK_K, num_warps) to use (a sweep's). pdl: launched with programmatic
+    dependent launch (norm_triton.pdl_launch): the first block of weights is read before the kernel before it ends."""
     n, k = weight.shape
     bn, bk, warps = blocks or config(n, k)
     _gemv[(triton.cdiv(n, bn),)](x, weight, weight if bias is None else bias, y, n, k, HAS_BIAS=bias is not None,
-                                 BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+                                 BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, **pdl_launch(pdl, x))
 
 
 def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor,
-                  blocks: tuple[int, int, int] | None = None) -> None:
+                  blocks: tuple[int, int, int] | None = None, pdl: bool = False) -> None:
     """y [1, I] = silu(g) * u, [g | u] = x [1, K] @ weight [2I, K]^T; weight contiguous, x's and y's elements
-    contiguous. A program streams BLOCK_N columns' gate and up rows (as gemv's two rows a program at these widths)."""
+    contiguous. A program streams BLOCK_N columns' gate and up rows (as gemv's two rows a program at these widths).
+    pdl: as gemv's."""
     n, k = weight.shape
     i = n // 2
     bn, bk, warps = blocks or (1, *config(n, k)[1:])
-    _gemv_silu_mul[(triton.cdiv(i, bn),)](x, weight, y, i, k, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+    _gemv_silu_mul[(triton.cdiv(i, bn),)](x, weight, y, i, k, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+                                          **pdl_launch(pdl, x))

@@ -13,6 +13,9 @@ class RMSNorm(nn.Module):
     # simulation): 1 runs bf16 rows on a GPU (and on meta tensors, where the compiler traces them) through
     # one fused launch (norm_ops.py) in place of torch's eight; 0: never
     fused_norms: int = 0
+    # the plan's knob (as fused_norms): 1 launches the fused kernels with programmatic dependent launch
+    # (norm_triton.pdl_launch: the next kernel starts while this one runs, and waits for its writes)
+    pdl: int = 0
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -27,7 +30,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused(x):
             from models.components.norm_ops import rms_norm
-            return rms_norm(x, self.weight, self.eps)
+            return rms_norm(x, self.weight, self.eps, bool(self.pdl))
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -37,7 +40,7 @@ class RMSNorm(nn.Module):
         """(x + delta, this norm of it): a residual add and the next pre-norm, one launch where fused."""
         if self.fused(x) and delta.shape == x.shape and delta.dtype == x.dtype:
             from models.components.norm_ops import add_rms_norm
-            return add_rms_norm(x, delta, self.weight, self.eps)
+            return add_rms_norm(x, delta, self.weight, self.eps, bool(self.pdl))
         total = x + delta
         return total, self(total)
 
@@ -76,6 +79,8 @@ class Linear(nn.Linear):
     # the plan's knob (graphc/passes/select_backends.py, as RMSNorm's fused_norms): 1 runs a bf16 input of
     # one row on a GPU (and on meta tensors) through the one-row kernel, more rows through cuBLAS; 0: never
     gemv: int = 0
+    # the plan's knob (as RMSNorm's pdl): the one-row kernel launched with programmatic dependent launch
+    pdl: int = 0
 
     def one_row(self, x: torch.Tensor) -> bool:
         """The plan runs this input through the one-row kernel: the gemv knob, one bf16 row on a GPU (or meta)."""
@@ -87,7 +92,8 @@ class Linear(nn.Linear):
         k, w = x.shape[-1], self.weight
         if self.one_row(x):
             from models.components.gemv_ops import gemv
-            return gemv(x.reshape(1, k).contiguous(), w, self.bias).view(*x.shape[:-1], self.out_features)
+            return gemv(x.reshape(1, k).contiguous(), w, self.bias, bool(self.pdl)).view(*x.shape[:-1],
+                                                                                          self.out_features)
         return F.linear(x, w, self.bias)
 
 
@@ -152,7 +158,7 @@ def norm_rope_qk(q_norm: RMSNorm, k_norm: RMSNorm, q: torch.Tensor, k: torch.Ten
             and k.shape[-1] == d and k.shape[:-2] == q.shape[:-2] and _broadcasts(cos, (*q.shape[:-2], 1, d))
             and cos.shape == sin.shape and cos.dtype == sin.dtype == q.dtype):
         from models.components.norm_ops import q_k_norm_rope
-        return q_k_norm_rope(q, k, q_norm.weight, k_norm.weight, cos, sin, q_norm.eps, out, v)
+        return q_k_norm_rope(q, k, q_norm.weight, k_norm.weight, cos, sin, q_norm.eps, out, v, bool(q_norm.pdl))
     got = (norm_rope(q_norm, q, cos, sin), norm_rope(k_norm, k, cos, sin)) + (() if v is None else (v,))
     if out is None:
         return got
@@ -172,6 +178,8 @@ class SwiGLU(nn.Module):
     # (gemv_ops.gemv_silu_mul) where the gate_up product would take the one-row kernel (Linear's gemv knob) and
     # its weight holds at most this many bytes; 0: never
     gemv_swiglu: int = 0
+    # the plan's knob (as RMSNorm's pdl): gemv_silu_mul launched with programmatic dependent launch
+    pdl: int = 0
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
@@ -184,7 +192,8 @@ class SwiGLU(nn.Module):
         if 0 < w.numel() * w.element_size() <= self.gemv_swiglu and gu.bias is None and gu.one_row(x):
             from models.components.gemv_ops import gemv_silu_mul
             k = x.shape[-1]
-            return self.down_proj(gemv_silu_mul(x.reshape(1, k).contiguous(), w).view(*x.shape[:-1], -1))
+            return self.down_proj(gemv_silu_mul(x.reshape(1, k).contiguous(), w, bool(self.pdl)).view(*x.shape[:-1],
+                                                                                                     -1))
         gate_up = gu(x)
         if self.fused_norms and gate_up.dtype == torch.bfloat16 and gate_up.device.type in ("cuda", "meta"):
             from models.components.norm_ops import silu_mul

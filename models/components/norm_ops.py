@@ -42,27 +42,27 @@ KERNEL_DEVICES = ("cuda", "meta")
 
 
 @torch.library.custom_op("graphc::rms_norm", mutates_args=("y",))
-def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, eps: float) -> None:
+def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, eps: float, pdl: bool = False) -> None:
     from models.components import norm_triton as k
 
-    k.rms_norm(x, weight, y, eps)
+    k.rms_norm(x, weight, y, eps, pdl)
 
 
 @rms_norm_op.register_fake
-def _(x, weight, y, eps) -> None:
+def _(x, weight, y, eps, pdl=False) -> None:
     return None
 
 
 @torch.library.custom_op("graphc::add_rms_norm", mutates_args=("total", "y"))
 def add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, total: torch.Tensor,
-                    y: torch.Tensor, eps: float) -> None:
+                    y: torch.Tensor, eps: float, pdl: bool = False) -> None:
     from models.components import norm_triton as k
 
-    k.add_rms_norm(x, residual, weight, total, y, eps)
+    k.add_rms_norm(x, residual, weight, total, y, eps, pdl)
 
 
 @add_rms_norm_op.register_fake
-def _(x, residual, weight, total, y, eps) -> None:
+def _(x, residual, weight, total, y, eps, pdl=False) -> None:
     return None
 
 
@@ -107,14 +107,14 @@ def _(x, weight, cos, sin, y, eps) -> None:
 @torch.library.custom_op("graphc::q_k_norm_rope", mutates_args=("yq", "yk", "yv"))
 def q_k_norm_rope_op(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor, yq: torch.Tensor, yk: torch.Tensor, eps: float, v: torch.Tensor | None,
-                     yv: torch.Tensor | None) -> None:
+                     yv: torch.Tensor | None, pdl: bool = False) -> None:
     from models.components import norm_triton as kern
 
-    kern.q_k_norm_rope(q, k, wq, wk, cos, sin, yq, yk, eps, v, yv)
+    kern.q_k_norm_rope(q, k, wq, wk, cos, sin, yq, yk, eps, v, yv, pdl)
 
 
 @q_k_norm_rope_op.register_fake
-def _(q, k, wq, wk, cos, sin, yq, yk, eps, v, yv) -> None:
+def _(q, k, wq, wk, cos, sin, yq, yk, eps, v, yv, pdl=False) -> None:
     return None
 
 
@@ -256,31 +256,33 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """layers.RMSNorm's forward: x [..., D] -> [..., D] in x's dtype."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool = False) -> torch.Tensor:
+    """layers.RMSNorm's forward: x [..., D] -> [..., D] in x's dtype. pdl: launched with programmatic dependent
+    launch (the plan's pdl knob; norm_triton.pdl_launch)."""
     x2 = _rows(x)
     y = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
-    rms_norm_op(x2, weight, y, eps)
+    rms_norm_op(x2, weight, y, eps, pdl)
     return y.view(x.shape)
 
 
-def _add_norm(name: str, op, x: torch.Tensor, residual: torch.Tensor, params: tuple, eps: float
+def _add_norm(name: str, op, x: torch.Tensor, residual: torch.Tensor, params: tuple, eps: float, *launch
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + residual, a norm of it) through op(x, residual, *params, total!, y!, eps), both [..., D] in x's dtype."""
+    """(x + residual, a norm of it) through op(x, residual, *params, total!, y!, eps, *launch), both [..., D] in
+    x's dtype."""
     if x.shape != residual.shape or x.dtype != residual.dtype:
         raise ValueError(f"{name}: x {tuple(x.shape)} {x.dtype} and residual {tuple(residual.shape)} "
                          f"{residual.dtype} differ")
     x2, r2 = _rows(x), _rows(residual)
     total = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
     y = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
-    op(x2, r2, *params, total, y, eps)
+    op(x2, r2, *params, total, y, eps, *launch)
     return total.view(x.shape), y.view(x.shape)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + residual, rms_norm(x + residual)), both [..., D] in x's dtype."""
-    return _add_norm("add_rms_norm", add_rms_norm_op, x, residual, (weight,), eps)
+    """(x + residual, rms_norm(x + residual)), both [..., D] in x's dtype. pdl: as rms_norm's."""
+    return _add_norm("add_rms_norm", add_rms_norm_op, x, residual, (weight,), eps, pdl)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
@@ -344,8 +346,8 @@ def head_rows(y: torch.Tensor) -> torch.Tensor | None:
 
 def q_k_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
                   sin: torch.Tensor, eps: float, out: tuple[torch.Tensor, ...] | None = None,
-                  v: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-    """(qk_norm_rope(q, wq, ...), qk_norm_rope(k, wk, ...)) in one launch: q [..., HQ, D] and k [..., HK, D] of
+                  v: torch.Tensor | None = None, pdl: bool = False) -> tuple[torch.Tensor, ...]:
+    """(qk_norm_rope(q, wq, ...), qk_norm_rope(k, wk, ...)) in one launch (pdl: as rms_norm's): q [..., HQ, D] and k [..., HK, D] of
     the same rows, cos and sin as qk_norm_rope takes them. out: (yq, yk) shaped as q and k to hold the results
     (returned): written in place where their rows take one stride each (head_rows; the code predictor's
     frame-cache slots of one sequence or one slot), else written beside and copied in. With v [..., HV, D] of the
@@ -358,7 +360,7 @@ def q_k_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.
     if not in_place:
         ys = [torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in xs]
     v3, yv = (xs[2], ys[2]) if v is not None else (None, None)
-    q_k_norm_rope_op(xs[0], xs[1], wq, wk, c2, s2, ys[0], ys[1], eps, v3, yv)
+    q_k_norm_rope_op(xs[0], xs[1], wq, wk, c2, s2, ys[0], ys[1], eps, v3, yv, pdl)
     if in_place:
         return out
     got = tuple(y.view(x.shape) for x, y in zip((q, k, v), ys))

@@ -49,6 +49,30 @@ def _round(x, BF16: tl.constexpr):
 
 
 @triton.jit
+def _pdl_start(PDL: tl.constexpr):
+    """With PDL (the kernel launched with programmatic dependent launch, the plan's pdl knob): let the stream's
+    next kernel launch now, so that it loads its weights while this one runs (it waits for this one's end before
+    reading anything this one writes: _pdl_wait)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def _pdl_wait(PDL: tl.constexpr):
+    """With PDL: wait until the kernel before this one in the stream has finished and its writes are visible.
+    A PDL kernel reads only constants (weights) before it and writes nothing before it."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+def pdl_launch(pdl: bool, x: torch.Tensor) -> dict:
+    """The launch arguments of a kernel (with a PDL constexpr) whose tensors lie with x: programmatic dependent
+    launch where the plan asks for it (pdl) and x is on a GPU (Triton's interpreter, on CPU tensors, has no grid
+    dependency control), else none."""
+    return {"PDL": True, "launch_pdl": True} if pdl and x.device.type == "cuda" else {}
+
+
+@triton.jit
 def _residual_row(x_ptr, r_ptr, s_ptr, row, D, x_stride, r_stride, s_stride, HAS_RES: tl.constexpr,
                   BLOCK: tl.constexpr):
     """A norm's input row in fp32 (offsets and mask with it); with HAS_RES the residual sum x + r, rounded to the
@@ -65,13 +89,15 @@ def _residual_row(x_ptr, r_ptr, s_ptr, row, D, x_stride, r_stride, s_stride, HAS
 
 @triton.jit
 def _rms_norm(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, D, x_stride, r_stride, s_stride, y_stride, eps,
-              HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+              HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl_start(PDL)
     row = tl.program_id(0)
     BF16: tl.constexpr = x_ptr.dtype.element_ty == tl.bfloat16
+    w = tl.load(w_ptr + tl.arange(0, BLOCK), mask=tl.arange(0, BLOCK) < D, other=0.0).to(tl.float32)
+    _pdl_wait(PDL)
     offs, m, x32 = _residual_row(x_ptr, r_ptr, s_ptr, row, D, x_stride, r_stride, s_stride, HAS_RES, BLOCK)
     rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / D + eps)
     n = _round(x32 * rstd, BF16)
-    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * y_stride + offs, _round(w * n, BF16).to(y_ptr.dtype.element_ty), mask=m)
 
 
@@ -224,9 +250,11 @@ def _head_block(HQ, HK, HV, G: tl.constexpr):
 @triton.jit
 def _q_k_norm_rope(q_ptr, k_ptr, v_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, yq_ptr, yk_ptr, yv_ptr, HQ, HK, HV, q_row,
                    q_head, k_row, k_head, v_row, v_head, yq_row, yq_head, yk_row, yk_head, yv_row, yv_head, c_row, eps,
-                   D: tl.constexpr, G: tl.constexpr):
+                   D: tl.constexpr, G: tl.constexpr, PDL: tl.constexpr = False):
     """q's and k's heads of a row in one grid, with v's copy where HV > 0: a program per (row, block of G heads of
     q, then of k, then of v)."""
+    _pdl_start(PDL)
+    _pdl_wait(PDL)
     row, b, bq, bk = _head_block(HQ, HK, HV, G)
     c_base, s_base = cos_ptr + row * c_row, sin_ptr + row * c_row
     if b < bq:
@@ -309,21 +337,23 @@ def _block(d: int) -> int:
     return triton.next_power_of_2(d)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, eps: float) -> None:
-    """x, y [N, D] (rows may be strided, elements contiguous), weight [D]: y = rms_norm(x) * weight."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, eps: float, pdl: bool = False) -> None:
+    """x, y [N, D] (rows may be strided, elements contiguous), weight [D]: y = rms_norm(x) * weight. pdl: launched
+    with programmatic dependent launch (on a GPU; pdl_launch)."""
     n, d = x.shape
     if n:
         _rms_norm[(n,)](x, x, x, weight, y, d, x.stride(0), 0, 0, y.stride(0), eps, HAS_RES=False,
-                        BLOCK=_block(d), num_warps=4 if d >= 1024 else 1)
+                        BLOCK=_block(d), num_warps=4 if d >= 1024 else 1, **pdl_launch(pdl, x))
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, total: torch.Tensor,
-                 y: torch.Tensor, eps: float) -> None:
-    """total = x + residual (rounded to their dtype); y = rms_norm(total) * weight. All [N, D]."""
+                 y: torch.Tensor, eps: float, pdl: bool = False) -> None:
+    """total = x + residual (rounded to their dtype); y = rms_norm(total) * weight. All [N, D]. pdl: as rms_norm's."""
     n, d = x.shape
     if n:
         _rms_norm[(n,)](x, residual, total, weight, y, d, x.stride(0), residual.stride(0), total.stride(0),
-                        y.stride(0), eps, HAS_RES=True, BLOCK=_block(d), num_warps=4 if d >= 1024 else 1)
+                        y.stride(0), eps, HAS_RES=True, BLOCK=_block(d), num_warps=4 if d >= 1024 else 1,
+                        **pdl_launch(pdl, x))
 
 
 def zc_rms_norm(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, eps: float) -> None:
@@ -385,9 +415,9 @@ def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: 
 
 def q_k_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
                   sin: torch.Tensor, yq: torch.Tensor, yk: torch.Tensor, eps: float, v: torch.Tensor | None = None,
-                  yv: torch.Tensor | None = None) -> None:
+                  yv: torch.Tensor | None = None, pdl: bool = False) -> None:
     """qk_norm_rope of q [N, HQ, D] (weight wq) and k [N, HK, D] (weight wk) in one launch, the same rows'
-    cos and sin [N, D]; with v [N, HV, D], yv = v from the same launch."""
+    cos and sin [N, D]; with v [N, HV, D], yv = v from the same launch. pdl: as rms_norm's."""
     n, hq, d = q.shape
     hk = k.shape[1]
     hv = 0 if v is None else v.shape[1]
@@ -397,7 +427,7 @@ def q_k_norm_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.
         _q_k_norm_rope[(n * (triton.cdiv(hq, g) + triton.cdiv(hk, g) + triton.cdiv(hv, g)),)](
             q, k, v, wq, wk, cos, sin, yq, yk, yv, hq, hk, hv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             v.stride(0), v.stride(1), yq.stride(0), yq.stride(1), yk.stride(0), yk.stride(1), yv.stride(0),
-            yv.stride(1), cos.stride(0), eps, D=d, G=g, num_warps=warps)
+            yv.stride(1), cos.stride(0), eps, D=d, G=g, num_warps=warps, **pdl_launch(pdl, q))
 
 
 def zc_norm_partial_rope(q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
