@@ -282,19 +282,20 @@ class PagedFlashInfer:
 def make_backend(spec: RaggedAttentionSpec | PagedKVSpec, backend: str, workspace: torch.Tensor, captured: bool,
                  rung_shape: StepShape | None, *, cache: torch.Tensor | None = None,
                  dtype: torch.dtype = torch.bfloat16, decode_backend: str | None = None,
-                 run_head_dim: int | None = None, ints: torch.Tensor | None = None):
+                 run_head_dim: int | None = None, ints: torch.Tensor | None = None, pdl: bool = False):
     """A backend for one resource: for a captured rung (rung_shape sizes its buffers) or eager. A ragged
     resource on 'triton' gets resources.ragged_triton.RaggedTriton (same calls, no workspace of its own).
 
     workspace: the resource's float workspace (zeroed once: FlashInfer's decode asks for that);
     cache: a paged resource's pool (resources.paged_kv.new_cache); dtype: q's (and ragged k/v's);
-    ints: the resource's int workspace its captured wrappers share (int_workspace; None: one of its own).
+    ints: the resource's int workspace its captured wrappers share (int_workspace; None: one of its own);
+    pdl: the Triton backends' launches with programmatic dependent launch (the node's pdl knob).
     """
     rung = rung_shape if captured else None
     if isinstance(spec, RaggedAttentionSpec) and backend == "triton":
         from resources.ragged_triton import RaggedTriton
         return RaggedTriton(spec, rung, workspace.device,
-                            graph_buffers(spec, rung, workspace.device) if rung is not None else None)
+                            graph_buffers(spec, rung, workspace.device) if rung is not None else None, pdl)
     if isinstance(spec, RaggedAttentionSpec):
         return RaggedFlashInfer(spec, backend, workspace, rung, dtype, run_head_dim, ints)
     if isinstance(spec, PagedKVSpec):
@@ -302,6 +303,6 @@ def make_backend(spec: RaggedAttentionSpec | PagedKVSpec, backend: str, workspac
             raise ValueError(f"paged resource '{spec.name}' needs its cache pool")
         if backend == "triton":
             from resources.paged_triton import PagedTriton
-            return PagedTriton(spec, workspace, cache, rung)
+            return PagedTriton(spec, workspace, cache, rung, pdl)
         return PagedFlashInfer(spec, backend, workspace, cache, rung, dtype, decode_backend, ints)
     raise TypeError(f"{type(spec).__name__} has no FlashInfer backend")

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from resources.base import StepShape
 from resources.paged_kv import PagedKVSpec, paged_plan
+from resources.pdl import _pdl_start, _pdl_wait, pdl_launch
 
 LOG2E = 1.4426950408889634
 # The blocks, from an H100 sweep of the kernel with a split's least key count as its knob (run paged-sweep-h100,
@@ -120,7 +121,9 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, o_ptr, cache_ptr, indptr_ptr, indices_ptr
                   scale_log2, q_t, q_h, k_t, k_h, v_t, v_h, o_t, o_h, c_page, c_kv, c_row, c_head, SPLITS,
                   HQ: tl.constexpr, HKV: tl.constexpr, PAGE: tl.constexpr,
                   GROUP: tl.constexpr, GP: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                  BALANCE: tl.constexpr, CH: tl.constexpr):
+                  BALANCE: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl_start(PDL)
+    _pdl_wait(PDL)                      # with PDL: q, k, v and the page table are the kernels' before
     b, h, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     p0 = tl.load(indptr_ptr + b)
     own = (tl.load(indptr_ptr + b + 1) - p0 - 1) * PAGE + tl.load(last_ptr + b) - 1   # the step's position
@@ -176,7 +179,7 @@ class PagedTriton:
     """
 
     def __init__(self, spec: PagedKVSpec, workspace: torch.Tensor, cache: torch.Tensor,
-                 rung: StepShape | None = None):
+                 rung: StepShape | None = None, pdl: bool = False):
         if rung is not None and rung.phase != "decode":
             raise ValueError(f"resource '{spec.name}': the triton backend runs decode steps only, not a "
                              f"{rung.phase} rung")
@@ -185,6 +188,7 @@ class PagedTriton:
         if why := unfit(spec, "triton"):
             raise ValueError(f"resource '{spec.name}': the triton decode backend cannot run it: {why}")
         self.spec, self.cache, self.rung, self.workspace = spec, cache, rung, workspace
+        self.pdl = pdl              # launched with programmatic dependent launch (the node's pdl knob)
         self.buffers = {}
         if rung is not None:      # the fixed buffers the plan counts (PagedKVSpec.wrapper_allocs)
             self.buffers = {name: torch.zeros(nbytes // 4, dtype=torch.int32, device=cache.device)
@@ -238,5 +242,6 @@ class PagedTriton:
             v.stride(1), out.stride(0), out.stride(1), cache.stride(0), cache.stride(1), cache.stride(2),
             cache.stride(3), splits, HQ=s.num_qo_heads, HKV=s.num_kv_heads, PAGE=s.page_size, GROUP=group,
             GP=triton.next_power_of_2(group), ROWS=max(16, triton.next_power_of_2(group)), D=s.head_dim,
-            BLOCK=BLOCK_N, BALANCE=BALANCE, CH=MERGE_SPLITS, num_warps=4, num_stages=NUM_STAGES)
+            BLOCK=BLOCK_N, BALANCE=BALANCE, CH=MERGE_SPLITS, num_warps=4, num_stages=NUM_STAGES,
+            **pdl_launch(self.pdl, q))
         return out

@@ -31,6 +31,7 @@ import triton.language as tl
 
 from resources.base import StepShape
 from resources.ragged_attention import RaggedAttentionSpec, check_cu
+from resources.pdl import _pdl_start, _pdl_wait, pdl_launch
 
 LOG2E = 1.4426950408889634
 
@@ -38,7 +39,9 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _ragged_short(q_ptr, k_ptr, v_ptr, o_ptr, qo_ptr, kv_ptr, scale_log2, q_t, q_h, k_t, k_h, v_t, v_h, o_t, o_h,
                   D, WINDOW, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, GROUP: tl.constexpr,
-                  SEG: tl.constexpr, BLOCK_D: tl.constexpr):
+                  SEG: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl_start(PDL)
+    _pdl_wait(PDL)                      # with PDL: q, k, v and the indptrs are the kernels' before
     seg, kvh = tl.program_id(0), tl.program_id(1)
     qs, qe = tl.load(qo_ptr + seg), tl.load(qo_ptr + seg + 1)
     ks, ke = tl.load(kv_ptr + seg), tl.load(kv_ptr + seg + 1)
@@ -80,7 +83,7 @@ class RaggedTriton:
     __call__(q, k, v), capturable when built for a rung (its indptrs are fixed buffers plan() rewrites)."""
 
     def __init__(self, spec: RaggedAttentionSpec, rung: StepShape | None = None, device: str | torch.device = "cuda",
-                 buffers: dict[str, torch.Tensor] | None = None):
+                 buffers: dict[str, torch.Tensor] | None = None, pdl: bool = False):
         if spec.rows_per_segment is None:
             raise ValueError(f"resource '{spec.name}': the triton backend takes segments of a fixed length "
                              "(rows_per_segment)")
@@ -88,6 +91,7 @@ class RaggedTriton:
         self.run_head_dim = spec.head_dim      # runs any head dim as it is (a power-of-two block, masked)
         self.seg = block_rows(spec.max_segment)
         self.buffers = buffers or {}
+        self.pdl = pdl              # launched with programmatic dependent launch (the node's pdl knob)
         self._segments: int | None = None
 
     def _layout(self, cu_q: list[int], cu_k: list[int]) -> tuple[list[int], list[int]]:
@@ -136,5 +140,6 @@ class RaggedTriton:
                 q, k, v, out, self.buffers["qo_indptr"], self.buffers["kv_indptr"], LOG2E / math.sqrt(s.head_dim),
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0),
                 out.stride(1), d, s.window or 0, CAUSAL=s.causal, HAS_WINDOW=s.window is not None,
-                GROUP=s.num_heads // s.kv_heads, SEG=self.seg, BLOCK_D=triton.next_power_of_2(d), num_warps=4)
+                GROUP=s.num_heads // s.kv_heads, SEG=self.seg, BLOCK_D=triton.next_power_of_2(d), num_warps=4,
+                **pdl_launch(self.pdl, q))
         return out

@@ -95,7 +95,8 @@ class Graphs:
             ints = self.ints[res]
         return make_backend(spec, backend, self.float_workspace(res), captured, shape,
                             cache=self.boot.caches.get(res), decode_backend=plan_res.decode_backend,
-                            run_head_dim=plan_res.run_head_dim, ints=ints)
+                            run_head_dim=plan_res.run_head_dim, ints=ints,
+                            pdl=bool(self.boot.plan.nodes[step.node].kernels.get("pdl")))
 
     def allocate_wrappers(self) -> None:
         before, _ = _mem()

@@ -46,7 +46,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, what: str) -> None:
 
 def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """x [1, K] (elements contiguous) @ weight [2I, K]^T = [g | u] -> silu(g) * u [1, I]. pdl: launched with
-    programmatic dependent launch (the plan's pdl knob; norm_triton.pdl_launch)."""
+    programmatic dependent launch (the plan's pdl knob; resources/pdl.py)."""
     _check(x, weight, "gemv_silu_mul")
     if weight.shape[0] % 2:
         raise ValueError(f"gemv_silu_mul: weight {list(weight.shape)} has an odd row count; a SwiGLU's gate_up "

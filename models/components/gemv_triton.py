@@ -25,7 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from models.components.norm_triton import _pdl_start, _pdl_wait, _round, pdl_launch
+from models.components.norm_triton import _round
+from resources.pdl import _pdl_start, _pdl_wait, pdl_launch
 
 
 @triton.jit
@@ -89,7 +90,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: to
          blocks: tuple[int, int, int] | None = None, pdl: bool = False) -> None:
     """y [1, N] = x [1, K] @ weight [N, K]^T (+ bias [N]); weight contiguous, x's and y's elements
     contiguous. blocks: (BLOCK_N, BLOCK_K, num_warps) to use (a sweep's). pdl: launched with programmatic
-    dependent launch (norm_triton.pdl_launch): the first block of weights is read before the kernel before it ends."""
+    dependent launch (resources/pdl.py): the first block of weights is read before the kernel before it ends."""
     n, k = weight.shape
     bn, bk, warps = blocks or config(n, k)
     _gemv[(triton.cdiv(n, bn),)](x, weight, weight if bias is None else bias, y, n, k, HAS_BIAS=bias is not None,

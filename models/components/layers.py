@@ -14,7 +14,7 @@ class RMSNorm(nn.Module):
     # one fused launch (norm_ops.py) in place of torch's eight; 0: never
     fused_norms: int = 0
     # the plan's knob (as fused_norms): 1 launches the fused kernels with programmatic dependent launch
-    # (norm_triton.pdl_launch: the next kernel starts while this one runs, and waits for its writes)
+    # (resources/pdl.py: the next kernel starts while this one runs, and waits for its writes)
     pdl: int = 0
 
     def __init__(self, dim: int, eps: float = 1e-6):

@@ -39,6 +39,9 @@ class Experts(nn.Module):
     # a knob: with the fused kernels, steps of at most this many tokens run a program per token-expert pair and no
     # grouping (moe_pairs_triton.py), below the grouped kernels; 0: never
     moe_pair_tokens: int = 0
+    # a knob: the pair kernels and the slots' sum launched with programmatic dependent launch
+    # (resources/pdl.py); 0: plain launches
+    pdl: int = 0
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int):
         super().__init__()
@@ -87,7 +90,7 @@ class Experts(nn.Module):
             from models.components.moe_ops import fused_experts_norm
             return fused_experts_norm(x, self.gate_up_proj, self.down_proj, experts, weights, residual,
                                       (norm.weight, norm.eps), self.gate_up_layout, self.moe_sm90_from, grouped,
-                                      self.moe_pair_tokens)
+                                      self.moe_pair_tokens, bool(self.pdl))
         y = self(x, experts, weights, residual, grouped)
         return y, norm(y)
 
@@ -101,7 +104,8 @@ class Experts(nn.Module):
         if self.fused(x):
             from models.components.moe_ops import fused_experts
             return fused_experts(x, self.gate_up_proj, self.down_proj, experts, weights, residual,
-                                 self.gate_up_layout, self.moe_sm90_from, grouped, self.moe_pair_tokens)
+                                 self.gate_up_layout, self.moe_sm90_from, grouped, self.moe_pair_tokens,
+                                 bool(self.pdl))
         order, rows = torch.sort(experts.reshape(-1))                            # [T*k] pairs by expert
         ends = torch.searchsorted(order, torch.arange(1, self.num_experts + 1, device=x.device),
                                   out_int32=True)                                 # [E] end of each expert's rows
@@ -129,6 +133,8 @@ class SparseMoE(nn.Module):
     # another (with fused_router and the fused experts): a step of at most moe_ops.ROUTE_GROUP_PAIRS token-expert
     # pairs has its router group the pairs by expert in the same launch (moe_ops.fused_route_group); 0: two launches
     moe_route_group: int = 0
+    # another: the router's launch with programmatic dependent launch (resources/pdl.py); 0: a plain one
+    pdl: int = 0
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, norm_topk_prob: bool,
                  shared_intermediate: int = 0):
@@ -145,7 +151,7 @@ class SparseMoE(nn.Module):
         logits = self.gate(x)                                                    # [T, E]
         if self.fused_router and logits.dtype == torch.bfloat16 and logits.device.type in ("cuda", "meta"):
             from models.components.moe_ops import fused_route
-            return fused_route(logits, self.top_k, self.norm_topk_prob)
+            return fused_route(logits, self.top_k, self.norm_topk_prob, bool(self.pdl))
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
@@ -161,7 +167,7 @@ class SparseMoE(nn.Module):
         if (self.moe_route_group and self.fused_router and ex.fused(x) and t * self.top_k <= ROUTE_GROUP_PAIRS
                 and t > ex.moe_pair_tokens and not (ex.moe_sm90_from and t >= ex.moe_sm90_from)):
             from models.components.moe_ops import fused_route_group
-            return fused_route_group(self.gate(x), self.top_k, self.norm_topk_prob)
+            return fused_route_group(self.gate(x), self.top_k, self.norm_topk_prob, bool(self.pdl))
         return (*self.route(x), None)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:

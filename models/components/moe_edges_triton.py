@@ -21,6 +21,7 @@ import triton.language as tl
 
 from models.components.moe_triton import _slot_sum, _top_k
 from models.components.norm_triton import _round
+from resources.pdl import _pdl_start, _pdl_wait, pdl_launch
 
 ROUTE_GROUP_PAIRS = 64       # token-expert pairs route_group takes (T * k): one program holds them all
 SUM_NORM_WIDTH = 16384       # the widest row sum_add_norm takes (one program holds a row)
@@ -43,9 +44,11 @@ def _route_row(logits_ptr, ex_ptr, w_ptr, pex, row, E, l_stride, pp, TOP_K: tl.c
 @triton.jit
 def _route_group(logits_ptr, ex_ptr, w_ptr, rows_ptr, ends_ptr, T, E, l_stride, TOP_K: tl.constexpr,
                  NORM: tl.constexpr, BLOCK: tl.constexpr, KBLOCK: tl.constexpr, PBLOCK: tl.constexpr,
-                 EBLOCK: tl.constexpr):
+                 EBLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """One program: the T tokens' routers, then the P = T * TOP_K pairs grouped by expert, as moe_triton._group:
     rows[r] = the pair of rank r (by expert, then by pair index), ends[e] = the pairs whose expert is <= e."""
+    _pdl_start(PDL)
+    _pdl_wait(PDL)
     pp = tl.arange(0, PBLOCK)
     pex = tl.full([PBLOCK], E, tl.int32)             # each pair's expert; past the pairs: after every expert
     for row in range(0, T):
@@ -62,23 +65,27 @@ def _route_group(logits_ptr, ex_ptr, w_ptr, rows_ptr, ends_ptr, T, E, l_stride, 
 
 
 def route_group(logits: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor,
-                ends: torch.Tensor, norm: bool) -> None:
+                ends: torch.Tensor, norm: bool, pdl: bool = False) -> None:
     """logits [T, E] (rows strided, elements contiguous) -> experts [T, k] int64, weights [T, k], rows [T k]
-    int32 (pairs by expert) and ends [E] int32, for T k <= ROUTE_GROUP_PAIRS."""
+    int32 (pairs by expert) and ends [E] int32, for T k <= ROUTE_GROUP_PAIRS. pdl: launched with programmatic
+    dependent launch (resources/pdl.py)."""
     t, e = logits.shape
     k = experts.shape[1]
     if not 0 < t * k <= ROUTE_GROUP_PAIRS:
         raise ValueError(f"route_group takes 1 to {ROUTE_GROUP_PAIRS} token-expert pairs, not {t} x {k}")
     _route_group[(1,)](logits, experts, weights, rows, ends, t, e, logits.stride(0), TOP_K=k, NORM=norm,
                        BLOCK=triton.next_power_of_2(e), KBLOCK=triton.next_power_of_2(k),
-                       PBLOCK=triton.next_power_of_2(t * k), EBLOCK=triton.next_power_of_2(e), num_warps=4)
+                       PBLOCK=triton.next_power_of_2(t * k), EBLOCK=triton.next_power_of_2(e), num_warps=4,
+                       **pdl_launch(pdl, logits))
 
 
 @triton.jit
 def _sum_add_norm(pairs_ptr, w_ptr, res_ptr, nw_ptr, y_ptr, h_ptr, H, res_row, eps, TOP_K: tl.constexpr,
-                  BLOCK: tl.constexpr, SCALED: tl.constexpr):
+                  BLOCK: tl.constexpr, SCALED: tl.constexpr, PDL: tl.constexpr = False):
     """One token: y = residual + its TOP_K slots' sum (each scaled by w[t, j] first where SCALED), the sum in fp32
     rounded once, then the add rounded; h = rms_norm(y) * nw, the normed row rounded before the weight's product."""
+    _pdl_start(PDL)
+    _pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = offs < H
@@ -93,9 +100,10 @@ def _sum_add_norm(pairs_ptr, w_ptr, res_ptr, nw_ptr, y_ptr, h_ptr, H, res_row, e
 
 
 def sum_add_norm(pairs: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, y: torch.Tensor,
-                 h: torch.Tensor, eps: float, weights: torch.Tensor | None = None) -> None:
+                 h: torch.Tensor, eps: float, weights: torch.Tensor | None = None, pdl: bool = False) -> None:
     """pairs [T, k, H] contiguous, residual [T, H] (rows may be strided), norm_weight [H]; y, h [T, H] contiguous:
-    y = residual + pairs.sum(1) (each slot's row times weights [T, k] first where given), h = rms_norm(y) * w."""
+    y = residual + pairs.sum(1) (each slot's row times weights [T, k] first where given), h = rms_norm(y) * w.
+    pdl: as route_group's."""
     t, k, width = pairs.shape
     if width > SUM_NORM_WIDTH:
         raise ValueError(f"sum_add_norm holds a row in one program: {width} columns > {SUM_NORM_WIDTH}")
@@ -103,4 +111,4 @@ def sum_add_norm(pairs: torch.Tensor, residual: torch.Tensor, norm_weight: torch
         block = triton.next_power_of_2(width)
         _sum_add_norm[(t,)](pairs, pairs if weights is None else weights, residual, norm_weight, y, h, width,
                             residual.stride(0), eps, TOP_K=k, BLOCK=block, SCALED=weights is not None,
-                            num_warps=4 if block <= 2048 else 8)
+                            num_warps=4 if block <= 2048 else 8, **pdl_launch(pdl, pairs))

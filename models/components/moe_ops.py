@@ -134,82 +134,83 @@ def _(h, down_proj, pairs, rows, ends, weights) -> None:
 
 @torch.library.custom_op("graphc::moe_pair_gate_up", mutates_args=("h",))
 def moe_pair_gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, experts: torch.Tensor, h: torch.Tensor, top_k: int,
-                     interleave: int = 0) -> None:
+                     interleave: int = 0, pdl: bool = False) -> None:
     from models.components import moe_pairs_triton as k
 
-    k.gate_up(x, gate_up_proj, experts, h, top_k, interleave)
+    k.gate_up(x, gate_up_proj, experts, h, top_k, interleave, pdl)
 
 
 @moe_pair_gate_up.register_fake
-def _(x, gate_up_proj, experts, h, top_k, interleave=0) -> None:
+def _(x, gate_up_proj, experts, h, top_k, interleave=0, pdl=False) -> None:
     return None
 
 
 @torch.library.custom_op("graphc::moe_pair_down", mutates_args=("pairs",))
 def moe_pair_down(h: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
-                  pairs: torch.Tensor) -> None:
+                  pairs: torch.Tensor, pdl: bool = False) -> None:
     from models.components import moe_pairs_triton as k
 
-    k.down(h, down_proj, experts, weights, pairs)
+    k.down(h, down_proj, experts, weights, pairs, pdl)
 
 
 @moe_pair_down.register_fake
-def _(h, down_proj, experts, weights, pairs) -> None:
+def _(h, down_proj, experts, weights, pairs, pdl=False) -> None:
     return None
 
 
 @torch.library.custom_op("graphc::moe_route", mutates_args=("experts", "weights"))
-def moe_route(logits: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, norm: bool) -> None:
+def moe_route(logits: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, norm: bool, pdl: bool = False
+              ) -> None:
     from models.components import moe_triton as k
 
-    k.route(logits, experts, weights, norm)
+    k.route(logits, experts, weights, norm, pdl)
 
 
 @moe_route.register_fake
-def _(logits, experts, weights, norm) -> None:
+def _(logits, experts, weights, norm, pdl=False) -> None:
     return None
 
 
 @torch.library.custom_op("graphc::moe_sum_add", mutates_args=("y",))
 def moe_sum_add(pairs: torch.Tensor, residual: torch.Tensor | None, y: torch.Tensor,
-                weights: torch.Tensor | None = None) -> None:
+                weights: torch.Tensor | None = None, pdl: bool = False) -> None:
     from models.components import moe_triton as k
 
-    k.sum_add(pairs, residual, y, weights)
+    k.sum_add(pairs, residual, y, weights, pdl)
 
 
 @moe_sum_add.register_fake
-def _(pairs, residual, y, weights=None) -> None:
+def _(pairs, residual, y, weights=None, pdl=False) -> None:
     return None
 
 
 @torch.library.custom_op("graphc::moe_route_group", mutates_args=("experts", "weights", "rows", "ends"))
 def moe_route_group(logits: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor,
-                    ends: torch.Tensor, norm: bool) -> None:
+                    ends: torch.Tensor, norm: bool, pdl: bool = False) -> None:
     from models.components import moe_edges_triton as k
 
-    k.route_group(logits, experts, weights, rows, ends, norm)
+    k.route_group(logits, experts, weights, rows, ends, norm, pdl)
 
 
 @moe_route_group.register_fake
-def _(logits, experts, weights, rows, ends, norm) -> None:
+def _(logits, experts, weights, rows, ends, norm, pdl=False) -> None:
     return None
 
 
 @torch.library.custom_op("graphc::moe_sum_add_norm", mutates_args=("y", "h"))
 def moe_sum_add_norm(pairs: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, y: torch.Tensor,
-                     h: torch.Tensor, eps: float, weights: torch.Tensor | None = None) -> None:
+                     h: torch.Tensor, eps: float, weights: torch.Tensor | None = None, pdl: bool = False) -> None:
     from models.components import moe_edges_triton as k
 
-    k.sum_add_norm(pairs, residual, norm_weight, y, h, eps, weights)
+    k.sum_add_norm(pairs, residual, norm_weight, y, h, eps, weights, pdl)
 
 
 @moe_sum_add_norm.register_fake
-def _(pairs, residual, norm_weight, y, h, eps, weights=None) -> None:
+def _(pairs, residual, norm_weight, y, h, eps, weights=None, pdl=False) -> None:
     return None
 
 
-def fused_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_route(logits: torch.Tensor, top_k: int, norm: bool, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """SparseMoE.route's contract from the router's logits [T, E]: (experts [T, k] int64, weights [T, k] in the
     logits' dtype), one launch where torch takes six (a cast, softmax, topk, a sum, a division, a cast)."""
     t, e = logits.shape
@@ -217,7 +218,7 @@ def fused_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Ten
         raise ValueError(f"fused_route: top {top_k} of {e} experts")
     experts = torch.empty(t, top_k, device=logits.device, dtype=torch.int64)
     weights = torch.empty(t, top_k, device=logits.device, dtype=logits.dtype)
-    moe_route(logits if logits.stride(-1) == 1 else logits.contiguous(), experts, weights, norm)
+    moe_route(logits if logits.stride(-1) == 1 else logits.contiguous(), experts, weights, norm, pdl)
     return experts, weights
 
 
@@ -227,7 +228,7 @@ ROUTE_GROUP_PAIRS = 64
 SUM_NORM_WIDTH = 16384
 
 
-def fused_route_group(logits: torch.Tensor, top_k: int, norm: bool
+def fused_route_group(logits: torch.Tensor, top_k: int, norm: bool, pdl: bool = False
                       ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """fused_route's (experts, weights) and the pairs grouped by expert as fused_experts groups them (rows [T k],
     ends [E] int32), in one launch; for T k <= ROUTE_GROUP_PAIRS."""
@@ -239,7 +240,8 @@ def fused_route_group(logits: torch.Tensor, top_k: int, norm: bool
     weights = torch.empty(t, top_k, device=logits.device, dtype=logits.dtype)
     rows = torch.empty(t * top_k, device=logits.device, dtype=torch.int32)
     ends = torch.empty(e, device=logits.device, dtype=torch.int32)
-    moe_route_group(logits if logits.stride(-1) == 1 else logits.contiguous(), experts, weights, rows, ends, norm)
+    moe_route_group(logits if logits.stride(-1) == 1 else logits.contiguous(), experts, weights, rows, ends, norm,
+                    pdl)
     return experts, weights, (rows, ends)
 
 
@@ -251,23 +253,24 @@ GROUP_SORT_FROM = 512
 def fused_experts(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor,
                   weights: torch.Tensor, residual: torch.Tensor | None = None, interleave: int = 0,
                   sm90_from: int = 0, grouped: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  pair_tokens: int = 0) -> torch.Tensor:
+                  pair_tokens: int = 0, pdl: bool = False) -> torch.Tensor:
     """Experts.forward's contract: x [T, H], gate_up_proj [E, 2I, H] (gate rows then up rows, or up and gate
     `interleave` rows at a time), down_proj [E, H, I], experts and weights [T, k] -> [T, H] in x's dtype (plus
     residual [T, H] where given: the decoder layer's add, in the same launch as the slots' sum); three operators
     and a sum, static shapes for a given T. Steps of sm90_from tokens or more (0: none) run the two GEMMs in
     FlashInfer's SM90 kernels (moe_sm90.py; gate_up_proj interleaved as they read it). grouped: the pairs
     already grouped by expert (fused_route_group's rows and ends), for a step below sm90_from. Steps of at most
-    pair_tokens tokens run a program per token-expert pair and no grouping (moe_pairs_triton.py)."""
+    pair_tokens tokens run a program per token-expert pair and no grouping (moe_pairs_triton.py). pdl: those
+    steps' launches and the slots' sum with programmatic dependent launch (resources/pdl.py)."""
     return _experts(x, gate_up_proj, down_proj, experts, weights, residual, interleave, sm90_from, grouped,
-                    pair_tokens=pair_tokens)[0]
+                    pair_tokens=pair_tokens, pdl=pdl)[0]
 
 
 def fused_experts_norm(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor,
                        weights: torch.Tensor, residual: torch.Tensor, norm: tuple[torch.Tensor, float],
                        interleave: int = 0, sm90_from: int = 0,
-                       grouped: tuple[torch.Tensor, torch.Tensor] | None = None, pair_tokens: int = 0
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+                       grouped: tuple[torch.Tensor, torch.Tensor] | None = None, pair_tokens: int = 0,
+                       pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """fused_experts with the residual, and the next decoder layer's input RMSNorm (norm: its weight [H] in x's
     dtype, and eps) of the result in the slots' sum's launch: (y, rms_norm(y) * weight)."""
     if norm[0].shape != (x.shape[-1],) or norm[0].dtype != x.dtype or x.shape[-1] > SUM_NORM_WIDTH:
@@ -275,11 +278,11 @@ def fused_experts_norm(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: t
                          f"{tuple(x.shape)} {x.dtype}: want [{x.shape[-1]}] in the rows' dtype, at most "
                          f"{SUM_NORM_WIDTH} wide")
     return _experts(x, gate_up_proj, down_proj, experts, weights, residual, interleave, sm90_from, grouped, norm,
-                    pair_tokens)
+                    pair_tokens, pdl)
 
 
 def _experts(x, gate_up_proj, down_proj, experts, weights, residual, interleave, sm90_from, grouped, norm=None,
-             pair_tokens=0) -> tuple[torch.Tensor, torch.Tensor | None]:
+             pair_tokens=0, pdl=False) -> tuple[torch.Tensor, torch.Tensor | None]:
     t, k = experts.shape
     num_experts, two_i, hidden = gate_up_proj.shape
     if x.shape != (t, hidden) or down_proj.shape != (num_experts, hidden, two_i // 2):
@@ -292,7 +295,7 @@ def _experts(x, gate_up_proj, down_proj, experts, weights, residual, interleave,
     if sm90_from and t >= sm90_from:
         return _sm90_experts(x, gate_up_proj, down_proj, flat, weights, residual, interleave, norm)
     if t <= pair_tokens:
-        return _pair_experts(x, gate_up_proj, down_proj, flat, weights, residual, interleave, norm)
+        return _pair_experts(x, gate_up_proj, down_proj, flat, weights, residual, interleave, norm, pdl)
     rows, ends = grouped if grouped is not None else _group(flat, num_experts)
     h = torch.empty(t * k, two_i // 2, device=x.device, dtype=x.dtype)      # in grouped order
     moe_gate_up(x.contiguous(), gate_up_proj, h, rows, ends, k, interleave)
@@ -300,20 +303,20 @@ def _experts(x, gate_up_proj, down_proj, experts, weights, residual, interleave,
     moe_down(h, down_proj, pairs, rows, ends, weights.reshape(-1).contiguous())
     if residual is None:
         return pairs.view(t, k, hidden).sum(dim=1), None
-    return _sum_slots(pairs.view(t, k, hidden), x, residual, None, norm)
+    return _sum_slots(pairs.view(t, k, hidden), x, residual, None, norm, pdl)
 
 
-def _pair_experts(x, gate_up_proj, down_proj, flat, weights, residual, interleave, norm
+def _pair_experts(x, gate_up_proj, down_proj, flat, weights, residual, interleave, norm, pdl
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """fused_experts a pair at a time: gate_up, down (scaled), the slots' sum (with the residual, and the norm
     where asked): three launches, no grouping."""
     t, k = weights.shape
     hidden, inter = down_proj.shape[1:]
     h = torch.empty(t * k, inter, device=x.device, dtype=x.dtype)                 # pair order
-    moe_pair_gate_up(x.contiguous(), gate_up_proj, flat, h, k, interleave)
+    moe_pair_gate_up(x.contiguous(), gate_up_proj, flat, h, k, interleave, pdl)
     pairs = torch.empty(t * k, hidden, device=x.device, dtype=x.dtype)
-    moe_pair_down(h, down_proj, flat, weights.reshape(-1).contiguous(), pairs)
-    return _sum_slots(pairs.view(t, k, hidden), x, residual, None, norm)
+    moe_pair_down(h, down_proj, flat, weights.reshape(-1).contiguous(), pairs, pdl)
+    return _sum_slots(pairs.view(t, k, hidden), x, residual, None, norm, pdl)
 
 
 def _group(flat: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -331,14 +334,14 @@ def _group(flat: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Te
 
 
 def _sum_slots(pairs: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, weights: torch.Tensor | None,
-               norm: tuple[torch.Tensor, float] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+               norm: tuple[torch.Tensor, float] | None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(residual + the slots' sum [T, H], its norm or None): one launch (moe_sum_add, or moe_sum_add_norm)."""
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     if norm is None:
-        moe_sum_add(pairs, residual, y, weights)
+        moe_sum_add(pairs, residual, y, weights, pdl)
         return y, None
     h = torch.empty_like(y)
-    moe_sum_add_norm(pairs, residual, norm[0], y, h, norm[1], weights)
+    moe_sum_add_norm(pairs, residual, norm[0], y, h, norm[1], weights, pdl)
     return y, h
 
 

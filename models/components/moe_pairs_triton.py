@@ -23,13 +23,17 @@ import triton
 import triton.language as tl
 
 from models.components.moe_triton import _gate_up_rows
+from resources.pdl import _pdl_start, _pdl_wait, pdl_launch
 
 
 @triton.jit
 def _pair_gate_up(x_ptr, w_ptr, ex_ptr, h_ptr, I, H: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, ILV: tl.constexpr):
+                  BLOCK_K: tl.constexpr, ILV: tl.constexpr, PDL: tl.constexpr = False):
     """Program (pair j, N-block): h[j, n] = silu(g) * u over the BLOCK_N columns n, g and u the dot products of
-    pair j's token with its expert's gate and up rows of column n."""
+    pair j's token with its expert's gate and up rows of column n. With PDL it waits first: the pair's expert is
+    the router's output."""
+    _pdl_start(PDL)
+    _pdl_wait(PDL)
     j = tl.program_id(0)
     e = tl.load(ex_ptr + j).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -54,8 +58,10 @@ def _pair_gate_up(x_ptr, w_ptr, ex_ptr, h_ptr, I, H: tl.constexpr, TOP_K: tl.con
 
 @triton.jit
 def _pair_down(h_ptr, w_ptr, ex_ptr, scale_ptr, out_ptr, H, I: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr):
+               BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """Program (pair j, N-block): out[j, n] = scale[j] x (h[j] . its expert's down row n), for BLOCK_N rows n."""
+    _pdl_start(PDL)
+    _pdl_wait(PDL)
     j = tl.program_id(0)
     e = tl.load(ex_ptr + j).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -88,23 +94,24 @@ def _blocks(kind: str, hidden: int, k: int) -> tuple[int, int, int]:
 
 
 def gate_up(x: torch.Tensor, gate_up_proj: torch.Tensor, experts: torch.Tensor, h: torch.Tensor, top_k: int,
-            interleave: int = 0) -> None:
+            interleave: int = 0, pdl: bool = False) -> None:
     """h [P, I] (P = T k, pair order) = silu(x W_gate) * (x W_up) of each pair's token (pair // top_k) and expert
-    (experts [P]); gate_up_proj's rows as Experts.gate_up_layout says (`interleave`)."""
+    (experts [P]); gate_up_proj's rows as Experts.gate_up_layout says (`interleave`). pdl: launched with
+    programmatic dependent launch (resources/pdl.py)."""
     _, two_i, hidden = gate_up_proj.shape
     p, i = experts.numel(), two_i // 2
     bn, bk, warps = _blocks("gate_up", hidden, hidden)
     if p:
         _pair_gate_up[(p, triton.cdiv(i, bn))](x, gate_up_proj, experts, h, i, H=hidden, TOP_K=top_k, BLOCK_N=bn,
-                                               BLOCK_K=bk, ILV=interleave, num_warps=warps)
+                                               BLOCK_K=bk, ILV=interleave, num_warps=warps, **pdl_launch(pdl, x))
 
 
 def down(h: torch.Tensor, down_proj: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
-         pairs: torch.Tensor) -> None:
-    """pairs [P, H] (pair order) = weights[j] x (h[j] W_down of experts[j]), for P = T k pairs."""
+         pairs: torch.Tensor, pdl: bool = False) -> None:
+    """pairs [P, H] (pair order) = weights[j] x (h[j] W_down of experts[j]), for P = T k pairs. pdl: as gate_up's."""
     _, hidden, inter = down_proj.shape
     p = experts.numel()
     bn, bk, warps = _blocks("down", hidden, inter)
     if p:
         _pair_down[(p, triton.cdiv(hidden, bn))](h, down_proj, experts, weights, pairs, hidden, I=inter, BLOCK_N=bn,
-                                                 BLOCK_K=bk, num_warps=warps)
+                                                 BLOCK_K=bk, num_warps=warps, **pdl_launch(pdl, h))

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from models.components.moe_sort import count_blocks
+from resources.pdl import _pdl_start, _pdl_wait, pdl_launch
 
 
 @triton.jit
@@ -491,8 +492,10 @@ def _top_k(logits_ptr, row, E, l_stride, TOP_K: tl.constexpr, NORM: tl.constexpr
 
 @triton.jit
 def _route(logits_ptr, ex_ptr, w_ptr, E, l_stride, TOP_K: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
-           KBLOCK: tl.constexpr):
+           KBLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """A program per token: its router (_top_k), the experts and the weights (cast to their dtype) written."""
+    _pdl_start(PDL)
+    _pdl_wait(PDL)
     row = tl.program_id(0)
     ex, w = _top_k(logits_ptr, row, E, l_stride, TOP_K, NORM, BLOCK, KBLOCK)
     kk = tl.arange(0, KBLOCK)
@@ -500,13 +503,15 @@ def _route(logits_ptr, ex_ptr, w_ptr, E, l_stride, TOP_K: tl.constexpr, NORM: tl
     tl.store(w_ptr + row * TOP_K + kk, w.to(w_ptr.dtype.element_ty), mask=kk < TOP_K)
 
 
-def route(logits: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, norm: bool) -> None:
-    """logits [T, E] (rows strided, elements contiguous) -> experts [T, k] int64 and weights [T, k]."""
+def route(logits: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, norm: bool, pdl: bool = False) -> None:
+    """logits [T, E] (rows strided, elements contiguous) -> experts [T, k] int64 and weights [T, k]. pdl: launched
+    with programmatic dependent launch (resources/pdl.py)."""
     t, e = logits.shape
     k = experts.shape[1]
     if t:
         _route[(t,)](logits, experts, weights, e, logits.stride(0), TOP_K=k, NORM=norm,
-                     BLOCK=triton.next_power_of_2(e), KBLOCK=triton.next_power_of_2(k), num_warps=1)
+                     BLOCK=triton.next_power_of_2(e), KBLOCK=triton.next_power_of_2(k), num_warps=1,
+                     **pdl_launch(pdl, logits))
 
 
 @triton.jit
@@ -523,10 +528,12 @@ def _slot_sum(pairs_ptr, w_ptr, t, offs, m, H, TOP_K: tl.constexpr, BLOCK: tl.co
 
 @triton.jit
 def _sum_add(pairs_ptr, w_ptr, res_ptr, y_ptr, H, res_row, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
-             SCALED: tl.constexpr, RESIDUAL: tl.constexpr):
+             SCALED: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr = False):
     """One token's BLOCK columns: y = residual + sum over its TOP_K slots, the slots summed in fp32 and
     rounded once (as torch's sum over them), then the residual's add rounded (as torch's add). SCALED: each
     slot's row times its routing weight w[t, j] first, in fp32; without RESIDUAL, y is the rounded sum."""
+    _pdl_start(PDL)
+    _pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < H
@@ -544,13 +551,15 @@ SUM_BLOCK = 1024
 
 
 def sum_add(pairs: torch.Tensor, residual: torch.Tensor | None, y: torch.Tensor,
-            weights: torch.Tensor | None = None) -> None:
+            weights: torch.Tensor | None = None, pdl: bool = False) -> None:
     """pairs [T, k, H] contiguous, residual [T, H] (rows may be strided) or None, y [T, H] contiguous:
-    y = residual + pairs.sum(1); with weights [T, k] (contiguous), each slot's row scaled by its weight first."""
+    y = residual + pairs.sum(1); with weights [T, k] (contiguous), each slot's row scaled by its weight first.
+    pdl: as route's."""
     t, k, h = pairs.shape
     if t and h:
         _sum_add[(t, triton.cdiv(h, SUM_BLOCK))](pairs, pairs if weights is None else weights,
                                                  y if residual is None else residual, y, h,
                                                  0 if residual is None else residual.stride(0), TOP_K=k,
                                                  BLOCK=SUM_BLOCK, SCALED=weights is not None,
-                                                 RESIDUAL=residual is not None, num_warps=4)
+                                                 RESIDUAL=residual is not None, num_warps=4,
+                                                 **pdl_launch(pdl, pairs))

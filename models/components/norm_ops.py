@@ -258,7 +258,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool = False) -> torch.Tensor:
     """layers.RMSNorm's forward: x [..., D] -> [..., D] in x's dtype. pdl: launched with programmatic dependent
-    launch (the plan's pdl knob; norm_triton.pdl_launch)."""
+    launch (the plan's pdl knob; resources/pdl.py)."""
     x2 = _rows(x)
     y = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
     rms_norm_op(x2, weight, y, eps, pdl)

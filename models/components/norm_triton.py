@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from resources.pdl import _pdl_start, _pdl_wait, pdl_launch
+
 
 @triton.jit
 def _round(x, BF16: tl.constexpr):
@@ -46,30 +48,6 @@ def _round(x, BF16: tl.constexpr):
         b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
         x = b.to(tl.float32, bitcast=True)
     return x
-
-
-@triton.jit
-def _pdl_start(PDL: tl.constexpr):
-    """With PDL (the kernel launched with programmatic dependent launch, the plan's pdl knob): let the stream's
-    next kernel launch now, so that it loads its weights while this one runs (it waits for this one's end before
-    reading anything this one writes: _pdl_wait)."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def _pdl_wait(PDL: tl.constexpr):
-    """With PDL: wait until the kernel before this one in the stream has finished and its writes are visible.
-    A PDL kernel reads only constants (weights) before it and writes nothing before it."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-
-
-def pdl_launch(pdl: bool, x: torch.Tensor) -> dict:
-    """The launch arguments of a kernel (with a PDL constexpr) whose tensors lie with x: programmatic dependent
-    launch where the plan asks for it (pdl) and x is on a GPU (Triton's interpreter, on CPU tensors, has no grid
-    dependency control), else none."""
-    return {"PDL": True, "launch_pdl": True} if pdl and x.device.type == "cuda" else {}
 
 
 @triton.jit

@@ -1,9 +1,9 @@
-"""The pdl knob on the GPU (models/components/norm_triton.pdl_launch): five decoder layers' one-row kernels at the
-code predictor's shapes (hidden 1,024, 16 q heads and 8 kv heads of 128, intermediate 3,072; tests/unit/
+"""The pdl knob on the GPU (resources/pdl.py). Five decoder layers' one-row kernels at the code predictor's shapes (hidden 1,024, 16 q heads and 8 kv heads of 128, intermediate 3,072; tests/unit/
 test_pdl_knob.Block), captured in a CUDA graph with programmatic dependent launch, replayed over 50 fresh inputs:
 every output bit for bit that of the same graph launched without it (a kernel that read its input before the
 kernel before it had written it would differ). Prints both graphs' replay times (timing is the benchmarks'
-business: examples/bench/ab_kernels.py --with pdl). Skipped without CUDA."""
+business: examples/bench/ab_kernels.py --with pdl). And the tiny GPU plan's engine with the knob on every node
+against the same without it. Skipped without CUDA."""
 from __future__ import annotations
 
 import pytest
@@ -69,3 +69,35 @@ def test_pdl_graph_equals_the_plain_graph():
     diff = [i for i, (a, b) in enumerate(zip(want, got)) if not torch.equal(a, b)]
     assert not diff, f"replays {diff} differ with pdl"
     print(f"5 layers one row: plain {_ms(plain[0]) * 1000:.1f} us, pdl {_ms(with_pdl[0]) * 1000:.1f} us")
+
+
+def _engine_run(pdl: int):
+    from graphc.plan import load_plan
+    from graphc.runtime.engine import Engine
+    from tests.gpu.arrivals import run_arrivals
+
+    plan = load_plan("plans/tiny_h100.plan")
+    for name, node in list(plan.nodes.items()):
+        if node.kernels:
+            plan.nodes[name] = node.model_copy(update={"kernels": node.kernels | {"pdl": pdl}})
+    engine = Engine(plan, random_weights=True, emulate=True)
+    reqs, seen = run_arrivals(engine)
+    out = [r.output for r in reqs], seen, engine.stats()["replayed"]
+    del engine
+    torch.cuda.empty_cache()
+    return out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_engine_with_pdl_equals_the_engine_without():
+    """tiny_h100.plan with the pdl knob on every node (every Triton launch of its decode and prefill steps, the
+    paged Triton decode too): tests/gpu/arrivals' 12 requests, their tokens and every sampled logit row bit for bit
+    those of the plan without it."""
+    pytest.importorskip("flashinfer")
+    tokens, seen, replayed = _engine_run(0)
+    tokens_pdl, seen_pdl, replayed_pdl = _engine_run(1)
+    assert replayed == replayed_pdl > 0
+    assert tokens_pdl == tokens
+    assert seen_pdl.keys() == seen.keys()
+    diff = [k for k in seen if not torch.equal(seen[k], seen_pdl[k])]
+    assert not diff, f"{len(diff)} of {len(seen)} logit rows differ with pdl, e.g. {diff[:3]}"
