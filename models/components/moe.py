@@ -82,15 +82,19 @@ class Experts(nn.Module):
         return x.dtype == torch.bfloat16 and x.shape[0] <= self.fused_max_tokens and x.device.type in ("cuda", "meta")
 
     def add_norm(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, residual: torch.Tensor,
-                 norm: RMSNorm, grouped: tuple[torch.Tensor, torch.Tensor] | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 norm: RMSNorm, grouped: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(forward(...) with the residual, norm of it): norm is the next decoder layer's input RMSNorm (a
-        layers.RMSNorm: w * rmsnorm(x)); with the moe_sum_norm knob, in the launch that sums the slots."""
+        layers.RMSNorm: w * rmsnorm(x)); with the moe_sum_norm knob, in the launch that sums the slots. shared: a
+        gated shared expert's (rows [T, H], gate logits [T, 1]), sigmoid(gate) * rows added to the slots' sum before
+        the residual (SparseMoE's order), in that launch too."""
         if self.moe_sum_norm and self.fused(x) and norm.fused(x) and type(norm).forward is RMSNorm.forward:
             from models.components.moe_ops import fused_experts_norm
             return fused_experts_norm(x, self.gate_up_proj, self.down_proj, experts, weights, residual,
-                                      (norm.weight, norm.eps), self.gate_up_layout, self.moe_sm90_from, grouped,
-                                      self.moe_pair_tokens, bool(self.pdl))
+                                      (norm.weight, norm.eps) + (shared or ()), self.gate_up_layout,
+                                      self.moe_sm90_from, grouped, self.moe_pair_tokens, bool(self.pdl))
+        if shared is not None:
+            return norm.add(residual, self(x, experts, weights, torch.sigmoid(shared[1]) * shared[0], grouped))
         y = self(x, experts, weights, residual, grouped)
         return y, norm(y)
 
@@ -186,10 +190,12 @@ class SparseMoE(nn.Module):
             y = self.experts(x, experts, weights, residual, grouped)
             return y, (None if norm is None else norm(y))
         # the gated shared expert is added to the routed experts' rounded sum (HF's order; a bf16 add commutes)
-        # in the launch that sums the slots
-        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        # in the launch that sums the slots (with the residual's add and the next norm, where Experts.add_norm can)
+        rows, gate = self.shared_expert(x), self.shared_expert_gate(x)
         experts, weights, grouped = self.routed(x)
-        out = self.experts(x, experts, weights, shared, grouped)
+        if norm is not None and residual is not None:
+            return self.experts.add_norm(x, experts, weights, residual, norm, grouped, (rows, gate))
+        out = self.experts(x, experts, weights, torch.sigmoid(gate) * rows, grouped)
         if residual is None:
             return out, (None if norm is None else norm(out))
         return (residual + out, None) if norm is None else norm.add(residual, out)

@@ -80,19 +80,26 @@ def route_group(logits: torch.Tensor, experts: torch.Tensor, weights: torch.Tens
 
 
 @triton.jit
-def _sum_add_norm(pairs_ptr, w_ptr, res_ptr, nw_ptr, y_ptr, h_ptr, H, res_row, eps, TOP_K: tl.constexpr,
-                  BLOCK: tl.constexpr, SCALED: tl.constexpr, PDL: tl.constexpr = False):
+def _sum_add_norm(pairs_ptr, w_ptr, res_ptr, nw_ptr, y_ptr, h_ptr, sh_ptr, g_ptr, H, res_row, sh_row, eps,
+                  TOP_K: tl.constexpr, BLOCK: tl.constexpr, SCALED: tl.constexpr, GATED: tl.constexpr = False,
+                  PDL: tl.constexpr = False):
     """One token: y = residual + its TOP_K slots' sum (each scaled by w[t, j] first where SCALED), the sum in fp32
-    rounded once, then the add rounded; h = rms_norm(y) * nw, the normed row rounded before the weight's product."""
+    rounded once, then the add rounded; h = rms_norm(y) * nw, the normed row rounded before the weight's product.
+    GATED: the slots' rounded sum plus a shared expert's row times sigmoid of its gate's logit (HF's order: the
+    sigmoid rounded, its product rounded, that sum rounded) before the residual's add."""
     _pdl_start(PDL)
     _pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = offs < H
     BF16: tl.constexpr = y_ptr.dtype.element_ty == tl.bfloat16
-    acc = _slot_sum(pairs_ptr, w_ptr, t, offs, m, H, TOP_K, BLOCK, SCALED)
+    o = _round(_slot_sum(pairs_ptr, w_ptr, t, offs, m, H, TOP_K, BLOCK, SCALED), BF16)
+    if GATED:
+        g = tl.load(g_ptr + t).to(tl.float32)
+        sh = tl.load(sh_ptr + t * sh_row + offs, mask=m, other=0.0).to(tl.float32)
+        o = _round(o + _round(_round(1.0 / (1.0 + tl.exp(-g)), BF16) * sh, BF16), BF16)
     r = tl.load(res_ptr + t * res_row + offs, mask=m, other=0.0).to(tl.float32)
-    y = _round(r + _round(acc, BF16), BF16)
+    y = _round(r + o, BF16)
     tl.store(y_ptr + t * H + offs, y.to(y_ptr.dtype.element_ty), mask=m)
     rstd = 1.0 / tl.sqrt(tl.sum(y * y, axis=0) / H + eps)
     w = tl.load(nw_ptr + offs, mask=m, other=0.0).to(tl.float32)
@@ -100,15 +107,19 @@ def _sum_add_norm(pairs_ptr, w_ptr, res_ptr, nw_ptr, y_ptr, h_ptr, H, res_row, e
 
 
 def sum_add_norm(pairs: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, y: torch.Tensor,
-                 h: torch.Tensor, eps: float, weights: torch.Tensor | None = None, pdl: bool = False) -> None:
+                 h: torch.Tensor, eps: float, weights: torch.Tensor | None = None, pdl: bool = False,
+                 shared: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> None:
     """pairs [T, k, H] contiguous, residual [T, H] (rows may be strided), norm_weight [H]; y, h [T, H] contiguous:
     y = residual + pairs.sum(1) (each slot's row times weights [T, k] first where given), h = rms_norm(y) * w.
-    pdl: as route_group's."""
+    With shared [T, H] (rows may be strided) and gate [T, 1] contiguous: pairs.sum(1) + sigmoid(gate) * shared in
+    place of the sum (a gated shared expert's, _sum_add_norm's GATED). pdl: as route_group's."""
     t, k, width = pairs.shape
     if width > SUM_NORM_WIDTH:
         raise ValueError(f"sum_add_norm holds a row in one program: {width} columns > {SUM_NORM_WIDTH}")
     if t:
         block = triton.next_power_of_2(width)
-        _sum_add_norm[(t,)](pairs, pairs if weights is None else weights, residual, norm_weight, y, h, width,
-                            residual.stride(0), eps, TOP_K=k, BLOCK=block, SCALED=weights is not None,
-                            num_warps=4 if block <= 2048 else 8, **pdl_launch(pdl, pairs))
+        gated = shared is not None
+        _sum_add_norm[(t,)](pairs, pairs if weights is None else weights, residual, norm_weight, y, h,
+                            shared if gated else y, gate if gated else y, width, residual.stride(0),
+                            shared.stride(0) if gated else 0, eps, TOP_K=k, BLOCK=block, SCALED=weights is not None,
+                            GATED=gated, num_warps=4 if block <= 2048 else 8, **pdl_launch(pdl, pairs))

@@ -14,8 +14,9 @@ only when an operator runs on a device, so planning needs no GPU stack.
     graphc::moe_sum_add(pairs, residual?, y!, weights?)          each token's k slots (scaled) summed, plus the residual
     graphc::moe_route_group(logits, experts!, weights!, rows!, ends!, norm)   the router and moe_group in one
                                                                  launch, for a decode step's few pairs
-    graphc::moe_sum_add_norm(pairs, residual, norm_weight, y!, h!, eps, weights?)   moe_sum_add and the next
-                                                                 layer's input RMSNorm of its sum in one launch
+    graphc::moe_sum_add_norm(pairs, residual, norm_weight, y!, h!, eps, weights?, shared?, gate?)
+                                                                 moe_sum_add (plus sigmoid(gate) * shared) and the
+                                                                 next layer's input RMSNorm of its sum in one launch
     graphc::moe_place_tiles(experts, counts, rows!, tiles!, tile)  many pairs, SM90: each expert's pairs padded
                                                                  to whole tiles, and the tiles' maps
     graphc::moe_sm90_gate_up(x, w1, h!, rows, tiles, top_k)      FlashInfer's SM90 grouped GEMMs (moe_sm90.py)
@@ -199,14 +200,15 @@ def _(logits, experts, weights, rows, ends, norm, pdl=False) -> None:
 
 @torch.library.custom_op("graphc::moe_sum_add_norm", mutates_args=("y", "h"))
 def moe_sum_add_norm(pairs: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, y: torch.Tensor,
-                     h: torch.Tensor, eps: float, weights: torch.Tensor | None = None, pdl: bool = False) -> None:
+                     h: torch.Tensor, eps: float, weights: torch.Tensor | None = None,
+                     shared: torch.Tensor | None = None, gate: torch.Tensor | None = None, pdl: bool = False) -> None:
     from models.components import moe_edges_triton as k
 
-    k.sum_add_norm(pairs, residual, norm_weight, y, h, eps, weights, pdl)
+    k.sum_add_norm(pairs, residual, norm_weight, y, h, eps, weights, pdl, shared, gate)
 
 
 @moe_sum_add_norm.register_fake
-def _(pairs, residual, norm_weight, y, h, eps, weights=None, pdl=False) -> None:
+def _(pairs, residual, norm_weight, y, h, eps, weights=None, shared=None, gate=None, pdl=False) -> None:
     return None
 
 
@@ -272,11 +274,19 @@ def fused_experts_norm(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: t
                        grouped: tuple[torch.Tensor, torch.Tensor] | None = None, pair_tokens: int = 0,
                        pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """fused_experts with the residual, and the next decoder layer's input RMSNorm (norm: its weight [H] in x's
-    dtype, and eps) of the result in the slots' sum's launch: (y, rms_norm(y) * weight)."""
-    if norm[0].shape != (x.shape[-1],) or norm[0].dtype != x.dtype or x.shape[-1] > SUM_NORM_WIDTH:
+    dtype, and eps) of the result in the slots' sum's launch: (y, rms_norm(y) * weight). norm may carry a gated
+    shared expert's output too, (weight, eps, shared [T, H], gate [T, 1]): the slots' sum then adds
+    sigmoid(gate) * shared (SparseMoE's order) in the same launch."""
+    t, width = x.shape
+    if norm[0].shape != (width,) or norm[0].dtype != x.dtype or width > SUM_NORM_WIDTH:
         raise ValueError(f"fused_experts_norm: a norm weight {tuple(norm[0].shape)} {norm[0].dtype} for rows "
-                         f"{tuple(x.shape)} {x.dtype}: want [{x.shape[-1]}] in the rows' dtype, at most "
+                         f"{tuple(x.shape)} {x.dtype}: want [{width}] in the rows' dtype, at most "
                          f"{SUM_NORM_WIDTH} wide")
+    if len(norm) == 4 and (norm[2].shape != (t, width) or norm[3].shape != (t, 1) or norm[2].stride(-1) != 1
+                           or not norm[3].is_contiguous() or {norm[2].dtype, norm[3].dtype} != {x.dtype}):
+        raise ValueError(f"fused_experts_norm: a shared expert's rows {tuple(norm[2].shape)} and gate logits "
+                         f"{tuple(norm[3].shape)} for rows {tuple(x.shape)}: want [{t}, {width}] (columns contiguous) "
+                         f"and [{t}, 1] (contiguous), in the rows' dtype {x.dtype}")
     return _experts(x, gate_up_proj, down_proj, experts, weights, residual, interleave, sm90_from, grouped, norm,
                     pair_tokens, pdl)
 
@@ -341,7 +351,7 @@ def _sum_slots(pairs: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | No
         moe_sum_add(pairs, residual, y, weights, pdl)
         return y, None
     h = torch.empty_like(y)
-    moe_sum_add_norm(pairs, residual, norm[0], y, h, norm[1], weights, pdl)
+    moe_sum_add_norm(pairs, residual, norm[0], y, h, norm[1], weights, *(norm[2:] or (None, None)), pdl)
     return y, h
 
 

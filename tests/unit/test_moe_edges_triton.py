@@ -83,6 +83,40 @@ def test_sum_add_norm_sums_as_torch_and_norms_as_rms_norm():
         assert case["h_err"] <= 2 ** -6 and case["h_differ"] <= 0.02, case
 
 
+GATED = r"""
+import torch
+from models.components.moe_ops import moe_sum_add_norm
+
+torch.manual_seed(1)
+T, K, H, eps = 6, 2, 700, 1e-6
+pairs = (torch.randn(T, K, H) * 2).to(torch.bfloat16)
+residual = (torch.randn(T, H) * 3).to(torch.bfloat16)
+shared = (torch.randn(T, H + 30) * 2).to(torch.bfloat16)[:, 10:10 + H]      # rows strided
+gate = (torch.randn(T, 1) * 3).to(torch.bfloat16)
+w = (1 + 0.3 * torch.randn(H)).to(torch.bfloat16)
+y = torch.empty(T, H, dtype=torch.bfloat16)
+h = torch.empty(T, H, dtype=torch.bfloat16)
+moe_sum_add_norm(pairs, residual, w, y, h, eps, None, shared, gate)
+# HF's order in bf16 torch ops: the slots' sum rounded, plus sigmoid(gate) * shared, then the residual, then the norm
+out = pairs.float().sum(1).to(torch.bfloat16) + torch.sigmoid(gate) * shared
+y_want = residual + out
+x32 = y_want.float()
+h_want = w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(torch.bfloat16)
+print(json.dumps({"y_equal": bool(torch.equal(y, y_want)),
+                  "y_unshared": bool(torch.equal(y, residual + pairs.float().sum(1).to(torch.bfloat16))),
+                  "h_err": ((h.float() - h_want.float()).abs().max() / h_want.float().abs().max()).item(),
+                  "h_differ": (h != h_want).float().mean().item()}))
+"""
+
+
+def test_sum_add_norm_adds_a_gated_shared_expert_as_torch():
+    """A shared expert's rows times sigmoid of its gate's logit, added to the slots' sum before the residual: the
+    bf16 torch ops' roundings (SparseMoE's torch path), bit for bit in the sum, and the norm as above."""
+    r = interpreted(GATED)
+    assert r["y_equal"] and not r["y_unshared"], r
+    assert r["h_err"] <= 2 ** -6 and r["h_differ"] <= 0.02, r
+
+
 LAYER = r"""
 import torch
 from models.components.moe import Experts
@@ -172,3 +206,34 @@ def test_route_group_up_to_its_pair_limit_and_below_the_sm90_steps():
     # a step the SM90 kernels run (from moe_sm90_from tokens) groups its pairs in their own launches
     assert "graphc.moe_route_group" not in _stack(knobs | {"moe_sm90_from": 32}, 32)
     assert _stack(knobs | {"moe_sm90_from": 33}, 32).count("graphc.moe_route_group") == 3
+
+
+def test_a_shared_experts_gate_product_and_the_residual_ride_in_the_sum():
+    """A MoE block with a gated shared expert (the talker's), one token, on meta: with moe_sum_norm the gate's
+    sigmoid, its product, the sum, the residual's add and the next norm are one moe_sum_add_norm (no aten sigmoid or
+    mul, no add_rms_norm); without it, the sum then add_rms_norm. A gate of the wrong shape is refused."""
+    from graphc.modules import set_kernels
+    from models.components.layers import RMSNorm
+    from models.components.moe import SparseMoE
+    from models.components.moe_ops import fused_experts_norm
+
+    with torch.device("meta"):
+        moe, norm = SparseMoE(64, 32, 8, 2, True, shared_intermediate=48).to(torch.bfloat16), RMSNorm(64)
+        norm, x = norm.to(torch.bfloat16), torch.empty(1, 64, dtype=torch.bfloat16)
+    knobs = BASE | {"moe_pair_tokens": 2, "gemv_swiglu": 2 ** 30}
+    seen = {}
+    for sums in (0, 1):
+        set_kernels(moe, knobs | {"moe_sum_norm": sums})
+        set_kernels(norm, knobs)
+        seen[sums] = [s for s in OpNames.of(lambda: moe.add_norm(x, torch.empty_like(x), norm))[1]
+                      if s.startswith("graphc.") or s in ("aten.sigmoid", "aten.mul")]
+    tail = ["graphc.moe_pair_gate_up", "graphc.moe_pair_down"]
+    head = ["graphc.gemv_silu_mul", "graphc.gemv", "graphc.gemv", "graphc.gemv", "graphc.moe_route"]
+    assert seen[1] == head + tail + ["graphc.moe_sum_add_norm"], seen[1]
+    assert seen[0] == head + ["aten.sigmoid", "aten.mul"] + tail + ["graphc.moe_sum_add", "graphc.add_rms_norm"], seen[0]
+    with torch.device("meta"):
+        bad = (norm.weight, 1e-6, torch.empty(1, 64, dtype=torch.bfloat16), torch.empty(1, 2, dtype=torch.bfloat16))
+        e = moe.experts
+        with pytest.raises(ValueError, match=r"gate logits \(1, 2\).*want \[1, 64\].*and \[1, 1\]"):
+            fused_experts_norm(x, e.gate_up_proj, e.down_proj, torch.zeros(1, 2, dtype=torch.long),
+                               torch.empty(1, 2, dtype=torch.bfloat16), x, bad)
