@@ -139,6 +139,10 @@ class SparseMoE(nn.Module):
     moe_route_group: int = 0
     # another: the router's launch with programmatic dependent launch (resources/pdl.py); 0: a plain one
     pdl: int = 0
+    # another (with the experts' moe_sum_norm): a gated shared expert's sigmoid, product and add to the slots' sum
+    # ride in the launch that sums them, adds the residual and norms (Experts.add_norm's shared); 0: three launches
+    # of their own, and the residual's add with the norm a fourth
+    moe_shared_sum: int = 0
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, norm_topk_prob: bool,
                  shared_intermediate: int = 0):
@@ -190,12 +194,14 @@ class SparseMoE(nn.Module):
             y = self.experts(x, experts, weights, residual, grouped)
             return y, (None if norm is None else norm(y))
         # the gated shared expert is added to the routed experts' rounded sum (HF's order; a bf16 add commutes)
-        # in the launch that sums the slots (with the residual's add and the next norm, where Experts.add_norm can)
-        rows, gate = self.shared_expert(x), self.shared_expert_gate(x)
-        experts, weights, grouped = self.routed(x)
-        if norm is not None and residual is not None:
+        # in the launch that sums the slots (with the residual's add and the next norm: the moe_shared_sum knob)
+        if self.moe_shared_sum and norm is not None and residual is not None:
+            rows, gate = self.shared_expert(x), self.shared_expert_gate(x)
+            experts, weights, grouped = self.routed(x)
             return self.experts.add_norm(x, experts, weights, residual, norm, grouped, (rows, gate))
-        out = self.experts(x, experts, weights, torch.sigmoid(gate) * rows, grouped)
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        experts, weights, grouped = self.routed(x)
+        out = self.experts(x, experts, weights, shared, grouped)
         if residual is None:
             return out, (None if norm is None else norm(out))
         return (residual + out, None) if norm is None else norm.add(residual, out)

@@ -209,9 +209,10 @@ def test_route_group_up_to_its_pair_limit_and_below_the_sm90_steps():
 
 
 def test_a_shared_experts_gate_product_and_the_residual_ride_in_the_sum():
-    """A MoE block with a gated shared expert (the talker's), one token, on meta: with moe_sum_norm the gate's
-    sigmoid, its product, the sum, the residual's add and the next norm are one moe_sum_add_norm (no aten sigmoid or
-    mul, no add_rms_norm); without it, the sum then add_rms_norm. A gate of the wrong shape is refused."""
+    """A MoE block with a gated shared expert (the talker's), one token, on meta: with moe_shared_sum (and
+    moe_sum_norm) the gate's sigmoid, its product, the sum, the residual's add and the next norm are one
+    moe_sum_add_norm (no aten sigmoid or mul, no add_rms_norm); without it, the sum then add_rms_norm (with
+    moe_sum_norm too). A gate of the wrong shape is refused."""
     from graphc.modules import set_kernels
     from models.components.layers import RMSNorm
     from models.components.moe import SparseMoE
@@ -220,17 +221,18 @@ def test_a_shared_experts_gate_product_and_the_residual_ride_in_the_sum():
     with torch.device("meta"):
         moe, norm = SparseMoE(64, 32, 8, 2, True, shared_intermediate=48).to(torch.bfloat16), RMSNorm(64)
         norm, x = norm.to(torch.bfloat16), torch.empty(1, 64, dtype=torch.bfloat16)
-    knobs = BASE | {"moe_pair_tokens": 2, "gemv_swiglu": 2 ** 30}
+    knobs = BASE | {"moe_pair_tokens": 2, "gemv_swiglu": 2 ** 30, "moe_sum_norm": 1}
     seen = {}
     for sums in (0, 1):
-        set_kernels(moe, knobs | {"moe_sum_norm": sums})
+        set_kernels(moe, knobs | {"moe_shared_sum": sums})
         set_kernels(norm, knobs)
         seen[sums] = [s for s in OpNames.of(lambda: moe.add_norm(x, torch.empty_like(x), norm))[1]
                       if s.startswith("graphc.") or s in ("aten.sigmoid", "aten.mul")]
     tail = ["graphc.moe_pair_gate_up", "graphc.moe_pair_down"]
-    head = ["graphc.gemv_silu_mul", "graphc.gemv", "graphc.gemv", "graphc.gemv", "graphc.moe_route"]
-    assert seen[1] == head + tail + ["graphc.moe_sum_add_norm"], seen[1]
-    assert seen[0] == head + ["aten.sigmoid", "aten.mul"] + tail + ["graphc.moe_sum_add", "graphc.add_rms_norm"], seen[0]
+    shared, router = ["graphc.gemv_silu_mul", "graphc.gemv"], ["graphc.gemv", "graphc.moe_route"]
+    assert seen[1] == shared + ["graphc.gemv"] + router + tail + ["graphc.moe_sum_add_norm"], seen[1]
+    assert seen[0] == (["graphc.gemv", "aten.sigmoid"] + shared + ["aten.mul"] + router + tail
+                       + ["graphc.moe_sum_add", "graphc.add_rms_norm"]), seen[0]
     with torch.device("meta"):
         bad = (norm.weight, 1e-6, torch.empty(1, 64, dtype=torch.bfloat16), torch.empty(1, 2, dtype=torch.bfloat16))
         e = moe.experts
