@@ -38,3 +38,28 @@ def test_a_one_wide_shared_expert_adds_its_gated_output():
     extra = torch.sigmoid(x @ moe.shared_expert_gate.weight.T) * (
         torch.nn.functional.silu(x @ gate_w.T) * (x @ up_w.T)) @ se.down_proj.weight.T
     torch.testing.assert_close(moe(x), routed + extra)
+
+
+@pytest.mark.parametrize("knob", [0, 1])
+def test_a_shared_expert_with_the_residual_and_the_next_norm_by_hand(knob):
+    """add_norm(x, residual, norm) of a block with a shared expert, with moe_shared_sum off and on (on a CPU the
+    experts do not fuse, so the knob's path adds the gated shared output itself): (residual + routed + gated shared,
+    its norm), worked by hand as above."""
+    from graphc.modules import set_kernels
+    from models.components.layers import RMSNorm
+
+    torch.manual_seed(1)
+    moe, norm = SparseMoE(8, 4, 5, 2, norm_topk_prob=True, shared_intermediate=3), RMSNorm(8)
+    for p in (*moe.parameters(), norm.weight):
+        torch.nn.init.normal_(p)
+    set_kernels(moe, {"moe_shared_sum": knob})
+    x, residual = torch.randn(3, 8), torch.randn(3, 8)
+    se = moe.shared_expert
+    gate_w, up_w = se.gate_up_proj.weight[:3], se.gate_up_proj.weight[3:]
+    extra = torch.sigmoid(x @ moe.shared_expert_gate.weight.T) * (
+        torch.nn.functional.silu(x @ gate_w.T) * (x @ up_w.T)) @ se.down_proj.weight.T
+    total = residual + moe.experts(x, *moe.route(x)) + extra
+    want = norm.weight * total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + norm.eps)
+    y, h = moe.add_norm(x, residual, norm)
+    torch.testing.assert_close(y, total)
+    torch.testing.assert_close(h, want)
