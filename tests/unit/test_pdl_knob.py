@@ -124,3 +124,24 @@ def test_the_triton_attention_backends_take_it(pdl):
     ragged = RaggedAttentionSpec(name="r", num_heads=4, head_dim=16, max_segment=8, rows_per_segment=8)
     r = fb.make_backend(ragged, "triton", torch.zeros(16, dtype=torch.uint8), False, None, pdl=pdl)
     assert (b.pdl, r.pdl) == (pdl, pdl)
+
+
+def test_every_declared_knob_defaults_to_the_reference_path():
+    """A knob a plan does not set leaves its module on the path without it (0): every module class of
+    models/components that declares a knob, pdl and moe_shared_sum among them, declares it 0."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import models.components as mc
+    from graphc.modules import KERNEL_KNOBS
+
+    found = {}
+    for info in pkgutil.iter_modules(mc.__path__):
+        mod = importlib.import_module(f"models.components.{info.name}")
+        for name, cls in inspect.getmembers(mod, inspect.isclass):
+            if issubclass(cls, torch.nn.Module) and cls.__module__ == mod.__name__:
+                found |= {f"{name}.{k}": cls.__dict__[k] for k in KERNEL_KNOBS if k in cls.__dict__}
+    assert {"SparseMoE.moe_shared_sum", "SparseMoE.pdl", "Experts.pdl", "Linear.pdl", "RMSNorm.pdl",
+            "SwiGLU.pdl"} <= set(found), sorted(found)
+    assert {k: v for k, v in found.items() if v != 0} == {}
