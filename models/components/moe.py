@@ -81,20 +81,26 @@ class Experts(nn.Module):
         """Whether x's rows take the fused kernels (moe_ops.fused_experts)."""
         return x.dtype == torch.bfloat16 and x.shape[0] <= self.fused_max_tokens and x.device.type in ("cuda", "meta")
 
+    def sums_norm(self, x: torch.Tensor, norm: RMSNorm) -> bool:
+        """Whether add_norm runs norm in the launch that sums the slots (the moe_sum_norm knob, the fused kernels
+        for x's rows, a fused layers.RMSNorm)."""
+        return bool(self.moe_sum_norm and self.fused(x) and norm.fused(x) and type(norm).forward is RMSNorm.forward)
+
     def add_norm(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, residual: torch.Tensor,
                  norm: RMSNorm, grouped: tuple[torch.Tensor, torch.Tensor] | None = None,
                  shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(forward(...) with the residual, norm of it): norm is the next decoder layer's input RMSNorm (a
         layers.RMSNorm: w * rmsnorm(x)); with the moe_sum_norm knob, in the launch that sums the slots. shared: a
         gated shared expert's (rows [T, H], gate logits [T, 1]), sigmoid(gate) * rows added to the slots' sum before
-        the residual (SparseMoE's order), in that launch too."""
-        if self.moe_sum_norm and self.fused(x) and norm.fused(x) and type(norm).forward is RMSNorm.forward:
+        the residual (SparseMoE's order), in that launch too: only where sums_norm."""
+        if self.sums_norm(x, norm):
             from models.components.moe_ops import fused_experts_norm
             return fused_experts_norm(x, self.gate_up_proj, self.down_proj, experts, weights, residual,
                                       (norm.weight, norm.eps) + (shared or ()), self.gate_up_layout,
                                       self.moe_sm90_from, grouped, self.moe_pair_tokens, bool(self.pdl))
         if shared is not None:
-            return norm.add(residual, self(x, experts, weights, torch.sigmoid(shared[1]) * shared[0], grouped))
+            raise ValueError("Experts.add_norm takes a shared expert's rows only where its sum runs the norm "
+                             "(sums_norm): the moe_sum_norm knob, the fused kernels and a fused RMSNorm")
         y = self(x, experts, weights, residual, grouped)
         return y, norm(y)
 
@@ -195,7 +201,7 @@ class SparseMoE(nn.Module):
             return y, (None if norm is None else norm(y))
         # the gated shared expert is added to the routed experts' rounded sum (HF's order; a bf16 add commutes)
         # in the launch that sums the slots (with the residual's add and the next norm: the moe_shared_sum knob)
-        if self.moe_shared_sum and norm is not None and residual is not None:
+        if self.moe_shared_sum and norm is not None and residual is not None and self.experts.sums_norm(x, norm):
             rows, gate = self.shared_expert(x), self.shared_expert_gate(x)
             experts, weights, grouped = self.routed(x)
             return self.experts.add_norm(x, experts, weights, residual, norm, grouped, (rows, gate))

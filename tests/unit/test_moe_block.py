@@ -43,8 +43,8 @@ def test_a_one_wide_shared_expert_adds_its_gated_output():
 @pytest.mark.parametrize("knob", [0, 1])
 def test_a_shared_expert_with_the_residual_and_the_next_norm_by_hand(knob):
     """add_norm(x, residual, norm) of a block with a shared expert, with moe_shared_sum off and on (on a CPU the
-    experts do not fuse, so the knob's path adds the gated shared output itself): (residual + routed + gated shared,
-    its norm), worked by hand as above."""
+    experts do not fuse, so the knob leaves the unfused launches): (residual + routed + gated shared, its norm),
+    worked by hand as above. Experts.add_norm refuses a shared expert's rows where it cannot fuse them."""
     from graphc.modules import set_kernels
     from models.components.layers import RMSNorm
 
@@ -63,3 +63,5 @@ def test_a_shared_expert_with_the_residual_and_the_next_norm_by_hand(knob):
     y, h = moe.add_norm(x, residual, norm)
     torch.testing.assert_close(y, total)
     torch.testing.assert_close(h, want)
+    with pytest.raises(ValueError, match="sums_norm"):
+        moe.experts.add_norm(x, *moe.route(x), residual, norm, shared=(x, x[:, :1]))
