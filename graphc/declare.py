@@ -228,7 +228,10 @@ class Walk(Strict):
     """What one engine step runs: a path through nodes, a kind of work and a budget.
 
     A "chunk" walk with a seqs budget carries whole slots of budget/seqs rows on its capture axis
-    (an audio decoder's chunks): seqs at a rung counts the rung's slots, and its budget and rungs are whole slots."""
+    (an audio decoder's chunks): seqs at a rung counts the rung's slots, and its budget and rungs are whole slots.
+
+    ladder: the capture rungs of every node on the path; ladders: a node's own, in place of the walk's (an
+    encoder's patches and the LLM's rows on one walk grow by different steps)."""
 
     name: str = Field(pattern=_NAME)
     kind: WalkKind
@@ -236,6 +239,7 @@ class Walk(Strict):
     budget: Budget
     capture: bool = True
     ladder: tuple[int, ...] | None = None
+    ladders: dict[str, tuple[int, ...]] = {}
     axes: dict[str, Axis] = {}
     capture_limit: dict[str, int] = {}
 
@@ -243,9 +247,25 @@ class Walk(Strict):
     @classmethod
     def _ladder(cls, ladder: tuple[int, ...] | None) -> tuple[int, ...] | None:
         if ladder is not None:
-            if not ladder or any(r < 1 for r in ladder) or list(ladder) != sorted(set(ladder)):
-                raise ValueError(f"ladder {list(ladder)} must be strictly increasing positive ints")
+            _check_ladder(ladder, "ladder")
         return ladder
+
+    @field_validator("ladders")
+    @classmethod
+    def _ladders(cls, ladders: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        for node, ladder in ladders.items():
+            _check_ladder(ladder, f"ladders.{node}")
+        return ladders
+
+    def ladder_of(self, node: str) -> tuple[int, ...] | None:
+        """The rungs a node's steps on this walk climb: its own ladder, else the walk's, else None (the
+        default ladder)."""
+        return self.ladders.get(node, self.ladder)
+
+
+def _check_ladder(ladder: tuple[int, ...], where: str) -> None:
+    if not ladder or any(r < 1 for r in ladder) or list(ladder) != sorted(set(ladder)):
+        raise ValueError(f"{where} {list(ladder)} must be strictly increasing positive ints")
 
 
 class RequestKind(Strict):

@@ -176,7 +176,7 @@ def walk_sizes(walk: Walk) -> dict[str, int]:
 def check_slots(walk: Walk, node: str, budget: int, seqs: int) -> None:
     """A chunk walk's steps are whole slots: its budget and every rung a multiple of budget/seqs."""
     slot = budget // seqs
-    bad = [r for r in (walk.ladder or ()) if r % slot] if budget % seqs == 0 else [budget]
+    bad = [r for r in (walk.ladder_of(node) or ()) if r % slot] if budget % seqs == 0 else [budget]
     if bad:
         raise InvalidInput(f"walk '{walk.name}' carries {node}'s {budget} rows in {seqs} slots of {budget / seqs:g} "
                            f"rows, but {bad} {'are' if len(bad) > 1 else 'is'} not a whole number of slots",
@@ -221,5 +221,5 @@ def build_ir(model: Model, target: Target, num_devices: int) -> IR:
                               sizes=tuple(sorted(sizes.items())), inputs=fed_inputs(model, node, w),
                               groups=tuple(sorted({node.inputs[p].optional for p in fed_inputs(model, node, w)} - {None})),
                               capture=w.capture and target.capture, capture_limit=w.capture_limit.get(name),
-                              ladder=w.ladder))
+                              ladder=w.ladder_of(name)))
     return IR(model=model, target=target, num_devices=num_devices, graph=graph, steps=tuple(steps))

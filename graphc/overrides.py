@@ -1,6 +1,6 @@
 """Overrides from --config FILE.yaml and --set KEY=VALUE, applied to a declaration strictly.
 
-Shape: {walks: {W: {budget: {...}, ladder: [...], capture: bool, capture_limit: {node: n}, axes: {...}}},
+Shape: {walks: {W: {budget: {...}, ladder: [...], ladders: {node: [...]}, capture: bool, capture_limit: {node: n}, axes: {...}}},
         resources: {R: {<any field of R's spec but name>}}, nodes: {N: {device: i, dtype: ...}}}.
         media_cache: {encoder: rows}   (graphc/media_rows.py: checked and read by the compiler, not the model)
 Unknown sections, names and keys are refused with the closest valid one named.
@@ -117,7 +117,7 @@ def _apply_one(obj: Any, changes: dict, where: str, fixed: set[str]) -> Any:
         if key == "budget" and isinstance(value, dict):
             value = {**obj.budget.axes(), **value}
             value = {k: v for k, v in value.items() if v is not None}
-        elif key in ("capture_limit", "axes") and isinstance(value, dict):
+        elif key in ("capture_limit", "axes", "ladders") and isinstance(value, dict):
             value = {**getattr(obj, key), **value}
         fields[key] = value
     try:

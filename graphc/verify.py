@@ -123,7 +123,7 @@ def _check_walks(model: Model) -> None:
                 raise InvalidInput(f"walk '{w.name}' runs '{a}' but no node after it on the path reads it: "
                                    "no edge between them", f"its path is {' -> '.join(w.path)}",
                                    f"declare an Edge from {a}.<out> to a later node's input, or drop '{a}' from the path")
-        for key, what in ((w.axes, "axes"), (w.capture_limit, "capture_limit")):
+        for key, what in ((w.axes, "axes"), (w.capture_limit, "capture_limit"), (w.ladders, "ladders")):
             for name in key:
                 if name not in w.path:
                     raise InvalidInput(f"walk '{w.name}' sets {what} for '{name}', which is not on its path",

@@ -46,6 +46,8 @@ REAL = dict(
     talker_tokens=2048,
     # an image has at least 4 merged tokens; patch rungs start at 256 (a 256x256 image) and double
     patch_ladder=(256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
+    # a media chunk's thinker rows (its text and at least 64 rows of a 256-patch image): steps of 1.5x and 2x
+    media_row_ladder=(64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536),
     thinker_len=32768, talker_len=32768, page_size=16,
 )
 
@@ -130,18 +132,25 @@ def walks(p: dict) -> list[gc.Walk]:
                 budget=gc.Budget(windows=p["windows"], tokens=p["prefill_tokens"], seqs=p["prefill_seqs"])),
         gc.Walk(name="image_prefill", kind="prefill", path=("vision_encoder", "thinker"),
                 budget=gc.Budget(patches=p["patches"], tokens=p["prefill_tokens"], seqs=p["images"]),
-                ladder=p.get("patch_ladder")),
+                ladders=patch_ladders(p)),
         gc.Walk(name="video_prefill", kind="prefill", path=("vision_encoder", "thinker"),
                 budget=gc.Budget(patches=p["patches"], tokens=p["prefill_tokens"], seqs=p["frame_groups"]),
-                ladder=p.get("patch_ladder")),
+                ladders=patch_ladders(p)),
         # a video heard with its own sound (use_audio_in_video): both encoders spliced into one chunk
         gc.Walk(name="av_prefill", kind="prefill", path=("audio_encoder", "vision_encoder", "thinker"),
                 budget=gc.Budget(windows=p["windows"], patches=p["patches"], tokens=p["prefill_tokens"],
-                                 seqs=p["frame_groups"]), ladder=p.get("patch_ladder")),
+                                 seqs=p["frame_groups"]), ladders=patch_ladders(p)),
         gc.Walk(name="talker_prefill", kind="prefill", path=("talker",),
                 budget=gc.Budget(tokens=p["talker_tokens"], seqs=p["talker_seqs"])),
         gc.Walk(name="talker_decode", kind="decode", path=("talker",), budget=gc.Budget(seqs=p["talker_seqs"])),
     ] + chunk_walks(p)
+
+
+def patch_ladders(p: dict) -> dict[str, tuple[int, ...]]:
+    """The vision encoder climbs the patch ladder; the thinker's rows on the same walks climb media_row_ladder
+    (an image's rows padded to the next rung of 1.5x, not of the patch ladder's 2x)."""
+    out = {"vision_encoder": p["patch_ladder"]} if "patch_ladder" in p else {}
+    return out | ({"thinker": p["media_row_ladder"]} if "media_row_ladder" in p else {})
 
 
 def chunk_walks(p: dict) -> list[gc.Walk]:

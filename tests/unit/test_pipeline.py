@@ -1,4 +1,6 @@
 """The compiler end to end on the tiny model, for several targets."""
+import re
+
 import pytest
 
 from graphc.errors import DoesNotFit, InvalidInput
@@ -63,6 +65,26 @@ def test_capture_limit_makes_steps_eager(tiny):
 def test_explicit_ladder(tiny):
     plan = compile_model(tiny, "h100", 1, {"walks": {"prefill": {"ladder": [32, 100]}}}).plan
     assert plan.nodes["decoder"].buckets["prefill"].rungs == [32, 100, 128]
+
+
+def test_a_nodes_own_ladder_beats_its_walks(tiny):
+    """audio_prefill runs encoder (windows, budget 4) then decoder (tokens, budget 128). The walk's ladder
+    [2, 64] gives the encoder [2, 4]; the decoder's own [16, 48] gives it [16, 48, 128], not [2, 64, 128]."""
+    walk = {"ladder": [2, 64], "ladders": {"decoder": [16, 48]}}
+    plan = compile_model(tiny, "h100", 1, {"walks": {"audio_prefill": walk}}).plan
+    assert plan.nodes["encoder"].buckets["audio_prefill"].rungs == [2, 4]
+    assert plan.nodes["decoder"].buckets["audio_prefill"].rungs == [16, 48, 128]
+    assert plan.nodes["decoder"].buckets["prefill"].rungs == [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]
+
+
+@pytest.mark.parametrize("walk, says", [
+    ({"ladders": {"vocoder": [8]}}, "sets ladders for 'vocoder', which is not on its path"),
+    ({"ladders": {"decoder": [48, 16]}}, "ladders.decoder [48, 16] must be strictly increasing"),
+    ({"ladders": {"decoder": []}}, "ladders.decoder [] must be strictly increasing"),
+])
+def test_a_bad_node_ladder_is_refused(tiny, walk, says):
+    with pytest.raises(InvalidInput, match=re.escape(says)):
+        compile_model(tiny, "h100", 1, {"walks": {"audio_prefill": walk}})
 
 
 def test_does_not_fit_lists_ranked_remedies(tiny_small):
