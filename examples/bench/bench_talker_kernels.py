@@ -5,7 +5,7 @@ predictor's frame attention on the 'triton' backend (resources/ragged_triton.py)
 at the talker's shapes and 1 and 32 sampled rows. Each is a captured graph of 16 calls (as many as a talker
 step makes), timed with CUDA events (median of replays); µs per call.
 
-    python examples/bench/bench_talker_kernels.py --json OUT.json [--warps 2 4 8] [--baseline old.py]
+    python examples/bench/bench_talker_kernels.py --json OUT.json [--warps 2 4 8] [--baseline old.py] [--sampler-only]
 
 The sampler's rows sample with the talker's defaults (temperature 0.9, top-k 50, top-p 0.8 for residual codes;
 code 0 with repetition penalty 1.05 over a fifth of its ids and the codebook's suppression) on randn * 2.5
@@ -104,6 +104,8 @@ def main() -> int:
     ap.add_argument("--warps", type=int, nargs="+", default=[4], help="the sampler's num_warps to time")
     ap.add_argument("--baseline", default=None, help="another select_triton.py to time beside it")
     ap.add_argument("--replays", type=int, default=200)
+    ap.add_argument("--sampler-only", action="store_true", help="no frame attention rows (FlashInfer's fa3 "
+                    "compiles for about a minute on a fresh machine)")
     a = ap.parse_args()
     baseline = load_baseline(a.baseline) if a.baseline else None
     rows = []
@@ -111,7 +113,8 @@ def main() -> int:
         for code0 in (False, True):
             r = bench_sampler(seqs, code0, a.warps, baseline, a.replays)
             rows.append({"kernel": "select_codes", "code": "code 0" if code0 else "residual", "seqs": seqs, **r})
-        rows.append({"kernel": "frame attention", "seqs": seqs, **bench_frame_attention(seqs, a.replays)})
+        if not a.sampler_only:
+            rows.append({"kernel": "frame attention", "seqs": seqs, **bench_frame_attention(seqs, a.replays)})
     for r in rows:
         print("  ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()), flush=True)
     if a.json:

@@ -79,13 +79,22 @@ def _order_keys(x, m):
 
 @triton.jit
 def _kth_value(u, kth):
-    """The sorted row's kth value: the largest u with count(u_i < u) <= kth, a bit a round, high to low, as
-    the value it orders."""
-    one = tl.full([], 1, tl.uint32)
+    """The sorted row's kth value (0 <= kth < BLOCK), as the value it orders: a radix select of four 8-bit
+    digits, high to low. A round counts the digits of the keys that share t's digits above it (a histogram of
+    256 bins), and takes the digit whose bin holds the rem-th of them, rem the keys still to pass."""
+    bins = tl.arange(0, 256)
     t = tl.zeros([], tl.uint32)
-    for r in range(32):
-        c = t | (one << (31 - r))
-        t = tl.where(tl.sum((u < c).to(tl.int32), axis=0) <= kth, c, t)
+    rem = kth.to(tl.int32)
+    for r in tl.static_range(4):
+        shift: tl.constexpr = 24 - 8 * r
+        digit = ((u >> shift) & 255).to(tl.int32)
+        if r == 0:
+            h = tl.histogram(digit, 256)
+        else:
+            h = tl.histogram(digit, 256, mask=(u >> (shift + 8)) == (t >> (shift + 8)))
+        d = tl.sum((tl.cumsum(h, axis=0) <= rem).to(tl.int32), axis=0)     # bins wholly before the rem-th key
+        rem -= tl.sum(tl.where(bins < d, h, 0), axis=0)
+        t |= d.to(tl.uint32) << shift
     tb = t.to(tl.int32, bitcast=True)      # u back to the value's bits
     return tl.where(tb < 0, tb & 2147483647, ~tb).to(tl.float32, bitcast=True)
 
