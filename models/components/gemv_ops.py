@@ -4,9 +4,12 @@ torch.empty. Triton is imported only when it runs on a device.
 
     graphc::gemv(x, weight, bias, y!)             y = x @ weight^T (+ bias), x [1, K]
     graphc::gemv_silu_mul(x, weight, y!)          y = silu(g) * u, [g | u] = x @ weight^T, weight [2I, K]
+    graphc::norm_gemv(x, residual?, norm_weight, weight, bias?, total!?, y!, eps, swiglu)
+                                                  either of them on h = rms_norm(x (+ residual)), total = the sum
 
 layers.Linear takes gemv where the plan says so (the gemv knob) and the step has one row; layers.SwiGLU
-gemv_silu_mul (the gemv_swiglu knob).
+gemv_silu_mul (the gemv_swiglu knob); both take norm_gemv for a pre-normed input (their after_norm, the
+norm_gemv knob).
 """
 from __future__ import annotations
 
@@ -36,6 +39,38 @@ def gemv_silu_mul_op(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, pdl
 @gemv_silu_mul_op.register_fake
 def _(x, weight, y, pdl=False) -> None:
     return None
+
+
+@torch.library.custom_op("graphc::norm_gemv", mutates_args=("total", "y"))
+def norm_gemv_op(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None, total: torch.Tensor | None, y: torch.Tensor, eps: float, swiglu: bool,
+                 pdl: bool = False) -> None:
+    from models.components import gemv_triton as k
+
+    k.norm_gemv(x, residual, norm_weight, eps, weight, bias, total, y, swiglu, pdl)
+
+
+@norm_gemv_op.register_fake
+def _(x, residual, norm_weight, weight, bias, total, y, eps, swiglu, pdl=False) -> None:
+    return None
+
+
+def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+              weight: torch.Tensor, bias: torch.Tensor | None, swiglu: bool = False, pdl: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(total, y): total = x + residual (x itself without one), h = rms_norm(total) * norm_weight, and y = gemv(h)
+    ([1, N]), or with swiglu gemv_silu_mul(h) ([1, N / 2], no bias), in one launch; x [1, K], K <= 4,096."""
+    _check(x, weight, "norm_gemv")
+    k = x.shape[1]
+    if k > 4096 or norm_weight.shape != (k,) or (residual is not None and residual.shape != x.shape):
+        raise ValueError(f"norm_gemv: x {list(x.shape)}, residual {None if residual is None else list(residual.shape)}, "
+                         f"norm weight {list(norm_weight.shape)}: one row of at most 4,096, the norm weight [K]")
+    if swiglu and (weight.shape[0] % 2 or bias is not None):
+        raise ValueError(f"norm_gemv: a SwiGLU's weight {list(weight.shape)} holds gate's rows then up's, no bias")
+    total = None if residual is None else torch.empty_like(x)
+    y = torch.empty(1, weight.shape[0] // (2 if swiglu else 1), dtype=x.dtype, device=x.device)
+    norm_gemv_op(x, residual, norm_weight, weight, bias, total, y, eps, swiglu, pdl)
+    return (x if total is None else total), y
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, what: str) -> None:

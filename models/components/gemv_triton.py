@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from models.components.norm_triton import _round
+from models.components.norm_triton import _residual_row, _rms_scaled, _round
 from resources.pdl import _pdl_start, _pdl_wait, pdl_launch
 
 
@@ -71,10 +71,43 @@ def _gemv_silu_mul(x_ptr, w_ptr, y_ptr, I, K, BLOCK_N: tl.constexpr, BLOCK_K: tl
         x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]             # [1, BLOCK_K]
         g += tl.sum(_tile(w_ptr, cols, cm, k, K) * x, axis=1)
         u += tl.sum(_tile(w_ptr, cols + I, cm, k, K) * x, axis=1)
+    _silu_mul_store(g, u, y_ptr, cols, cm)
+
+
+@triton.jit
+def _silu_mul_store(g, u, y_ptr, cols, cm):
+    """y[cols] = silu(g) * u, rounded where the launches gemv_silu_mul replaces round."""
     BF16: tl.constexpr = y_ptr.dtype.element_ty == tl.bfloat16
     g, u = _round(g, BF16), _round(u, BF16)                  # the product's output in its dtype
     a = _round(g / (1.0 + tl.exp(-g)), BF16)
     tl.store(y_ptr + cols, _round(a * u, BF16).to(y_ptr.dtype.element_ty), mask=cm)
+
+
+@triton.jit
+def _norm_gemv(x_ptr, r_ptr, s_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, N, K, eps, HAS_RES: tl.constexpr,
+               HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               PDL: tl.constexpr = False):
+    """gemv (SWIGLU: gemv_silu_mul, N = I) of rms_norm(x (+ r)) * nw, the norm taken by every program over the
+    one row (K <= BLOCK_K) as norm_triton._rms_norm rounds it; with HAS_RES the sum x + r written to s by the
+    first program."""
+    _pdl_start(PDL)
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    cm = cols < N
+    w = _tile(w_ptr, cols, cm, ks, K)                                    # constants, before the wait
+    wu = _tile(w_ptr, cols + N, cm, ks, K) if SWIGLU else w
+    nw = tl.load(nw_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+    _pdl_wait(PDL)
+    _, _, x32 = _residual_row(x_ptr, r_ptr, s_ptr, 0, K, 0, 0, 0, HAS_RES, BLOCK_K, pid == 0)
+    h = _rms_scaled(x32, nw, K, eps, x_ptr.dtype.element_ty == tl.bfloat16)[None, :]
+    if SWIGLU:
+        _silu_mul_store(tl.sum(w * h, axis=1), tl.sum(wu * h, axis=1), y_ptr, cols, cm)
+    else:
+        acc = tl.sum(w * h, axis=1)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=cm, other=0.0).to(tl.float32)
+        tl.store(y_ptr + cols, acc.to(y_ptr.dtype.element_ty), mask=cm)
 
 
 def config(n: int, k: int) -> tuple[int, int, int]:
@@ -95,6 +128,24 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: to
     bn, bk, warps = blocks or config(n, k)
     _gemv[(triton.cdiv(n, bn),)](x, weight, weight if bias is None else bias, y, n, k, HAS_BIAS=bias is not None,
                                  BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, **pdl_launch(pdl, x))
+
+
+def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+              weight: torch.Tensor, bias: torch.Tensor | None, total: torch.Tensor | None, y: torch.Tensor,
+              swiglu: bool = False, pdl: bool = False) -> None:
+    """gemv (swiglu: gemv_silu_mul, no bias) of h = rms_norm(x (+ residual)) * norm_weight, x [1, K] with K at
+    most one block (4,096): total = x + residual (where given), y [1, N] (swiglu: [1, N / 2]). Each program
+    computes the norm; h is never written. pdl: as gemv's."""
+    n, k = weight.shape
+    bn, bk, warps = (1, *config(n, k)[1:]) if swiglu else config(n, k)
+    if bk < k:
+        raise ValueError(f"norm_gemv: K {k} exceeds one block ({bk}); the norm needs the whole row in a program")
+    cols = n // 2 if swiglu else n
+    has_res = residual is not None
+    _norm_gemv[(triton.cdiv(cols, bn),)](x, residual if has_res else x, total if has_res else x, norm_weight,
+                                         weight, weight if bias is None else bias, y, cols, k, eps, HAS_RES=has_res,
+                                         HAS_BIAS=bias is not None, SWIGLU=swiglu, BLOCK_N=bn, BLOCK_K=bk,
+                                         num_warps=warps, **pdl_launch(pdl, x))
 
 
 def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor,

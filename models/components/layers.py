@@ -81,6 +81,9 @@ class Linear(nn.Linear):
     gemv: int = 0
     # the plan's knob (as RMSNorm's pdl): the one-row kernel launched with programmatic dependent launch
     pdl: int = 0
+    # the plan's knob: 1 takes a pre-normed one-row input's norm (and the residual add before it) into the
+    # one-row kernel's programs (after_norm; for SwiGLU's gate_up_proj, its one-launch product and activation)
+    norm_gemv: int = 0
 
     def one_row(self, x: torch.Tensor) -> bool:
         """The plan runs this input through the one-row kernel: the gemv knob, one bf16 row on a GPU (or meta)."""
@@ -95,6 +98,31 @@ class Linear(nn.Linear):
             return gemv(x.reshape(1, k).contiguous(), w, self.bias, bool(self.pdl)).view(*x.shape[:-1],
                                                                                           self.out_features)
         return F.linear(x, w, self.bias)
+
+    def folds(self, norm: nn.Module, x: torch.Tensor, delta: torch.Tensor | None) -> bool:
+        """after_norm runs in one launch: the norm_gemv knob, this input's one-row kernel, an RMSNorm on its fused
+        kernels, a row of at most 4,096 (the norm's, in each program) and a residual of x's shape and dtype."""
+        return (bool(self.norm_gemv) and self.one_row(x) and type(norm) is RMSNorm and norm.fused(x)
+                and x.shape[-1] <= 4096 and (delta is None or (delta.shape == x.shape and delta.dtype == x.dtype)))
+
+    def after_norm(self, x: torch.Tensor, delta: torch.Tensor | None, norm: RMSNorm
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(t, self(norm(t))) for t = x + delta (x where delta is None): one launch where folds(), else the
+        norm's (RMSNorm.add) and this product's."""
+        if self.folds(norm, x, delta):
+            return _norm_gemv(x, delta, norm, self.weight, self.bias, False, bool(self.pdl), self.out_features)
+        total, h = (x, norm(x)) if delta is None else norm.add(x, delta)
+        return total, self(h)
+
+
+def _norm_gemv(x: torch.Tensor, delta: torch.Tensor | None, norm: RMSNorm, w: torch.Tensor, b: torch.Tensor | None,
+               swiglu: bool, pdl: bool, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """gemv_ops.norm_gemv on x's one row, its outputs in x's leading shape (y `width` wide)."""
+    from models.components.gemv_ops import norm_gemv
+    k = x.shape[-1]
+    row = delta.reshape(1, k).contiguous() if delta is not None else None
+    total, y = norm_gemv(x.reshape(1, k).contiguous(), row, norm.weight, norm.eps, w, b, swiglu, pdl)
+    return total.view(x.shape), y.view(*x.shape[:-1], width)
 
 
 def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
@@ -186,10 +214,27 @@ class SwiGLU(nn.Module):
         self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=bias)
         self.down_proj = Linear(intermediate, hidden, bias=bias)
 
+    def one_launch(self, x: torch.Tensor) -> bool:
+        """x's gate_up product and activation run as one launch (the gemv_swiglu knob, gemv_silu_mul)."""
+        gu = self.gate_up_proj
+        w = gu.weight
+        return 0 < w.numel() * w.element_size() <= self.gemv_swiglu and gu.bias is None and gu.one_row(x)
+
+    def after_norm(self, x: torch.Tensor, delta: torch.Tensor | None, norm: RMSNorm
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(t, self(norm(t))) for t = x + delta (x where delta is None); the norm rides in the gate_up launch where
+        that is one launch and gate_up_proj.folds() (Linear.after_norm), else the norm's own launch."""
+        gu = self.gate_up_proj
+        if self.one_launch(x) and gu.folds(norm, x, delta):
+            total, a = _norm_gemv(x, delta, norm, gu.weight, None, True, bool(self.pdl), gu.out_features // 2)
+            return total, self.down_proj(a)
+        total, h = (x, norm(x)) if delta is None else norm.add(x, delta)
+        return total, self(h)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gu = self.gate_up_proj
         w = gu.weight
-        if 0 < w.numel() * w.element_size() <= self.gemv_swiglu and gu.bias is None and gu.one_row(x):
+        if self.one_launch(x):
             from models.components.gemv_ops import gemv_silu_mul
             k = x.shape[-1]
             return self.down_proj(gemv_silu_mul(x.reshape(1, k).contiguous(), w, bool(self.pdl)).view(*x.shape[:-1],

@@ -52,17 +52,25 @@ def _round(x, BF16: tl.constexpr):
 
 @triton.jit
 def _residual_row(x_ptr, r_ptr, s_ptr, row, D, x_stride, r_stride, s_stride, HAS_RES: tl.constexpr,
-                  BLOCK: tl.constexpr):
+                  BLOCK: tl.constexpr, write=True):
     """A norm's input row in fp32 (offsets and mask with it); with HAS_RES the residual sum x + r, rounded to the
-    input dtype as torch's add rounds, and written to s."""
+    input dtype as torch's add rounds, and written to s where `write` (one program of several that read the row)."""
     offs = tl.arange(0, BLOCK)
     m = offs < D
     BF16: tl.constexpr = x_ptr.dtype.element_ty == tl.bfloat16
     x32 = tl.load(x_ptr + row * x_stride + offs, mask=m, other=0.0).to(tl.float32)
     if HAS_RES:
         x32 = _round(x32 + tl.load(r_ptr + row * r_stride + offs, mask=m, other=0.0).to(tl.float32), BF16)
-        tl.store(s_ptr + row * s_stride + offs, x32.to(s_ptr.dtype.element_ty), mask=m)
+        tl.store(s_ptr + row * s_stride + offs, x32.to(s_ptr.dtype.element_ty), mask=offs < tl.where(write, D, 0))
     return offs, m, x32
+
+
+@triton.jit
+def _rms_scaled(x32, w, D, eps, BF16: tl.constexpr):
+    """rms_norm(x) * w as the torch path rounds it: the normalised row rounded to the input dtype, then the
+    weight's product rounded (fp32 values)."""
+    rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / D + eps)
+    return _round(w * _round(x32 * rstd, BF16), BF16)
 
 
 @triton.jit
@@ -74,9 +82,7 @@ def _rms_norm(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, D, x_stride, r_stride, s_stride
     w = tl.load(w_ptr + tl.arange(0, BLOCK), mask=tl.arange(0, BLOCK) < D, other=0.0).to(tl.float32)
     _pdl_wait(PDL)
     offs, m, x32 = _residual_row(x_ptr, r_ptr, s_ptr, row, D, x_stride, r_stride, s_stride, HAS_RES, BLOCK)
-    rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / D + eps)
-    n = _round(x32 * rstd, BF16)
-    tl.store(y_ptr + row * y_stride + offs, _round(w * n, BF16).to(y_ptr.dtype.element_ty), mask=m)
+    tl.store(y_ptr + row * y_stride + offs, _rms_scaled(x32, w, D, eps, BF16).to(y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -105,9 +111,7 @@ def _gated_rms_norm(x_ptr, z_ptr, w_ptr, y_ptr, D, H, x_row, z_outer, z_inner, y
     m = offs < D
     BF16: tl.constexpr = y_ptr.dtype.element_ty == tl.bfloat16
     x = _round(tl.load(x_ptr + row * x_row + offs, mask=m, other=0.0).to(tl.float32), BF16)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
-    h = _round(w * _round(x * rstd, BF16), BF16)
+    h = _rms_scaled(x, tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32), D, eps, BF16)
     z = tl.load(z_ptr + (row // H) * z_outer + (row % H) * z_inner + offs, mask=m, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * y_row + offs, _round(h * (z / (1.0 + tl.exp(-z))), BF16).to(y_ptr.dtype.element_ty),
              mask=m)

@@ -44,9 +44,12 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-        rows = x.shape[:-1]
-        q, k, v = split_qkv(self.qkv_proj(x), self.h, self.kv, self.d)
+    def forward(self, x: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, attend: Attend,
+                qkv: torch.Tensor | None = None) -> torch.Tensor:
+        """qkv: qkv_proj's output rows where the caller computed them (FoldedLayer's norm_gemv), x then unused.
+        Computed here, they are freed once q, k and v are written elsewhere (the frame cache's slots)."""
+        rows = (x if qkv is None else qkv).shape[:-1]
+        q, k, v = split_qkv(self.qkv_proj(x) if qkv is None else qkv, self.h, self.kv, self.d)
         # an attend that keeps q, k and v (the code predictor's frame cache) names where: written there in place
         out = getattr(attend, "qkv_out", None)
         if out is None:
@@ -98,9 +101,21 @@ class FoldedLayer(DecoderLayer):
 
     def forward(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 attend: Attend) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each norm (and the residual add before it) runs in its own launch, or in the product after it where
+        the plan's norm_gemv knob folds it there (_folded)."""
         norm = self.input_layernorm
+        if self.self_attn.qkv_proj.folds(norm, x, delta):
+            return self._folded(x, delta, cos, sin, attend)
         x, h = self.attention(*((x, norm(x)) if delta is None else norm.add(x, delta)), cos, sin, attend)
         return x, self.mlp(h)
+
+    def _folded(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                attend: Attend) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input norm in the q/k/v product's launch, the post-attention add and norm in the MLP's first
+        (Linear.after_norm, SwiGLU.after_norm: its own launch where the MLP's product cannot take it)."""
+        attn = self.self_attn
+        x, qkv = attn.qkv_proj.after_norm(x, delta, self.input_layernorm)
+        return self.mlp.after_norm(x, attn(None, cos, sin, attend, qkv), self.post_attention_layernorm)
 
 
 def moe_layer(cfg: MoETextConfig, shared_intermediate: int = 0) -> DecoderLayer:

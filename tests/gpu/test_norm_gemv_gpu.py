@@ -1,0 +1,91 @@
+"""The norm_gemv knob on the GPU (gemv_triton.norm_gemv): at the code predictor's shapes (hidden 1,024; q/k/v
+4,096 wide, gate_up 2 x 3,072) the fused launch against an fp64 forward errs as the two launches it replaces
+(the norm's sum of squares may be taken in another order: within 1.25x of their largest error and 1.1x of
+their mean), and the residual's sum is theirs bit for bit. Five code predictor layers (thinker.FoldedLayer)
+captured with and without the knob replay to outputs within bf16 of each other over 20 inputs; both graphs'
+replay times are printed (timing is examples/bench/ab_kernels.py --with norm_gemv's business). Skipped
+without CUDA."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphc.modules import set_kernels
+
+pytestmark = pytest.mark.gpu
+
+KNOBS = {"fused_norms": 1, "gemv": 1, "gemv_swiglu": 2**30}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_norm_gemv_error_is_the_two_launches_error(swiglu):
+    pytest.importorskip("triton")
+    from models.components.gemv_ops import gemv, gemv_silu_mul, norm_gemv
+    from models.components.norm_ops import add_rms_norm
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    bf, k = torch.bfloat16, 1024
+    n = 6144 if swiglu else 4096
+    w = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(bf)
+    x, r = (torch.randn(1, k, device="cuda", generator=gen).to(bf) for _ in range(2))
+    nw = (1 + 0.1 * torch.randn(k, device="cuda", generator=gen)).to(bf)
+    total, got = norm_gemv(x, r, nw, 1e-6, w, None, swiglu)
+    t2, h = add_rms_norm(x, r, nw, 1e-6)
+    two = gemv_silu_mul(h, w) if swiglu else gemv(h, w, None)
+    s = x.double() + r.double()
+    p = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.double()) @ w.double().t()
+    ref = torch.nn.functional.silu(p[:, :n // 2]) * p[:, n // 2:] if swiglu else p
+    assert torch.equal(total, t2)
+    eg, et = (got.double() - ref).abs(), (two.double() - ref).abs()
+    assert eg.max() <= 1.25 * et.max() + 1e-6, (eg.max().item(), et.max().item())
+    assert eg.mean() <= 1.1 * et.mean() + 1e-7, (eg.mean().item(), et.mean().item())
+
+
+def _captured(knob: int):
+    from models.components.layers import SwiGLU
+    from models.components.thinker import Attention, FoldedLayer
+
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(FoldedLayer(1024, Attention(1024, 16, 8, 128, 1e-6), SwiGLU(1024, 3072), 1e-6)
+                                 for _ in range(5))
+    for p in layers.parameters():
+        p.data.normal_(0, 0.03)
+    for m in layers.modules():
+        if hasattr(m, "eps") and isinstance(m.weight, torch.nn.Parameter):
+            m.weight.data.normal_(1, 0.1)
+    layers = layers.to(device="cuda", dtype=torch.bfloat16)
+    set_kernels(layers, KNOBS | {"norm_gemv": knob})
+    x = torch.zeros(1, 1024, device="cuda", dtype=torch.bfloat16)
+    cos = sin = torch.ones(1, 1, 128, device="cuda", dtype=torch.bfloat16)
+
+    def run():
+        h, d = x, None
+        for layer in layers:
+            h, d = layer(h, d, cos, sin, lambda q, k, v: q)
+        return h + d
+
+    with torch.no_grad():
+        for _ in range(2):
+            run()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = run()
+    return graph, x, y
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_layers_with_the_knob_equal_the_layers_without():
+    pytest.importorskip("triton")
+    from tests.gpu.test_pdl_gpu import _ms, _replays
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    inputs = [torch.randn(1, 1024, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(20)]
+    plain, folded = _captured(0), _captured(1)
+    want, got = _replays(*plain, inputs), _replays(*folded, inputs)
+    for a, b in zip(want, got):
+        assert torch.isfinite(a).all()
+        assert ((a.double() - b.double()).abs().max() / a.double().abs().max()).item() < 2e-2
+    print(f"5 code predictor layers, one row: plain {_ms(plain[0]) * 1000:.1f} us, "
+          f"norm_gemv {_ms(folded[0]) * 1000:.1f} us")
