@@ -15,20 +15,19 @@ No sort. The ascending sort is torch.sort's on CUDA: at V <= 4096 CUB's block ra
 order of the fp32 values (-inf < ... < -1 < +1 < ... < +inf) but for -0.0, which CUB's digit extractor reads as
 +0.0 (BaseDigitExtractor::ProcessFloatMinusZero), so the two zeros tie and go by index as in a stable
 comparison sort. That is the order of the unique int64 keys (u << log2 BLOCK) | index, u the order-preserving
-uint32 image of the value (-0.0 taken as +0.0). Both filters need only a threshold in that order, found
-digit by digit, high digits first, which keeps the program small (tl.sort of 4096 int64 keys is 78
-compare-exchange stages through shared memory, then a scatter back):
-  top-k  u_k, the sorted row's kth value: a radix select of four 8-bit digits, each round a histogram of the
-         digit over the keys that share the digits found so far (tl.histogram, 256 bins) and a scan of it;
+uint32 image of the value (-0.0 taken as +0.0). Both filters need only a threshold in that order, found by a
+binary search of full-row reductions (a masked count, a masked sum), one bit a reduction, high bits first,
+which keeps the program small (tl.sort of 4096 int64 keys is 78 compare-exchange stages through shared
+memory, then a scatter back; deciding 2 or 4 bits a round by 2-D reductions over the candidates was slower
+on the H200: 31 and 53 us a call against 24):
+  top-k  u_k = the largest u with count(u_i < u) <= kth is the sorted row's kth value: 32 bits of counts;
          the drop itself compares floats (x < value), as torch's does (-0.0 is not below +0.0);
   top-p  cum along the sort is nondecreasing (p >= 0), so the ids it drops are the keys below some t: t = the
          largest key with sum(p_i : key_i < t) <= floor. The sum is a fixed reduction tree with the masked ids
          as zeros, so it is monotone in t and the search is exact for this arithmetic. Searched in two parts:
          t's value u (the sum over the same ids as at its key (u, 0): the same float), only the bits below the
          common high bits of the least u top-k kept and the top u + 1; then t's index, only where ids tie at
-         that u (log2 BLOCK bits), a bit a round by full-row masked sums (deciding 2 or 4 bits a round by 2-D
-         reductions over the candidates was slower on the H200: 31 and 53 us a call against 24). The top key
-         (the sort's last position) is never dropped.
+         that u (log2 BLOCK bits). The top key (the sort's last position) is never dropped.
 Ties are the sort's: by value, then by index, whatever the dtype (bf16 logits tie often, and top-p's drop is
 positional: it can keep one of two equal logits and drop the other).
 
@@ -80,22 +79,13 @@ def _order_keys(x, m):
 
 @triton.jit
 def _kth_value(u, kth):
-    """The sorted row's kth value (0 <= kth < BLOCK), as the value it orders: a radix select of four 8-bit
-    digits, high to low. A round counts the digits of the keys that share t's digits above it (a histogram of
-    256 bins), and takes the digit whose bin holds the rem-th of them, rem the keys still to pass."""
-    bins = tl.arange(0, 256)
+    """The sorted row's kth value: the largest u with count(u_i < u) <= kth, a bit a round, high to low, as
+    the value it orders."""
+    one = tl.full([], 1, tl.uint32)
     t = tl.zeros([], tl.uint32)
-    rem = kth.to(tl.int32)
-    for r in tl.static_range(4):
-        shift: tl.constexpr = 24 - 8 * r
-        digit = ((u >> shift) & 255).to(tl.int32)
-        if r == 0:
-            h = tl.histogram(digit, 256)
-        else:
-            h = tl.histogram(digit, 256, mask=(u >> (shift + 8)) == (t >> (shift + 8)))
-        d = tl.sum((tl.cumsum(h, axis=0) <= rem).to(tl.int32), axis=0)     # bins wholly before the rem-th key
-        rem -= tl.sum(tl.where(bins < d, h, 0), axis=0)
-        t |= d.to(tl.uint32) << shift
+    for r in range(32):
+        c = t | (one << (31 - r))
+        t = tl.where(tl.sum((u < c).to(tl.int32), axis=0) <= kth, c, t)
     tb = t.to(tl.int32, bitcast=True)      # u back to the value's bits
     return tl.where(tb < 0, tb & 2147483647, ~tb).to(tl.float32, bitcast=True)
 
