@@ -45,16 +45,11 @@ def test_norm_gemv_error_is_the_two_launches_error(swiglu):
 def _captured(knob: int):
     from models.components.layers import SwiGLU
     from models.components.thinker import Attention, FoldedLayer
+    from tests.gpu.test_pdl_gpu import graph_of, seeded
 
     torch.manual_seed(0)
-    layers = torch.nn.ModuleList(FoldedLayer(1024, Attention(1024, 16, 8, 128, 1e-6), SwiGLU(1024, 3072), 1e-6)
-                                 for _ in range(5))
-    for p in layers.parameters():
-        p.data.normal_(0, 0.03)
-    for m in layers.modules():
-        if hasattr(m, "eps") and isinstance(m.weight, torch.nn.Parameter):
-            m.weight.data.normal_(1, 0.1)
-    layers = layers.to(device="cuda", dtype=torch.bfloat16)
+    layers = seeded(torch.nn.ModuleList(FoldedLayer(1024, Attention(1024, 16, 8, 128, 1e-6), SwiGLU(1024, 3072), 1e-6)
+                                        for _ in range(5)), 0.03)
     set_kernels(layers, KNOBS | {"norm_gemv": knob})
     x = torch.zeros(1, 1024, device="cuda", dtype=torch.bfloat16)
     cos = sin = torch.ones(1, 1, 128, device="cuda", dtype=torch.bfloat16)
@@ -65,13 +60,7 @@ def _captured(knob: int):
             h, d = layer(h, d, cos, sin, lambda q, k, v: q)
         return h + d
 
-    with torch.no_grad():
-        for _ in range(2):
-            run()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = run()
+    graph, y = graph_of(run)
     return graph, x, y
 
 

@@ -15,24 +15,34 @@ from tests.unit.test_pdl_knob import KNOBS, Block
 pytestmark = pytest.mark.gpu
 
 
-def _captured(pdl: int):
-    torch.manual_seed(0)
-    layers = torch.nn.Sequential(*[Block(1024, 16, 8, 128, 3072) for _ in range(5)])
+def seeded(layers: torch.nn.Module, std: float) -> torch.nn.Module:
+    """layers with weights drawn N(0, std) and norm weights N(1, 0.1), in bf16 on the GPU."""
     for p in layers.parameters():
-        p.data.normal_(0, 0.05)
+        p.data.normal_(0, std)
     for m in layers.modules():
         if hasattr(m, "eps") and isinstance(m.weight, torch.nn.Parameter):
             m.weight.data.normal_(1, 0.1)
-    layers = layers.to(device="cuda", dtype=torch.bfloat16)
-    set_kernels(layers, KNOBS | {"pdl": pdl})
-    x = torch.zeros(1, 1024, device="cuda", dtype=torch.bfloat16)
+    return layers.to(device="cuda", dtype=torch.bfloat16)
+
+
+def graph_of(run):
+    """(a CUDA graph of run(), its output), run twice first to compile and warm outside the capture."""
     with torch.no_grad():
         for _ in range(2):
-            layers(x)                                   # compile and warm outside the capture
+            run()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            y = layers(x)
+            y = run()
+    return graph, y
+
+
+def _captured(pdl: int):
+    torch.manual_seed(0)
+    layers = seeded(torch.nn.Sequential(*[Block(1024, 16, 8, 128, 3072) for _ in range(5)]), 0.05)
+    set_kernels(layers, KNOBS | {"pdl": pdl})
+    x = torch.zeros(1, 1024, device="cuda", dtype=torch.bfloat16)
+    graph, y = graph_of(lambda: layers(x))
     return graph, x, y
 
 

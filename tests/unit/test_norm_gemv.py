@@ -12,23 +12,14 @@ pytest.importorskip("triton", reason="the kernels are Triton's; pip install -e '
 from graphc.modules import set_kernels  # noqa: E402
 from models.components.layers import SwiGLU  # noqa: E402
 from models.components.thinker import Attention, FoldedLayer  # noqa: E402
+from tests.unit.test_gemv_triton import REFUSALS  # noqa: E402
 from tests.unit.test_moe_triton import interpreted  # noqa: E402
 from tests.unit.test_pdl_knob import Calls  # noqa: E402
 
-SCRIPT = r"""
+SCRIPT = REFUSALS + r"""
 import torch
 from models.components import gemv_triton as g, norm_triton as n
 from models.components.gemv_ops import norm_gemv
-
-def refusals(*calls):
-    out = []
-    for c in calls:
-        try:
-            c()
-            out.append(None)
-        except ValueError as e:
-            out.append(str(e))
-    return out
 
 torch.manual_seed(0)
 out = {}
