@@ -24,9 +24,11 @@ from regen_plans import compile_shipped  # noqa: E402
 
 DATA = ROOT / "docs" / "data" / "host_memory_h200_2026-12-04"
 RECORDS = sorted(DATA.glob("*.json"))
-# FlashInfer wrappers the shipped plans gained after those boots: the Omni plan's code2wav_mid walk, five captured
-# graphs of one wrapper each (its rungs of 1, 2, 4, 8 and 16 slots)
-GAINED = {"plans/qwen3_omni_h200.plan": 5}
+# FlashInfer wrappers the shipped plans gained after those boots, one a captured graph: the Omni plan's code2wav_mid
+# walk (its rungs of 1, 2, 4, 8 and 16 slots: 5), and the thinker's media row ladder (rungs 64, 96, 128, 192, 384,
+# 768 and 1,536 rows, which the patch ladder's 256, 512, 1,024 and 2,048 lacked, in its +visual and +audio+visual
+# prefill families: 14)
+GAINED = {"plans/qwen3_omni_h200.plan": 5 + 14}
 
 
 def as_booted(name: str):
@@ -84,10 +86,11 @@ def test_large_host_inputs_blocks_by_hand():
     blocks = input_blocks(plan_ir(plan), plan.devices[0].nodes)
     assert blocks == {("audio_encoder", "mel"): 8 * MiB, ("vision_encoder", "pixel_patches"): 32 * MiB}
     assert PIN_BYTES > 8192 * 4 * 8
-    # 95 FlashInfer wrappers' 8 MiB int workspaces (the thinker's 10 and the talker's 8 decode graphs run on
-    # Triton and pin none), 2 the boot drops, 1 MiB read-backs
+    # 109 FlashInfer wrappers' 8 MiB int workspaces, one a captured graph: 127 graphs, less the thinker's 10 and the
+    # talker's 8 decode graphs (Triton: they pin none); 2 the boot drops, 1 MiB read-backs
     dev = plan.devices[0]
-    assert dev.host["pinned"] == (95 * 8 + 2 * 8 + 1 + 2 * (32 + 8)) * MiB
+    assert len(dev.capture_order) == 127
+    assert dev.host["pinned"] == (109 * 8 + 2 * 8 + 1 + 2 * (32 + 8)) * MiB
     assert "large host inputs 80.00 MiB: 2 steps x a block each" in dev.host_sources["pinned"]
     asr = compile_shipped("qwen3_asr_1.7b_h100")
     assert input_blocks(plan_ir(asr), asr.devices[0].nodes) == {("audio_encoder", "mel"): 16 * MiB}  # 32 windows
