@@ -97,3 +97,20 @@ def test_more_rows_or_no_fused_norms_keep_the_norm_launches():
     """Two rows take no one-row kernel, so the norms keep their launches; without fused_norms nothing folds."""
     assert "graphc.norm_gemv" not in _layer_ops(KNOBS | {"norm_gemv": 1}, rows=2)
     assert "graphc.norm_gemv" not in _layer_ops({"gemv": 1, "gemv_swiglu": 2**30, "norm_gemv": 1})
+
+
+@pytest.mark.parametrize("delta", [True, False])
+def test_after_norm_without_the_fold_is_the_norm_then_the_module(delta):
+    """Where nothing folds (CPU, fp32), Linear.after_norm and SwiGLU.after_norm are the norm's residual add and the
+    norm, then the module, worked by hand: (x + d, module(w * (t * rsqrt(mean(t^2) + eps))))."""
+    from models.components.layers import Linear, RMSNorm
+
+    torch.manual_seed(0)
+    norm, lin, mlp = RMSNorm(16, 1e-6), Linear(16, 8, bias=True), SwiGLU(16, 12)
+    torch.nn.init.normal_(norm.weight, 1.0, 0.1)
+    x, d = torch.randn(3, 16), torch.randn(3, 16)
+    t = x + d if delta else x
+    h = norm.weight * (t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6))
+    for module in (lin, mlp):
+        total, y = module.after_norm(x, d if delta else None, norm)
+        assert torch.equal(total, t) and torch.allclose(y, module(h), atol=1e-6), module
