@@ -60,7 +60,7 @@ def _captured(knob: int):
             h, d = layer(h, d, cos, sin, lambda q, k, v: q)
         return h + d
 
-    graph, y = graph_of(run)
+    graph, y = graph_of(run, layers, cos)
     return graph, x, y
 
 

@@ -25,8 +25,10 @@ def seeded(layers: torch.nn.Module, std: float) -> torch.nn.Module:
     return layers.to(device="cuda", dtype=torch.bfloat16)
 
 
-def graph_of(run):
-    """(a CUDA graph of run(), its output), run twice first to compile and warm outside the capture."""
+def graph_of(run, *keep):
+    """(a CUDA graph of run(), its output), run twice first to compile and warm outside the capture. keep: the
+    modules and tensors run reads, held by the graph: a graph holds no reference to what its kernels read, and a
+    replay after they are freed reads whatever was allocated there since."""
     with torch.no_grad():
         for _ in range(2):
             run()
@@ -34,6 +36,7 @@ def graph_of(run):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             y = run()
+    graph.keep = keep
     return graph, y
 
 
@@ -42,7 +45,7 @@ def _captured(pdl: int):
     layers = seeded(torch.nn.Sequential(*[Block(1024, 16, 8, 128, 3072) for _ in range(5)]), 0.05)
     set_kernels(layers, KNOBS | {"pdl": pdl})
     x = torch.zeros(1, 1024, device="cuda", dtype=torch.bfloat16)
-    graph, y = graph_of(lambda: layers(x))
+    graph, y = graph_of(lambda: layers(x), layers)
     return graph, x, y
 
 
