@@ -3,14 +3,19 @@ reports, whether the engine runs in this process (graphc/cli.py) or in the engin
 (graphc/runtime/ray_run.py)."""
 from __future__ import annotations
 
+import signal
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 
 def run_batch(engine, parsed: list) -> tuple[list, dict, str]:
     """A batch run to its end (Engine.run_parsed): the outputs, the stats with throughput, their line.
-    Where the engine runs: this process, or the engine's Ray actor."""
+    Where the engine runs: this process, or the engine's Ray actor. A Ctrl-C ends it (sigint_latch)."""
     t0 = time.perf_counter()
-    outs = engine.run_parsed(parsed, progress=True)
+    with sigint_latch() as interrupted:
+        outs = engine.run_parsed(parsed, progress=True, stop=interrupted)
     wall = time.perf_counter() - t0
     stats = engine.stats(wall) | throughput([o for o in outs if o.error is None], wall)
     for d, mem in engine.device_memory().items():       # after the run: NCCL's buffers are there now
@@ -29,3 +34,26 @@ def throughput(outs, wall: float) -> dict:
             "tokens_per_s": gen / wall if wall else float("nan"),
             "ttft_s": {"mean": sum(ttft) / len(ttft) if ttft else float("nan"), "p50": q(0.5), "p90": q(0.9),
                        "max": ttft[-1] if ttft else float("nan")}}
+
+
+@contextmanager
+def sigint_latch() -> Iterator[Callable[[], bool]]:
+    """Within it, SIGINT raises KeyboardInterrupt as Python's own handler does and is also remembered; yields
+    whether one came. Python drops a KeyboardInterrupt raised while a weakref callback or a __del__ runs (it
+    prints "Exception ignored" and goes on; seen once during a batch's first steps, in an import lock's
+    callback), so the batch's loop asks between steps as well. Outside the main thread, or where SIGINT is
+    ignored (a process started in the background), nothing is installed and it yields never."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield lambda: False
+        return
+    seen: list[int] = []
+
+    def latch(signum, frame):
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGINT, latch)
+    try:
+        yield lambda: bool(seen)
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -813,9 +814,11 @@ class Engine:
         limits = self.media_limits()
         return self.run_parsed([parse_or_refuse(item, i, limits) for i, item in enumerate(items)], progress)
 
-    def run_parsed(self, parsed: list, progress: bool = False) -> list[Output]:
+    def run_parsed(self, parsed: list, progress: bool = False, stop: Callable[[], bool] = lambda: False
+                   ) -> list[Output]:
         """generate() after parse_or_refuse (which loads the media: graphc run --ray does that where the
-        requests are read, not where the engine runs)."""
+        requests are read, not where the engine runs). stop: asked before each step; true raises
+        KeyboardInterrupt there (a Ctrl-C that Python dropped: batch.sigint_latch)."""
         from tqdm import tqdm
 
         reqs: list[Request | Output] = []
@@ -830,6 +833,8 @@ class Engine:
         live = sum(isinstance(r, Request) for r in reqs)
         with tqdm(total=live, desc="requests", unit="req", file=sys.stderr, disable=not progress) as bar:
             while self.has_work():
+                if stop():
+                    raise KeyboardInterrupt
                 for ev in self.step():
                     if ev.finished:
                         bar.update(1)

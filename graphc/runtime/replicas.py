@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -160,9 +161,11 @@ class Replicas:
 
         return self.run_parsed([parse_or_refuse(item, i) for i, item in enumerate(items)], progress)
 
-    def run_parsed(self, parsed: list, progress: bool = False) -> list[Output]:
+    def run_parsed(self, parsed: list, progress: bool = False, stop: Callable[[], bool] = lambda: False
+                   ) -> list[Output]:
         """Engine.run_parsed over the replicas: each request routed as it is added, then every replica
-        stepped to its end by a thread of its own."""
+        stepped to its end by a thread of its own. stop: as Engine.run_parsed's, asked by each thread before
+        each of its steps."""
         from tqdm import tqdm
 
         reqs, owner = [], []
@@ -180,16 +183,18 @@ class Replicas:
                 owner.append(None)
         live = sum(o is not None for o in owner)
         with tqdm(total=live, desc="requests", unit="req", file=sys.stderr, disable=not progress) as bar:
-            self._step_all(bar)
+            self._step_all(bar, stop)
         return [self.engines[o].output(q) if o is not None else q for q, o in zip(reqs, owner)]
 
-    def _step_all(self, bar) -> None:
+    def _step_all(self, bar, stop: Callable[[], bool]) -> None:
         errors: list[BaseException] = []
 
         def drain(e: Engine) -> None:
             try:
                 with on_device(e):
                     while e.has_work():
+                        if stop():
+                            raise KeyboardInterrupt
                         done = sum(ev.finished for ev in e.step())
                         if done:
                             with self.lock:
