@@ -213,11 +213,11 @@ class Mask:
 def step_mask(matchers: list[Matcher | None], known: list[int], vocab_size: int) -> Mask | None:
     """The bitmask of a step's rows whose request is guided (None when none is), each filled by its matcher;
     known[i]: the tokens row i's request has read back, which its matcher must have accepted."""
-    import xgrammar as xgr
-
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return None
+    import xgrammar as xgr                 # at the first guided step only (pyproject: imported at the first guide)
+
     bits = xgr.allocate_token_bitmask(len(matchers), vocab_size)
     for i in rows:
         if matchers[i].accepted != known[i]:
