@@ -38,10 +38,10 @@ The same sparse-MoE nodes run a decode step's router and the grouping of its tok
 launch) in one launch (moe_route_group) and the experts' sum, the residual add and the next decoder layer's input
 RMSNorm in one (moe_sum_norm): models/components/moe_edges_triton.py; a sparse-MoE decoder layer at one sequence
 runs 9 launches of its own and 1 of attention (the triton paged decode). Three knobs are declared and chosen
-nowhere: moe_shared_sum (a gated shared expert's tail in that launch too; not run on a GPU), pdl (programmatic
-dependent launch of the Triton kernels, resources/pdl.py) and norm_gemv (a dense layer's one-row RMSNorms, with
-the residual add before each, in the programs of the product after them: layers.Linear.after_norm); the last two
-fail their GPU tests (docs/status.md). Measured on an H100 with a shipped one-80 GB MoE plan: its larger
+nowhere until the plans' steps time them: moe_shared_sum (a gated shared expert's tail in that launch too), pdl
+(programmatic dependent launch of the Triton kernels, resources/pdl.py) and norm_gemv (a dense layer's one-row
+RMSNorms, with the residual add before each, in the programs of the product after them:
+layers.Linear.after_norm); all three pass their GPU tests (docs/status.md). Measured on an H100 with a shipped one-80 GB MoE plan: its larger
 node's decode 4.12 -> 4.01 ms at 1 sequence, equal at 16 and 64 (7.18, 22.93 ms), the smaller's 3.82 -> 3.76 ms.
 The nodes whose delta rule runs on fla-core also run gdn_fused: the zero-centred RMSNorms (and a residual add
 with one), the Gated DeltaNet's gates, its gated output norm and a decode step's conv on the conv state pool,
