@@ -14,7 +14,9 @@ chooses yet, e.g. gdn_slots on plans/qwen3_5_9b_h200.plan); with two or more, on
 (--together: that one alone). --drop KNOB: taken away in every variant.
 
 Without --graphs: each device's decode graphs at 1, 16 and the largest rung, and the thinker's prefill at
-128 and 2048 tokens where the plan captures them. Prints a row per graph and variant; OUT.json holds them.
+128 and 2048 tokens where the plan captures them. A boot captures only the graphs it times (their warm-up and
+capture are most of a boot of a full plan's 127 graphs); --capture-all captures every planned graph, as
+`graphc run` does. Prints a row per graph and variant; OUT.json holds them.
 """
 from __future__ import annotations
 
@@ -66,6 +68,7 @@ def main() -> None:
     ap.add_argument("--none", action="store_true", help="a variant with every knob taken away too")
     ap.add_argument("--no-again", action="store_true", help="no second boot with the plan's kernels at the end")
     ap.add_argument("--sampled", action="store_true", help="the talker's default sampling in its rows (bench_steps)")
+    ap.add_argument("--capture-all", action="store_true", help="capture every planned graph, not only the timed")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--replays", type=int, default=30)
     a = ap.parse_args()
@@ -87,7 +90,7 @@ def main() -> None:
             print(f"device {dev.index}: booting with the plan's kernels{changes}", flush=True)
             with mp.get_context("spawn").Pool(1) as pool:      # a fresh process: the last boot's memory is gone
                 rows = pool.apply(time_variant, (a.plan, dev.index, drop | set(a.drop), add, graphs,
-                                                 a.sampled, a.warmup, a.replays))
+                                                 a.sampled, a.warmup, a.replays, a.capture_all))
             for g, ms in rows.items():
                 out[f"{g} {name}"] = ms
                 print(f"{g:40s} {name:24s} {ms:8.3f} ms", flush=True)
@@ -95,12 +98,16 @@ def main() -> None:
 
 
 def time_variant(path: str, index: int, drop: set[str], add: dict[str, int], graphs: list[str],
-                 sampled: bool, warmup: int, replays: int) -> dict[str, float]:
-    """Boot one plan device with its nodes' knobs changed and time each graph: {graph: ms}."""
+                 sampled: bool, warmup: int, replays: int, capture_all: bool = False) -> dict[str, float]:
+    """Boot one plan device with its nodes' knobs changed (and, unless capture_all, only the graphs to time
+    captured) and time each graph: {graph: ms}."""
     plan = load_plan(path)
     for k, n in list(plan.nodes.items()):
         kept = {x: v for x, v in n.kernels.items() if x not in drop}
         plan.nodes[k] = n.model_copy(update={"kernels": kept | add})
+    if not capture_all:
+        plan.devices = [d.model_copy(update={"capture_order": [g for g in d.capture_order if g in graphs]})
+                        if d.index == index else d for d in plan.devices]
     (boot,) = boot_plan(plan, devices=[index], emulate=True)
     rows = {}
     with torch.inference_mode():
