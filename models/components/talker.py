@@ -195,14 +195,16 @@ class CodePredictor(nn.Module):
         self.lm_head = nn.ModuleList(Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(groups - 1))
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
 
-    def run(self, x: torch.Tensor, slots: slice, cos: torch.Tensor, sin: torch.Tensor, cache: FrameCache
-            ) -> torch.Tensor:
-        """x [S, n, H] at positions slots -> the last slot's final-normed hidden [S, H]. Each layer's last
-        residual add runs in the next one's input norm, the last layer's in the final norm (FoldedLayer)."""
+    def run(self, x: torch.Tensor, slots: slice, cos: torch.Tensor, sin: torch.Tensor, cache: FrameCache,
+            head: Linear) -> torch.Tensor:
+        """x [S, n, H] at positions slots -> head's logits [S, V] of the last slot's final-normed hidden. Each
+        layer's last residual add runs in the next one's input norm, the last layer's in the final norm
+        (FoldedLayer); with the norm_gemv knob at one row that norm runs in the head's launch too
+        (Linear.after_norm)."""
         delta = None
         for i, layer in enumerate(self.model.layers):
             x, delta = layer(x, delta, cos[slots], sin[slots], FrameAttend(cache, i, slots))
-        return self.model.norm.add(x[:, -1], delta[:, -1])[1]
+        return head.after_norm(x[:, -1], delta[:, -1], self.model.norm)[1]
 
     def forward(self, hidden: torch.Tensor, code0_embed: torch.Tensor, attn: Attend, params: torch.Tensor,
                 log_noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,7 +221,7 @@ class CodePredictor(nn.Module):
         codes, embeds = [], []
         for j in range(g - 1):
             slots = slice(0, 2) if j == 0 else slice(j + 1, j + 2)
-            logits = self.lm_head[j](self.run(x, slots, cos, sin, cache))
+            logits = self.run(x, slots, cos, sin, cache, self.lm_head[j])
             code = sampler(self, logits)(logits, rows, log_noise[:, j, :v])     # [S]
             e = self.model.codec_embedding[j](code)                             # [S, H]
             codes.append(code)

@@ -337,52 +337,75 @@ def test_normed_q_and_k_and_v_land_in_the_frame_cache_in_place_where_its_rows_al
 
 
 
+CODE_PREDICTOR = dict(vocab_size=16, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+
+
 def test_the_code_predictors_residual_adds_run_inside_its_norms():
     """The code predictor's layers are FoldedLayers: with the norms fused (bf16, meta) a pass over its 3 layers
     runs no add of its own: the first layer's input norm is graphc.rms_norm, each later one's a
     graphc.add_rms_norm taking the layer before's last residual add, and the final norm one more taking the
     last layer's. On the CPU in fp32 the pass equals the same layers run as DecoderLayers, each adding its
-    own residual, then the final norm of the last slot."""
-    from models.components.layers import rope_cos_sin, rope_inv_freq
-    from models.components.talker import CodePredictor, CodePredictorConfig, FrameAttend, FrameCache
+    own residual, then the final norm of the last slot and the code's head."""
     from models.components.thinker import DecoderLayer
+    from models.components.talker import FrameAttend, FrameCache
 
-    cfg = CodePredictorConfig(vocab_size=16, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
-                              num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    S, G = 2, 4
-
-    def frame(device, dtype):
-        torch.manual_seed(0)
-        with torch.device(device):
-            cp = CodePredictor(cfg, G).to(dtype)
-            x = torch.randn(S, 2, 32, dtype=dtype) if device == "cpu" else torch.empty(S, 2, 32, dtype=dtype)
-            cos, sin = rope_cos_sin(torch.arange(G), rope_inv_freq(8, 1e6), dtype)
-
-            def attn(q, k, v):                     # causal attention over each sequence's G slots
-                if device == "meta":
-                    return torch.empty(q.shape, dtype=dtype)
-                qs, ks, vs = (t.view(S, G, -1, 8).transpose(1, 2) for t in (q, k, v))
-                ks, vs = (t.repeat_interleave(2, dim=1) for t in (ks, vs))
-                o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
-                return o.transpose(1, 2).reshape(S * G, 4, 8)
-            return cp, x, cos, sin, FrameCache(attn, cfg, S, G, x)
-
-    cp, x, cos, sin, cache = frame("meta", torch.bfloat16)
+    cp, x, cos, sin, cache = _code_predictor_frame("meta", torch.bfloat16, 2)
     set_kernels(cp, {"fused_norms": 1})
-    out, seen = OpNames.of(lambda: cp.run(x, slice(0, 2), cos, sin, cache))
-    assert out.shape == (S, 32)
+    out, seen = OpNames.of(lambda: cp.run(x, slice(0, 2), cos, sin, cache, cp.lm_head[0]))
+    assert out.shape == (2, 16)
     assert [o for o in graphc_ops(seen) if "norm" in o and "q_k" not in o] == \
         ["graphc.rms_norm", "graphc.add_rms_norm"] + ["graphc.add_rms_norm"] * 2 * 2 + ["graphc.add_rms_norm"]
     assert not any(o.split(".")[-1] == "add" for o in seen), seen
-    cp, x, cos, sin, cache = frame("cpu", torch.float32)
+    cp, x, cos, sin, cache = _code_predictor_frame("cpu", torch.float32, 2)
     for p in cp.parameters():
         torch.nn.init.normal_(p, 0.0, 0.3)
-    got = cp.run(x, slice(0, 2), cos, sin, cache)
-    y, cache = x, FrameCache(cache.attn, cfg, S, G, x)
+    got = cp.run(x, slice(0, 2), cos, sin, cache, cp.lm_head[1])
+    y, cache = x, FrameCache(cache.attn, cp.cfg, 2, 4, x)
     for i, layer in enumerate(cp.model.layers):
         y = DecoderLayer.forward(layer, y, None, cos[:2], sin[:2], FrameAttend(cache, i, slice(0, 2)))[0]
-    want = cp.model.norm(y[:, -1])
+    want = cp.lm_head[1](cp.model.norm(y[:, -1]))
     assert torch.equal(got, want)
+
+
+def test_with_norm_gemv_the_code_predictors_final_norm_runs_in_its_heads_launch():
+    """At one row (a frame's later step, slot 2) with the norm_gemv knob (bf16, meta) a code predictor pass runs no
+    norm launch: each layer's two norms ride in its q/k/v and gate_up launches, and the final norm, with the last
+    layer's residual add, in the head's (graphc.norm_gemv 2 x 3 + 1 times); without the knob, the final add +
+    norm then the head's gemv."""
+    knobs = {"fused_norms": 1, "gemv": 1, "gemv_swiglu": 2**30}
+    for knob, want in ((1, ["graphc.norm_gemv"] * 7), (0, ["graphc.rms_norm"] + ["graphc.add_rms_norm"] * 6)):
+        cp, x, cos, sin, cache = _code_predictor_frame("meta", torch.bfloat16, 1, 1)
+        set_kernels(cp, knobs | {"norm_gemv": knob})
+        out, seen = OpNames.of(lambda: cp.run(x, slice(2, 3), cos, sin, cache, cp.lm_head[1]))
+        ops = graphc_ops(seen)
+        assert out.shape == (1, 16)
+        assert [o for o in ops if "norm" in o and "q_k" not in o] == want, (knob, ops)
+        assert ops[-1] == ("graphc.norm_gemv" if knob else "graphc.gemv"), ops
+
+
+def _code_predictor_frame(device: str, dtype: torch.dtype, S: int, n: int = 2):
+    """A 3-layer code predictor (CODE_PREDICTOR, 4 codes a frame) on device with n rows of its frame
+    x [S, n, 32] (a frame's first step has two, the later ones one), rotary tables and frame cache (causal
+    attention over each sequence's slots)."""
+    from models.components.layers import rope_cos_sin, rope_inv_freq
+    from models.components.talker import CodePredictor, CodePredictorConfig, FrameCache
+
+    cfg, G = CodePredictorConfig(**CODE_PREDICTOR), 4
+    torch.manual_seed(0)
+    with torch.device(device):
+        cp = CodePredictor(cfg, G).to(dtype)
+        x = torch.randn(S, n, 32, dtype=dtype) if device == "cpu" else torch.empty(S, n, 32, dtype=dtype)
+        cos, sin = rope_cos_sin(torch.arange(G), rope_inv_freq(8, 1e6), dtype)
+
+        def attn(q, k, v):                     # causal attention over each sequence's G slots
+            if device == "meta":
+                return torch.empty(q.shape, dtype=dtype)
+            qs, ks, vs = (t.view(S, G, -1, 8).transpose(1, 2) for t in (q, k, v))
+            ks, vs = (t.repeat_interleave(2, dim=1) for t in (ks, vs))
+            o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+            return o.transpose(1, 2).reshape(S * G, 4, 8)
+        return cp, x, cos, sin, FrameCache(attn, cfg, S, G, x)
 
 
 def test_the_vision_rotary_knob_runs_one_operator():
