@@ -41,9 +41,11 @@ def sigint_latch() -> Iterator[Callable[[], bool]]:
     """Within it, SIGINT raises KeyboardInterrupt as Python's own handler does and is also remembered; yields
     whether one came. Python drops a KeyboardInterrupt raised while a weakref callback or a __del__ runs (it
     prints "Exception ignored" and goes on; seen once during a batch's first steps, in an import lock's
-    callback), so the batch's loop asks between steps as well. Outside the main thread, or where SIGINT is
-    ignored (a process started in the background), nothing is installed and it yields never."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    callback), so the batch's loop asks between steps as well. Outside the main thread, or where SIGINT is not
+    Python's own handler (ignored in a process started in the background, or a host's own, as Ray's workers may
+    set), nothing is installed and it yields never."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield lambda: False
         return
     seen: list[int] = []

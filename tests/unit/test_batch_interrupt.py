@@ -45,13 +45,16 @@ def test_a_dropped_ctrl_c_still_ends_the_batch(monkeypatch):
     assert signal.getsignal(signal.SIGINT) is before
 
 
-def test_where_sigint_is_ignored_the_latch_leaves_it_so():
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        with sigint_latch() as interrupted:
-            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)
-            assert not interrupted()
-    finally:
-        signal.signal(signal.SIGINT, before)
+def test_where_sigint_is_ignored_or_handled_by_another_the_latch_leaves_it_so():
+    seen = []
+    for handler in (signal.SIG_IGN, lambda signum, frame: seen.append(signum)):
+        before = signal.signal(signal.SIGINT, handler)
+        try:
+            with sigint_latch() as interrupted:
+                assert signal.getsignal(signal.SIGINT) is handler
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+                assert not interrupted()
+        finally:
+            signal.signal(signal.SIGINT, before)
+    assert seen == [signal.SIGINT]
