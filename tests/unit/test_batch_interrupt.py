@@ -38,11 +38,16 @@ def test_a_dropped_ctrl_c_still_ends_the_batch(monkeypatch):
 
     monkeypatch.setattr(engine, "step", counted)
     items = [{"prompt_token_ids": [1, 2, 3], "max_tokens": 40, "ignore_eos": True} for _ in range(2)]
-    before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
-        run_batch(engine, [parse_or_refuse(x, i) for i, x in enumerate(items)])
+    # SIGINT as a terminal's `graphc run` has it (Python's own handler): pytest started in the background inherits
+    # it ignored, and the latch then rightly stays out
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_batch(engine, [parse_or_refuse(x, i) for i, x in enumerate(items)])
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert len(steps) == 3
-    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_where_sigint_is_ignored_or_handled_by_another_the_latch_leaves_it_so():
