@@ -105,9 +105,9 @@ def time_variant(path: str, index: int, drop: set[str], add: dict[str, int], gra
     for k, n in list(plan.nodes.items()):
         kept = {x: v for x, v in n.kernels.items() if x not in drop}
         plan.nodes[k] = n.model_copy(update={"kernels": kept | add})
-    if not capture_all:
-        plan.devices = [d.model_copy(update={"capture_order": [g for g in d.capture_order if g in graphs]})
-                        if d.index == index else d for d in plan.devices]
+    for i, d in enumerate(plan.devices):
+        if d.index == index and not capture_all:
+            plan.devices[i] = d.model_copy(update={"capture_order": [g for g in d.capture_order if g in graphs]})
     (boot,) = boot_plan(plan, devices=[index], emulate=True)
     rows = {}
     with torch.inference_mode():
