@@ -79,6 +79,13 @@ def _order_keys(x, m):
 
 
 @triton.jit
+def _value_of(t):
+    """The fp32 value a key u orders (_order_keys backwards; -0.0 comes back as +0.0)."""
+    tb = t.to(tl.int32, bitcast=True)
+    return tl.where(tb < 0, tb & 2147483647, ~tb).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _kth_value(u, kth):
     """The sorted row's kth value: the largest u with count(u_i < u) <= kth, a bit a round, high to low, as
     the value it orders."""
@@ -87,14 +94,13 @@ def _kth_value(u, kth):
     for r in range(32):
         c = t | (one << (31 - r))
         t = tl.where(tl.sum((u < c).to(tl.int32), axis=0) <= kth, c, t)
-    tb = t.to(tl.int32, bitcast=True)      # u back to the value's bits
-    return tl.where(tb < 0, tb & 2147483647, ~tb).to(tl.float32, bitcast=True)
+    return _value_of(t)
 
 
 @triton.jit
 def _kth_value_radix(u, kth):
-    """_kth_value by a radix select of four 8-bit digits, high to low (RADIX; timed beside the one-bit search by
-    examples/bench/bench_talker_kernels.py --radix): a round counts the digits of the keys that share t's digits
+    """_kth_value by a radix select of four 8-bit digits, high to low (RADIX; bench_talker_kernels.py --radix
+    times it beside the one-bit search): a round counts the digits of the keys that share t's digits
     above it (a histogram of 256 bins) and takes the digit whose bin holds the rem-th of them, rem the keys
     below still to pass. The shifts are constexpr expressions of the unrolled round, none assigned."""
     bins = tl.arange(0, 256)
@@ -109,8 +115,7 @@ def _kth_value_radix(u, kth):
         d = tl.sum((tl.cumsum(h, axis=0) <= rem).to(tl.int32), axis=0)          # bins wholly below the rem-th key
         rem -= tl.sum(tl.where(bins < d, h, 0), axis=0)
         t |= d.to(tl.uint32) << (24 - 8 * r)
-    tb = t.to(tl.int32, bitcast=True)      # u back to the value's bits
-    return tl.where(tb < 0, tb & 2147483647, ~tb).to(tl.float32, bitcast=True)
+    return _value_of(t)
 
 
 @triton.jit
