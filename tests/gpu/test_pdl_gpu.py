@@ -102,7 +102,9 @@ def _engine_run(pdl: int):
             plan.nodes[name] = node.model_copy(update={"kernels": node.kernels | {"pdl": pdl}})
     engine = Engine(plan, random_weights=True, emulate=True)
     reqs, seen = run_arrivals(engine)
-    out = [r.output for r in reqs], seen, engine.stats()["replayed"]
+    arrival = {r.id: i for i, r in enumerate(reqs)}         # request ids are fresh in each run: key by arrival
+    rows = {(arrival[rid], end): row for (rid, end), row in seen.items()}
+    out = [r.output for r in reqs], rows, engine.stats()["replayed"]
     del engine
     torch.cuda.empty_cache()
     return out
