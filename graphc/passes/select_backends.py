@@ -37,12 +37,20 @@ the gdn_slots knob: 19.3 -> 12.0 ms for the 9B's 64-sequence decode on the H200)
 The same sparse-MoE nodes run a decode step's router and the grouping of its token-expert pairs (at most 64 a
 launch) in one launch (moe_route_group) and the experts' sum, the residual add and the next decoder layer's input
 RMSNorm in one (moe_sum_norm): models/components/moe_edges_triton.py; a sparse-MoE decoder layer at one sequence
-runs 9 launches of its own and 1 of attention (the triton paged decode). Three knobs are declared and chosen
-nowhere until the plans' steps time them: moe_shared_sum (a gated shared expert's tail in that launch too), pdl
-(programmatic dependent launch of the Triton kernels, resources/pdl.py) and norm_gemv (a dense layer's one-row
-RMSNorms, with the residual add before each, in the programs of the product after them:
-layers.Linear.after_norm); all three pass their GPU tests (docs/status.md). Measured on an H100 with a shipped one-80 GB MoE plan: its larger
+runs 9 launches of its own and 1 of attention (the triton paged decode). Measured on an H100 with a shipped one-80 GB MoE plan: its larger
 node's decode 4.12 -> 4.01 ms at 1 sequence, equal at 16 and 64 (7.18, 22.93 ms), the smaller's 3.82 -> 3.76 ms.
+The same nodes, and the dense bf16 sm_90 nodes, also run a gated shared expert's tail in the experts' sum launch
+(moe_shared_sum), their Triton kernels with programmatic dependent launch (pdl: resources/pdl.py; each kernel
+waits on the one before it inside its programs, so its launch overlaps that one's tail) and a dense layer's
+one-row RMSNorms, with the residual add before each, in the programs of the product after them (norm_gemv:
+layers.Linear.after_norm). On an H100, captured, seeded weights (examples/bench/ab_kernels.py --with; docs/
+benchmarks.md), the one-80 GB MoE plan's larger node's decode at 1 sequence 3.217 -> 2.949 ms with pdl alone,
+2.940 with all three, the smaller's 3.536 -> 2.912 and 2.876, equal at 16 sequences (15.15, 6.52 -> 6.45 ms);
+the 1.7B ASR plan's text node 1.627 -> 1.583 ms at 1 sequence (pdl and norm_gemv), equal at 16 and 64. The
+delta-rule nodes (below) run neither pdl nor norm_gemv (NOT_WITH_GDN): the 9B's decode with both was 6.007 ->
+6.026 ms at 1 sequence, 7.110 -> 7.121 at 16, equal at 64. A vocoder's dense transformer (Code2Wav) runs pdl and
+norm_gemv too, not timed alone: its steps run many rows, where its Triton launches are the fused norms that
+tests/gpu/test_pdl_gpu.py holds bit for bit with and without pdl.
 The nodes whose delta rule runs on fla-core also run gdn_fused: the zero-centred RMSNorms (and a residual add
 with one), the Gated DeltaNet's gates, its gated output norm and a decode step's conv on the conv state pool,
 one Triton launch each (models/components/norm_ops.py, gdn_step_triton.py): the 9B's decode on an H100 9.04 -> 6.53 ms at 1 sequence,
@@ -96,6 +104,7 @@ SM90_FROM = 2048
 GEMV_SWIGLU_BYTES = 16 * 2**20
 PAIR_TOKENS = 2
 FUSED_ARCHS = ("sm_90",)
+NOT_WITH_GDN = ("norm_gemv", "pdl")     # measured no faster on the delta-rule nodes (module docstring)
 
 
 @dataclass(frozen=True)
@@ -145,12 +154,14 @@ def select_backends(ir: IR) -> Backends:
         chosen[r.name] = Choice(prefill, decode, runs, why)
     knobs = {"fused_gelu": 1, "fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_rope": 1,
              "fused_router": 1, "fused_sampler": 1, "gated_rope": 1, "gemv": 1, "gemv_swiglu": GEMV_SWIGLU_BYTES,
-             "moe_pair_tokens": PAIR_TOKENS, "moe_route_group": 1, "moe_sm90_from": SM90_FROM, "moe_sum_norm": 1}
+             "moe_pair_tokens": PAIR_TOKENS, "moe_route_group": 1, "moe_shared_sum": 1, "moe_sm90_from": SM90_FROM,
+             "moe_sum_norm": 1, "norm_gemv": 1, "pdl": 1}
     kernels = {n.name: dict(knobs) for n in ir.model.nodes if arch in FUSED_ARCHS and n.dtype == "bfloat16"}
     for n in ir.model.nodes:        # the delta rule on fla-core where its state resource's backend is fla,
         if any(res in chosen and chosen[res].prefill == "fla" for res in n.resources.values()):   # decode in place
             gdn = {"fla_gdn": 1, "gdn_conv_rows": 1, "gdn_fused": 1, "gdn_slots": 1}
-            kernels[n.name] = dict(sorted((kernels.get(n.name, {}) | gdn).items()))
+            rest = {k: v for k, v in kernels.get(n.name, {}).items() if k not in NOT_WITH_GDN}
+            kernels[n.name] = dict(sorted((rest | gdn).items()))
     out = Backends(chosen, kernels)
     out.check(ir)
     return out

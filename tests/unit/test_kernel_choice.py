@@ -43,9 +43,11 @@ def test_shipped_plans_record_the_choice_where_it_acts():
         # the thinker and the talker hold sparse MoE experts, RMSNorms and layers.Linear, the talker its sampler
         # too; Code2Wav RMSNorms and a SwiGLU's Linears only; the audio encoder none of them (LayerNorms,
         # nn.Linear), the vision encoder its fp32 rotary, LayerNorms and MLP's GELU
-        mlp = {"fused_norms": 1, "gemv": 1, "gemv_swiglu": 16 * 2**20}       # SwiGLUs of 16 MiB or less fused
+        mlp = {"fused_norms": 1, "gemv": 1, "gemv_swiglu": 16 * 2**20,      # SwiGLUs of 16 MiB or less fused
+               "norm_gemv": 1, "pdl": 1}
         both = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1, "gemv": 1, "moe_pair_tokens": 2,
-                "moe_route_group": 1, "moe_sm90_from": 2048, "moe_sum_norm": 1}
+                "moe_route_group": 1, "moe_shared_sum": 1, "moe_sm90_from": 2048, "moe_sum_norm": 1,
+                "norm_gemv": 1, "pdl": 1}
         # the thinker's MoE has no shared expert (no SwiGLU); the talker's has, and its code predictor MLPs
         assert got == {"thinker": both, "talker": {**both, **mlp, "fused_sampler": 1}, "audio_encoder": {},
                        "vision_encoder": {"fused_gelu": 1, "fused_norms": 1, "fused_rope": 1},
@@ -68,7 +70,8 @@ def test_select_backends_by_arch_and_dtype():
         bf16 = {n.name for n in model.nodes if n.dtype == "bfloat16"}
         knobs = {"fused_gelu": 1, "fused_max_tokens": 16384, "fused_norms": 1, "fused_rope": 1,
                  "fused_router": 1, "fused_sampler": 1, "gated_rope": 1, "gemv": 1, "gemv_swiglu": 16 * 2**20,
-                 "moe_pair_tokens": 2, "moe_route_group": 1, "moe_sm90_from": 2048, "moe_sum_norm": 1}
+                 "moe_pair_tokens": 2, "moe_route_group": 1, "moe_shared_sum": 1, "moe_sm90_from": 2048,
+                 "moe_sum_norm": 1, "norm_gemv": 1, "pdl": 1}
         assert chosen == ({n: knobs for n in bf16}
                           if want else {}), gpu
 

@@ -174,15 +174,18 @@ def test_slots_follow_the_decode_walk_through_the_resource_node_only():
 
 
 def test_the_delta_rule_backend_comes_from_the_capability_table():
-    """sm_90 takes fla first (and sets its node's fla_gdn, gdn_fused and gdn_slots knobs, each 1: on); torch is asked for by
-    name and sets neither; an arch whose row has no fla refuses it, naming what it has; the cpu runs torch."""
+    """sm_90 takes fla first (and sets its node's fla_gdn, gdn_fused and gdn_slots knobs, each 1: on, and takes away
+    pdl and norm_gemv, measured no faster there); torch is asked for by name and sets none of the three but keeps
+    pdl and norm_gemv; an arch whose row has no fla refuses it, naming what it has; the cpu runs torch."""
     c = plan("wide", "h100")
     knobs = c.plan.nodes["lm"].kernels
     assert c.plan.resources["lm_state"].backend == "fla" and (
         knobs.get("fla_gdn"), knobs.get("gdn_fused"), knobs.get("gdn_slots")) == (1, 1, 1)
+    assert not {"pdl", "norm_gemv"} & set(knobs)
     t = plan("wide", "h100", {"resources": {"lm_state": {"backend": "torch"}}})
     assert t.plan.resources["lm_state"].backend == "torch"
     assert not {"fla_gdn", "gdn_fused", "gdn_slots"} & set(t.plan.nodes["lm"].kernels)
+    assert {"pdl", "norm_gemv"} <= set(t.plan.nodes["lm"].kernels)
     with pytest.raises(InvalidInput) as e:
         plan("wide", "a100-80gb", {"resources": {"lm_state": {"backend": "fla"}}})
     assert "'fla' has no kernels for sm_80; a100-80gb has: torch" in str(e.value)
