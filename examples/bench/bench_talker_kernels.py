@@ -5,10 +5,8 @@ predictor's frame attention on the 'triton' backend (resources/ragged_triton.py)
 at the talker's shapes and 1 and 32 sampled rows. Each is a captured graph of 16 calls (as many as a talker
 step makes), timed with CUDA events (median of replays); µs per call.
 
-    python examples/bench/bench_talker_kernels.py --json OUT.json [--warps 2 4 8] [--baseline old.py] [--radix]
+    python examples/bench/bench_talker_kernels.py --json OUT.json [--warps 2 4 8] [--baseline old.py]
         [--sampler-only]
-
---radix: also the sampler with top-k's kth value by the radix select (select_codes(radix=True)) at each of --warps.
 
 The sampler's rows sample with the talker's defaults (temperature 0.9, top-k 50, top-p 0.8 for residual codes;
 code 0 with repetition penalty 1.05 over a fifth of its ids and the codebook's suppression) on randn * 2.5
@@ -47,7 +45,7 @@ def load_baseline(path: str):
     return mod
 
 
-def bench_sampler(seqs: int, code0: bool, warps: list[int], baseline, replays: int, radix: bool = False) -> dict:
+def bench_sampler(seqs: int, code0: bool, warps: list[int], baseline, replays: int) -> dict:
     from models.components import select_triton as k
 
     vocab = 3072 if code0 else 2048
@@ -62,8 +60,6 @@ def bench_sampler(seqs: int, code0: bool, warps: list[int], baseline, replays: i
     args = (logits, rows.sampled, rows.temperature.float(), rows.kth.long(), rows.floor.float(),
             rows.penalty.float() if code0 else None, log_noise, seen, suppress, out)
     variants = {f"warps {w}": (lambda w=w: k.select_codes(*args, num_warps=w)) for w in warps}
-    if radix:
-        variants |= {f"radix warps {w}": (lambda w=w: k.select_codes(*args, num_warps=w, radix=True)) for w in warps}
     if baseline is not None:
         variants["baseline"] = lambda: baseline.select_codes(*args)
     codes, times = {}, {}
@@ -108,7 +104,6 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--warps", type=int, nargs="+", default=[4], help="the sampler's num_warps to time")
     ap.add_argument("--baseline", default=None, help="another select_triton.py to time beside it")
-    ap.add_argument("--radix", action="store_true", help="also the radix select of top-k's kth value")
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--sampler-only", action="store_true", help="no frame attention rows (FlashInfer's fa3 "
                     "compiles for about a minute on a fresh machine)")
@@ -117,7 +112,7 @@ def main() -> int:
     rows = []
     for seqs in (1, 32):
         for code0 in (False, True):
-            r = bench_sampler(seqs, code0, a.warps, baseline, a.replays, a.radix)
+            r = bench_sampler(seqs, code0, a.warps, baseline, a.replays)
             rows.append({"kernel": "select_codes", "code": "code 0" if code0 else "residual", "seqs": seqs, **r})
         if not a.sampler_only:
             rows.append({"kernel": "frame attention", "seqs": seqs, **bench_frame_attention(seqs, a.replays)})

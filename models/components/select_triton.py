@@ -19,8 +19,9 @@ uint32 image of the value (-0.0 taken as +0.0). Both filters need only a thresho
 binary search of full-row reductions (a masked count, a masked sum), one bit a reduction, high bits first,
 which keeps the program small (tl.sort of 4096 int64 keys is 78 compare-exchange stages through shared
 memory, then a scatter back; deciding 2 or 4 bits a round by 2-D reductions over the candidates was slower
-on the H200: 31 and 53 us a call against 24; a radix select of top-k's value by four 256-bin histograms,
-select_codes(radix=True), is exact under the interpreter and not yet compiled or timed on a GPU):
+on the H200: 31 and 53 us a call against 24; a radix select of top-k's value by four 256-bin histograms, exact,
+was no faster on an H100 at 8 warps: 17.42 us against 17.63 for a residual code's 2,048 ids, 28.57 against 26.86
+for code 0's 3,072, one row; docs/data/h100_2026-12-07b/select_radix.log):
   top-k  u_k = the largest u with count(u_i < u) <= kth is the sorted row's kth value: 32 bits of counts;
          the drop itself compares floats (x < value), as torch's does (-0.0 is not below +0.0);
   top-p  cum along the sort is nondecreasing (p >= 0), so the ids it drops are the keys below some t: t = the
@@ -98,27 +99,6 @@ def _kth_value(u, kth):
 
 
 @triton.jit
-def _kth_value_radix(u, kth):
-    """_kth_value by a radix select of four 8-bit digits, high to low (RADIX; bench_talker_kernels.py --radix
-    times it beside the one-bit search): a round counts the digits of the keys that share t's digits
-    above it (a histogram of 256 bins) and takes the digit whose bin holds the rem-th of them, rem the keys
-    below still to pass. The shifts are constexpr expressions of the unrolled round, none assigned."""
-    bins = tl.arange(0, 256)
-    t = tl.zeros([], tl.uint32)
-    rem = kth.to(tl.int32)
-    for r in tl.static_range(4):
-        digit = ((u >> (24 - 8 * r)) & 255).to(tl.int32)
-        if r == 0:
-            h = tl.histogram(digit, 256)
-        else:
-            h = tl.histogram(digit, 256, mask=(u >> (32 - 8 * r)) == (t >> (32 - 8 * r)))
-        d = tl.sum((tl.cumsum(h, axis=0) <= rem).to(tl.int32), axis=0)          # bins wholly below the rem-th key
-        rem -= tl.sum(tl.where(bins < d, h, 0), axis=0)
-        t |= d.to(tl.uint32) << (24 - 8 * r)
-    return _value_of(t)
-
-
-@triton.jit
 def _top_p_drop(u, p, m, offs, drop, floor, INDEX_BITS: tl.constexpr):
     """drop, and the ids top-p drops: the keys (u, index) below some t = (tu, ti), the largest key with
     sum(p_i : key_i < t) <= floor, in two searches; the top key never."""
@@ -150,7 +130,7 @@ def _top_p_drop(u, p, m, offs, drop, floor, INDEX_BITS: tl.constexpr):
 @triton.jit
 def _select(logits_ptr, sampled_ptr, temp_ptr, kth_ptr, floor_ptr, pen_ptr, noise_ptr, seen_ptr, sup_ptr, out_ptr,
             V, l_row, n_row, s_row, sa_st, t_st, k_st, f_st, p_st, HAS_SEEN: tl.constexpr, HAS_SUP: tl.constexpr,
-            PRECISE: tl.constexpr, INDEX_BITS: tl.constexpr, BLOCK: tl.constexpr, RADIX: tl.constexpr = False):
+            PRECISE: tl.constexpr, INDEX_BITS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = offs < V
@@ -168,10 +148,7 @@ def _select(logits_ptr, sampled_ptr, temp_ptr, kth_ptr, floor_ptr, pen_ptr, nois
         drop = offs < 0                            # nothing dropped yet
         kth = tl.load(kth_ptr + row * k_st)
         if kth > 0:                                # top-k (kth 0: the smallest value, nothing is below it)
-            if RADIX:
-                drop = x < _kth_value_radix(u, kth)
-            else:
-                drop = x < _kth_value(u, kth)
+            drop = x < _kth_value(u, kth)
         xk = tl.where(drop, float("-inf"), x)
         e = _exp(xk - tl.max(xk, axis=0), PRECISE)
         p = tl.math.div_rn(e, tl.broadcast_to(tl.sum(e, axis=0), [BLOCK]))
@@ -194,13 +171,11 @@ def _interpreted() -> bool:
 
 def select_codes(logits: torch.Tensor, sampled: torch.Tensor, temperature: torch.Tensor, kth: torch.Tensor,
                  floor: torch.Tensor, penalty: torch.Tensor | None, log_noise: torch.Tensor, seen: torch.Tensor | None,
-                 suppress: torch.Tensor | None, out: torch.Tensor, num_warps: int | None = None, radix: bool = False
-                 ) -> None:
+                 suppress: torch.Tensor | None, out: torch.Tensor, num_warps: int | None = None) -> None:
     """out [S] int64 = talker.select's codes. logits [S, V] (bf16 or fp32), log_noise [S, V] fp32, seen [S, V]
     bool or None (rows may be strided, columns contiguous), suppress [V] bool or None; per row (first dim,
     any stride): sampled bool, temperature fp32 (> 0), kth int64, floor fp32 (< 0: off), penalty fp32 (read
-    only with seen); num_warps: the program's warps (None: warps(BLOCK)); radix: top-k's kth value by the radix
-    select (_kth_value_radix), not yet timed on a GPU, where the shipped call takes the one-bit search."""
+    only with seen); num_warps: the program's warps (None: warps(BLOCK))."""
     s, v = logits.shape
     if not s:
         return
@@ -212,4 +187,4 @@ def select_codes(logits: torch.Tensor, sampled: torch.Tensor, temperature: torch
                   out, v, logits.stride(0), log_noise.stride(0), seen.stride(0) if has_seen else 0, sampled.stride(0),
                   temperature.stride(0), kth.stride(0), floor.stride(0), pen.stride(0), HAS_SEEN=has_seen,
                   HAS_SUP=has_sup, PRECISE=not _interpreted(), INDEX_BITS=block.bit_length() - 1, BLOCK=block,
-                  RADIX=radix, num_warps=num_warps or warps(block))
+                  num_warps=num_warps or warps(block))

@@ -44,18 +44,6 @@ def test_fused_select_equals_the_torch_path(seqs, code):
         assert min(total.values()) >= 10, total
 
 
-@pytest.mark.parametrize("code", ["code0", "residual"])
-def test_the_radix_select_equals_the_torch_path(code, monkeypatch):
-    """select_codes(radix=True): top-k's kth value by four histogram rounds (select_triton._kth_value_radix), as
-    the operator's call, against the torch path as above at 32 rows."""
-    from functools import partial
-
-    from models.components import select_triton
-
-    monkeypatch.setattr(select_triton, "select_codes", partial(select_triton.select_codes, radix=True))
-    test_fused_select_equals_the_torch_path(32, code)
-
-
 @pytest.mark.parametrize("vocab", [2048, 3072])
 def test_quotients_to_the_last_bit(vocab):
     """Neighbouring logits whose quotients by the temperature (1.7) or the penalty (1.3) round to one value, so

@@ -246,18 +246,17 @@ KTH_SCRIPT = r"""
 import torch
 import triton
 import triton.language as tl
-from models.components.select_triton import _kth_value, _kth_value_radix, _order_keys
+from models.components.select_triton import _kth_value, _order_keys
 
 
 @triton.jit
-def probe(x_ptr, k_ptr, a_ptr, b_ptr, V, BLOCK: tl.constexpr):
+def probe(x_ptr, k_ptr, a_ptr, V, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     m = offs < V
     u = _order_keys(tl.load(x_ptr + row * V + offs, mask=m, other=0.0), m)
     k = tl.load(k_ptr + row)
     tl.store(a_ptr + row, _kth_value(u, k))
-    tl.store(b_ptr + row, _kth_value_radix(u, k))
 
 
 gen = torch.Generator().manual_seed(0)
@@ -273,21 +272,20 @@ for v in (37, 2048, 3072):
     x = torch.stack([rows[i % 4] * (1 if i < 8 else -1) for i in range(n)])
     k = torch.randint(1, v, (n,), generator=gen)
     k[0], k[1] = 1, v - 1
-    a, b = torch.empty(n), torch.empty(n)
-    probe[(n,)](x, k, a, b, v, BLOCK=triton.next_power_of_2(v))
+    a = torch.empty(n)
+    probe[(n,)](x, k, a, v, BLOCK=triton.next_power_of_2(v))
     want = torch.sort(x, dim=1).values.gather(1, k[:, None])[:, 0]                       # brute force
-    out[str(v)] = [[float(w) for w in want], [float(t) for t in a], [float(t) for t in b]]
+    out[str(v)] = [[float(w) for w in want], [float(t) for t in a]]
 print(json.dumps(out))
 """
 
 
-def test_the_radix_select_finds_the_kth_value_the_sort_does():
-    """top-k's threshold, by the one-bit search (_kth_value, the shipped call's) and by the radix select
-    (_kth_value_radix, select_codes(radix=True)), against the kth entry of the sorted row (brute force), under the
-    interpreter: rows of crowded bf16 values with -inf ids, long ties of small integers with -0.0 among them,
+def test_the_kth_value_search_finds_the_kth_value_the_sort_does():
+    """top-k's threshold, by the one-bit search (_kth_value), against the kth entry of the sorted row (brute
+    force), under the interpreter: rows of crowded bf16 values with -inf ids, long ties of small integers with -0.0 among them,
     signed zeros alone, one value throughout, each negated too; kth from 1 to V - 1; V 37 (padded to 64), 2,048
     and 3,072 (padded to 4,096)."""
     got = interpreted(KTH_SCRIPT)
     assert set(got) == {"37", "2048", "3072"}
-    for v, (want, bit, radix) in got.items():
-        assert bit == want and radix == want, (v, want, bit, radix)
+    for v, (want, bit) in got.items():
+        assert bit == want, (v, want, bit)
