@@ -43,6 +43,11 @@ kept here and dropped there or back (it changes a code only if that id then wins
 is exact: top-k, the greedy and race argmaxes (the first index among equal maxima, as torch's), suppression.
 NaN logits are not handled as torch handles them.
 
+With an embedding table (the select_embed knob) a program also copies its code's row of the table into its row
+of an output (the code's embedding, the next input of the code predictor): the gather that would be a launch of
+its own. With pdl (the plan's pdl knob) it launches with programmatic dependent launch (resources/pdl.py) and
+reads nothing before the kernel before it ends.
+
 tests/unit/test_select_triton.py runs it under Triton's interpreter on CPU, tests/gpu/test_select_gpu.py
 compiled at the talker's shapes; select_ops.py makes it a torch operator.
 """
@@ -54,6 +59,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+
+from resources.pdl import _pdl_start, _pdl_wait, pdl_launch
 
 
 @triton.jit
@@ -130,7 +137,10 @@ def _top_p_drop(u, p, m, offs, drop, floor, INDEX_BITS: tl.constexpr):
 @triton.jit
 def _select(logits_ptr, sampled_ptr, temp_ptr, kth_ptr, floor_ptr, pen_ptr, noise_ptr, seen_ptr, sup_ptr, out_ptr,
             V, l_row, n_row, s_row, sa_st, t_st, k_st, f_st, p_st, HAS_SEEN: tl.constexpr, HAS_SUP: tl.constexpr,
-            PRECISE: tl.constexpr, INDEX_BITS: tl.constexpr, BLOCK: tl.constexpr):
+            PRECISE: tl.constexpr, INDEX_BITS: tl.constexpr, BLOCK: tl.constexpr, emb_ptr=None, e_ptr=None,
+            e_row=0, H=0, BLOCK_H: tl.constexpr = 1, PDL: tl.constexpr = False):
+    _pdl_start(PDL)
+    _pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = offs < V
@@ -158,6 +168,9 @@ def _select(logits_ptr, sampled_ptr, temp_ptr, kth_ptr, floor_ptr, pen_ptr, nois
         log_e = tl.load(noise_ptr + row * n_row + offs, mask=m, other=0.0)
         code = _first_argmax(tl.where(drop, float("-inf"), x - log_e), offs, BLOCK)
     tl.store(out_ptr + row, code.to(tl.int64))
+    if BLOCK_H > 1:                                # the code's embedding row
+        h = tl.arange(0, BLOCK_H)
+        tl.store(e_ptr + row * e_row + h, tl.load(emb_ptr + code.to(tl.int64) * H + h, mask=h < H), mask=h < H)
 
 
 def warps(block: int) -> int:
@@ -171,11 +184,13 @@ def _interpreted() -> bool:
 
 def select_codes(logits: torch.Tensor, sampled: torch.Tensor, temperature: torch.Tensor, kth: torch.Tensor,
                  floor: torch.Tensor, penalty: torch.Tensor | None, log_noise: torch.Tensor, seen: torch.Tensor | None,
-                 suppress: torch.Tensor | None, out: torch.Tensor, num_warps: int | None = None) -> None:
+                 suppress: torch.Tensor | None, out: torch.Tensor, num_warps: int | None = None,
+                 embed: torch.Tensor | None = None, embed_out: torch.Tensor | None = None, pdl: bool = False) -> None:
     """out [S] int64 = talker.select's codes. logits [S, V] (bf16 or fp32), log_noise [S, V] fp32, seen [S, V]
     bool or None (rows may be strided, columns contiguous), suppress [V] bool or None; per row (first dim,
     any stride): sampled bool, temperature fp32 (> 0), kth int64, floor fp32 (< 0: off), penalty fp32 (read
-    only with seen); num_warps: the program's warps (None: warps(BLOCK))."""
+    only with seen); num_warps: the program's warps (None: warps(BLOCK)). embed [>= V, H] contiguous: embed_out
+    [S, H] (columns contiguous) = embed[out]. pdl: launched with programmatic dependent launch."""
     s, v = logits.shape
     if not s:
         return
@@ -187,4 +202,13 @@ def select_codes(logits: torch.Tensor, sampled: torch.Tensor, temperature: torch
                   out, v, logits.stride(0), log_noise.stride(0), seen.stride(0) if has_seen else 0, sampled.stride(0),
                   temperature.stride(0), kth.stride(0), floor.stride(0), pen.stride(0), HAS_SEEN=has_seen,
                   HAS_SUP=has_sup, PRECISE=not _interpreted(), INDEX_BITS=block.bit_length() - 1, BLOCK=block,
-                  num_warps=num_warps or warps(block))
+                  num_warps=num_warps or warps(block), **_embedding(embed, embed_out), **pdl_launch(pdl, logits))
+
+
+def _embedding(embed: torch.Tensor | None, embed_out: torch.Tensor | None) -> dict:
+    """_select's arguments for the code's embedding row (none without a table)."""
+    if embed is None:
+        return {}
+    h = embed.shape[1]
+    return {"emb_ptr": embed, "e_ptr": embed_out, "e_row": embed_out.stride(0), "H": h,
+            "BLOCK_H": max(2, triton.next_power_of_2(h))}

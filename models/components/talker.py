@@ -115,6 +115,19 @@ def sampler(module: nn.Module, logits: torch.Tensor):
     return select
 
 
+def pick(module: nn.Module, logits: torch.Tensor, rows: RowParams, log_noise: torch.Tensor, table: nn.Embedding,
+         out: torch.Tensor | None = None, seen: torch.Tensor | None = None, suppress: torch.Tensor | None = None
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes [S], their rows of table [S, H]): sampler(module, logits)'s codes, then the table's lookup; with out
+    [S, H] (Talker.frame: the select_embed knob) the fused sampler writes the rows there in its own launch, with
+    programmatic dependent launch where the module's pdl knob says so."""
+    if out is not None:
+        from models.components.select_ops import fused_select
+        return fused_select(logits, rows, log_noise, seen, suppress, (table.weight, out), bool(module.pdl)), out
+    code = sampler(module, logits)(logits, rows, log_noise, seen, suppress)
+    return code, table(code)
+
+
 def log_draws(noise: torch.Tensor) -> torch.Tensor:
     """log E of Exp(1) draws; E floored at the smallest normal float (a CPU draw can be 0), so the race
     never meets -inf - (-inf)."""
@@ -187,6 +200,9 @@ class CodePredictor(nn.Module):
 
     # the plan's knob (graphc/passes/select_backends.py): 1 samples each code in one launch (sampler())
     fused_sampler: int = 0
+    # another: that launch with programmatic dependent launch (resources/pdl.py), where the talker's select_embed
+    # knob has it write the code's embedding too (pick)
+    pdl: int = 0
 
     def __init__(self, cfg: CodePredictorConfig, groups: int):
         super().__init__()
@@ -207,10 +223,11 @@ class CodePredictor(nn.Module):
         return head.after_norm(x[:, -1], delta[:, -1], self.model.norm)[1]
 
     def forward(self, hidden: torch.Tensor, code0_embed: torch.Tensor, attn: Attend, params: torch.Tensor,
-                log_noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                log_noise: torch.Tensor, frame: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden, code0_embed [S, H] -> codes [S, G-1] int64, their embeddings [S, G-1, H]. params [S, 3]:
         the residual codes' temperature, top_k, 1 - top_p; log_noise [S, G-1, >= vocab_size]: each code's
-        log draws (log_draws)."""
+        log draws (log_draws). frame [S, G, H] (Talker.frame): code j's embedding written in frame[:, j + 1] by
+        its sampler's launch, and frame[:, 1:] the embeddings returned."""
         rows = RowParams(params, self.cfg.vocab_size)
         v = self.cfg.vocab_size
         s, g = hidden.shape[0], self.groups
@@ -222,12 +239,12 @@ class CodePredictor(nn.Module):
         for j in range(g - 1):
             slots = slice(0, 2) if j == 0 else slice(j + 1, j + 2)
             logits = self.run(x, slots, cos, sin, cache, self.lm_head[j])
-            code = sampler(self, logits)(logits, rows, log_noise[:, j, :v])     # [S]
-            e = self.model.codec_embedding[j](code)                             # [S, H]
+            code, e = pick(self, logits, rows, log_noise[:, j, :v], self.model.codec_embedding[j],
+                           None if frame is None else frame[:, j + 1])          # [S], [S, H]
             codes.append(code)
             embeds.append(e)
             x = e[:, None]                                                      # next step's one row
-        return torch.stack(codes, dim=1), torch.stack(embeds, dim=1)
+        return torch.stack(codes, dim=1), (torch.stack(embeds, dim=1) if frame is None else frame[:, 1:])
 
 
 class TalkerBody(nn.Module):
@@ -251,7 +268,11 @@ class Talker(NodeModule):
     """
 
     ROLES = {"kv": "paged_kv", "cp_attn": "ragged_attention"}
-    fused_sampler: int = 0          # the plan's knob, as CodePredictor's
+    fused_sampler: int = 0          # the plan's knobs, as CodePredictor's
+    pdl: int = 0
+    # another: with the fused sampler, each code's launch also writes its embedding into the frame's buffer
+    # (frame, pick): no lookup launches, no stack or concatenation of the frame's rows
+    select_embed: int = 0
 
     def __init__(self, cfg: TalkerConfig):
         super().__init__()
@@ -276,6 +297,13 @@ class Talker(NodeModule):
         codec = self.model.codec_embedding(codec_ids.clamp(min=0))
         return side + torch.where((codec_ids >= 0)[:, None], codec, 0.0)
 
+    def frame(self, logits: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
+        """The frame's embeddings [S, G, H], left for the fused sampler to write (the select_embed knob, with the
+        fused sampler where it runs: sampler()); else None."""
+        if not (self.select_embed and sampler(self, logits) is not select):
+            return None
+        return torch.empty(h.shape[0], self.cfg.num_code_groups, h.shape[1], device=h.device, dtype=h.dtype)
+
     def forward(self, ctx: StepContext, embeds: torch.Tensor, positions: torch.Tensor, sample_rows: torch.Tensor,
                 trailing_text: torch.Tensor, sampling: torch.Tensor, noise: torch.Tensor, seen: torch.Tensor,
                 codec_ids: torch.Tensor | None = None,
@@ -291,10 +319,12 @@ class Talker(NodeModule):
         h = self.model.norm(x.index_select(0, sample_rows))                      # [S, H]
         logits = self.codec_head(h).float()                                      # [S, V]
         log_noise = log_draws(noise)                                             # [S, G, V]
-        code0 = sampler(self, logits)(logits, RowParams(sampling[:, :4], logits.shape[-1]), log_noise[:, 0], seen,
-                                      self.suppress)
-        e0 = self.model.codec_embedding(code0)                                   # [S, H]
-        residual, residual_embeds = self.code_predictor(h, e0, ctx["cp_attn"], sampling[:, 4:], log_noise[:, 1:])
-        frame = torch.cat((e0[:, None], residual_embeds), dim=1)                # [S, G, H]
+        frame = self.frame(logits, h)
+        code0, e0 = pick(self, logits, RowParams(sampling[:, :4], logits.shape[-1]), log_noise[:, 0],
+                         self.model.codec_embedding, None if frame is None else frame[:, 0], seen, self.suppress)
+        residual, residual_embeds = self.code_predictor(h, e0, ctx["cp_attn"], sampling[:, 4:], log_noise[:, 1:],
+                                                        frame)
+        if frame is None:
+            frame = torch.cat((e0[:, None], residual_embeds), dim=1)            # [S, G, H]
         next_embeds = frame.sum(dim=1) + self.text_projection(trailing_text)
         return {"logits": logits, "codes": torch.cat((code0[:, None], residual), dim=1), "next_embeds": next_embeds}

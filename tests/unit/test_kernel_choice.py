@@ -387,6 +387,26 @@ def test_with_norm_gemv_the_code_predictors_final_norm_runs_in_its_heads_launch(
         assert ops[-1] == ("graphc.norm_gemv" if knob else "graphc.gemv"), ops
 
 
+def test_with_select_embed_the_sampler_writes_the_frames_embeddings():
+    """On meta (bf16, the fused sampler): the code predictor given a frame buffer (the talker's select_embed knob)
+    samples each of its 3 codes in one graphc.select_codes launch and runs no embedding lookup and no stack of
+    the embeddings (the codes' stack stays); without the buffer, a lookup after each code and one stack more."""
+    from models.components.talker import sampling_row
+
+    runs = {}
+    for frame in (True, False):
+        cp, x, cos, sin, cache = _code_predictor_frame("meta", torch.bfloat16, 2)
+        set_kernels(cp, {"fused_sampler": 1, "pdl": 1})
+        params = torch.tensor([sampling_row(0.9, 50, 0.8, 1.05, 0.9, 50, 0.8)[4:]] * 2, device="meta")
+        buf = torch.empty(2, 4, 32, device="meta", dtype=torch.bfloat16) if frame else None
+        (codes, embeds), seen = OpNames.of(lambda: cp(x[:, 0], x[:, 1], cache.attn, params,
+                                                      torch.empty(2, 3, 16, device="meta"), buf))
+        assert codes.shape == (2, 3) and embeds.shape == (2, 3, 32)
+        assert graphc_ops(seen).count("graphc.select_codes") == 3, seen
+        runs[frame] = [sum(o.startswith(op) for o in seen) for op in ("aten.embedding", "aten.stack")]
+    assert runs == {True: [0, runs[False][1] - 1], False: [3, runs[False][1]]}, runs
+
+
 def _code_predictor_frame(device: str, dtype: torch.dtype, S: int, n: int = 2):
     """A 3-layer code predictor (CODE_PREDICTOR, 4 codes a frame) on device with n rows of its frame
     x [S, n, 32] (a frame's first step has two, the later ones one), rotary tables and frame cache (causal
@@ -403,7 +423,7 @@ def _code_predictor_frame(device: str, dtype: torch.dtype, S: int, n: int = 2):
 
         def attn(q, k, v):                     # causal attention over each sequence's G slots
             if device == "meta":
-                return torch.empty(q.shape, dtype=dtype)
+                return torch.empty(q.shape, dtype=dtype, device=q.device)
             qs, ks, vs = (t.view(S, G, -1, 8).transpose(1, 2) for t in (q, k, v))
             ks, vs = (t.repeat_interleave(2, dim=1) for t in (ks, vs))
             o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True)

@@ -289,3 +289,51 @@ def test_the_kth_value_search_finds_the_kth_value_the_sort_does():
     assert set(got) == {"37", "2048", "3072"}
     for v, (want, bit) in got.items():
         assert bit == want, (v, want, bit)
+
+
+EMBED_SCRIPT = r"""
+import torch
+from models.components import talker
+from models.components.select_ops import fused_select
+from models.components.talker import sampling_row
+from tests.unit.test_kernel_choice import _code_predictor_frame
+from tests.unit.test_select_triton import REAL, SMALL, talker_batch
+
+gen = torch.Generator().manual_seed(3)
+out = {}
+for name, cfg, s, code0 in (("small_code0", SMALL, 9, True), ("real_residual", REAL, 3, False)):
+    logits, rows, log_noise, seen, suppress = talker_batch(gen, s, *cfg, code0, "bf16")
+    table = torch.randn(logits.shape[1] + 3, 24, generator=gen).bfloat16()
+    frame = torch.full((s, 4, 24), float("nan"), dtype=torch.bfloat16)          # rows strided, as a frame's
+    plain = fused_select(logits, rows, log_noise, seen, suppress)
+    codes = fused_select(logits, rows, log_noise, seen, suppress, (table, frame[:, 2]))
+    out[name] = [torch.equal(codes, plain), torch.equal(frame[:, 2], table[codes]),
+                 bool(frame[:, [0, 1, 3]].isnan().all())]
+talker.sampler = lambda module, logits: fused_select        # the GPU's choice, here under the interpreter
+cp, x, cos, sin, cache = _code_predictor_frame("cpu", torch.float32, 2)
+for p in cp.parameters():
+    torch.nn.init.normal_(p, 0.0, 0.3)
+params = torch.tensor([sampling_row(0.9, 50, 0.8, 1.05, 1.3, 5, 0.9)[4:]] * 2)
+log_noise = torch.empty(2, 3, 16).exponential_(generator=gen).log()
+codes, embeds = cp(x[:, 0], x[:, 1], cache.attn, params, log_noise)
+frame = torch.full((2, 4, 32), float("nan"))
+got_codes, got_embeds = cp(x[:, 0], x[:, 1], cache.attn, params, log_noise, frame)
+lookups = torch.stack([cp.model.codec_embedding[j](codes[:, j]) for j in range(3)], dim=1)
+out["code_predictor"] = [torch.equal(got_codes, codes), torch.equal(got_embeds, embeds), torch.equal(embeds, lookups),
+                         torch.equal(frame[:, 1:], embeds), bool(frame[:, 0].isnan().all()), codes.tolist()]
+print(json.dumps(out))
+"""
+
+
+def test_the_sampler_writes_each_codes_embedding_in_its_launch():
+    """fused_select with an embedding table (the select_embed knob), under the interpreter: the codes those of
+    the call without it, the output rows (a row-strided slot of a frame buffer) the table's rows of them
+    (an independent gather) and nothing else of the buffer written; code 0's layout (penalty, suppression, V 37)
+    and a residual code's at the real V. The code predictor given the frame: codes and embeddings bit for bit
+    those of its lookups and stack, in frame[:, 1:], slot 0 untouched."""
+    got = interpreted(EMBED_SCRIPT)
+    for name in ("small_code0", "real_residual"):
+        assert got[name] == [True, True, True], (name, got[name])
+    cp = got["code_predictor"]
+    assert cp[:5] == [True] * 5, cp
+    assert len({c for row in cp[5] for c in row}) > 1, cp           # the codes vary: the rows gathered differ
