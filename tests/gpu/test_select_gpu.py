@@ -93,3 +93,36 @@ def test_one_launch_and_a_cuda_graph_replays_it():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("code", ["code0", "residual"])
+def test_the_embedding_rows_in_the_launch_with_pdl_in_a_graph(code):
+    """fused_select with an embedding table (the select_embed knob) and pdl, captured after a kernel that writes
+    its logits (a scale of a copy, so a launch that read them early would see the old ones), replayed over 8
+    batches: each replay's codes those of the plain call on the same logits, and the rows (a row-strided slot of
+    a [32, 16, 1024] frame buffer) the table's rows of them; the rest of the buffer untouched."""
+    pytest.importorskip("triton")
+    from models.components.select_ops import fused_select
+
+    gen = torch.Generator().manual_seed(11)
+    logits, rows, log_noise, seen, suppress = talker_batch(gen, 32, *REAL, code == "code0", "bf16", device="cuda")
+    table = torch.randn(logits.shape[1], 1024, device="cuda").bfloat16()
+    frame = torch.full((32, 16, 1024), float("nan"), device="cuda", dtype=torch.bfloat16)
+    src, held = logits.clone(), torch.empty_like(logits)
+
+    def step():
+        torch.mul(src, 1.0, out=held)                                    # the kernel before, writing the logits
+        return fused_select(held, rows, log_noise, seen, suppress, (table, frame[:, 3]), pdl=True)
+    step()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        codes = step()
+    for i in range(8):
+        src.copy_(talker_batch(gen, 32, *REAL, code == "code0", "bf16", device="cuda")[0])
+        g.replay()
+        torch.cuda.synchronize()
+        want = fused_select(src, rows, log_noise, seen, suppress)
+        assert torch.equal(codes, want), i
+        assert torch.equal(frame[:, 3], table[want]), i
+    assert frame[:, [0, 1, 2, 4]].isnan().all()
