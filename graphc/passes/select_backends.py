@@ -51,9 +51,10 @@ delta-rule nodes (below) run neither pdl nor norm_gemv (NOT_WITH_GDN): the 9B's 
 6.026 ms at 1 sequence, 7.110 -> 7.121 at 16, equal at 64. A vocoder's dense transformer (Code2Wav) runs pdl and
 norm_gemv too, not timed alone: its steps run many rows, where its Triton launches are the fused norms that
 tests/gpu/test_pdl_gpu.py holds bit for bit with and without pdl. One knob is declared and chosen by no plan
-until the talker's steps time it: select_embed (the fused sampler's launch also writes its code's embedding
-into the frame's buffer, with pdl where the node has it: 765 -> 747 simulated launches in the one-80 GB plan's
-one-sequence talker step, examples/tools/launch_ops.py --with select_embed).
+until the talker's steps time it: select_fold (the fused sampler's launch also prepares its rows' sampling
+columns and writes its code's embedding into the frame's buffer, with pdl where the node has it: 765 -> 718
+simulated kernel launches in the one-80 GB plan's talker step at 1 sequence, 1,355 -> 1,308 at 16,
+examples/tools/launch_ops.py --with select_fold).
 The nodes whose delta rule runs on fla-core also run gdn_fused: the zero-centred RMSNorms (and a residual add
 with one), the Gated DeltaNet's gates, its gated output norm and a decode step's conv on the conv state pool,
 one Triton launch each (models/components/norm_ops.py, gdn_step_triton.py): the 9B's decode on an H100 9.04 -> 6.53 ms at 1 sequence,

@@ -43,9 +43,10 @@ kept here and dropped there or back (it changes a code only if that id then wins
 is exact: top-k, the greedy and race argmaxes (the first index among equal maxima, as torch's), suppression.
 NaN logits are not handled as torch handles them.
 
-With an embedding table (the select_embed knob) a program also copies its code's row of the table into its row
-of an output (the code's embedding, the next input of the code predictor): the gather that would be a launch of
-its own. With pdl (the plan's pdl knob) it launches with programmatic dependent launch (resources/pdl.py) and
+Under the select_fold knob a program also takes its row's sampling columns as the step's port holds them (the
+steps of talker.RowParams: a few launches of their own a call) and copies its code's row of an embedding table
+into its row of an output (the code's embedding, the next input of the code predictor): the gather that would
+be a launch of its own. With pdl (the plan's pdl knob) it launches with programmatic dependent launch (resources/pdl.py) and
 reads nothing before the kernel before it ends.
 
 tests/unit/test_select_triton.py runs it under Triton's interpreter on CPU, tests/gpu/test_select_gpu.py
@@ -135,10 +136,31 @@ def _top_p_drop(u, p, m, offs, drop, floor, INDEX_BITS: tl.constexpr):
 
 
 @triton.jit
+def _is_sampled(sampled_ptr, temp_ptr, row, sa_st, t_st, RAW: tl.constexpr):
+    """Whether the row samples: its sampled flag, or RAW (the sampling columns as given) a temperature above 0
+    (a sampled row's temperature is then the column itself)."""
+    if RAW:
+        return tl.load(temp_ptr + row * t_st) > 0
+    else:
+        return tl.load(sampled_ptr + row * sa_st) != 0
+
+
+@triton.jit
+def _kth_of(kth_ptr, row, k_st, V, RAW: tl.constexpr):
+    """The row's top-k position in the ascending sort; RAW, from its top_k column k (fp32): V - clamp(k, 1, V),
+    0 (off) where k is not above 0, as talker.RowParams takes it."""
+    if RAW:
+        k = tl.load(kth_ptr + row * k_st)
+        return tl.where(k > 0, V - tl.minimum(tl.maximum(k.to(tl.int64), 1), V), 0)
+    else:
+        return tl.load(kth_ptr + row * k_st)
+
+
+@triton.jit
 def _select(logits_ptr, sampled_ptr, temp_ptr, kth_ptr, floor_ptr, pen_ptr, noise_ptr, seen_ptr, sup_ptr, out_ptr,
             V, l_row, n_row, s_row, sa_st, t_st, k_st, f_st, p_st, HAS_SEEN: tl.constexpr, HAS_SUP: tl.constexpr,
             PRECISE: tl.constexpr, INDEX_BITS: tl.constexpr, BLOCK: tl.constexpr, emb_ptr=None, e_ptr=None,
-            e_row=0, H=0, BLOCK_H: tl.constexpr = 1, PDL: tl.constexpr = False):
+            e_row=0, H=0, BLOCK_H: tl.constexpr = 1, PDL: tl.constexpr = False, RAW: tl.constexpr = False):
     _pdl_start(PDL)
     _pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -146,23 +168,28 @@ def _select(logits_ptr, sampled_ptr, temp_ptr, kth_ptr, floor_ptr, pen_ptr, nois
     m = offs < V
     x = tl.load(logits_ptr + row * l_row + offs, mask=m, other=float("-inf")).to(tl.float32)
     if HAS_SEEN:                                   # repetition penalty: x * rp below zero, x / rp above
-        rp = tl.broadcast_to(tl.load(pen_ptr + row * p_st), [BLOCK])
+        rp = tl.load(pen_ptr + row * p_st)
+        if RAW:                                    # a padding row's 0 reads as 1
+            rp = tl.where(rp > 0, rp, 1.0)
+        rp = tl.broadcast_to(rp, [BLOCK])
         seen = tl.load(seen_ptr + row * s_row + offs, mask=m, other=0) != 0
         x = tl.where(seen, tl.where(x < 0, x * rp, tl.math.div_rn(x, rp)), x)
     if HAS_SUP:
         x = tl.where(tl.load(sup_ptr + offs, mask=m, other=0) != 0, float("-inf"), x)
     code = _first_argmax(x, offs, BLOCK)           # greedy
-    if tl.load(sampled_ptr + row * sa_st) != 0:
+    if _is_sampled(sampled_ptr, temp_ptr, row, sa_st, t_st, RAW):
         x = tl.math.div_rn(x, tl.broadcast_to(tl.load(temp_ptr + row * t_st), [BLOCK]))
         u = _order_keys(x, m)
         drop = offs < 0                            # nothing dropped yet
-        kth = tl.load(kth_ptr + row * k_st)
+        kth = _kth_of(kth_ptr, row, k_st, V, RAW)
         if kth > 0:                                # top-k (kth 0: the smallest value, nothing is below it)
             drop = x < _kth_value(u, kth)
         xk = tl.where(drop, float("-inf"), x)
         e = _exp(xk - tl.max(xk, axis=0), PRECISE)
         p = tl.math.div_rn(e, tl.broadcast_to(tl.sum(e, axis=0), [BLOCK]))
         floor = tl.load(floor_ptr + row * f_st)
+        if RAW:                                    # 1 - top_p; off (0): -1, no cumulative p is below it
+            floor = tl.where(floor > 0, floor, -1.0)
         if floor >= 0:                             # top-p (off: floor -1, no cumulative p is below it)
             drop = _top_p_drop(u, p, m, offs, drop, floor, INDEX_BITS)
         log_e = tl.load(noise_ptr + row * n_row + offs, mask=m, other=0.0)
@@ -185,24 +212,29 @@ def _interpreted() -> bool:
 def select_codes(logits: torch.Tensor, sampled: torch.Tensor, temperature: torch.Tensor, kth: torch.Tensor,
                  floor: torch.Tensor, penalty: torch.Tensor | None, log_noise: torch.Tensor, seen: torch.Tensor | None,
                  suppress: torch.Tensor | None, out: torch.Tensor, num_warps: int | None = None,
-                 embed: torch.Tensor | None = None, embed_out: torch.Tensor | None = None, pdl: bool = False) -> None:
+                 embed: torch.Tensor | None = None, embed_out: torch.Tensor | None = None, pdl: bool = False,
+                 raw: bool = False) -> None:
     """out [S] int64 = talker.select's codes. logits [S, V] (bf16 or fp32), log_noise [S, V] fp32, seen [S, V]
     bool or None (rows may be strided, columns contiguous), suppress [V] bool or None; per row (first dim,
     any stride): sampled bool, temperature fp32 (> 0), kth int64, floor fp32 (< 0: off), penalty fp32 (read
     only with seen); num_warps: the program's warps (None: warps(BLOCK)). embed [>= V, H] contiguous: embed_out
-    [S, H] (columns contiguous) = embed[out]. pdl: launched with programmatic dependent launch."""
+    [S, H] (columns contiguous) = embed[out]. pdl: launched with programmatic dependent launch. raw: temperature,
+    kth, floor and penalty are the sampling columns as given, fp32 (talker.RowParams' steps taken in the
+    program; sampled is not read)."""
     s, v = logits.shape
     if not s:
         return
     block = triton.next_power_of_2(v)
     has_seen, has_sup = seen is not None, suppress is not None
     pen = penalty if has_seen else temperature
-    _select[(s,)](logits, sampled.view(torch.uint8), temperature, kth, floor, pen, log_noise,
+    sampled = temperature if raw else sampled
+    _select[(s,)](logits, temperature if raw else sampled.view(torch.uint8), temperature, kth, floor, pen, log_noise,
                   seen.view(torch.uint8) if has_seen else logits, suppress.view(torch.uint8) if has_sup else logits,
                   out, v, logits.stride(0), log_noise.stride(0), seen.stride(0) if has_seen else 0, sampled.stride(0),
                   temperature.stride(0), kth.stride(0), floor.stride(0), pen.stride(0), HAS_SEEN=has_seen,
                   HAS_SUP=has_sup, PRECISE=not _interpreted(), INDEX_BITS=block.bit_length() - 1, BLOCK=block,
-                  num_warps=num_warps or warps(block), **_embedding(embed, embed_out), **pdl_launch(pdl, logits))
+                  num_warps=num_warps or warps(block), **_embedding(embed, embed_out), **pdl_launch(pdl, logits),
+                  RAW=raw)
 
 
 def _embedding(embed: torch.Tensor | None, embed_out: torch.Tensor | None) -> dict:

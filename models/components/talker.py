@@ -119,13 +119,22 @@ def pick(module: nn.Module, logits: torch.Tensor, rows: RowParams, log_noise: to
          out: torch.Tensor | None = None, seen: torch.Tensor | None = None, suppress: torch.Tensor | None = None
          ) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes [S], their rows of table [S, H]): sampler(module, logits)'s codes, then the table's lookup; with out
-    [S, H] (Talker.frame: the select_embed knob) the fused sampler writes the rows there in its own launch, with
-    programmatic dependent launch where the module's pdl knob says so."""
+    [S, H] (Talker.frame: the select_fold knob; rows then select_ops.RawRows) the fused sampler writes the rows
+    there in its own launch, with programmatic dependent launch where the module's pdl knob says so."""
     if out is not None:
         from models.components.select_ops import fused_select
         return fused_select(logits, rows, log_noise, seen, suppress, (table.weight, out), bool(module.pdl)), out
     code = sampler(module, logits)(logits, rows, log_noise, seen, suppress)
     return code, table(code)
+
+
+def _rows(params: torch.Tensor, vocab: int, folded: bool):
+    """The rows' sampling parameters for pick: RowParams, or where the fused sampler folds their preparation
+    (the select_fold knob, a frame buffer given) the columns as they are (select_ops.RawRows)."""
+    if folded:
+        from models.components.select_ops import RawRows
+        return RawRows(params)
+    return RowParams(params, vocab)
 
 
 def log_draws(noise: torch.Tensor) -> torch.Tensor:
@@ -200,7 +209,7 @@ class CodePredictor(nn.Module):
 
     # the plan's knob (graphc/passes/select_backends.py): 1 samples each code in one launch (sampler())
     fused_sampler: int = 0
-    # another: that launch with programmatic dependent launch (resources/pdl.py), where the talker's select_embed
+    # another: that launch with programmatic dependent launch (resources/pdl.py), where the talker's select_fold
     # knob has it write the code's embedding too (pick)
     pdl: int = 0
 
@@ -228,7 +237,7 @@ class CodePredictor(nn.Module):
         the residual codes' temperature, top_k, 1 - top_p; log_noise [S, G-1, >= vocab_size]: each code's
         log draws (log_draws). frame [S, G, H] (Talker.frame): code j's embedding written in frame[:, j + 1] by
         its sampler's launch, and frame[:, 1:] the embeddings returned."""
-        rows = RowParams(params, self.cfg.vocab_size)
+        rows = _rows(params, self.cfg.vocab_size, frame is not None)
         v = self.cfg.vocab_size
         s, g = hidden.shape[0], self.groups
         cache = FrameCache(attn, self.cfg, s, g, hidden)
@@ -270,9 +279,10 @@ class Talker(NodeModule):
     ROLES = {"kv": "paged_kv", "cp_attn": "ragged_attention"}
     fused_sampler: int = 0          # the plan's knobs, as CodePredictor's
     pdl: int = 0
-    # another: with the fused sampler, each code's launch also writes its embedding into the frame's buffer
-    # (frame, pick): no lookup launches, no stack or concatenation of the frame's rows
-    select_embed: int = 0
+    # another: with the fused sampler, each code's launch also prepares its rows' sampling columns and writes its
+    # embedding into the frame's buffer (frame, pick): no RowParams launches, no lookups, no stack or
+    # concatenation of the frame's rows
+    select_fold: int = 0
 
     def __init__(self, cfg: TalkerConfig):
         super().__init__()
@@ -298,9 +308,9 @@ class Talker(NodeModule):
         return side + torch.where((codec_ids >= 0)[:, None], codec, 0.0)
 
     def frame(self, logits: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
-        """The frame's embeddings [S, G, H], left for the fused sampler to write (the select_embed knob, with the
+        """The frame's embeddings [S, G, H], left for the fused sampler to write (the select_fold knob, with the
         fused sampler where it runs: sampler()); else None."""
-        if not (self.select_embed and sampler(self, logits) is not select):
+        if not (self.select_fold and sampler(self, logits) is not select):
             return None
         return torch.empty(h.shape[0], self.cfg.num_code_groups, h.shape[1], device=h.device, dtype=h.dtype)
 
@@ -320,7 +330,7 @@ class Talker(NodeModule):
         logits = self.codec_head(h).float()                                      # [S, V]
         log_noise = log_draws(noise)                                             # [S, G, V]
         frame = self.frame(logits, h)
-        code0, e0 = pick(self, logits, RowParams(sampling[:, :4], logits.shape[-1]), log_noise[:, 0],
+        code0, e0 = pick(self, logits, _rows(sampling[:, :4], logits.shape[-1], frame is not None), log_noise[:, 0],
                          self.model.codec_embedding, None if frame is None else frame[:, 0], seen, self.suppress)
         residual, residual_embeds = self.code_predictor(h, e0, ctx["cp_attn"], sampling[:, 4:], log_noise[:, 1:],
                                                         frame)

@@ -96,23 +96,29 @@ def test_one_launch_and_a_cuda_graph_replays_it():
 
 
 @pytest.mark.parametrize("code", ["code0", "residual"])
-def test_the_embedding_rows_in_the_launch_with_pdl_in_a_graph(code):
-    """fused_select with an embedding table (the select_embed knob) and pdl, captured after a kernel that writes
-    its logits (a scale of a copy, so a launch that read them early would see the old ones), replayed over 8
-    batches: each replay's codes those of the plain call on the same logits, and the rows (a row-strided slot of
-    a [32, 16, 1024] frame buffer) the table's rows of them; the rest of the buffer untouched."""
+def test_the_folded_launch_with_pdl_in_a_graph(code):
+    """fused_select as the select_fold knob calls it (the sampling columns as given, select_ops.RawRows; an
+    embedding table; pdl), captured after a kernel that writes its logits (a scale of a copy, so a launch that
+    read them early would see the old ones), replayed over 8 batches of 32 rows: each replay's codes those of
+    the plain call (RowParams, no table) on the same logits, and the rows (a row-strided slot of a [32, 16,
+    1024] frame buffer) the table's rows of them; the rest of the buffer untouched."""
     pytest.importorskip("triton")
-    from models.components.select_ops import fused_select
+    from models.components.select_ops import RawRows, fused_select
+    from models.components.talker import RowParams
 
     gen = torch.Generator().manual_seed(11)
-    logits, rows, log_noise, seen, suppress = talker_batch(gen, 32, *REAL, code == "code0", "bf16", device="cuda")
-    table = torch.randn(logits.shape[1], 1024, device="cuda").bfloat16()
+    logits, _, log_noise, seen, suppress = talker_batch(gen, 32, *REAL, code == "code0", "bf16", device="cuda")
+    v = logits.shape[1]
+    raw = torch.tensor([[[0.0, 0.7, 1.3][i % 3], [0, 1, 2, 50, v, v + 7][i % 6], [0.0, 0.2, 0.9][i % 4 % 3],
+                         [0.0, 1.05, 1.3, 0.8][i % 4]] for i in range(32)], device="cuda")[:, :4 if seen is not None
+                                                                                            else 3]
+    table = torch.randn(v, 1024, device="cuda").bfloat16()
     frame = torch.full((32, 16, 1024), float("nan"), device="cuda", dtype=torch.bfloat16)
     src, held = logits.clone(), torch.empty_like(logits)
 
     def step():
         torch.mul(src, 1.0, out=held)                                    # the kernel before, writing the logits
-        return fused_select(held, rows, log_noise, seen, suppress, (table, frame[:, 3]), pdl=True)
+        return fused_select(held, RawRows(raw), log_noise, seen, suppress, (table, frame[:, 3]), pdl=True)
     step()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -122,7 +128,7 @@ def test_the_embedding_rows_in_the_launch_with_pdl_in_a_graph(code):
         src.copy_(talker_batch(gen, 32, *REAL, code == "code0", "bf16", device="cuda")[0])
         g.replay()
         torch.cuda.synchronize()
-        want = fused_select(src, rows, log_noise, seen, suppress)
+        want = fused_select(src, RowParams(raw, v), log_noise, seen, suppress)
         assert torch.equal(codes, want), i
         assert torch.equal(frame[:, 3], table[want]), i
     assert frame[:, [0, 1, 2, 4]].isnan().all()

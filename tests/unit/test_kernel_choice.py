@@ -387,10 +387,12 @@ def test_with_norm_gemv_the_code_predictors_final_norm_runs_in_its_heads_launch(
         assert ops[-1] == ("graphc.norm_gemv" if knob else "graphc.gemv"), ops
 
 
-def test_with_select_embed_the_sampler_writes_the_frames_embeddings():
-    """On meta (bf16, the fused sampler): the code predictor given a frame buffer (the talker's select_embed knob)
-    samples each of its 3 codes in one graphc.select_codes launch and runs no embedding lookup and no stack of
-    the embeddings (the codes' stack stays); without the buffer, a lookup after each code and one stack more."""
+def test_with_select_fold_the_sampler_prepares_its_rows_and_writes_the_frames_embeddings():
+    """On meta (bf16, the fused sampler): the code predictor given a frame buffer (the talker's select_fold knob)
+    samples each of its 3 codes in one graphc.select_codes launch and runs no preparation of the sampling
+    columns (RowParams' compares and selects), no embedding lookup and no stack of the embeddings (the codes'
+    stack stays); without the buffer, RowParams' 4 compares and 3 selects, a lookup after each code and one
+    stack more."""
     from models.components.talker import sampling_row
 
     runs = {}
@@ -403,8 +405,9 @@ def test_with_select_embed_the_sampler_writes_the_frames_embeddings():
                                                       torch.empty(2, 3, 16, device="meta"), buf))
         assert codes.shape == (2, 3) and embeds.shape == (2, 3, 32)
         assert graphc_ops(seen).count("graphc.select_codes") == 3, seen
-        runs[frame] = [sum(o.startswith(op) for o in seen) for op in ("aten.embedding", "aten.stack")]
-    assert runs == {True: [0, runs[False][1] - 1], False: [3, runs[False][1]]}, runs
+        runs[frame] = [sum(o.startswith(op) for o in seen) for op in ("aten.embedding", "aten.stack", "aten.gt",
+                                                                       "aten.where")]
+    assert runs == {True: [0, runs[False][1] - 1, 0, 0], False: [3, runs[False][1], 4, 3]}, runs
 
 
 def _code_predictor_frame(device: str, dtype: torch.dtype, S: int, n: int = 2):

@@ -294,21 +294,27 @@ def test_the_kth_value_search_finds_the_kth_value_the_sort_does():
 EMBED_SCRIPT = r"""
 import torch
 from models.components import talker
-from models.components.select_ops import fused_select
-from models.components.talker import sampling_row
+from models.components.select_ops import RawRows, fused_select
+from models.components.talker import RowParams, sampling_row
 from tests.unit.test_kernel_choice import _code_predictor_frame
 from tests.unit.test_select_triton import REAL, SMALL, talker_batch
 
 gen = torch.Generator().manual_seed(3)
 out = {}
-for name, cfg, s, code0 in (("small_code0", SMALL, 9, True), ("real_residual", REAL, 3, False)):
-    logits, rows, log_noise, seen, suppress = talker_batch(gen, s, *cfg, code0, "bf16")
-    table = torch.randn(logits.shape[1] + 3, 24, generator=gen).bfloat16()
+for name, cfg, s, code0 in (("small_code0", SMALL, 120, True), ("small_residual", SMALL, 120, False),
+                            ("real_residual", REAL, 6, False)):
+    logits, _, log_noise, seen, suppress = talker_batch(gen, s, *cfg, code0, "bf16")
+    v = logits.shape[1]
+    # every preparation RowParams makes: greedy (temperature 0), top-k off / 1 / V / past V, top-p off and on,
+    # a padding row's penalty 0
+    raw = torch.tensor([[[0.0, 0.7, 1.3][i % 3], [0, 1, 2, 5, v, v + 7][i % 6], [0.0, 0.2, 0.9][i % 4 % 3],
+                         [0.0, 1.05, 1.3, 0.8][i % 4]] for i in range(s)])[:, :4 if code0 else 3]
+    table = torch.randn(v + 3, 24, generator=gen).bfloat16()
     frame = torch.full((s, 4, 24), float("nan"), dtype=torch.bfloat16)          # rows strided, as a frame's
-    plain = fused_select(logits, rows, log_noise, seen, suppress)
-    codes = fused_select(logits, rows, log_noise, seen, suppress, (table, frame[:, 2]))
+    plain = fused_select(logits, RowParams(raw, v), log_noise, seen, suppress)
+    codes = fused_select(logits, RawRows(raw), log_noise, seen, suppress, (table, frame[:, 2]))
     out[name] = [torch.equal(codes, plain), torch.equal(frame[:, 2], table[codes]),
-                 bool(frame[:, [0, 1, 3]].isnan().all())]
+                 bool(frame[:, [0, 1, 3]].isnan().all()), len(set(codes.tolist()))]
 talker.sampler = lambda module, logits: fused_select        # the GPU's choice, here under the interpreter
 cp, x, cos, sin, cache = _code_predictor_frame("cpu", torch.float32, 2)
 for p in cp.parameters():
@@ -325,15 +331,17 @@ print(json.dumps(out))
 """
 
 
-def test_the_sampler_writes_each_codes_embedding_in_its_launch():
-    """fused_select with an embedding table (the select_embed knob), under the interpreter: the codes those of
-    the call without it, the output rows (a row-strided slot of a frame buffer) the table's rows of them
-    (an independent gather) and nothing else of the buffer written; code 0's layout (penalty, suppression, V 37)
-    and a residual code's at the real V. The code predictor given the frame: codes and embeddings bit for bit
-    those of its lookups and stack, in frame[:, 1:], slot 0 untouched."""
+def test_the_sampler_folds_its_rows_preparation_and_each_codes_embedding():
+    """fused_select as the select_fold knob calls it (RawRows: the sampling columns as given; an embedding
+    table), under the interpreter: the codes those of the call with RowParams (torch's preparation: greedy rows,
+    top-k off, 1, V and past V, top-p off and on, a padding row's penalty 0) and no table, the output rows (a
+    row-strided slot of a frame buffer) the table's rows of them (an independent gather) and nothing else of the
+    buffer written; code 0's layout (penalty, suppression, V 37) and a residual code's at the real V. The code
+    predictor given the frame: codes and embeddings bit for bit those of its RowParams, lookups and stack, in
+    frame[:, 1:], slot 0 untouched."""
     got = interpreted(EMBED_SCRIPT)
-    for name in ("small_code0", "real_residual"):
-        assert got[name] == [True, True, True], (name, got[name])
+    for name in ("small_code0", "small_residual", "real_residual"):
+        assert got[name][:3] == [True, True, True] and got[name][3] > 2, (name, got[name])
     cp = got["code_predictor"]
     assert cp[:5] == [True] * 5, cp
     assert len({c for row in cp[5] for c in row}) > 1, cp           # the codes vary: the rows gathered differ
