@@ -46,14 +46,14 @@ one-row RMSNorms, with the residual add before each, in the programs of the prod
 layers.Linear.after_norm). On an H100, captured, seeded weights (examples/bench/ab_kernels.py --with; docs/
 benchmarks.md), the one-80 GB MoE plan's larger node's decode at 1 sequence 3.217 -> 2.949 ms with pdl alone,
 2.940 with all three, the smaller's 3.536 -> 2.912 and 2.876, equal at 16 sequences (15.15, 6.52 -> 6.45 ms);
-the 1.7B ASR plan's text node 1.627 -> 1.583 ms at 1 sequence (pdl and norm_gemv), equal at 16 and 64. The
+a 1.7B dense LM plan's LM node 1.627 -> 1.583 ms at 1 sequence (pdl and norm_gemv), equal at 16 and 64. The
 delta-rule nodes (below) run neither pdl nor norm_gemv (NOT_WITH_GDN): the 9B's decode with both was 6.007 ->
-6.026 ms at 1 sequence, 7.110 -> 7.121 at 16, equal at 64. A vocoder's dense transformer (Code2Wav) runs pdl and
+6.026 ms at 1 sequence, 7.110 -> 7.121 at 16, equal at 64. A codec decoder's dense transformer runs pdl and
 norm_gemv too, not timed alone: its steps run many rows, where its Triton launches are the fused norms that
 tests/gpu/test_pdl_gpu.py holds bit for bit with and without pdl. One knob is declared and chosen by no plan
-until the talker's steps time it: select_fold (the fused sampler's launch also prepares its rows' sampling
+until the steps of the node that samples codes time it: select_fold (the fused sampler's launch also prepares its rows' sampling
 columns and writes its code's embedding into the frame's buffer, with pdl where the node has it: 765 -> 718
-simulated kernel launches in the one-80 GB plan's talker step at 1 sequence, 1,355 -> 1,308 at 16,
+simulated kernel launches in the one-80 GB plan's smaller node's step at 1 sequence, 1,355 -> 1,308 at 16,
 examples/tools/launch_ops.py --with select_fold).
 The nodes whose delta rule runs on fla-core also run gdn_fused: the zero-centred RMSNorms (and a residual add
 with one), the Gated DeltaNet's gates, its gated output norm and a decode step's conv on the conv state pool,
