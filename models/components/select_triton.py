@@ -159,8 +159,8 @@ def _kth_of(kth_ptr, row, k_st, V, RAW: tl.constexpr):
 @triton.jit
 def _select(logits_ptr, sampled_ptr, temp_ptr, kth_ptr, floor_ptr, pen_ptr, noise_ptr, seen_ptr, sup_ptr, out_ptr,
             V, l_row, n_row, s_row, sa_st, t_st, k_st, f_st, p_st, HAS_SEEN: tl.constexpr, HAS_SUP: tl.constexpr,
-            PRECISE: tl.constexpr, INDEX_BITS: tl.constexpr, BLOCK: tl.constexpr, emb_ptr=None, e_ptr=None,
-            e_row=0, H=0, BLOCK_H: tl.constexpr = 1, PDL: tl.constexpr = False, RAW: tl.constexpr = False):
+            PRECISE: tl.constexpr, INDEX_BITS: tl.constexpr, BLOCK: tl.constexpr, emb_ptr, e_ptr, e_row, H,
+            BLOCK_H: tl.constexpr, PDL: tl.constexpr = False, RAW: tl.constexpr = False):
     _pdl_start(PDL)
     _pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -233,14 +233,15 @@ def select_codes(logits: torch.Tensor, sampled: torch.Tensor, temperature: torch
                   out, v, logits.stride(0), log_noise.stride(0), seen.stride(0) if has_seen else 0, sampled.stride(0),
                   temperature.stride(0), kth.stride(0), floor.stride(0), pen.stride(0), HAS_SEEN=has_seen,
                   HAS_SUP=has_sup, PRECISE=not _interpreted(), INDEX_BITS=block.bit_length() - 1, BLOCK=block,
-                  num_warps=num_warps or warps(block), **_embedding(embed, embed_out), **pdl_launch(pdl, logits),
+                  num_warps=num_warps or warps(block), **_embedding(embed, embed_out, out), **pdl_launch(pdl, logits),
                   RAW=raw)
 
 
-def _embedding(embed: torch.Tensor | None, embed_out: torch.Tensor | None) -> dict:
-    """_select's arguments for the code's embedding row (none without a table)."""
+def _embedding(embed: torch.Tensor | None, embed_out: torch.Tensor | None, out: torch.Tensor) -> dict:
+    """_select's arguments for the code's embedding row; without a table, out in the pointers' places (never
+    read: BLOCK_H 1 compiles the copy away)."""
     if embed is None:
-        return {}
+        return {"emb_ptr": out, "e_ptr": out, "e_row": 0, "H": 1, "BLOCK_H": 1}
     h = embed.shape[1]
     return {"emb_ptr": embed, "e_ptr": embed_out, "e_row": embed_out.stride(0), "H": h,
             "BLOCK_H": max(2, triton.next_power_of_2(h))}

@@ -345,3 +345,27 @@ def test_the_sampler_folds_its_rows_preparation_and_each_codes_embedding():
     cp = got["code_predictor"]
     assert cp[:5] == [True] * 5, cp
     assert len({c for row in cp[5] for c in row}) > 1, cp           # the codes vary: the rows gathered differ
+
+
+SELECT_SIGNATURE = {"logits_ptr": "*bf16", "sampled_ptr": "*u8", "temp_ptr": "*fp32", "kth_ptr": "*i64",
+                    "floor_ptr": "*fp32", "pen_ptr": "*fp32", "noise_ptr": "*fp32", "seen_ptr": "*u8", "sup_ptr": "*u8",
+                    "out_ptr": "*i64", "V": "i32", "l_row": "i32", "n_row": "i32", "s_row": "i32", "sa_st": "i32",
+                    "t_st": "i32", "k_st": "i32", "f_st": "i32", "p_st": "i32", "emb_ptr": "*bf16", "e_ptr": "*bf16",
+                    "e_row": "i32", "H": "i32"}
+
+
+@pytest.mark.parametrize("fold", [False, True])
+@pytest.mark.parametrize("seen", [False, True])
+def test_the_sampler_compiles_for_sm_90(fold, seen):
+    """_select compiled for sm_90 without a GPU (tests/sm90_compile.py) as the shipped plans launch it (RowParams'
+    tensors, no table) and as select_fold does (the raw columns, an embedding row of 1,024, pdl), code 0's
+    layout (penalty and suppression) and a residual code's: it compiles, and only the pdl launch holds the grid
+    dependency instructions."""
+    from models.components.select_triton import _select
+    from tests.sm90_compile import compile_sm90
+
+    sig = SELECT_SIGNATURE | ({"sampled_ptr": "*fp32", "kth_ptr": "*fp32"} if fold else {})
+    consts = {"HAS_SEEN": seen, "HAS_SUP": seen, "PRECISE": True, "INDEX_BITS": 12, "BLOCK": 4096,
+              "BLOCK_H": 1024 if fold else 1, "PDL": fold, "RAW": fold}
+    asm = compile_sm90(_select, sig, consts, num_warps=8)
+    assert asm["cubin"] and ("griddepcontrol" in asm["ptx"]) == fold
