@@ -364,6 +364,31 @@ def test_node_traces_on_meta_tensors(pair, groups):
     assert t.output_bytes == 3 * (CFG.text_config.vocab_size * 4 + GROUPS * 8 + CFG.text_config.hidden_size * 2)
 
 
+def test_select_fold_traces_the_same_outputs_with_fewer_launches(pair):
+    """The decode step on meta tensors (bf16, the fused sampler and pdl) with and without the select_fold knob:
+    the same outputs, and with it no embedding lookup at all (code 0's and the residual codes' rows come from the
+    sampler's launches; the op names are of the layers traced, before the layer memo's replays) and fewer launches
+    (replays counted): at least the lookups (GROUPS), the stack of the embeddings and the frame's concatenation,
+    besides RowParams' two preparations."""
+    from graphc.modules import set_kernels
+    from tests.unit.test_kernel_choice import OpNames
+
+    kv, cp_attn = pair[2:]
+    kv = kv.model_copy(update={"name": "talker_kv", "dtype": "bfloat16"})
+    sizes = {"tokens": 3, "seqs": 3}
+    bindings = {"kv": kv.fake(kv.step_shape("seqs", sizes, "decode")),
+                "cp_attn": cp_attn.fake(cp_attn.step_shape("seqs", sizes, "prefill"))}
+    runs = {}
+    for fold in (0, 1):
+        fake = FakeNode(talker_node())
+        set_kernels(fake.module, {"fused_sampler": 1, "pdl": 1, "select_fold": fold})
+        ports = {k: p for k, p in fake.node.inputs.items() if p.optional is None}
+        t, seen = OpNames.of(lambda: fake.trace(ports, sizes, bindings, "talker"))
+        runs[fold] = (t.output_bytes, t.launches, sum(o.startswith("aten.embedding") for o in seen))
+    assert runs[1][0] == runs[0][0] and runs[1][2] == 0 < runs[0][2], runs
+    assert runs[1][1] < runs[0][1] - GROUPS - 2, runs
+
+
 def test_real_config_holds_the_checkpoint_parameter_count():
     with torch.device("meta"):
         model = Talker(TALKER_30B_A3B)
