@@ -3,9 +3,12 @@ Experts.forward's batched fp32 path (itself equal to HF's MoE block: tests/parit
 config with uneven routing: one expert chosen by more pairs than a BLOCK_M tile holds, one by none, and
 sizes that are not multiples of the tiles. In a fresh process: TRITON_INTERPRET must be set before the
 kernels are defined (tests/gpu runs the compiled kernels at the real shapes)."""
+import importlib.util
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,10 +20,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def interpreted(script: str) -> dict:
     """The last JSON line a script prints, run in a fresh process under Triton's interpreter (TRITON_INTERPRET
-    must be set before the kernels are defined) with the project importable."""
+    must be set before the kernels are defined) with the project importable. Then every kernel launch it made
+    is compiled for sm_90 in another process (tests/sm90_compile.py), where this Triton can target CUDA."""
+    from tests.sm90_compile import RECORDER
+
     pre = 'import json, os, sys\nos.environ["TRITON_INTERPRET"] = "1"\nsys.path.insert(0, sys.argv[1])\n'
-    out = subprocess.run([sys.executable, "-c", pre + script, str(ROOT)], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, GRAPHC_SM90_LAUNCHES=str(Path(tmp) / "launches.json"))
+        out = subprocess.run([sys.executable, "-c", pre + RECORDER + script, str(ROOT)], capture_output=True,
+                             text=True, timeout=600, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        if importlib.util.find_spec("triton.backends.nvidia") is not None:
+            built = subprocess.run([sys.executable, str(ROOT / "tests" / "sm90_compile.py"), env["GRAPHC_SM90_LAUNCHES"],
+                                    str(ROOT)], capture_output=True, text=True, timeout=900)
+            assert built.returncode == 0, "a kernel the interpreter ran does not compile for sm_90:\n" + \
+                built.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 SCRIPT = r"""
