@@ -1,6 +1,6 @@
 """Compile Triton kernels for sm_90 with no GPU: Triton's front end, its NVIDIA backend and the ptxas its wheel
 bundles, as the GPU machine compiles them at their first launch. Catches what Triton's interpreter accepts and
-its compiler does not (a kernel exact under the interpreter once failed to compile on the GPU). The GPU machine's
+its compiler does not (Python the interpreter runs, shapes and types the compiler refuses). The GPU machine's
 Triton version may differ from this one's.
 
 compile_sm90 compiles one kernel for a given signature. RECORDER, run before an interpreted script (tests/unit/

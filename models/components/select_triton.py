@@ -227,10 +227,10 @@ def select_codes(logits: torch.Tensor, sampled: torch.Tensor, temperature: torch
     block = triton.next_power_of_2(v)
     has_seen, has_sup = seen is not None, suppress is not None
     pen = penalty if has_seen else temperature
-    sampled = temperature if raw else sampled
-    _select[(s,)](logits, temperature if raw else sampled.view(torch.uint8), temperature, kth, floor, pen, log_noise,
+    flags = temperature if raw else sampled.view(torch.uint8)          # raw: a row samples where its temperature > 0
+    _select[(s,)](logits, flags, temperature, kth, floor, pen, log_noise,
                   seen.view(torch.uint8) if has_seen else logits, suppress.view(torch.uint8) if has_sup else logits,
-                  out, v, logits.stride(0), log_noise.stride(0), seen.stride(0) if has_seen else 0, sampled.stride(0),
+                  out, v, logits.stride(0), log_noise.stride(0), seen.stride(0) if has_seen else 0, flags.stride(0),
                   temperature.stride(0), kth.stride(0), floor.stride(0), pen.stride(0), HAS_SEEN=has_seen,
                   HAS_SUP=has_sup, PRECISE=not _interpreted(), INDEX_BITS=block.bit_length() - 1, BLOCK=block,
                   num_warps=num_warps or warps(block), **_embedding(embed, embed_out, out), **pdl_launch(pdl, logits),

@@ -81,7 +81,7 @@ def first_step(engine, gather_s: float, firsts: list[int]) -> tuple[int, float]:
 
 def test_an_idle_engine_gathers_the_requests_still_preparing(engine):
     """The window (3 s) ends when the last preparation does (300 ms here): it is long only so that a 2-core
-    machine busy with other work (where a 1 s window once expired first) still gathers all three."""
+    machine busy with other work still gathers all three."""
     held, _ = first_step(engine, 3.0, [0, 1, 2])
     assert held == 3, f"the first step held {held} of the 3 requests submitted at once"
 

@@ -236,6 +236,17 @@ def test_fused_select_shapes_and_imports():
     residual = RowParams(torch.tensor([sampling_row(0.9, 50, 0.8, 1.05, 0.9, 50, 0.8)[4:]] * 3), 3072)
     with pytest.raises(ValueError, match="penalty"):
         fused_select(torch.empty(3, 3072), residual, torch.empty(3, 3072), torch.empty(3, 3072, dtype=torch.bool))
+    from models.components.select_ops import RawRows
+    table = torch.empty(3072, 16, dtype=torch.bfloat16)
+    for bad in ((table[:2048], torch.empty(3, 16, dtype=torch.bfloat16)),        # fewer rows than codes
+                (table, torch.empty(3, 16)),                                       # another dtype
+                (table, torch.empty(16, 3, dtype=torch.bfloat16).t())):            # columns strided
+        with pytest.raises(ValueError, match="embedding table"):
+            fused_select(torch.empty(3, 3072), rows, torch.empty(3, 3072), embed=bad)
+    with pytest.raises(ValueError, match="want \\[S, 3 or 4\\] float32"):
+        RawRows(torch.zeros(3, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="2 rows of sampling columns for 3 rows"):
+        fused_select(torch.empty(3, 3072), RawRows(torch.zeros(2, 3)), torch.empty(3, 3072))
     probe = ("import sys; import models.components.select_ops; "
              "print(sorted(m for m in ('triton', 'models.components.talker') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
