@@ -3,6 +3,7 @@
 Shape: {walks: {W: {budget: {...}, ladder: [...], ladders: {node: [...]}, capture: bool, capture_limit: {node: n}, axes: {...}}},
         resources: {R: {<any field of R's spec but name>}}, nodes: {N: {device: i, dtype: ...}}}.
         media_cache: {encoder: rows}   (graphc/media_rows.py: checked and read by the compiler, not the model)
+        lanes: {follow stage: bool}    (graphc/lanes.py: the same)
 Unknown sections, names and keys are refused with the closest valid one named.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ SECTIONS = {"walks": "walks", "resources": "resources", "nodes": "nodes"}
 # settings of the plan's layout, not of the model: read by compile_model (`replicas`: --replicas, `tp`: --tp)
 LAYOUT = {"replicas", "tp"}
 # planning settings beside the model, checked and read by the passes (graphc/media_rows.py)
-PLANNING = {"media_cache"}
+PLANNING = {"media_cache", "lanes"}
 FIXED = {"walks": {"name", "kind", "path"}, "resources": {"name"},
          "nodes": {"name", "module", "config", "inputs", "outputs", "resources", "weight_prefix"}}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from graphc import media_rows
+from graphc import lanes as stream_lanes, media_rows
 from graphc.declare import Model
 from graphc.errors import DoesNotFit
 from graphc.overrides import apply_overrides
@@ -50,20 +50,22 @@ def _timed(timings: dict, name: str, fn, *args):
 
 
 def run_passes(model: Model, target: Target, num_devices: int, headroom: int | None = None,
-               media_cache: dict | None = None) -> Result:
-    """Every pass up to the fit decision; raises InvalidInput for a bad declaration. media_cache: the
-    overrides' media_cache section (graphc/media_rows.py)."""
+               media_cache: dict | None = None, lanes: dict | None = None) -> Result:
+    """Every pass up to the fit decision; raises InvalidInput for a bad declaration. media_cache, lanes: the
+    overrides' sections of those names (graphc/media_rows.py, graphc/lanes.py)."""
     t: dict[str, float] = {}
     ir = _timed(t, "verify_graph", verify_graph, model, target, num_devices)
     media = media_rows.settings(model, media_cache)
+    lane_nodes = stream_lanes.lane_nodes(model, stream_lanes.settings(model, lanes))
     backends = _timed(t, "select_backends", select_backends, ir)
     ir.check()
     buckets = _timed(t, "choose_buckets", choose_buckets, ir)
+    stream_lanes.check(ir, buckets, lane_nodes)
     weights = _timed(t, "size_weights", size_weights, ir)
     acts = _timed(t, "simulate_steps", simulate_steps, ir, buckets, backends)
     ir.check()
     sizes = _timed(t, "size_resources", size_resources, ir, backends, buckets)
-    s = Sizing(ir, backends, buckets, weights, acts, sizes, headroom, media)
+    s = Sizing(ir, backends, buckets, weights, acts, sizes, headroom, media, lane_nodes)
     placement = _timed(t, "place_nodes", place_nodes, s)
     fit = _timed(t, "check_fit", check_fit, s, placement)
     ir.check()
@@ -100,7 +102,8 @@ def compile_model(source: ModelSource, gpu: str, num_devices: int = 1, overrides
         # num_devices/copies of them; a rank's declaration is planned on one device
         copies, ranks = layout
         return run_passes(apply_overrides(source.split(ranks), ov), get_target(gpu, memory_cap, num_devices),
-                          num_devices // copies // ranks, headroom, ov.get(media_rows.SECTION))
+                          num_devices // copies // ranks, headroom, ov.get(media_rows.SECTION),
+                          ov.get(stream_lanes.SECTION))
 
     layout, result, why = _choose_layout(replan, overrides, num_devices, source.splits)
     planned = num_devices

@@ -59,6 +59,9 @@ class PlanDevice(Strict):
     # where each line comes from; `graphc run` checks the devices of one host against what it has
     host: dict[str, int] = {}
     host_sources: dict[str, str] = {}
+    # stream lanes (graphc/lanes.py): lane -> its nodes here, whose steps run on a CUDA stream of their own and
+    # whose graphs are captured into a pool of their own (ledger line capture_pool.<lane>); empty: one stream
+    lanes: dict[str, list[str]] = {}
 
     @property
     def host_total(self) -> int:
@@ -166,6 +169,9 @@ class Plan(Strict):
         for node in data["nodes"].values():           # nodes with no kernel choice say nothing (older plans too)
             if not node["kernels"]:
                 del node["kernels"]
+        for dev in data["devices"]:                   # one stream: plans say nothing (older plans too)
+            if not dev["lanes"]:
+                del dev["lanes"]
         return data
 
     def body(self) -> dict:

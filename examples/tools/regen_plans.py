@@ -44,14 +44,16 @@ SHIPPED = {
 }
 
 
-def compile_shipped(name: str, resources: dict | None = None) -> Plan:
+def compile_shipped(name: str, resources: dict | None = None, sections: dict | None = None) -> Plan:
     """The shipped plan of this name, compiled from its recorded inputs (run from the repo root); `resources`:
-    settings laid over its resources' (e.g. {"thinker_kv": {"decode_backend": "fa2"}})."""
+    settings laid over its resources' (e.g. {"thinker_kv": {"decode_backend": "fa2"}}); `sections`: override
+    sections set besides (e.g. {"lanes": {"speak": True}})."""
     file, preset, gpu, n, ov, *replicas = SHIPPED[name]
     fit = isinstance(ov, str) and ov.startswith("fit:")
     ov = load_config(ov.removeprefix("fit:")) if fit else ov
     if resources:
         ov = {**ov, "resources": {**ov.get("resources", {}), **resources}}
+    ov = {**ov, **(sections or {})}
     return compile_model(load_model(file, preset), gpu, n, ov, fit=fit, replicas=replicas[0] if replicas else None).plan
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from graphc import memo
+from graphc import lanes as stream_lanes, memo
 from graphc.modules import node_key, set_kernels
 from graphc.plan import FORMAT, Plan, PlanDevice, PlanModel, PlanNode, PlanResource, PlanTarget, PlanTrim, \
     PlanWalk, PlanWalkBuckets, fingerprint
@@ -50,7 +50,8 @@ def emit_plan(s: Sizing, placement: Placement, source: dict, overrides: dict, tr
                                   total_bytes=d.total, capacity_bytes=d.capacity, free_bytes=d.free,
                                   kv_pages=d.kv_pages, capture_order=[graph_id(k) for k in d.capture_order],
                                   conv_engines=device_convs(s, d.nodes), host={i.component: i.bytes for i in host},
-                                  host_sources={i.component: f"{i.source}: {i.detail}" for i in host}))
+                                  host_sources={i.component: f"{i.source}: {i.detail}" for i in host},
+                                  lanes=stream_lanes.on_device(s.lanes, d.nodes)))
     nodes = {}
     for n in ir.model.nodes:
         w = s.weights.per_node[n.name]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphc import convws, media_rows, memo
+from graphc import convws, lanes as stream_lanes, media_rows, memo
 from graphc.allocator import Allocator
 from graphc.declare import DTYPE_BYTES
 from graphc.ir import IR
@@ -68,6 +68,7 @@ class Sizing:
     resources: ResourceSizes
     headroom: int | None = None   # bytes; None: the default policy
     media: dict[str, int] = field(default_factory=dict)   # --set media_cache.<encoder>=rows (graphc/media_rows.py)
+    lanes: dict[str, list[str]] = field(default_factory=dict)   # --set lanes.<stage>=true: lane -> nodes (graphc/lanes.py)
     # what a device's ledger takes from the above but not from its KV pages (fill_pages tallies one device
     # at many page counts): (what, nodes) -> value, filled by per_device
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -243,6 +244,28 @@ def _conv_note(s: Sizing, nodes: list[str]) -> str:
     return text
 
 
+def pool_items(s: Sizing, nodes: list[str], order: list[tuple[str, str, int]], workspace: int) -> list[Item]:
+    """The device's capture pools: `capture_pool` for the graphs of the main stream, and `capture_pool.<lane>`
+    for each stream lane's (graphc/lanes.py), each captured largest first into a pool of its own on a capture
+    stream of its own (whose cuBLAS workspace, `workspace` bytes, the pool holds)."""
+    lanes = stream_lanes.on_device(s.lanes, nodes)
+    inside = {n for ns in lanes.values() for n in ns}
+    groups = [("capture_pool", [k for k in order if k[0] not in inside], "")]
+    groups += [(f"capture_pool.{name}", [k for k in order if k[0] in ns], f" of lane {name} ({', '.join(ns)}), "
+                "on a stream of its own,") for name, ns in lanes.items()]
+    items = []
+    for comp, keys, where in groups:
+        size = per_device(s, comp, nodes, lambda keys=keys: capture_pool_bytes([s.acts.graphs[k][1] for k in keys],
+                                                                              workspace))
+        text = (f"{len(keys)} graphs{where} captured largest first into "
+                + ("one pool" if not lanes else "a pool of their own") + "; allocator model of their traces"
+                + (f", plus the capture stream's cuBLAS workspace ({workspace:,} B, calibrated)" if keys else ""))
+        if comp == "capture_pool":
+            text += per_device(s, "convs", nodes, lambda: _conv_note(s, nodes))
+        items.append(Item(comp, size, "simulated", text))
+    return items
+
+
 def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, int]) -> DeviceLedger:
     target = s.ir.target
     allocs = persistent_allocs(s, nodes, kv_pages)
@@ -262,16 +285,10 @@ def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, in
         transient = FLASHINFER_TRANSIENT_INT_WORKSPACE if wrappers else 0
         persistent_reserved, general_reserved = general_pool_bytes([a[2] for a in allocs],
                                                                    [s.acts.eager[k] for k in eager], transient)
-        pool_reserved = per_device(s, "pool", nodes, lambda: capture_pool_bytes([s.acts.graphs[k][1] for k in order],
-                                                                                cal.library_bytes))
         raw = sum(a[2] for a in allocs)
         modules = per_device(s, "modules", nodes, lambda: kernel_modules(s, nodes))
         graphs, launches = per_device(s, "launches", nodes, lambda: graph_launches(s, nodes))
-        ledger += [
-            Item("capture_pool", pool_reserved, "simulated",
-                 f"{len(order)} graphs captured largest first into one pool; allocator model of their traces"
-                 + (f", plus the capture stream's cuBLAS workspace ({cal.library_bytes:,} B, calibrated)"
-                    if order else "") + per_device(s, "convs", nodes, lambda: _conv_note(s, nodes))),
+        ledger += pool_items(s, nodes, order, cal.library_bytes) + [
             Item("activations", general_reserved - persistent_reserved, "simulated",
                  f"{len(eager)} eager step(s) at their budgets: " + ", ".join(f"{n}@{w}" for n, w in eager)
                  if eager else "no eager steps"),

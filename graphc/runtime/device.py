@@ -49,6 +49,7 @@ class DeviceBoot:
     module: object = None                                       # the imported model file (its host() serves it)
     progress: BootProgress = field(default_factory=BootProgress)   # where its phases are reported
     rank: int = 0                                               # its tensor-parallel rank (plan.tensor_parallel)
+    streams: dict[str, object] = field(default_factory=dict)    # GPU: node -> the CUDA stream of its lane (plan lanes)
     reduce: Callable | None = None                              # StepContext.reduce of its nodes (ranks > 1)
 
     @property

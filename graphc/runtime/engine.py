@@ -572,14 +572,15 @@ class Engine:
         meanwhile: graphc/runtime/speech.py). Scheduling can end a request's speech before any step (its text
         holds nothing to speak), and a read can end it: close those."""
         lane = self.speech
-        step = lane.schedule_follow([r for r in self.talking if r.speech.ended is None])
-        if step is None:
-            return self._close_spoken() or None
-        self._count(step)
-        try:
-            lane.run_follow(step)
-        except Exception as e:
-            return self._fail(step.reqs, e) + self._close_spoken()
+        with lane.on_lane():
+            step = lane.schedule_follow([r for r in self.talking if r.speech.ended is None])
+            if step is None:
+                return self._close_spoken() or None
+            self._count(step)
+            try:
+                lane.run_follow(step)
+            except Exception as e:
+                return self._fail(step.reqs, e) + self._close_spoken()
         return self._close_spoken()
 
     def _close_spoken(self) -> list[Event]:
@@ -598,7 +599,8 @@ class Engine:
             return events or None
         self._count(step)
         try:
-            served = self.speech.run_chunks(step)
+            with self.speech.on_lane():
+                served = self.speech.run_chunks(step)
         except Exception as e:
             return events + self._fail(step.reqs, e)
         for r in served:
@@ -712,13 +714,15 @@ class Engine:
         follow stage reads)."""
         speaking = {c.req.id: c.req for c in plan.chunks if c.req.speech is not None}
         port = self.plan.pipeline.follow.reads
-        if not speaking or port not in result.outputs:
+        if not speaking:
             return
-        want = {rid: r.speech.hidden_rows for rid, r in speaking.items()}
-        hidden = result.outputs[port]
-        for i, (rid, row) in enumerate(result.rows):
-            if rid in want and row in want[rid]:
-                speaking[rid].speech.hidden[row] = hidden[i].clone()
+        if port in result.outputs:
+            want = {rid: r.speech.hidden_rows for rid, r in speaking.items()}
+            hidden = result.outputs[port]
+            for i, (rid, row) in enumerate(result.rows):
+                if rid in want and row in want[rid]:
+                    speaking[rid].speech.hidden[row] = hidden[i].clone()
+        self.speech.handed(list(speaking.values()))     # a stream lane waits for this step before reading them
 
     def _close(self, req: Request) -> None:
         del req.output[len(req.known):]          # a token of a step in flight that it will never read

@@ -1,5 +1,6 @@
 """The GPU boot: the ledger's components allocated and measured one by one, every planned graph
-captured largest first into one private pool, eager steps run, all on FlashInfer's backends.
+captured largest first into one private pool (a stream lane's graphs into a pool of their own: graphc/lanes.py),
+eager steps run, all on FlashInfer's backends.
 
 Measured per component: allocated bytes for what the runtime allocates itself, reserved-bytes
 growth for the pools (capture, eager activations), device-wide used bytes for the context.
@@ -166,27 +167,38 @@ class Graphs:
                 self._note_outside(f"{node}/{family}/{rung}")
                 bar.update(1)
         torch.cuda.synchronize()
-        torch.cuda.empty_cache()                    # warm-up blocks go back; the pool starts empty
+        torch.cuda.empty_cache()                    # warm-up blocks go back; the pools start empty
+        lanes = self.boot.plan.devices[self.boot.index].lanes
+        lane_of = {n: lane for lane, ns in lanes.items() for n in ns}
+        outside_before = self._outside()
+        with torch.inference_mode(), self.boot.phase("capture", len(keys), "graph", "captured") as bar:
+            for comp, lane in [("capture_pool", None)] + [(f"capture_pool.{x}", x) for x in lanes]:
+                self.capture_pool(comp, [k for k in keys if lane_of.get(k[0]) == lane], bar)
+        # what the instantiated graphs hold outside torch's allocator (part of the kernels line)
+        self.boot.measured["_graph_exec"] = self._outside() - outside_before
+        for ns in lanes.values():                   # each lane's steps run on a stream of its own
+            stream = torch.cuda.Stream(self.boot.device)
+            self.boot.streams |= dict.fromkeys(ns, stream)
+
+    def capture_pool(self, comp: str, keys: list[tuple[str, str, int]], bar) -> None:
+        """Capture graphs `keys` in order into a private pool of their own, on a capture stream of their own (its
+        cuBLAS workspace comes from the pool); the pool's bytes are measured as ledger line `comp`."""
         pool = torch.cuda.graph_pool_handle()
         # a capture stream on this device: torch.cuda.graph's default one is made once per process, on the
         # device current then (another replica's GPU, where this device's work cannot be captured)
         stream = torch.cuda.Stream(self.boot.device)
-        outside_before = self._outside()
-        with torch.inference_mode(), self.boot.phase("capture", len(keys), "graph", "captured") as bar:
-            for node, family, rung in keys:
-                step = self.boot.ir.family(node, family)
-                inputs = self.static_inputs(node, family, step, rung)
-                self.plan_step(self.backends[(node, family, rung)], step, rung)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    out = self.forward(node, family, step, rung, inputs)
-                del out                            # outputs live in the static buffers, not the pool
-                self.boot.graphs[f"{node}/{family}/{rung}"] = graph
-                bar.update(1)
-        self.boot.measured["capture_pool"] = pool_bytes(pool)
-        # what the instantiated graphs hold outside torch's allocator (part of the kernels line)
-        self.boot.measured["_graph_exec"] = self._outside() - outside_before
+        for node, family, rung in keys:
+            step = self.boot.ir.family(node, family)
+            inputs = self.static_inputs(node, family, step, rung)
+            self.plan_step(self.backends[(node, family, rung)], step, rung)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                out = self.forward(node, family, step, rung, inputs)
+            del out                            # outputs live in the static buffers, not the pool
+            self.boot.graphs[f"{node}/{family}/{rung}"] = graph
+            bar.update(1)
+        self.boot.measured[comp] = pool_bytes(pool)
 
     def replay_all(self) -> None:
         """Every captured graph replays after a re-plan, with finite outputs."""

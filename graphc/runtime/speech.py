@@ -39,6 +39,7 @@ on the device, updated from the step's codes without a host read. Greedy request
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +89,7 @@ class SpeechState:
     generator: torch.Generator | None = None   # the request's own (seeded) noise generator
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)   # LLM rows the follow prompt reads
     hidden_rows: set[int] | None = None        # which rows those are (the host's, kept)
+    ready: Any = None                          # a stream lane's: the CUDA event after the LLM's step that kept them
     prompt: FollowPrompt | None = None
     pages: list[int] = field(default_factory=list)
     computed: int = 0                          # follow rows with K/V in pages
@@ -145,6 +147,33 @@ class SpeechLane:
         self.no_noise = torch.zeros(speech.noise_shape, device=self.device)
         self.nothing_seen = torch.zeros(speech.seen_size, dtype=torch.bool, device=self.device)
         self.greedy_row = torch.zeros(len(speech.sampling_row(SpeechSampling())), device=self.device)
+        # the CUDA stream of the stages' stream lane (graphc/lanes.py), where the plan gives them one; else None:
+        # the device's main stream, which the LLM's steps run on
+        self.stream = boot.streams.get(self.follow.node)
+
+    def on_lane(self):
+        """A context in which the stages' device work goes to their stream lane's stream (where they have one)."""
+        return torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
+
+    def handed(self, reqs: list) -> None:
+        """The LLM's step just launched on the main stream kept these requests' rows (or took them from the
+        follow cache): with a stream lane, an event after it, which the lane waits for before reading them."""
+        if self.stream is None:
+            return
+        done = torch.cuda.Event()
+        done.record()
+        for r in reqs:
+            r.speech.ready = done
+
+    def _take_over(self, s: SpeechState) -> None:
+        """Before the lane's stream reads a request's LLM rows (made on the main stream): it waits for the step
+        that kept them, and their memory is not reused until it has read them (record_stream)."""
+        if self.stream is None:
+            return
+        if s.ready is not None:
+            self.stream.wait_event(s.ready)
+        for t in s.hidden.values():
+            t.record_stream(self.stream)
 
     def new_state(self, params: SpeechParams | None) -> SpeechState:
         params = params or SpeechParams()
@@ -155,8 +184,10 @@ class SpeechLane:
         sampling = params.sampling(self.sh.sampling)
         gen = (torch.Generator(device=self.device).manual_seed(params.seed)
                if params.seed is not None and not sampling.greedy else None)
+        with self.on_lane():                       # its row is read on the lane's stream only
+            row = self._row(sampling)
         return SpeechState(voice=voice, max_frames=params.max_frames,
-                           first_chunk=params.first_chunk or self.sh.first_chunk, sampling=self._row(sampling),
+                           first_chunk=params.first_chunk or self.sh.first_chunk, sampling=row,
                            greedy=sampling.greedy, seen=self.nothing_seen, generator=gen)
 
     def _row(self, sampling: SpeechSampling) -> torch.Tensor:
@@ -185,6 +216,7 @@ class SpeechLane:
         s = req.speech
         if s.prompt is not None or s.ended:
             return
+        self._take_over(s)
         fp = self.sh.follow_prompt(req.prompt, req.output, s.text_done, s.voice, s.hidden)
         if fp is None:
             return
