@@ -100,9 +100,9 @@ def main() -> None:
     (boot,) = boot_plan(plan, devices=[a.device], emulate=True)
     mix = tuple(a.mix)
     with torch.inference_mode():
+        graph_a, graph_b = boot.graphs[a.a], capture_alone(boot, a.b)     # before prepare sets their inputs
         for key in (a.a, a.b):
             prepare(boot, key, a.sampled)
-        graph_a, graph_b = boot.graphs[a.a], capture_alone(boot, a.b)
         rows = {"a": a.a, "b": a.b, "mix": list(mix), "gpu": torch.cuda.get_device_name(),
                 "a_ms": time_graph(graph_a, 5, a.rounds), "b_ms": time_graph(graph_b, 5, a.rounds),
                 "serial_ms": round_ms(graph_a, graph_b, mix, None, a.rounds),
