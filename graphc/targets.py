@@ -113,6 +113,7 @@ class Calibration(Strict):
     host_base_bytes: int = 0    # a GPU worker's own host memory: CUDA's host side, torch, the kernel libraries
     host_launch_bytes: int = 0  # host memory per kernel launch of its captured graphs (and what comes with them)
     host_source: str = ""
+    kernels_source: str = ""    # where kernels_base_bytes and graph_launch_bytes come from (else: source)
 
 
 def package_yaml(name: str) -> dict | None:
@@ -145,4 +146,5 @@ def calibration(target: Target) -> Calibration:
                        kernels_base_bytes=entry["kernels_base_bytes"], graph_launch_bytes=entry["graph_launch_bytes"],
                        source=source, host_base_bytes=host.get("base_bytes", 0),
                        host_launch_bytes=host.get("launch_bytes", 0),
-                       host_source=note + host["how"] if host else "not measured")
+                       host_source=note + host["how"] if host else "not measured",
+                       kernels_source=note + entry["kernels_how"] if "kernels_how" in entry else source)

@@ -1,6 +1,6 @@
 """Refit the calibrated kernels line (graphc/calibration.yaml: kernels_base_bytes, graph_launch_bytes).
 
-    python examples/tools/fit_kernels.py [docs/data/kernels_fit_2026-11-29.json]
+    python examples/tools/fit_kernels.py [docs/data/kernels_fit_2026-12-07.json]
 
 Least squares of measured = base + per_launch x launches over the recorded device boots; prints
 both constants and each boot's residual. Add points from new `graphc check --json` runs (the
@@ -23,7 +23,7 @@ def fit(points: list[dict]) -> tuple[float, float]:
 
 
 def main() -> int:
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/data/kernels_fit_2026-11-29.json")
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/data/kernels_fit_2026-12-07.json")
     points = json.loads(path.read_text())["points"]
     base, per_launch = fit(points)
     print(f"kernels_base_bytes: {round(base)}\ngraph_launch_bytes: {round(per_launch)}")

@@ -300,7 +300,7 @@ def tally_ledger(s: Sizing, index: int, nodes: list[str], kv_pages: dict[str, in
             Item("kernels", per_device(s, "kernels", nodes, lambda: kernels_bytes(s, nodes)), "calibrated",
                  f"kernel code and driver reserves {cal.kernels_base_bytes:,} B (with {len(modules)} FlashInfer "
                  f"modules: {', '.join(modules) or 'none'}) + {graphs} CUDA graphs holding {launches:,} simulated "
-                 f"kernel launches x {cal.graph_launch_bytes:,} B; {cal.source}"),
+                 f"kernel launches x {cal.graph_launch_bytes:,} B; {cal.kernels_source}"),
         ]
     else:
         peak = max((s.acts.eager[k].peak_bytes for k in eager), default=0)

@@ -294,11 +294,13 @@ def test_details_of_the_oracle(oracle):
 
 def test_details_of_the_calibrated_and_simulated_lines(h100):
     led = tally_ledger(h100, 0, ["p"], {"kv": 16})
-    src = "measured on NVIDIA H200 on 2026-11-29 (driver 580.159.04, torch 2.11.0+cu130)"
-    assert detail(led, "kernels").startswith(
+    assert detail(led, "kernels") == (
         f"kernel code and driver reserves {CAL['kernels_base_bytes']:,} B (with 2 FlashInfer modules: page, "
         f"prefill:fa3:64) + 1 CUDA graphs holding 1 simulated kernel launches x {CAL['graph_launch_bytes']:,} B; "
-        f"{src}")
+        f"{CAL['kernels_how']}")
+    assert detail(led, "context").endswith("measured on NVIDIA H200 on 2026-11-29 (driver 580.159.04, torch "
+                                           "2.11.0+cu130): graphc check PLAN --emulate via examples/tools/boot_plans.py "
+                                           "(docs/gpu-boot.md, docs/data/)")
     assert led.get("kernels") == CAL["kernels_base_bytes"] + CAL["graph_launch_bytes"]
     assert detail(led, "capture_pool") == ("1 graphs captured largest first into one pool; allocator model of their "
                                            "traces, plus the capture stream's cuBLAS workspace (33,554,432 B, "
