@@ -364,14 +364,18 @@ def test_node_traces_on_meta_tensors(pair, groups):
     assert t.output_bytes == 3 * (CFG.text_config.vocab_size * 4 + GROUPS * 8 + CFG.text_config.hidden_size * 2)
 
 
-def test_select_fold_traces_the_same_outputs_with_fewer_launches(pair):
+def test_select_fold_traces_the_same_outputs_with_fewer_launches(pair, monkeypatch):
     """The decode step on meta tensors (bf16, the fused sampler and pdl) with and without the select_fold knob:
     the same outputs, and with it no embedding lookup at all (code 0's and the residual codes' rows come from the
-    sampler's launches; the op names are of the layers traced, before the layer memo's replays) and fewer launches
-    (replays counted): at least the lookups (GROUPS), the stack of the embeddings and the frame's concatenation,
-    besides RowParams' two preparations."""
+    sampler's launches; the op names are of the layers traced, before the layer memo's replays, with the
+    simulation's meta cache emptied: an op it holds is answered without running, unseen by the names) and fewer
+    launches (replays counted): at least the lookups (GROUPS), the stack of the embeddings and the frame's
+    concatenation, besides RowParams' two preparations."""
+    import graphc.simulate as simulate
     from graphc.modules import set_kernels
     from tests.unit.test_kernel_choice import OpNames
+
+    monkeypatch.setattr(simulate, "_META_CACHE", {})
 
     kv, cp_attn = pair[2:]
     kv = kv.model_copy(update={"name": "talker_kv", "dtype": "bfloat16"})
