@@ -2,8 +2,8 @@
 
 The engine takes its lanes in turn on the host (the LLM's step, the follow stage's, the chunk stage's), but on
 one stream the GPU runs their steps one after the other. `--set lanes.<follow stage>=true` gives the follow
-stage and its chunk stage (a speaking model's talker and vocoder) a stream of their own on each GPU that also
-holds other nodes, so their steps can run while the LLM's run.
+stage and its chunk stage (a speaking model's second autoregressive stage and its audio decoder) a stream of
+their own on each GPU that also holds other nodes, so their steps can run while the LLM's run.
 
 Two graphs that may run at once cannot share intermediate memory: a lane's graphs are captured into a capture
 pool of their own, on a capture stream of their own. The plan pays for it: a ledger line

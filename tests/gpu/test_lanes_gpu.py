@@ -48,24 +48,10 @@ def plan_of(name: str, lanes: bool):
 def serve(name: str, lanes: bool) -> dict:
     """Boot, serve six greedy t2s requests arriving at fixed steps; their outputs, the boot's streams and lines."""
     from graphc.runtime.engine import Engine
-    from graphc.runtime.sampler import SamplingParams
-    from graphc.runtime.speech import SpeechParams
+    from tests.gpu.arrivals import run_speech
 
     engine = Engine(plan_of(name, lanes), random_weights=True)
-    gen = torch.Generator().manual_seed(0)
-    arrivals, reqs, step = [0, 0, 1, 3, 3, 8], [], 0
-    while len(reqs) < len(arrivals) or engine.has_work():
-        for at in arrivals:
-            if at == step:
-                sp = engine.host.speech.ids
-                text = torch.randint(0, 150_000, (12,), generator=gen).tolist()
-                ids = [sp["im_start_token_id"], sp["user_token_id"], 198, *text, 198, sp["im_start_token_id"],
-                       sp["assistant_token_id"], 198]
-                reqs.append(engine.add(prompt_token_ids=ids, params=SamplingParams(temperature=0, max_tokens=6,
-                                                                                   ignore_eos=True),
-                                       speech=SpeechParams(max_frames=40, temperature=0)))
-        engine.step()
-        step += 1
+    reqs = run_speech(engine)
     outs = [engine.output(r) for r in reqs]
     return {"tokens": [o.token_ids for o in outs], "codes": [o.audio_codes for o in outs],
             "audio": [np.asarray(o.audio, dtype=np.float32) for o in outs], "errors": [o.error for o in outs],

@@ -14,11 +14,10 @@ import torch
 
 from graphc.plan import load_plan
 from graphc.runtime.engine import Engine
-from graphc.runtime.sampler import SamplingParams
-from graphc.runtime.speech import SpeechParams
 from graphc.step import StepContext
 from models.components.code2wav import attention_spec, cu_seqlens, pack_slots, stream_chunk_frames, stream_slot
 from resources.ragged_attention import RaggedTorch
+from tests.gpu.arrivals import run_speech
 
 pytestmark = pytest.mark.gpu
 
@@ -28,21 +27,7 @@ def test_streamed_audio_matches_a_cpu_fp32_code2wav_of_the_same_frames():
     if "H200" not in torch.cuda.get_device_name(0):
         pytest.skip("the plan is for an H200")
     engine = Engine(load_plan("plans/qwen3_omni_h200.plan"), random_weights=True)
-    gen = torch.Generator().manual_seed(0)
-    arrivals = [0, 0, 1, 3, 3, 8]
-    reqs, step = [], 0
-    while len(reqs) < len(arrivals) or engine.has_work():
-        for at in arrivals:
-            if at == step:
-                sp = engine.host.speech.ids                  # a chat turn: user text, then the assistant
-                text = torch.randint(0, 150_000, (12,), generator=gen).tolist()
-                ids = [sp["im_start_token_id"], sp["user_token_id"], 198, *text, 198, sp["im_start_token_id"],
-                       sp["assistant_token_id"], 198]
-                reqs.append(engine.add(prompt_token_ids=ids, params=SamplingParams(temperature=0, max_tokens=6,
-                                                                                   ignore_eos=True),
-                                       speech=SpeechParams(max_frames=40, temperature=0)))
-        engine.step()
-        step += 1
+    reqs = run_speech(engine)
     stats = engine.stats()
     assert stats["eager"] == 0 and stats["steps"]["code2wav_short"] > 0 and stats["steps"]["code2wav_chunk"] > 0
     fp32 = copy.deepcopy(engine.boot.modules["code2wav"]).float().cpu()
