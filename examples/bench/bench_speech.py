@@ -23,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
 
+from bench_steps import drop_kernels  # noqa: E402
 from graphc.modules import KERNEL_KNOBS  # noqa: E402
 from graphc.plan import load_plan  # noqa: E402
 
@@ -114,8 +115,7 @@ def main() -> None:
     from graphc.runtime.engine import Engine
 
     plan = load_plan(a.plan)
-    for k, n in list(plan.nodes.items()):
-        plan.nodes[k] = n.model_copy(update={"kernels": {x: v for x, v in n.kernels.items() if x not in a.drop}})
+    drop_kernels(plan, a.drop)
     engine = Engine(plan, checkpoint=a.checkpoint, random_weights=a.random_weights, audio_lead_ms=a.audio_lead_ms)
     print(engine.summary(), file=sys.stderr)
     rng = np.random.default_rng(a.seed)

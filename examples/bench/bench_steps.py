@@ -136,6 +136,13 @@ def sample_rows(boot, only: tuple[str, str] | None = None) -> list[str]:
     return done
 
 
+def drop_kernels(plan, knobs) -> None:
+    """Take kernel knobs away on every node of a plan loaded for a benchmark, in place (e.g. moe_sm90_from, whose
+    package, nvidia-cutlass-dsl, the GPU image lacks)."""
+    for k, n in list(plan.nodes.items()):
+        plan.nodes[k] = n.model_copy(update={"kernels": {x: v for x, v in n.kernels.items() if x not in knobs}})
+
+
 def prepare(boot, key: str, sampled: bool = False):
     """Make graph `key` ready to replay on its rung: the boot's synthetic layout in its static inputs, random
     token ids (vary_tokens), the talker's sampling where asked (sample_rows), and its attention wrappers

@@ -26,7 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "bench")]
 
 import torch  # noqa: E402
 
-from bench_steps import prepare, time_graph  # noqa: E402
+from bench_steps import drop_kernels, prepare, time_graph  # noqa: E402
 from graphc.modules import KERNEL_KNOBS  # noqa: E402
 from graphc.plan import load_plan, parse_graph_id  # noqa: E402
 from graphc.runtime.boot import boot_plan  # noqa: E402
@@ -89,8 +89,7 @@ def main() -> None:
                          "runs, where their package is not installed)")
     a = ap.parse_args()
     plan = load_plan(a.plan)
-    for k, n in list(plan.nodes.items()):
-        plan.nodes[k] = n.model_copy(update={"kernels": {x: v for x, v in n.kernels.items() if x not in a.drop}})
+    drop_kernels(plan, a.drop)
     for i, d in enumerate(plan.devices):
         if d.index == a.device:
             missing = {a.a, a.b} - set(d.capture_order)
