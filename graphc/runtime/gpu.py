@@ -151,7 +151,7 @@ class Graphs:
             growth[key] = outside - sum(growth.values())
         self.boot.measured["_outside_growth"] = growth
 
-    # ---- capture, largest first, into one pool
+    # ---- capture, largest first, into one pool (a stream lane's graphs into one of their own)
     def capture_all(self) -> None:
         order = self.boot.plan.devices[self.boot.index].capture_order
         keys = [parse_graph_id(k) for k in order]
