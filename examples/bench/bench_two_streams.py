@@ -32,21 +32,6 @@ from graphc.plan import load_plan, parse_graph_id  # noqa: E402
 from graphc.runtime.boot import boot_plan  # noqa: E402
 
 
-def capture_alone(boot, key: str) -> torch.cuda.CUDAGraph:
-    """Graph `key` captured again into a pool of its own, on a stream of its own (its inputs and outputs are
-    the boot's static buffers, as the boot's graph's are)."""
-    g = boot.runtime
-    node, family, rung = parse_graph_id(key)
-    step = boot.ir.family(node, family)
-    inputs = g.static_inputs(node, family, step, rung)
-    g.plan_step(g.backends[(node, family, rung)], step, rung)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(), stream=torch.cuda.Stream()):
-        g.forward(node, family, step, rung, inputs)
-    return graph
-
-
 def round_ms(a, b, mix: tuple[int, int], streams: tuple | None, rounds: int, warmup: int = 3) -> float:
     """Median ms of a round: mix[0] replays of a and mix[1] of b, on the current stream (streams None) or a's on
     streams[0] and b's on streams[1], both waiting for the round's start and joined at its end."""
@@ -99,7 +84,10 @@ def main() -> None:
     (boot,) = boot_plan(plan, devices=[a.device], emulate=True)
     mix = tuple(a.mix)
     with torch.inference_mode():
-        graph_a, graph_b = boot.graphs[a.a], capture_alone(boot, a.b)     # before prepare sets their inputs
+        # b captured again into a pool and on a stream of its own (the boot's runtime, as a stream lane's graphs are),
+        # before prepare sets both graphs' inputs
+        boot.runtime.capture_pool("_bench_b", [parse_graph_id(a.b)])
+        graph_a, graph_b = boot.graphs[a.a], boot.graphs[a.b]
         for key in (a.a, a.b):
             prepare(boot, key, a.sampled)
         rows = {"a": a.a, "b": a.b, "mix": list(mix), "gpu": torch.cuda.get_device_name(),

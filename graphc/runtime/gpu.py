@@ -180,9 +180,10 @@ class Graphs:
             stream = torch.cuda.Stream(self.boot.device)
             self.boot.streams |= dict.fromkeys(ns, stream)
 
-    def capture_pool(self, comp: str, keys: list[tuple[str, str, int]], bar) -> None:
+    def capture_pool(self, comp: str, keys: list[tuple[str, str, int]], bar=None) -> None:
         """Capture graphs `keys` in order into a private pool of their own, on a capture stream of their own (its
-        cuBLAS workspace comes from the pool); the pool's bytes are measured as ledger line `comp`."""
+        cuBLAS workspace comes from the pool); the pool's bytes are measured as ledger line `comp`. bar: a progress
+        bar, advanced a graph at a time."""
         pool = torch.cuda.graph_pool_handle()
         # a capture stream on this device: torch.cuda.graph's default one is made once per process, on the
         # device current then (another replica's GPU, where this device's work cannot be captured)
@@ -197,7 +198,8 @@ class Graphs:
                 out = self.forward(node, family, step, rung, inputs)
             del out                            # outputs live in the static buffers, not the pool
             self.boot.graphs[f"{node}/{family}/{rung}"] = graph
-            bar.update(1)
+            if bar is not None:
+                bar.update(1)
         self.boot.measured[comp] = pool_bytes(pool)
 
     def replay_all(self) -> None:

@@ -32,7 +32,8 @@ def shipped_for_card() -> str:
 def plan_of(name: str, lanes: bool):
     """The shipped plan (or the same inputs re-planned with the speak lane); the SM90 MoE kernels dropped where
     their package (nvidia-cutlass-dsl) is missing: no step here reaches their 2,048 rows."""
-    sys.path.insert(0, str(ROOT / "examples" / "tools"))
+    sys.path[:0] = [str(ROOT / "examples" / "tools"), str(ROOT / "examples" / "bench")]
+    from bench_steps import drop_kernels
     from regen_plans import compile_shipped
     from graphc.plan import load_plan
 
@@ -40,8 +41,7 @@ def plan_of(name: str, lanes: bool):
     try:
         import cutlass  # noqa: F401
     except ImportError:
-        for k, n in list(plan.nodes.items()):
-            plan.nodes[k] = n.model_copy(update={"kernels": {x: v for x, v in n.kernels.items() if x != "moe_sm90_from"}})
+        drop_kernels(plan, ["moe_sm90_from"])
     return plan
 
 
