@@ -31,12 +31,14 @@ class RawRows:
         self.penalty = params[:, 3] if params.shape[1] > 3 else None
 
 
+# No argument has a default: torch 2.11's dispatcher drops trailing arguments equal to their defaults before the
+# ADInplaceOrView kernel, which then indexes the mutated embed_out past the end (IndexError) where it is None
+# (tests/unit/test_custom_ops.py holds every graphc operator to this).
 @torch.library.custom_op("graphc::select_codes", mutates_args=("out", "embed_out"))
 def select_codes_op(logits: torch.Tensor, sampled: torch.Tensor, temperature: torch.Tensor, kth: torch.Tensor,
                     floor: torch.Tensor, penalty: torch.Tensor | None, log_noise: torch.Tensor,
                     seen: torch.Tensor | None, suppress: torch.Tensor | None, out: torch.Tensor,
-                    embed: torch.Tensor | None = None, embed_out: torch.Tensor | None = None, pdl: bool = False,
-                    raw: bool = False) -> None:
+                    embed: torch.Tensor | None, embed_out: torch.Tensor | None, pdl: bool, raw: bool) -> None:
     from models.components import select_triton as k
 
     k.select_codes(logits, sampled, temperature, kth, floor, penalty, log_noise, seen, suppress, out,
@@ -44,8 +46,8 @@ def select_codes_op(logits: torch.Tensor, sampled: torch.Tensor, temperature: to
 
 
 @select_codes_op.register_fake
-def _(logits, sampled, temperature, kth, floor, penalty, log_noise, seen, suppress, out, embed=None, embed_out=None,
-      pdl=False, raw=False) -> None:
+def _(logits, sampled, temperature, kth, floor, penalty, log_noise, seen, suppress, out, embed, embed_out, pdl,
+      raw) -> None:
     return None
 
 
