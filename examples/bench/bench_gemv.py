@@ -6,13 +6,10 @@ against an fp32 product.
 
     python examples/bench/bench_gemv.py --json OUT.json [--quick]
     python examples/bench/bench_gemv.py --swiglu --json OUT.json
-    python examples/bench/bench_gemv.py --rows 2 4 8 16 32 --json OUT.json
 
 Prints per shape: cuBLAS us and TB/s, the configured blocks' us and TB/s, and the sweep's best. --swiglu: at
 the one-row MLPs' shapes, the gate_up gemv then norm_ops.silu_mul (two launches, as the gemv knob runs them)
-against gemv_silu_mul (one launch, the gemv_swiglu knob), captured the same way. --rows M ...: at each
-shape (and Qwen3.5-9B's MLP) and row count, cuBLAS against gemv_triton.few_rows (the tensor cores, weights
-streamed once), its configured blocks and a sweep of ROWS_SWEEP, with the error of each against fp32.
+against gemv_silu_mul (one launch, the gemv_swiglu knob), captured the same way.
 """
 from __future__ import annotations
 
@@ -38,8 +35,6 @@ SHAPES = [("cp.qkv", 4096, 1024), ("cp.o", 1024, 2048), ("cp.gate_up", 6144, 102
 SWIGLU = [("cp.mlp", 3072, 1024), ("talker.shared_expert", 768, 1024), ("shared_expert_768x2048", 768, 2048),
           ("qwen3_5_9b.mlp", 12288, 4096), ("qwen3_5_0.8b.mlp", 3584, 1024)]
 SWEEP = list(itertools.product((1, 2, 4, 8, 16), (512, 1024, 2048, 4096), (4, 8)))
-ROWS_SHAPES = SHAPES[:-1] + [("qwen3_5_9b.gate_up", 24576, 4096), ("qwen3_5_9b.down", 4096, 12288)]
-ROWS_SWEEP = list(itertools.product((16, 32, 64), (64, 128, 256, 512), (4, 8)))
 
 
 def timed(fn, copies: int, replays: int = 20) -> float:
@@ -71,51 +66,14 @@ def swiglu_rows() -> list[dict]:
     return out
 
 
-def few_rows_rows(counts: list[int]) -> list[dict]:
-    """Per ROWS_SHAPES shape and row count: cuBLAS us, few_rows' configured and swept us, errors against fp32."""
-    from models.components import gemv_triton as gk
-
-    out = []
-    for name, n, k in ROWS_SHAPES:
-        nbytes = n * k * 2
-        copies = max(2, min(64, -(-200_000_000 // nbytes)))
-        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-        for m in counts:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            ys = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-            ref = x.float() @ ws[0].float().t()
-            cublas = timed(lambda i: torch.mm(x, ws[i].t(), out=ys[i]), copies)
-            sweep = {f"{bn},{bk},{w}": timed(lambda i: gk.few_rows(x, ws[i], None, ys[i], (bn, bk, w)), copies)
-                     for bn, bk, w in ROWS_SWEEP if bk <= max(64, 2 * k)}
-            conf = timed(lambda i: gk.few_rows(x, ws[i], None, ys[i]), copies)
-            gk.few_rows(x, ws[0], None, ys[0])
-            errs = [(y.float() - ref).abs().max().item() for y in (torch.mm(x, ws[0].t()), ys[0])]
-            best = min(sweep.items(), key=lambda kv: kv[1])
-            out.append({"shape": name, "n": n, "k": k, "rows": m, "cublas_us": cublas, "configured_us": conf,
-                        "configured": list(gk.few_rows_config(n, k)), "sweep_us": sweep,
-                        "err_cublas": errs[0], "err_few_rows": errs[1]})
-            print(f"{name:26s} M={m:2d} {nbytes / 1e6:7.1f} MB  cuBLAS {cublas:7.2f} us  few_rows {conf:7.2f} us  "
-                  f"best {best[1]:7.2f} us ({best[0]}, {nbytes / best[1] / 1e6:4.2f} TB/s)  "
-                  f"err {errs[0]:.3g} / {errs[1]:.3g}", flush=True)
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="no sweep: cuBLAS and the configured blocks only")
     ap.add_argument("--swiglu", action="store_true", help="the fused SwiGLU product against its two launches only")
-    ap.add_argument("--rows", type=int, nargs="+", default=None, help="few_rows against cuBLAS at these row counts")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_gemv needs a CUDA device")
-    if a.rows:
-        torch.manual_seed(0)
-        rows = few_rows_rows(a.rows)
-        if a.json:
-            Path(a.json).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                                "few_rows": rows}, indent=1))
-        return
     if a.swiglu:
         rows = swiglu_rows()
         if a.json:

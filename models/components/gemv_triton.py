@@ -110,38 +110,6 @@ def _norm_gemv(x_ptr, r_ptr, s_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, N, K, eps, HAS_
         tl.store(y_ptr + cols, acc.to(y_ptr.dtype.element_ty), mask=cm)
 
 
-@triton.jit
-def _few_rows(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, sym, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
-    """y[:M] = x[:M] @ w^T (+ b) for M <= BLOCK_M rows: each program streams BLOCK_N weight rows once, BLOCK_K
-    columns a step, and multiplies them with every row on the tensor cores (tl.dot, fp32 accumulation; fp32
-    inputs at IEEE precision, not TF32)."""
-    _pdl_start(PDL)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.arange(0, BLOCK_M)
-    ks = tl.arange(0, BLOCK_K)
-    cm, rm = cols < N, rows < M
-    IEEE: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    w = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=cm[:, None] & (ks < K)[None, :], other=0.0,
-                eviction_policy="evict_first")                       # the first block, before the wait: constants
-    _pdl_wait(PDL)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + ks
-        if k0 > 0:
-            w = tl.load(w_ptr + cols[:, None] * K + k[None, :], mask=cm[:, None] & (k < K)[None, :], other=0.0,
-                        eviction_policy="evict_first")
-        x = tl.load(x_ptr + rows[:, None] * sxm + k[None, :], mask=rm[:, None] & (k < K)[None, :], other=0.0)
-        if IEEE:
-            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, tl.trans(w), acc)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rows[:, None] * sym + cols[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=rm[:, None] & cm[None, :])
-
-
 def config(n: int, k: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps) for an [n, k] weight, measured on the H200 (examples/bench/bench_gemv.py at 14
     decode shapes: 0.6% above the sum of each shape's best choice of 40, no shape more than 0.9 us above its
@@ -190,29 +158,3 @@ def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor,
     bn, bk, warps = blocks or (1, *config(n, k)[1:])
     _gemv_silu_mul[(triton.cdiv(i, bn),)](x, weight, y, i, k, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
                                           **pdl_launch(pdl, x))
-
-
-FEW_ROWS = 32           # the most rows few_rows takes (BLOCK_M up to 32)
-
-
-def few_rows_config(n: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps) of few_rows for an [n, k] weight: not yet measured on a GPU
-    (examples/bench/bench_gemv.py --rows sweeps it); 32 weight rows a program, 256 columns a step."""
-    return 32, min(256, max(16, triton.next_power_of_2(k))), 4
-
-
-def few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
-             blocks: tuple[int, int, int] | None = None, pdl: bool = False) -> None:
-    """y [M, N] = x [M, K] @ weight [N, K]^T (+ bias [N]) for 1 <= M <= FEW_ROWS; weight contiguous, rows of x
-    and y with contiguous elements (any row stride). blocks: (BLOCK_N, BLOCK_K, num_warps). pdl: as gemv's."""
-    m, k = x.shape
-    n = weight.shape[0]
-    if not 1 <= m <= FEW_ROWS or weight.shape[1] != k or not weight.is_contiguous() or x.stride(1) != 1 \
-            or y.shape != (m, n) or y.stride(1) != 1:
-        raise ValueError(f"few_rows takes x [M, K] with 1 <= M <= {FEW_ROWS} and contiguous elements, a contiguous "
-                         f"weight [N, K] and y [M, N]; got x {list(x.shape)} strides {list(x.stride())}, weight "
-                         f"{list(weight.shape)}, y {list(y.shape)}")
-    bn, bk, warps = blocks or few_rows_config(n, k)
-    _few_rows[(triton.cdiv(n, bn),)](x, weight, weight if bias is None else bias, y, m, n, k, x.stride(0),
-                                     y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=max(16, triton.next_power_of_2(m)),
-                                     BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, **pdl_launch(pdl, x))

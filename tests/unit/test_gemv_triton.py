@@ -89,39 +89,3 @@ def test_the_fused_swiglu_product_equals_the_two_launches_it_replaces():
         assert same and err < 1e-2, (shape, same, err)
     assert errs[0] and "odd row count" in errs[0] and "[5, 8]" in errs[0], errs
     assert errs[1] and "one row" in errs[1], errs
-
-
-FEW_ROWS = REFUSALS + r"""
-import torch
-from models.components import gemv_triton as g
-
-torch.manual_seed(0)
-out = {}
-for m, n, k, blocks in ((1, 37, 100, None), (3, 130, 1030, None), (16, 70, 300, (16, 64, 4)),
-                        (17, 45, 33, (32, 16, 4)), (32, 20, 520, None)):
-    x = torch.randn(m, k + 5)[:, 2:k + 2]          # rows of a wider tensor
-    w, b = torch.randn(n, k), torch.randn(n)
-    want = x.double() @ w.double().t()
-    y = torch.full((m, n), float("nan"))
-    g.few_rows(x, w, None, y, blocks)
-    e0 = ((y.double() - want).abs().max() / want.abs().max()).item()
-    g.few_rows(x, w, b, y, blocks)
-    e1 = ((y.double() - want - b.double()).abs().max() / want.abs().max()).item()
-    out[f"{m}x{n}x{k}"] = max(e0, e1)
-out["errors"] = refusals(lambda: g.few_rows(torch.randn(33, 8), torch.randn(4, 8), None, torch.empty(33, 4)),
-                         lambda: g.few_rows(torch.randn(2, 8), torch.randn(8, 4).t(), None, torch.empty(2, 8)))
-print(json.dumps(out))
-"""
-
-
-def test_few_row_products_equal_fp64_within_fp32_rounding():
-    """few_rows (1 to 32 rows on the tensor cores) at row counts below, at and past a 16-row block, N and K not
-    multiples of the blocks, rows strided: every row within fp32 summation's rounding of fp64, bias or not (a
-    wrong row stride, mask or K step fails it); more than 32 rows and a strided weight refused."""
-    got = interpreted(FEW_ROWS)
-    errs = got.pop("errors")
-    assert set(got) == {"1x37x100", "3x130x1030", "16x70x300", "17x45x33", "32x20x520"}
-    for shape, err in got.items():
-        assert err < 1e-5, (shape, err)
-    assert errs[0] and "1 <= M <= 32" in errs[0] and "[33, 8]" in errs[0], errs
-    assert errs[1] and "contiguous" in errs[1], errs
