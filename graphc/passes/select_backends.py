@@ -50,11 +50,13 @@ a 1.7B dense LM plan's LM node 1.627 -> 1.583 ms at 1 sequence (pdl and norm_gem
 delta-rule nodes (below) run neither pdl nor norm_gemv (NOT_WITH_GDN): the 9B's decode with both was 6.007 ->
 6.026 ms at 1 sequence, 7.110 -> 7.121 at 16, equal at 64. A codec decoder's dense transformer runs pdl and
 norm_gemv too, not timed alone: its steps run many rows, where its Triton launches are the fused norms that
-tests/gpu/test_pdl_gpu.py holds bit for bit with and without pdl. One knob is declared and chosen by no plan
-until the steps of the node that samples codes time it: select_fold (the fused sampler's launch also prepares its rows' sampling
-columns and writes its code's embedding into the frame's buffer, with pdl where the node has it: 765 -> 718
-simulated kernel launches in the one-80 GB plan's smaller node's step at 1 sequence, 1,355 -> 1,308 at 16,
-examples/tools/launch_ops.py --with select_fold).
+tests/gpu/test_pdl_gpu.py holds bit for bit with and without pdl. The same nodes fold a code-sampling node's row
+preparation into its sampler (select_fold: the fused sampler's launch also prepares its rows' sampling columns and
+writes its code's embedding into the frame's buffer, with pdl where the node has it): 765 -> 718 simulated kernel
+launches in the one-80 GB plan's smaller node's step at 1 sequence, 1,355 -> 1,308 at 16 (examples/tools/
+launch_ops.py --with select_fold); on an H100, captured, that node's decode 2.829 -> 2.810 ms at 1 sequence and
+5.927 -> 5.752 at 16, the larger node's equal (2.931, 2.945; examples/bench/ab_kernels.py --with select_fold
+--sampled). A node that samples no codes ignores the knob.
 The nodes whose delta rule runs on fla-core also run gdn_fused: the zero-centred RMSNorms (and a residual add
 with one), the Gated DeltaNet's gates, its gated output norm and a decode step's conv on the conv state pool,
 one Triton launch each (models/components/norm_ops.py, gdn_step_triton.py): the 9B's decode on an H100 9.04 -> 6.53 ms at 1 sequence,
@@ -159,7 +161,7 @@ def select_backends(ir: IR) -> Backends:
     knobs = {"fused_gelu": 1, "fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_rope": 1,
              "fused_router": 1, "fused_sampler": 1, "gated_rope": 1, "gemv": 1, "gemv_swiglu": GEMV_SWIGLU_BYTES,
              "moe_pair_tokens": PAIR_TOKENS, "moe_route_group": 1, "moe_shared_sum": 1, "moe_sm90_from": SM90_FROM,
-             "moe_sum_norm": 1, "norm_gemv": 1, "pdl": 1}
+             "moe_sum_norm": 1, "norm_gemv": 1, "pdl": 1, "select_fold": 1}
     kernels = {n.name: dict(knobs) for n in ir.model.nodes if arch in FUSED_ARCHS and n.dtype == "bfloat16"}
     for n in ir.model.nodes:        # the delta rule on fla-core where its state resource's backend is fla,
         if any(res in chosen and chosen[res].prefill == "fla" for res in n.resources.values()):   # decode in place
