@@ -41,8 +41,8 @@ def test_shipped_plans_record_the_choice_where_it_acts():
         assert plan.target.arch == "sm_90"
         got = {n: p.kernels for n, p in plan.nodes.items()}
         # the thinker and the talker hold sparse MoE experts, RMSNorms and layers.Linear, the talker its sampler
-        # (with its rows' preparation folded in) too; Code2Wav RMSNorms and a SwiGLU's Linears only; the audio encoder none of them (LayerNorms,
-        # nn.Linear), the vision encoder its fp32 rotary, LayerNorms and MLP's GELU
+        # (with its rows' preparation folded in) too; Code2Wav RMSNorms and a SwiGLU's Linears only; the audio
+        # encoder none of them (LayerNorms, nn.Linear), the vision encoder its fp32 rotary, LayerNorms and MLP's GELU
         mlp = {"fused_norms": 1, "gemv": 1, "gemv_swiglu": 16 * 2**20,      # SwiGLUs of 16 MiB or less fused
                "norm_gemv": 1, "pdl": 1}
         both = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1, "gemv": 1, "moe_pair_tokens": 2,
