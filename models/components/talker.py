@@ -181,12 +181,24 @@ class FrameAttend(partial):
     """A code predictor layer's attend at some slots: partial(FrameCache.attend, layer, slots), with qkv_out
     naming the cache's q, k and v slots, where the attention layer writes its normed q and k and its v in place
     (thinker.Attention; one launch where the norms are fused). A partial, so the compiler's layer memo keys it as one (graphc/layer_memo.py: by
-    its function, not its layer and slots) and replays the frame's repeated layer passes."""
+    its function, not its layer and slots) and replays the frame's repeated layer passes. fused (the frame_attend
+    knob): the layer's norms, rotary, cache writes and attention as one launch (fused, which the layer calls)."""
 
-    def __new__(cls, cache: FrameCache, layer: int, slots: slice):
+    def __new__(cls, cache: FrameCache, layer: int, slots: slice, fused: bool = False):
         self = super().__new__(cls, cache.attend, layer, slots)
         self.qkv_out = (cache.q[layer, :, slots], cache.k[layer, :, slots], cache.v[layer, :, slots])
+        self.cache, self.fused = cache, (self._fused if fused else None)
         return self
+
+    def _fused(self, q_norm, k_norm, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor) -> torch.Tensor:
+        """The frame_attend knob's one launch (frame_ops.frame_attend): q and k normed and rotated (cos, sin: the
+        slots' rows), written with v into the cache's slots, and the slots' attention over the frame [S, n, H, D].
+        Attention.forward calls it in place of norm_rope_qk and this partial."""
+        from models.components.frame_ops import frame_attend
+        c, layer, slots = self.cache, self.args[0], self.args[1]
+        return frame_attend(q, k, v, q_norm.weight, k_norm.weight, cos, sin, (c.q[layer], c.k[layer], c.v[layer]),
+                            slots.start, q_norm.eps, bool(q_norm.pdl))
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return super().__call__(q, k, v, tuple(x is y for x, y in zip((q, k, v), self.qkv_out)))
@@ -212,6 +224,9 @@ class CodePredictor(nn.Module):
     # another: that launch with programmatic dependent launch (resources/pdl.py), where the talker's select_fold
     # knob has it write the code's embedding too (pick)
     pdl: int = 0
+    # another: each layer's q/k norm, rotary, frame-cache write and attention in one launch (frame_triton.py) on a
+    # GPU in bf16, where the cp_attn resource's attention is not called; 0: q_k_norm_rope, then that attention
+    frame_attend: int = 0
 
     def __init__(self, cfg: CodePredictorConfig, groups: int):
         super().__init__()
@@ -220,15 +235,19 @@ class CodePredictor(nn.Module):
         self.lm_head = nn.ModuleList(Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(groups - 1))
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
 
+    def fuses_frame(self, x: torch.Tensor) -> bool:
+        """The frame_attend knob applies to rows x: bf16 on a GPU, or on meta tensors (where the compiler traces)."""
+        return bool(self.frame_attend) and x.dtype == torch.bfloat16 and x.device.type in ("cuda", "meta")
+
     def run(self, x: torch.Tensor, slots: slice, cos: torch.Tensor, sin: torch.Tensor, cache: FrameCache,
             head: Linear) -> torch.Tensor:
         """x [S, n, H] at positions slots -> head's logits [S, V] of the last slot's final-normed hidden. Each
         layer's last residual add runs in the next one's input norm, the last layer's in the final norm
         (FoldedLayer); with the norm_gemv knob at one row that norm runs in the head's launch too
         (Linear.after_norm)."""
-        delta = None
+        delta, fused = None, self.fuses_frame(x)
         for i, layer in enumerate(self.model.layers):
-            x, delta = layer(x, delta, cos[slots], sin[slots], FrameAttend(cache, i, slots))
+            x, delta = layer(x, delta, cos[slots], sin[slots], FrameAttend(cache, i, slots, fused))
         return head.after_norm(x[:, -1], delta[:, -1], self.model.norm)[1]
 
     def forward(self, hidden: torch.Tensor, code0_embed: torch.Tensor, attn: Attend, params: torch.Tensor,

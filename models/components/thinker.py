@@ -50,6 +50,9 @@ class Attention(nn.Module):
         Computed here, they are freed once q, k and v are written elsewhere (the frame cache's slots)."""
         rows = (x if qkv is None else qkv).shape[:-1]
         q, k, v = split_qkv(self.qkv_proj(x) if qkv is None else qkv, self.h, self.kv, self.d)
+        fused = getattr(attend, "fused", None)      # an attend that norms, rotates and attends in one launch
+        if fused is not None:
+            return self.o_proj(fused(self.q_norm, self.k_norm, q, k, v, cos, sin).reshape(*rows, self.h * self.d))
         # an attend that keeps q, k and v (the code predictor's frame cache) names where: written there in place
         out = getattr(attend, "qkv_out", None)
         if out is None:
