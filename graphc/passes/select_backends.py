@@ -56,10 +56,7 @@ writes its code's embedding into the frame's buffer, with pdl where the node has
 launches in the one-80 GB plan's smaller node's step at 1 sequence, 1,355 -> 1,308 at 16 (examples/tools/
 launch_ops.py --with select_fold); on an H100, captured, that node's decode 2.829 -> 2.810 ms at 1 sequence and
 5.927 -> 5.752 at 16, the larger node's equal (2.931, 2.945; examples/bench/ab_kernels.py --with select_fold
---sampled). A node that samples no codes ignores the knob. One knob is declared and chosen by no plan until
-that node's steps time it: frame_attend (a code predictor layer's q/k norm, rotary, frame-cache write and
-attention over the frame in one Triton launch, models/components/frame_triton.py, where q_k_norm_rope and the
-node's ragged attention resource made two: 75 launches fewer a step of the one-80 GB plan's smaller node).
+--sampled). A node that samples no codes ignores the knob.
 The nodes whose delta rule runs on fla-core also run gdn_fused: the zero-centred RMSNorms (and a residual add
 with one), the Gated DeltaNet's gates, its gated output norm and a decode step's conv on the conv state pool,
 one Triton launch each (models/components/norm_ops.py, gdn_step_triton.py): the 9B's decode on an H100 9.04 -> 6.53 ms at 1 sequence,
