@@ -158,13 +158,16 @@ class ResizeMLP(nn.Module):
 class FrameCache:
     """The code predictor's q/k/v slots of one frame: [layers, S, G, heads, D], written step by step."""
 
-    def __init__(self, attn, cfg: CodePredictorConfig, seqs: int, groups: int, like: torch.Tensor):
+    def __init__(self, attn, cfg: CodePredictorConfig, seqs: int, groups: int, like: torch.Tensor,
+                 zeroed: bool = True):
         n, d = cfg.num_hidden_layers, cfg.head_dim
         self.attn, self.s, self.g = attn, seqs, groups
-        # zeros, not empty: masked slots still enter softmax(.) @ V, and 0 x NaN would poison the output
-        self.q = like.new_zeros(n, seqs, groups, cfg.num_attention_heads, d)
-        self.k = like.new_zeros(n, seqs, groups, cfg.num_key_value_heads, d)
-        self.v = like.new_zeros(n, seqs, groups, cfg.num_key_value_heads, d)
+        # zeros, not empty: masked slots still enter attn's softmax(.) @ V, and 0 x NaN would poison the output;
+        # not zeroed where nothing reads a slot before writing it (the frame_attend knob's kernel: no launches)
+        new = like.new_zeros if zeroed else like.new_empty
+        self.q = new(n, seqs, groups, cfg.num_attention_heads, d)
+        self.k = new(n, seqs, groups, cfg.num_key_value_heads, d)
+        self.v = new(n, seqs, groups, cfg.num_key_value_heads, d)
 
     def attend(self, layer: int, slots: slice, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                written: tuple[bool, bool, bool] = (False, False, False)) -> torch.Tensor:
@@ -259,7 +262,7 @@ class CodePredictor(nn.Module):
         rows = _rows(params, self.cfg.vocab_size, frame is not None)
         v = self.cfg.vocab_size
         s, g = hidden.shape[0], self.groups
-        cache = FrameCache(attn, self.cfg, s, g, hidden)
+        cache = FrameCache(attn, self.cfg, s, g, hidden, zeroed=not self.fuses_frame(hidden))
         positions = torch.arange(g, device=hidden.device)
         cos, sin = rope_cos_sin(positions, self.inv_freq, hidden.dtype)        # [G, 1, D]
         x = torch.stack((hidden, code0_embed), dim=1)                           # [S, 2, H]: HF's 2-row prefill

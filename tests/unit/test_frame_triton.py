@@ -121,6 +121,9 @@ for dtype in (torch.float32, torch.bfloat16):
         for p in cp.parameters():
             torch.nn.init.normal_(p, 0.0, 0.3)
         set_kernels(cp, {"frame_attend": knob})
+        if knob:                                        # the kernel reads no slot before writing it
+            for c in (cache.q, cache.k, cache.v):
+                c.fill_(float("nan"))
         called = []
         attn = cache.attn
         cache.attn = lambda q, k, v: called.append(1) or attn(q, k, v)
@@ -141,8 +144,9 @@ print(json.dumps(out))
 def test_a_code_predictor_frame_with_the_knob_equals_one_without():
     """A 3-layer code predictor's frame (2 rows at slot 0, then slots 2 and 3), the knob forced on CPU tensors under
     the interpreter: fp32 logits within 1e-5 of the path without it (q_k_norm_rope's torch path and the frame's
-    causal attention), bf16 within its roundings; the resource's attention called 3 layers x 3 passes without the
-    knob and never with it; the cache's k and v the same."""
+    causal attention), bf16 within its roundings, its frame cache filled with NaN first (no slot is read before it
+    is written); the resource's attention called 3 layers x 3 passes without the knob and never with it; the
+    cache's k and v the same."""
     got = interpreted("import json\n" + MODULE)
     f32, b16 = got["torch.float32"], got["torch.bfloat16"]
     assert f32["calls"] == b16["calls"] == [9, 0], got
@@ -167,3 +171,22 @@ def test_on_meta_the_knob_makes_one_launch_a_layer():
         assert out.shape == (2, 16)
         fused, plain = ops.count("graphc.frame_attend"), ops.count("graphc.q_k_norm_rope")
         assert (fused, plain, len(called)) == ((3, 0, 0) if knob else (0, 3, 3)), (knob, ops, called)
+
+
+def test_with_the_knob_the_frame_cache_is_not_zeroed():
+    """A whole code predictor step on meta (bf16): with the knob its frame cache (q, k, v) is allocated and not
+    zeroed, since the kernel reads only slots it wrote; without it, three zero fills (masked slots enter the
+    resource's softmax(.) @ V)."""
+    from graphc.modules import set_kernels
+    from tests.unit.test_kernel_choice import OpNames, _code_predictor_frame
+
+    fills = {}
+    for knob in (1, 0):
+        cp, x, cos, sin, cache = _code_predictor_frame("meta", torch.bfloat16, 2)
+        set_kernels(cp, {"fused_norms": 1, "fused_sampler": 1, "frame_attend": knob})
+        noise = torch.empty(2, 3, 16, device="meta")
+        params = torch.zeros(2, 3, device="meta")
+        (codes, _), seen = OpNames.of(lambda: cp(x[:, 0], x[:, 1], cache.attn, params, noise))
+        assert codes.shape == (2, 3)
+        fills[knob] = sum(o.startswith(("aten.new_zeros", "aten.zeros", "aten.fill_", "aten.zero_")) for o in seen)
+    assert fills[0] - fills[1] == 3, fills
