@@ -183,9 +183,10 @@ class FrameCache:
 class FrameAttend(partial):
     """A code predictor layer's attend at some slots: partial(FrameCache.attend, layer, slots), with qkv_out
     naming the cache's q, k and v slots, where the attention layer writes its normed q and k and its v in place
-    (thinker.Attention; one launch where the norms are fused). A partial, so the compiler's layer memo keys it as one (graphc/layer_memo.py: by
-    its function, not its layer and slots) and replays the frame's repeated layer passes. fused (the frame_attend
-    knob): the layer's norms, rotary, cache writes and attention as one launch (fused, which the layer calls)."""
+    (thinker.Attention; one launch where the norms are fused). A partial, so the compiler's layer memo keys it as
+    one (graphc/layer_memo.py: by its function, not its layer and slots) and replays the frame's repeated layer
+    passes. fused (the frame_attend knob): the layer's norms, rotary, cache writes and attention as one launch
+    (fused, which the layer calls)."""
 
     def __new__(cls, cache: FrameCache, layer: int, slots: slice, fused: bool = False):
         self = super().__new__(cls, cache.attend, layer, slots)

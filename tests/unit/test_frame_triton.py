@@ -3,7 +3,8 @@ frame's steps (2 rows at slot 0, then a row a slot) through the one launch again
 cache's slots hold the bits q_k_norm_rope writes (norm_triton.py; held to torch in test_norm_triton.py), and the
 output is the causal attention of the step's rows over the frame's slots so far, computed here in fp32 torch
 from that cache (within one ulp of it in the output's dtype), and its mean error against fp64 from the step's
-raw q, k and v is that path's own. On meta tensors a code predictor layer with the knob makes one launch where it made two."""
+raw q, k and v is that path's own. On meta tensors a code predictor layer with the knob makes one launch where it
+made two."""
 import pytest
 import torch
 
