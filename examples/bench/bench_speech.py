@@ -11,6 +11,11 @@ end code comes first. Reported per kind and c: audio-s/s (audio seconds made / w
 (arrival to the first audio chunk) p50/p95, RTF p50 (a request's time / its audio seconds), the stall a listener
 playing from the first chunk hears (Output.times audio_stall_s) p50 and max, and the engine's steps per walk.
 The chat ids are the host's (the real model's for seeded weights of the real preset).
+
+--profile FILE: last, one more round of the last kind at the last concurrency (c requests at once) under
+torch.profiler: the GPU's busy time on each CUDA stream and on all together, its time by the step that launched
+it, its idle time by what the engine's thread was doing (examples/bench/gpu_idle.py), the host's time in each
+of the engine's phases, and the profiler's tables, to FILE (the head printed too).
 """
 from __future__ import annotations
 
@@ -93,6 +98,34 @@ def run(engine, kind: str, c: int, total: int, args, rng) -> dict:
             "errors": errors[:3], "text_tokens": [len(o.token_ids) for o in done], "phases_ms_p50": phases}
 
 
+def profile_round(engine, kind: str, c: int, args, rng, path: str) -> None:
+    """One closed-loop round of c requests under torch.profiler (host and GPU); its lines and tables to `path`."""
+    from collections import Counter
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpu_idle import aligned, annotated, busy_lines, idle_lines, launched_lines, trace_events
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, annotated(engine) as spans:
+        row = run(engine, kind, c, c, args, rng)
+    events = trace_events(prof)
+    events += aligned(spans, events)
+    host = Counter()
+    for t0, t1, name in spans:
+        host[name] += (t1 - t0) if t1 is not None else 0.0
+    lines = [f"{kind} at c = {c}, {c} requests: round {row['wall_s'] * 1e3:.1f} ms, {row['audio_s']:.1f} s of audio, "
+             f"RTF p50 {row['rtf_p50']:.3f}; steps {row['steps']}",
+             *busy_lines(events), *launched_lines(events), *idle_lines(events),
+             "host time in each of the engine's phases (labels nest: engine.step holds the rest):",
+             *[f"  {s * 1e3:9.1f} ms  {name}" for name, s in host.most_common() if s >= 1e-4],
+             "(the profiler's own overhead is in these times)"]
+    ka = prof.key_averages()
+    tables = [ka.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=70),
+              ka.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)]
+    Path(path).write_text("\n".join(lines + tables) + "\n")
+    print("\n".join(lines), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("plan")
@@ -108,9 +141,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--audio-lead-ms", type=float, default=None, help="graphc run --audio-lead-ms (default: none)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", default=None, metavar="FILE", help="last, one more round of the last kind at the "
+                    "last concurrency under torch.profiler: where its GPU and host time go, to FILE")
     ap.add_argument("--drop", nargs="*", default=[], choices=KERNEL_KNOBS,
-                    help="kernel knobs taken away on every node (e.g. moe_sm90_from, whose package, nvidia-cutlass-dsl, "
-                         "the GPU image lacks; no speech step reaches its 2,048 rows)")
+                    help="kernel knobs taken away on every node (e.g. moe_sm90_from, whose package, "
+                         "nvidia-cutlass-dsl, the GPU image lacks; no speech step reaches its 2,048 rows)")
     a = ap.parse_args()
     from graphc.runtime.engine import Engine
 
@@ -128,6 +163,8 @@ def main() -> None:
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k not in ("frames", "text_tokens")}), file=sys.stderr)
     result = {"plan": a.plan, "summary": engine.summary(), "args": vars(a), "rows": rows, "stats": engine.stats()}
+    if a.profile:
+        profile_round(engine, a.kinds[-1], a.concurrency[-1], a, rng, a.profile)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -212,21 +212,17 @@ def profile_one(engine, driver, loop, items: list[dict], again: list[dict], path
     time goes, how long the GPU waited after submission and, while it was idle, what the engine's thread was
     doing (examples/bench/gpu_idle.py); then the round `again` (fresh clips) counting the host calls that
     synchronised with the GPU; then the profiler's tables, written to `path`."""
-    import tempfile
-
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from examples.bench.gpu_idle import aligned, annotated, idle_lines, synced
+    from examples.bench.gpu_idle import aligned, annotated, busy_lines, idle_lines, synced, trace_events
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, annotated(engine) as spans:
         r = one_round(engine, driver, loop, items)
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        events = [e for e in json.loads(Path(f.name).read_text())["traceEvents"] if e.get("ph") == "X"]
+    events = trace_events(prof)
     events += aligned(spans, events)
     lines = [f"{len(items)} requests, round {r['wall_s'] * 1e3:.1f} ms; first sample: {r['samples'][0]}",
-             *gpu_lines(events), *idle_lines(events),
+             *busy_lines(events), *idle_lines(events),
              "(the profiler starts just before the submission; its own overhead is in these times)"]
     if torch.cuda.is_available():       # the same round again, fresh clips, counting the host's syncs
         syncs: list[str] = []
@@ -238,20 +234,6 @@ def profile_one(engine, driver, loop, items: list[dict], again: list[dict], path
               ka.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=70)]
     Path(path).write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:head]), flush=True)
-
-
-def gpu_lines(events: list[dict]) -> list[str]:
-    """The GPU's busy time, its first and last work after the trace's start, and the host to device copies."""
-    gpu = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
-    if not gpu:
-        return ["no GPU work recorded (a CPU plan)"]
-    start = min(e["ts"] for e in events)
-    copies = [e for e in gpu if "HtoD" in e["name"]]
-    return [f"GPU busy {sum(e['dur'] for e in gpu) / 1e3:.1f} ms over {len(gpu)} kernels and copies; the first at "
-            f"{(gpu[0]['ts'] - start) / 1e3:.1f} ms, the last ending at "
-            f"{(max(e['ts'] + e['dur'] for e in gpu) - start) / 1e3:.1f} ms after the profiler started",
-            f"host to device copies: {len(copies)}, {sum(e['dur'] for e in copies) / 1e3:.1f} ms, "
-            f"{sum(e.get('args', {}).get('bytes', 0) for e in copies) / 1e6:.1f} MB"]
 
 
 def arguments() -> argparse.Namespace:

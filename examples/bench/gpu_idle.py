@@ -1,5 +1,10 @@
 """Where a served round leaves the GPU idle, and which host calls synchronise with it: helpers for the benches'
---profile rounds (bench_video.py).
+--profile rounds (bench_video.py, bench_speech.py).
+
+trace_events(prof): a finished torch.profiler's complete events. busy_lines(events): the GPU's busy time, on
+each CUDA stream and all streams together (what the streams' overlap saves), and the host to device copies.
+launched_lines(events): the GPU's time by the engine thread's innermost label when the work was launched (a
+node's step, the sampler).
 
 annotated(engine): for the block's duration, the engine's phases are timed (the engine's step, the scheduler,
 each node's run, the host's encoder batch, the sampler, the read-back of a step in flight, an admission) and
@@ -10,16 +15,21 @@ synchronised with the GPU (torch.cuda.set_sync_debug_mode), counted by the line 
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
+import json
+import tempfile
 import time
 import warnings
 from collections import Counter
+from pathlib import Path
 
 IDLE_MIN_US = 20.0            # gaps shorter than this are a kernel's launch latency, not idleness
 
 
 ANCHOR = "graphc clock"      # a label on the profiling thread that ties perf_counter to the trace's clock
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")     # the trace's GPU work
 
 
 def _wrap(obj, name: str, label, spans: list) -> None:
@@ -73,8 +83,7 @@ def aligned(spans: list, events: list[dict]) -> list[dict]:
 
 def _busy(events: list[dict]) -> list[tuple[float, float]]:
     """The GPU's busy intervals (kernels, copies, sets), merged, in µs."""
-    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                   if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in GPU_CATS)
     merged: list[list[float]] = []
     for a, b in spans:
         if merged and a <= merged[-1][1] + IDLE_MIN_US:
@@ -82,6 +91,45 @@ def _busy(events: list[dict]) -> list[tuple[float, float]]:
         else:
             merged.append([a, b])
     return [(a, b) for a, b in merged]
+
+
+def trace_events(prof) -> list[dict]:
+    """A finished torch.profiler's complete ("X") events, through its chrome trace."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        return [e for e in json.loads(Path(f.name).read_text())["traceEvents"] if e.get("ph") == "X"]
+
+
+def _union_us(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of [a, b) intervals."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def busy_lines(events: list[dict]) -> list[str]:
+    """The GPU's first and last work after the trace's start, its busy time on each stream (the kernels' own
+    time) and on all of them together (the union: less than the sum where the streams overlapped), and the
+    host to device copies."""
+    gpu = sorted((e for e in events if e.get("cat") in GPU_CATS), key=lambda e: e["ts"])
+    if not gpu:
+        return ["no GPU work recorded (a CPU plan)"]
+    start, end = min(e["ts"] for e in events), max(e["ts"] + e["dur"] for e in gpu)
+    streams = Counter()
+    for e in gpu:
+        streams[e.get("tid", "?")] += e["dur"]
+    union = _union_us([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
+    copies = [e for e in gpu if "HtoD" in e["name"]]
+    lines = [f"GPU busy {union / 1e3:.1f} ms of the {(end - gpu[0]['ts']) / 1e3:.1f} ms from its first work (at "
+             f"{(gpu[0]['ts'] - start) / 1e3:.1f} ms after the profiler started) to its last, over {len(gpu)} "
+             f"kernels and copies; the streams' own times sum to {sum(streams.values()) / 1e3:.1f} ms"]
+    lines += [f"  stream {tid}: {us / 1e3:.1f} ms" for tid, us in streams.most_common()]
+    lines.append(f"host to device copies: {len(copies)}, {sum(e['dur'] for e in copies) / 1e3:.1f} ms, "
+                 f"{sum(e.get('args', {}).get('bytes', 0) for e in copies) / 1e6:.1f} MB")
+    return lines
 
 
 def _innermost(events: list[dict]) -> list[tuple[float, float, str]]:
@@ -99,6 +147,28 @@ def _innermost(events: list[dict]) -> list[tuple[float, float, str]]:
         stack.append((a, b, name))
         at = a
     return [s for s in segs if s[1] > s[0]]
+
+
+def launched_lines(events: list[dict]) -> list[str]:
+    """The GPU's time by the innermost label the engine's thread was in when it launched the work: each
+    kernel or copy is tied to its launch call (cuda_runtime or cuda_driver events) by the trace's
+    correlation id. Work whose launch is not in the trace counts as "launch not recorded"."""
+    launch = {e["args"]["correlation"]: e["ts"] for e in events
+              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    segs = _innermost(events)
+    starts = [s[0] for s in segs]
+    by = Counter()
+    for e in events:
+        if e.get("cat") not in GPU_CATS:
+            continue
+        ts = launch.get(e.get("args", {}).get("correlation"))
+        i = bisect.bisect_right(starts, ts) - 1 if ts is not None else -1
+        name = segs[i][2] if i >= 0 and ts < segs[i][1] else "outside any label"
+        by[name if ts is not None else "launch not recorded"] += e["dur"]
+    if not by:
+        return []
+    lines = [f"GPU time {sum(by.values()) / 1e3:.1f} ms, by what the engine's thread was doing at its launch:"]
+    return lines + [f"  {us / 1e3:9.1f} ms  {name}" for name, us in by.most_common() if us >= 100]
 
 
 def idle_lines(events: list[dict]) -> list[str]:
