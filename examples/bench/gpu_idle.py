@@ -57,6 +57,9 @@ def annotated(engine):
                (engine.scheduler, "schedule", "schedule"), (ex, "_encode", "encoder step"),
                (engine.host, "encode", "host.encode"), (ex, "_llm", "llm step"),
                (ex, "run_node", lambda node, walk, *_: f"run {node} ({walk})"), (engine, "sampler", "sample")]
+    if engine.speech is not None:      # a speaking plan's follow and chunk stages
+        targets += [(engine.speech, "read_follow", "read back follow"), (engine.speech, "run_follow", "follow step"),
+                    (engine.speech, "run_chunks", "chunk step")]
     saved = [(obj, name, obj.__dict__.get(name)) for obj, name, _ in targets]
     for obj, name, label in targets:
         _wrap(obj, name, label, spans)
