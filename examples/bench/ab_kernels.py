@@ -16,7 +16,9 @@ chooses yet, e.g. gdn_slots on plans/qwen3_5_9b_h200.plan); with two or more, on
 Without --graphs: each device's decode graphs at 1, 16 and the largest rung, and the thinker's prefill at
 128 and 2048 tokens where the plan captures them. A boot captures only the graphs it times (their warm-up and
 capture are most of a boot of a full plan's 127 graphs); --capture-all captures every planned graph, as
-`graphc run` does. Prints a row per graph and variant; OUT.json holds them.
+`graphc run` does. Prints a row per graph and variant; OUT.json holds them. --profile: each timed graph's
+replays under torch.profiler too, after every timing of its boot (bench_steps.profile_graph: kernels by name,
+launches and GPU us a replay); the top ones printed, all in OUT's sibling OUT_profiles.json.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "bench")]
 
 import torch  # noqa: E402
 
-from bench_steps import prepare, time_graph  # noqa: E402
+from bench_steps import prepare, profile_graph, time_graph  # noqa: E402
 from graphc.modules import KERNEL_KNOBS  # noqa: E402
 from graphc.plan import load_plan  # noqa: E402
 from graphc.runtime.boot import boot_plan  # noqa: E402
@@ -69,6 +71,8 @@ def main() -> None:
     ap.add_argument("--no-again", action="store_true", help="no second boot with the plan's kernels at the end")
     ap.add_argument("--sampled", action="store_true", help="the talker's default sampling in its rows (bench_steps)")
     ap.add_argument("--capture-all", action="store_true", help="capture every planned graph, not only the timed")
+    ap.add_argument("--profile", action="store_true", help="also profile each timed graph: kernels by name, "
+                    "to OUT_profiles.json")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--replays", type=int, default=30)
     a = ap.parse_args()
@@ -78,6 +82,7 @@ def main() -> None:
                 + ([("none", set(KERNEL_KNOBS), {})] if a.none else [])
                 + ([] if a.no_again else [("plan again", set(), {})]))
     out: dict[str, float] = {}
+    profiles: dict[str, dict] = {}
     for dev in load_plan(a.plan).devices:
         if a.devices is not None and dev.index not in a.devices:
             continue
@@ -89,18 +94,31 @@ def main() -> None:
                        f"{' with ' + ', '.join(sorted(add)) if add else ''}")
             print(f"device {dev.index}: booting with the plan's kernels{changes}", flush=True)
             with mp.get_context("spawn").Pool(1) as pool:      # a fresh process: the last boot's memory is gone
-                rows = pool.apply(time_variant, (a.plan, dev.index, drop | set(a.drop), add, graphs,
-                                                 a.sampled, a.warmup, a.replays, a.capture_all))
+                rows, profs = pool.apply(time_variant, (a.plan, dev.index, drop | set(a.drop), add, graphs,
+                                                        a.sampled, a.warmup, a.replays, a.capture_all, a.profile))
             for g, ms in rows.items():
                 out[f"{g} {name}"] = ms
                 print(f"{g:40s} {name:24s} {ms:8.3f} ms", flush=True)
+            for g, prof in profs.items():
+                profiles[f"{g} {name}"] = prof
+                print_profile(f"{g} {name}", prof)
             Path(a.out).write_text(json.dumps(out, indent=1))      # as it goes: a run cut short keeps its rows
+            if profiles:
+                Path(a.out).with_name(Path(a.out).stem + "_profiles.json").write_text(json.dumps(profiles, indent=1))
 
 
-def time_variant(path: str, index: int, drop: set[str], add: dict[str, int], graphs: list[str],
-                 sampled: bool, warmup: int, replays: int, capture_all: bool = False) -> dict[str, float]:
+def print_profile(what: str, prof: dict, top: int = 15) -> None:
+    print(f"  profile of {what}: {prof['launches']:.0f} kernels, {prof['kernel_us'] / 1e3:.3f} ms kernel time a "
+          "replay; top:", flush=True)
+    for r in prof["kernels"][:top]:
+        print(f"    {r['us']:9.1f} us {r['launches']:6.0f}x  {r['kernel'][:110]}", flush=True)
+
+
+def time_variant(path: str, index: int, drop: set[str], add: dict[str, int], graphs: list[str], sampled: bool,
+                 warmup: int, replays: int, capture_all: bool = False, profile: bool = False) -> tuple[dict, dict]:
     """Boot one plan device with its nodes' knobs changed (and, unless capture_all, only the graphs to time
-    captured) and time each graph: {graph: ms}."""
+    captured) and time each graph: {graph: ms}; then, with `profile`, each one's kernels ({graph: profile},
+    after every timing: a replay timed after a profile in the process can be slower)."""
     plan = load_plan(path)
     for k, n in list(plan.nodes.items()):
         kept = {x: v for x, v in n.kernels.items() if x not in drop}
@@ -114,7 +132,11 @@ def time_variant(path: str, index: int, drop: set[str], add: dict[str, int], gra
         for g in graphs:
             prepare(boot, g, sampled)    # its rung's inputs (random ids) and attention plan
             rows[g] = time_graph(boot.graphs[g], warmup, replays)
-    return rows
+        profs = {}
+        for g in graphs if profile else []:
+            prepare(boot, g, sampled)
+            profs[g] = profile_graph(boot.graphs[g], replays)
+    return rows, profs
 
 if __name__ == "__main__":
     main()
