@@ -87,8 +87,11 @@ def test_a_frame_equals_the_launches_it_replaces(s):
         keep = torch.arange(keys, device="cuda")[None, :] <= torch.arange(first, keys, device="cuda")[:, None]
         sc = sc.masked_fill(~keep[None, :, None, :], float("-inf"))
         ref = torch.einsum("snhc,schd->snhd", sc.softmax(-1), vc.repeat_interleave(g, 2)).to(torch.bfloat16).float()
-        ulps = (o.float() - ref).abs() / 2.0 ** (torch.frexp(ref).exponent - 8).float()
-        assert ulps.max().item() <= 1, (j, ulps.max().item())
+        # one bf16 ulp of the fp32 result, past fp32 summation's own error: where the weighted sum cancels to near
+        # zero (a result of 4e-7 from values of order 1), the order of the additions moves it by more than an ulp
+        ulp = 2.0 ** (torch.frexp(ref).exponent - 8).float()
+        err = (o.float() - ref).abs() - 2.0 ** -16 * vc.abs().amax()
+        assert (err <= ulp).all(), (j, (err / ulp).max().item())
         q64 = cache[0][:, first:keys].double()          # fp64 attention over the cache's (exact) bf16 rows
         s2 = torch.einsum("snhd,schd->snhc", q64, cache[1][:, :keys].double().repeat_interleave(g, 2)) / math.sqrt(D)
         s2 = s2.masked_fill(~keep[None, :, None, :], float("-inf"))
