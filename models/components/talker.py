@@ -228,8 +228,9 @@ class CodePredictor(nn.Module):
     # another: that launch with programmatic dependent launch (resources/pdl.py), where the talker's select_fold
     # knob has it write the code's embedding too (pick)
     pdl: int = 0
-    # another: each layer's q/k norm, rotary, frame-cache write and attention in one launch (frame_triton.py) on a
-    # GPU in bf16, where the cp_attn resource's attention is not called; 0: q_k_norm_rope, then that attention
+    # another, N > 0: in a step of at least N sequences, each layer's q/k norm, rotary, frame-cache write and
+    # attention in one launch (frame_triton.py) on a GPU in bf16, where the cp_attn resource's attention is not
+    # called; else (and at 0) q_k_norm_rope, then that attention
     frame_attend: int = 0
 
     def __init__(self, cfg: CodePredictorConfig, groups: int):
@@ -240,8 +241,10 @@ class CodePredictor(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
 
     def fuses_frame(self, x: torch.Tensor) -> bool:
-        """The frame_attend knob applies to rows x: bf16 on a GPU, or on meta tensors (where the compiler traces)."""
-        return bool(self.frame_attend) and x.dtype == torch.bfloat16 and x.device.type in ("cuda", "meta")
+        """The frame_attend knob applies to rows x [S, ...]: at least its value of sequences S, bf16 on a GPU or on
+        meta tensors (where the compiler traces)."""
+        return (0 < self.frame_attend <= x.shape[0] and x.dtype == torch.bfloat16
+                and x.device.type in ("cuda", "meta"))
 
     def run(self, x: torch.Tensor, slots: slice, cos: torch.Tensor, sin: torch.Tensor, cache: FrameCache,
             head: Linear) -> torch.Tensor:

@@ -156,12 +156,13 @@ def test_a_code_predictor_frame_with_the_knob_equals_one_without():
 
 
 def test_on_meta_the_knob_makes_one_launch_a_layer():
-    """Where the compiler traces (bf16, meta): a code predictor pass with the knob runs graphc.frame_attend once a
-    layer and neither q_k_norm_rope nor the resource's attention; without it, q_k_norm_rope once a layer."""
+    """Where the compiler traces (bf16, meta): a code predictor pass of 2 sequences with the knob at 1 or 2 (from
+    that many sequences) runs graphc.frame_attend once a layer and neither q_k_norm_rope nor the resource's
+    attention; without it, or at 3, q_k_norm_rope once a layer."""
     from graphc.modules import set_kernels
     from tests.unit.test_kernel_choice import OpNames, _code_predictor_frame, graphc_ops
 
-    for knob in (1, 0):
+    for knob in (1, 2, 0, 3):
         cp, x, cos, sin, cache = _code_predictor_frame("meta", torch.bfloat16, 2, 1)
         set_kernels(cp, {"fused_norms": 1, "frame_attend": knob})
         called = []
@@ -171,18 +172,18 @@ def test_on_meta_the_knob_makes_one_launch_a_layer():
         ops = graphc_ops(seen)
         assert out.shape == (2, 16)
         fused, plain = ops.count("graphc.frame_attend"), ops.count("graphc.q_k_norm_rope")
-        assert (fused, plain, len(called)) == ((3, 0, 0) if knob else (0, 3, 3)), (knob, ops, called)
+        assert (fused, plain, len(called)) == ((3, 0, 0) if knob in (1, 2) else (0, 3, 3)), (knob, ops, called)
 
 
 def test_with_the_knob_the_frame_cache_is_not_zeroed():
     """A whole code predictor step on meta (bf16): with the knob its frame cache (q, k, v) is allocated and not
-    zeroed, since the kernel reads only slots it wrote; without it, three zero fills (masked slots enter the
-    resource's softmax(.) @ V)."""
+    zeroed, since the kernel reads only slots it wrote; without it, or where the step has fewer sequences than
+    the knob's value, three zero fills (masked slots enter the resource's softmax(.) @ V)."""
     from graphc.modules import set_kernels
     from tests.unit.test_kernel_choice import OpNames, _code_predictor_frame
 
     fills = {}
-    for knob in (1, 0):
+    for knob in (2, 0, 3):
         cp, x, cos, sin, cache = _code_predictor_frame("meta", torch.bfloat16, 2)
         set_kernels(cp, {"fused_norms": 1, "fused_sampler": 1, "frame_attend": knob})
         noise = torch.empty(2, 3, 16, device="meta")
@@ -190,4 +191,4 @@ def test_with_the_knob_the_frame_cache_is_not_zeroed():
         (codes, _), seen = OpNames.of(lambda: cp(x[:, 0], x[:, 1], cache.attn, params, noise))
         assert codes.shape == (2, 3)
         fills[knob] = sum(o.startswith(("aten.new_zeros", "aten.zeros", "aten.fill_", "aten.zero_")) for o in seen)
-    assert fills[0] - fills[1] == 3, fills
+    assert fills[0] - fills[2] == 3 and fills[3] == fills[0], fills
