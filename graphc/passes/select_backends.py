@@ -57,6 +57,11 @@ launches in the one-80 GB plan's smaller node's step at 1 sequence, 1,355 -> 1,3
 launch_ops.py --with select_fold); on an H100, captured, that node's decode 2.829 -> 2.810 ms at 1 sequence and
 5.927 -> 5.752 at 16, the larger node's equal (2.931, 2.945; examples/bench/ab_kernels.py --with select_fold
 --sampled). A node that samples no codes ignores the knob.
+The same nodes, in steps of at least FRAME_ATTEND_SEQS sequences, run each code predictor layer's q/k norm,
+rotary, frame-cache write and attention in one launch (frame_triton.py, the frame_attend knob; the cp_attn
+resource's attention is then not called, and the frame cache is not zeroed): on an H100, captured, the one-80 GB
+plan's smaller node's decode 5.754 -> 5.225 ms at 16 sequences, but 2.826 -> 2.848 at one (examples/bench/
+ab_kernels.py --with frame_attend --sampled; its T2S at 16 streams on the stream lane, RTF 0.140 -> 0.134).
 The nodes whose delta rule runs on fla-core also run gdn_fused: the zero-centred RMSNorms (and a residual add
 with one), the Gated DeltaNet's gates, its gated output norm and a decode step's conv on the conv state pool,
 one Triton launch each (models/components/norm_ops.py, gdn_step_triton.py): the 9B's decode on an H100 9.04 -> 6.53 ms at 1 sequence,
@@ -109,6 +114,7 @@ FUSED_MAX_TOKENS = 16384
 SM90_FROM = 2048
 GEMV_SWIGLU_BYTES = 16 * 2**20
 PAIR_TOKENS = 2
+FRAME_ATTEND_SEQS = 16
 FUSED_ARCHS = ("sm_90",)
 NOT_WITH_GDN = ("norm_gemv", "pdl")     # measured no faster on the delta-rule nodes (module docstring)
 
@@ -158,7 +164,7 @@ def select_backends(ir: IR) -> Backends:
         if runs is not None and runs != head_dim:
             why += f"; {prefill} takes no head_dim {head_dim}: runs zero-padded to {runs}"
         chosen[r.name] = Choice(prefill, decode, runs, why)
-    knobs = {"fused_gelu": 1, "fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_rope": 1,
+    knobs = {"frame_attend": FRAME_ATTEND_SEQS, "fused_gelu": 1, "fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_rope": 1,
              "fused_router": 1, "fused_sampler": 1, "gated_rope": 1, "gemv": 1, "gemv_swiglu": GEMV_SWIGLU_BYTES,
              "moe_pair_tokens": PAIR_TOKENS, "moe_route_group": 1, "moe_shared_sum": 1, "moe_sm90_from": SM90_FROM,
              "moe_sum_norm": 1, "norm_gemv": 1, "pdl": 1, "select_fold": 1}

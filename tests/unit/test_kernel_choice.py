@@ -41,7 +41,8 @@ def test_shipped_plans_record_the_choice_where_it_acts():
         assert plan.target.arch == "sm_90"
         got = {n: p.kernels for n, p in plan.nodes.items()}
         # the thinker and the talker hold sparse MoE experts, RMSNorms and layers.Linear, the talker its sampler
-        # (with its rows' preparation folded in) too; Code2Wav RMSNorms and a SwiGLU's Linears only; the audio
+        # (with its rows' preparation folded in) and its code predictor's fused frame attention (from 16 sequences)
+        # too; Code2Wav RMSNorms and a SwiGLU's Linears only; the audio
         # encoder none of them (LayerNorms, nn.Linear), the vision encoder its fp32 rotary, LayerNorms and MLP's GELU
         mlp = {"fused_norms": 1, "gemv": 1, "gemv_swiglu": 16 * 2**20,      # SwiGLUs of 16 MiB or less fused
                "norm_gemv": 1, "pdl": 1}
@@ -49,7 +50,8 @@ def test_shipped_plans_record_the_choice_where_it_acts():
                 "moe_route_group": 1, "moe_shared_sum": 1, "moe_sm90_from": 2048, "moe_sum_norm": 1,
                 "norm_gemv": 1, "pdl": 1}
         # the thinker's MoE has no shared expert (no SwiGLU); the talker's has, and its code predictor MLPs
-        assert got == {"thinker": both, "talker": {**both, **mlp, "fused_sampler": 1, "select_fold": 1}, "audio_encoder": {},
+        talker = {**both, **mlp, "frame_attend": 16, "fused_sampler": 1, "select_fold": 1}
+        assert got == {"thinker": both, "talker": talker, "audio_encoder": {},
                        "vision_encoder": {"fused_gelu": 1, "fused_norms": 1, "fused_rope": 1},
                        "code2wav": mlp}, got
     assert all(not p.kernels for p in load_plan("plans/qwen3_omni_tiny_cpu.plan").nodes.values())     # cpu
@@ -68,7 +70,7 @@ def test_select_backends_by_arch_and_dtype():
         ir = verify_graph(model, get_target(gpu), 1)
         chosen = select_backends(ir).kernels
         bf16 = {n.name for n in model.nodes if n.dtype == "bfloat16"}
-        knobs = {"fused_gelu": 1, "fused_max_tokens": 16384, "fused_norms": 1, "fused_rope": 1,
+        knobs = {"frame_attend": 16, "fused_gelu": 1, "fused_max_tokens": 16384, "fused_norms": 1, "fused_rope": 1,
                  "fused_router": 1, "fused_sampler": 1, "gated_rope": 1, "gemv": 1, "gemv_swiglu": 16 * 2**20,
                  "moe_pair_tokens": 2, "moe_route_group": 1, "moe_shared_sum": 1, "moe_sm90_from": 2048,
                  "moe_sum_norm": 1, "norm_gemv": 1, "pdl": 1, "select_fold": 1}
