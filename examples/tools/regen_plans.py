@@ -42,18 +42,21 @@ SHIPPED = {
     # the seeds' 80 GB settings, trimmed by --fit until they fit one h100 (the trims are in the plan)
     "qwen3_omni_h100_seed80gb_fit": ("models/qwen3_omni.py", "30b-a3b", "h100", 1, "fit:" + SEED_80GB),
 }
+# override sections a shipped plan sets besides its config: the 80 GB plan's talker and Code2Wav on a stream lane
+# of their own (graphc/lanes.py; tests/gpu/test_lanes_gpu.py passed on an H100, docs/engine.md)
+SECTIONS = {"qwen3_omni_h100_seed80gb_fit": {"lanes": {"speak": True}}}
 
 
 def compile_shipped(name: str, resources: dict | None = None, sections: dict | None = None) -> Plan:
     """The shipped plan of this name, compiled from its recorded inputs (run from the repo root); `resources`:
     settings laid over its resources' (e.g. {"thinker_kv": {"decode_backend": "fa2"}}); `sections`: override
-    sections set besides (e.g. {"lanes": {"speak": True}})."""
+    sections set besides its own (SECTIONS), e.g. {"lanes": {"speak": False}}."""
     file, preset, gpu, n, ov, *replicas = SHIPPED[name]
     fit = isinstance(ov, str) and ov.startswith("fit:")
     ov = load_config(ov.removeprefix("fit:")) if fit else ov
     if resources:
         ov = {**ov, "resources": {**ov.get("resources", {}), **resources}}
-    ov = {**ov, **(sections or {})}
+    ov = {**ov, **SECTIONS.get(name, {}), **(sections or {})}
     return compile_model(load_model(file, preset), gpu, n, ov, fit=fit, replicas=replicas[0] if replicas else None).plan
 
 

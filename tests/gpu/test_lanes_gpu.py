@@ -1,6 +1,6 @@
 """Stream lanes on the GPU (graphc/lanes.py): the shipped Omni plan for the card (qwen3_omni_h200.plan on an H200,
-the 80 GB one on an H100) served with seeded bf16 weights as shipped (one stream) and re-planned with
-`lanes.speak=true` (the talker and Code2Wav on a stream of their own, their graphs in a pool of their own). Six
+the 80 GB one on an H100) served with seeded bf16 weights, re-planned with `lanes.speak=false` (one stream) and
+with `lanes.speak=true` (the talker and Code2Wav on a stream of their own, their graphs in a pool of their own). Six
 greedy t2s requests arrive over several steps; every request's text tokens, codec frames and audio samples are
 the same bit for bit in both (the lane changes where steps run, not what they compute or which rows a step
 takes), and the lane's two capture pools are off their lines by what the one-stream plan's one pool is off its
@@ -31,14 +31,12 @@ def shipped_for_card() -> str:
 
 
 def plan_of(name: str, lanes: bool):
-    """The shipped plan (or the same inputs re-planned with the speak lane); the SM90 MoE kernels dropped where
+    """The shipped plan's inputs re-planned with the speak lane on or off; the SM90 MoE kernels dropped where
     their package (nvidia-cutlass-dsl) is missing: no step here reaches their 2,048 rows."""
     sys.path[:0] = [str(ROOT / "examples" / "tools"), str(ROOT / "examples" / "bench")]
     from bench_steps import drop_kernels
     from regen_plans import compile_shipped
-    from graphc.plan import load_plan
-
-    plan = compile_shipped(name, sections={"lanes": {"speak": True}}) if lanes else load_plan(ROOT / f"plans/{name}.plan")
+    plan = compile_shipped(name, sections={"lanes": {"speak": lanes}})
     try:
         import cutlass  # noqa: F401
     except ImportError:
