@@ -164,10 +164,11 @@ def select_backends(ir: IR) -> Backends:
         if runs is not None and runs != head_dim:
             why += f"; {prefill} takes no head_dim {head_dim}: runs zero-padded to {runs}"
         chosen[r.name] = Choice(prefill, decode, runs, why)
-    knobs = {"frame_attend": FRAME_ATTEND_SEQS, "fused_gelu": 1, "fused_max_tokens": FUSED_MAX_TOKENS, "fused_norms": 1, "fused_rope": 1,
-             "fused_router": 1, "fused_sampler": 1, "gated_rope": 1, "gemv": 1, "gemv_swiglu": GEMV_SWIGLU_BYTES,
-             "moe_pair_tokens": PAIR_TOKENS, "moe_route_group": 1, "moe_shared_sum": 1, "moe_sm90_from": SM90_FROM,
-             "moe_sum_norm": 1, "norm_gemv": 1, "pdl": 1, "select_fold": 1}
+    knobs = {"frame_attend": FRAME_ATTEND_SEQS, "fused_gelu": 1, "fused_max_tokens": FUSED_MAX_TOKENS,
+             "fused_norms": 1, "fused_rope": 1, "fused_router": 1, "fused_sampler": 1, "gated_rope": 1, "gemv": 1,
+             "gemv_swiglu": GEMV_SWIGLU_BYTES, "moe_pair_tokens": PAIR_TOKENS, "moe_route_group": 1,
+             "moe_shared_sum": 1, "moe_sm90_from": SM90_FROM, "moe_sum_norm": 1, "norm_gemv": 1, "pdl": 1,
+             "select_fold": 1}
     kernels = {n.name: dict(knobs) for n in ir.model.nodes if arch in FUSED_ARCHS and n.dtype == "bfloat16"}
     for n in ir.model.nodes:        # the delta rule on fla-core where its state resource's backend is fla,
         if any(res in chosen and chosen[res].prefill == "fla" for res in n.resources.values()):   # decode in place
