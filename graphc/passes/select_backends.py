@@ -61,7 +61,8 @@ The same nodes, in steps of at least FRAME_ATTEND_SEQS sequences, run each code 
 rotary, frame-cache write and attention in one launch (frame_triton.py, the frame_attend knob; the cp_attn
 resource's attention is then not called, and the frame cache is not zeroed): on an H100, captured, the one-80 GB
 plan's smaller node's decode 5.754 -> 5.225 ms at 16 sequences, but 2.826 -> 2.848 at one (examples/bench/
-ab_kernels.py --with frame_attend --sampled; its T2S at 16 streams on the stream lane, RTF 0.140 -> 0.134).
+ab_kernels.py --with frame_attend --sampled; with the knob at 1, its T2S at 16 streams on the stream lane, RTF
+0.140 -> 0.134).
 The nodes whose delta rule runs on fla-core also run gdn_fused: the zero-centred RMSNorms (and a residual add
 with one), the Gated DeltaNet's gates, its gated output norm and a decode step's conv on the conv state pool,
 one Triton launch each (models/components/norm_ops.py, gdn_step_triton.py): the 9B's decode on an H100 9.04 -> 6.53 ms at 1 sequence,
