@@ -33,7 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "bench")]
 
 import torch  # noqa: E402
 
-from bench_steps import prepare, profile_graph, time_graph  # noqa: E402
+from bench_steps import kernel_lines, prepare, profile_graph, time_graph  # noqa: E402
 from graphc.modules import KERNEL_KNOBS  # noqa: E402
 from graphc.plan import load_plan  # noqa: E402
 from graphc.runtime.boot import boot_plan  # noqa: E402
@@ -110,8 +110,7 @@ def main() -> None:
 def print_profile(what: str, prof: dict, top: int = 15) -> None:
     print(f"  profile of {what}: {prof['launches']:.0f} kernels, {prof['kernel_us'] / 1e3:.3f} ms kernel time a "
           "replay; top:", flush=True)
-    for r in prof["kernels"][:top]:
-        print(f"    {r['us']:9.1f} us {r['launches']:6.0f}x  {r['kernel'][:110]}", flush=True)
+    print("\n".join(kernel_lines(prof, top)), flush=True)
 
 
 def time_variant(path: str, index: int, drop: set[str], add: dict[str, int], graphs: list[str], sampled: bool,

@@ -200,6 +200,11 @@ def profile_graph(graph, replays: int) -> dict:
             "launches": sum(r["launches"] for r in rows), "kernels": rows}
 
 
+def kernel_lines(prof: dict, top: int = 12) -> list[str]:
+    """A profile_graph result's top kernels, a line each: GPU us and launches a replay, the kernel's name."""
+    return [f"    {r['us']:9.1f} us {r['launches']:6.0f}x  {r['kernel'][:110]}" for r in prof["kernels"][:top]]
+
+
 def time_row(boot, plan, key: str, a, launches: dict, layers: dict) -> dict:
     """Graph `key` timed, with its launches and its floor; printed as a line of the table."""
     node, family, rung = parse_graph_id(key)
@@ -266,8 +271,7 @@ def main() -> None:
                 print(f"  profile of {key}: {prof['launches']:.0f} kernels, {prof['kernel_us'] / 1e3:.3f} ms kernel "
                       f"time in a {row['ms']:.3f} ms replay ({row['ms_after_profile']:.3f} ms timed again after the "
                       "profile); top:", flush=True)
-                for r in prof["kernels"][:12]:
-                    print(f"    {r['us']:9.1f} us {r['launches']:6.0f}x  {r['kernel'][:110]}", flush=True)
+                print("\n".join(kernel_lines(prof)), flush=True)
     info = {"plan": a.plan, "device": a.device, "sampled": a.sampled, "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__, "replays": a.replays, "warmup": a.warmup, "bandwidth": a.bandwidth, "rows": rows}
     if a.json:
