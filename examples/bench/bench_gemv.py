@@ -6,10 +6,13 @@ against an fp32 product.
 
     python examples/bench/bench_gemv.py --json OUT.json [--quick]
     python examples/bench/bench_gemv.py --swiglu --json OUT.json
+    python examples/bench/bench_gemv.py --rows 16 4 --json OUT.json [--quick]
 
 Prints per shape: cuBLAS us and TB/s, the configured blocks' us and TB/s, and the sweep's best. --swiglu: at
 the one-row MLPs' shapes, the gate_up gemv then norm_ops.silu_mul (two launches, as the gemv knob runs them)
-against gemv_silu_mul (one launch, the gemv_swiglu knob), captured the same way.
+against gemv_silu_mul (one launch, the gemv_swiglu knob), captured the same way. --rows M ..: at each shape
+and row count, cuBLAS (torch.mm) against gemm_rows (the few-rows kernel on the tensor cores) with its
+configured blocks and a sweep of ROWS_SWEEP.
 """
 from __future__ import annotations
 
@@ -35,6 +38,9 @@ SHAPES = [("cp.qkv", 4096, 1024), ("cp.o", 1024, 2048), ("cp.gate_up", 6144, 102
 SWIGLU = [("cp.mlp", 3072, 1024), ("talker.shared_expert", 768, 1024), ("shared_expert_768x2048", 768, 2048),
           ("qwen3_5_9b.mlp", 12288, 4096), ("qwen3_5_0.8b.mlp", 3584, 1024)]
 SWEEP = list(itertools.product((1, 2, 4, 8, 16), (512, 1024, 2048, 4096), (4, 8)))
+# gemm_rows: (BLOCK_N, BLOCK_K, num_warps, num_stages)
+ROWS_SWEEP = list(itertools.product((16, 32, 64, 128), (64, 128, 256), (4,), (3, 4))) + \
+    [(64, 128, 8, 4), (128, 128, 8, 4), (128, 256, 8, 3)]
 
 
 def timed(fn, copies: int, replays: int = 20) -> float:
@@ -66,14 +72,56 @@ def swiglu_rows() -> list[dict]:
     return out
 
 
+def rows_rows(counts: list[int], quick: bool) -> list[dict]:
+    """Per shape and row count: cuBLAS's us, gemm_rows' configured and swept us, and each one's max error
+    against an fp32 product."""
+    from models.components import gemv_triton as gk
+
+    out = []
+    for (name, n, k), m in itertools.product(SHAPES, counts):
+        nbytes = n * k * 2
+        copies = max(2, min(64, -(-200_000_000 // nbytes)))
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        ys = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        ref = x.float() @ ws[0].float().t()
+        cublas = timed(lambda i: torch.mm(x, ws[i].t(), out=ys[i]), copies)
+        err_cublas = (torch.mm(x, ws[0].t()).float() - ref).abs().max().item()
+        sweep = {",".join(map(str, b)): timed(lambda i: gk.gemm_rows(x, ws[i], None, ys[i], b), copies)
+                 for b in ([] if quick else ROWS_SWEEP)}
+        conf = timed(lambda i: gk.gemm_rows(x, ws[i], None, ys[i]), copies)
+        gk.gemm_rows(x, ws[0], None, ys[0])
+        err = (ys[0].float() - ref).abs().max().item()
+        best = min(sweep.items(), key=lambda kv: kv[1]) if sweep else None
+        out.append({"shape": name, "m": m, "n": n, "k": k, "cublas_us": cublas, "configured_us": conf,
+                    "configured": list(gk.rows_config(m, n, k)), "sweep_us": sweep, "err_cublas": err_cublas,
+                    "err_rows": err})
+        tb = lambda us: nbytes / us / 1e6                              # noqa: E731
+        print(f"{name:28s} m={m:<3d} cuBLAS {cublas:7.2f} us {tb(cublas):4.2f} TB/s  configured {conf:7.2f} us "
+              f"{tb(conf):4.2f} TB/s" + (f"  best {best[1]:7.2f} us ({best[0]})" if best else "")
+              + f"  max err vs fp32 {err_cublas:.3g} / {err:.3g}", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="no sweep: cuBLAS and the configured blocks only")
     ap.add_argument("--swiglu", action="store_true", help="the fused SwiGLU product against its two launches only")
+    ap.add_argument("--rows", type=int, nargs="+", default=None, metavar="M",
+                    help="gemm_rows against cuBLAS at these row counts (1-64) only")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_gemv needs a CUDA device")
+    if a.rows:
+        if not all(1 <= m <= 64 for m in a.rows):
+            sys.exit(f"--rows {a.rows}: gemm_rows takes 1 to 64 rows")
+        torch.manual_seed(0)
+        rows = rows_rows(a.rows, a.quick)
+        if a.json:
+            Path(a.json).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                                "gemm_rows": rows}, indent=1))
+        return
     if a.swiglu:
         rows = swiglu_rows()
         if a.json:

@@ -13,11 +13,18 @@ accumulate in fp32 and round once to the output dtype). One row only: a first ve
     gemv(x [1, K], weight [N, K], bias [N] or None, y [1, N])
     gemv_silu_mul(x [1, K], weight [2I, K], y [1, I])     a SwiGLU's gate_up product and its activation
 
+    gemm_rows(x [M, K], weight [N, K], bias [N] or None, y [M, N])   2 <= M <= 64 rows, on the tensor cores
+
 gemv_silu_mul streams a SwiGLU's gate and up rows of the same columns in one program and writes
 silu(gate) * up, rounded where the two launches it replaces round (the product's output, silu's, the
 activation's: norm_triton._silu_mul), so a one-row MLP runs two launches, not three. gemv_ops.py makes both
 torch operators; layers.Linear takes gemv where the plan says so (the gemv knob), layers.SwiGLU gemv_silu_mul
 (the gemv_swiglu knob).
+
+gemm_rows is the few-rows case (a decode step of 2-64 sequences): each program owns BLOCK_N output columns
+and streams their weight rows once, BLOCK_K columns a step, multiplying the step's rows (padded to 16, the
+tensor cores' least) on the tensor cores with fp32 accumulation; its grid is the columns only, so every
+weight byte is read once whatever the rows. examples/bench/bench_gemv.py --rows measures it against cuBLAS.
 """
 from __future__ import annotations
 
@@ -110,6 +117,29 @@ def _norm_gemv(x_ptr, r_ptr, s_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, N, K, eps, HAS_
         tl.store(y_ptr + cols, acc.to(y_ptr.dtype.element_ty), mask=cm)
 
 
+@triton.jit
+def _gemm_rows(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, sym, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl_start(PDL)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    ks = tl.arange(0, BLOCK_K)
+    cm, rm = cols < N, rows < M
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    _pdl_wait(PDL)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + ks
+        km = k < K
+        w = tl.load(w_ptr + cols[:, None] * K + k[None, :], mask=cm[:, None] & km[None, :], other=0.0,
+                    eviction_policy="evict_first")                                          # [BLOCK_N, BLOCK_K]
+        x = tl.load(x_ptr + rows[:, None] * sxm + k[None, :], mask=rm[:, None] & km[None, :], other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)                                                   # [BLOCK_M, BLOCK_N]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rows[:, None] * sym + cols[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=rm[:, None] & cm[None, :])
+
+
 def config(n: int, k: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps) for an [n, k] weight, measured on the H200 (examples/bench/bench_gemv.py at 14
     decode shapes: 0.6% above the sum of each shape's best choice of 40, no shape more than 0.9 us above its
@@ -158,3 +188,23 @@ def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor,
     bn, bk, warps = blocks or (1, *config(n, k)[1:])
     _gemv_silu_mul[(triton.cdiv(i, bn),)](x, weight, y, i, k, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
                                           **pdl_launch(pdl, x))
+
+
+def rows_config(m: int, n: int, k: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) for gemm_rows at m rows of an [n, k] weight."""
+    return 32, min(256, max(16, triton.next_power_of_2(k))), 4, 4
+
+
+def gemm_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
+              blocks: tuple[int, int, int, int] | None = None, pdl: bool = False) -> None:
+    """y [M, N] = x [M, K] @ weight [N, K]^T (+ bias [N]) for 1 <= M <= 64; weight contiguous, x's and y's rows
+    with unit column stride. blocks: (BLOCK_N, BLOCK_K, num_warps, num_stages) to use (a sweep's). pdl: as gemv's."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if not 1 <= m <= 64:
+        raise ValueError(f"gemm_rows: {m} rows; it takes 1 to 64 (more rows are a GEMM: use torch.mm)")
+    bn, bk, warps, stages = blocks or rows_config(m, n, k)
+    bm = max(16, triton.next_power_of_2(m))
+    _gemm_rows[(triton.cdiv(n, bn),)](x, weight, weight if bias is None else bias, y, m, n, k, x.stride(0),
+                                      y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                                      num_warps=warps, num_stages=stages, **pdl_launch(pdl, x))

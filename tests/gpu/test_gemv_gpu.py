@@ -101,3 +101,27 @@ def test_fused_swiglu_product_error_is_the_two_launches_error(shape):
     eg, et = (got.double() - ref).abs(), (two.double() - ref).abs()
     assert eg.max() <= 1.25 * et.max() + 1e-6, (shape, eg.max().item(), et.max().item())
     assert eg.mean() <= 1.1 * et.mean() + 1e-7, (shape, eg.mean().item(), et.mean().item())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [2, 5, 16, 33])
+@pytest.mark.parametrize("shape", ["cp.qkv", "cp.down", "talker.codec_head", "thinker.o", "resize.fc1+bias"])
+def test_few_rows_error_is_cublas_error(shape, rows):
+    """gemm_rows (the few-rows kernel on the tensor cores) at the decode shapes and 2-33 rows: against an fp64
+    product its error within 1.25x (largest) and 1.1x (mean) of cuBLAS's (both accumulate in fp32, round once)."""
+    pytest.importorskip("triton")
+    from models.components.gemv_triton import gemm_rows
+
+    n, k = SHAPES[shape]
+    gen = torch.Generator(device="cuda").manual_seed(n + k + rows)
+    bf = torch.bfloat16
+    w = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(bf)
+    x = torch.randn(rows, k + 8, device="cuda", generator=gen).to(bf)[:, 8:]
+    b = torch.randn(n, device="cuda", generator=gen).to(bf) if "bias" in shape else None
+    ref = x.double() @ w.double().t() + (0 if b is None else b.double())
+    got = torch.empty(rows, n, device="cuda", dtype=bf)
+    gemm_rows(x, w, b, got)
+    want = torch.nn.functional.linear(x, w, b)
+    eg, ec = (got.double() - ref).abs(), (want.double() - ref).abs()
+    assert eg.max() <= 1.25 * ec.max() + 1e-6, (shape, rows, eg.max().item(), ec.max().item())
+    assert eg.mean() <= 1.1 * ec.mean() + 1e-7, (shape, rows, eg.mean().item(), ec.mean().item())
