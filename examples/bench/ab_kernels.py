@@ -7,9 +7,9 @@ attention planned: bench_steps.prepare; --sampled: the talker's default sampling
 replays after warm-up).
 
     python examples/bench/ab_kernels.py OUT.json [--plan plans/omni_2gpu.plan] [--without fused_norms ...]
-        [--with gdn_slots ...] [--together] [--drop KNOB ..] [--none] [--no-again] [--sampled] [--devices 1] [--graphs thinker/decode:seqs/1 ...]
+        [--with gdn_slots gemm_rows=16 ...] [--together] [--drop KNOB ..] [--none] [--no-again] [--sampled] [--devices 1] [--graphs thinker/decode:seqs/1 ...]
 
---with KNOB: a variant with the knob set to 1 on every node (where a module declares it: a kernel no plan
+--with KNOB[=N]: a variant with the knob set to N (1 unless given) on every node (where a module declares it: a kernel no plan
 chooses yet, e.g. gdn_slots on plans/qwen3_5_9b_h200.plan); with two or more, one more with all of them
 (--together: that one alone). --drop KNOB: taken away in every variant.
 
@@ -33,7 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples" / "bench")]
 
 import torch  # noqa: E402
 
-from bench_steps import kernel_lines, prepare, profile_graph, time_graph  # noqa: E402
+from bench_steps import kernel_lines, knob_setting, prepare, profile_graph, time_graph  # noqa: E402
 from graphc.modules import KERNEL_KNOBS  # noqa: E402
 from graphc.plan import load_plan  # noqa: E402
 from graphc.runtime.boot import boot_plan  # noqa: E402
@@ -59,8 +59,8 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--plan", default=str(ROOT / "plans" / "omni_2gpu.plan"))
     ap.add_argument("--without", nargs="*", default=[], choices=KERNEL_KNOBS, help="a variant without each knob")
-    ap.add_argument("--with", dest="adds", nargs="*", default=[], choices=KERNEL_KNOBS,
-                    help="a variant with each knob set to 1")
+    ap.add_argument("--with", dest="adds", nargs="*", default=[], type=knob_setting, metavar="KNOB[=N]",
+                    help="a variant with each knob set to N (1 unless given)")
     ap.add_argument("--graphs", nargs="*", help="the captured graphs to time (default: see above)")
     ap.add_argument("--devices", nargs="*", type=int, help="the plan devices to boot (default: all)")
     ap.add_argument("--together", action="store_true", help="of the --with knobs, only the variant with all of them")
@@ -77,8 +77,9 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=30)
     a = ap.parse_args()
     variants = ([("plan", set(), {})] + [(f"without {k}", {k}, {}) for k in a.without]
-                + ([] if a.together else [(f"with {k}", set(), {k: 1}) for k in a.adds])
-                + ([(f"with {' + '.join(a.adds)}", set(), dict.fromkeys(a.adds, 1))] if len(a.adds) > 1 else [])
+                + ([] if a.together else [(f"with {_named(k, v)}", set(), {k: v}) for k, v in a.adds])
+                + ([(f"with {' + '.join(_named(k, v) for k, v in a.adds)}", set(), dict(a.adds))]
+                   if len(a.adds) > 1 else [])
                 + ([("none", set(KERNEL_KNOBS), {})] if a.none else [])
                 + ([] if a.no_again else [("plan again", set(), {})]))
     out: dict[str, float] = {}
@@ -111,6 +112,11 @@ def print_profile(what: str, prof: dict, top: int = 15) -> None:
     print(f"  profile of {what}: {prof['launches']:.0f} kernels, {prof['kernel_us'] / 1e3:.3f} ms kernel time a "
           "replay; top:", flush=True)
     print("\n".join(kernel_lines(prof, top)), flush=True)
+
+
+def _named(knob: str, value: int) -> str:
+    """A variant's name for a knob set: the knob alone at 1 (the names earlier runs' files hold), else knob=N."""
+    return knob if value == 1 else f"{knob}={value}"
 
 
 def time_variant(path: str, index: int, drop: set[str], add: dict[str, int], graphs: list[str], sampled: bool,

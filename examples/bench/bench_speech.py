@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
 
-from bench_steps import drop_kernels  # noqa: E402
+from bench_steps import drop_kernels, knob_setting, set_knobs  # noqa: E402
 from graphc.modules import KERNEL_KNOBS  # noqa: E402
 from graphc.plan import load_plan  # noqa: E402
 
@@ -146,11 +146,14 @@ def main() -> None:
     ap.add_argument("--drop", nargs="*", default=[], choices=KERNEL_KNOBS,
                     help="kernel knobs taken away on every node (e.g. moe_sm90_from, whose package, "
                          "nvidia-cutlass-dsl, the GPU image lacks; no speech step reaches its 2,048 rows)")
+    ap.add_argument("--with", dest="adds", nargs="*", default=[], type=knob_setting, metavar="KNOB[=N]",
+                    help="kernel knobs set on every node, N (1 unless given) each (e.g. gemm_rows=16)")
     a = ap.parse_args()
     from graphc.runtime.engine import Engine
 
     plan = load_plan(a.plan)
     drop_kernels(plan, a.drop)
+    set_knobs(plan, dict(a.adds))
     engine = Engine(plan, checkpoint=a.checkpoint, random_weights=a.random_weights, audio_lead_ms=a.audio_lead_ms)
     print(engine.summary(), file=sys.stderr)
     rng = np.random.default_rng(a.seed)

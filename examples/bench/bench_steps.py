@@ -136,6 +136,26 @@ def sample_rows(boot, only: tuple[str, str] | None = None) -> list[str]:
     return done
 
 
+def knob_setting(text: str) -> tuple[str, int]:
+    """An argparse type: KNOB or KNOB=N, a kernel knob (graphc.modules.KERNEL_KNOBS) and its value (1 unless given;
+    e.g. gemm_rows=16, the most rows its kernel takes)."""
+    from graphc.modules import KERNEL_KNOBS
+
+    name, eq, value = text.partition("=")
+    if name not in KERNEL_KNOBS:
+        raise argparse.ArgumentTypeError(f"{name!r} is not a kernel knob; knobs: {', '.join(KERNEL_KNOBS)}")
+    if eq and not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: a knob's value is a whole number >= 0 (KNOB or KNOB=N)")
+    return name, int(value) if eq else 1
+
+
+def set_knobs(plan, settings: dict[str, int]) -> None:
+    """Set kernel knobs on every node of a plan loaded for a benchmark, in place (a module that does not
+    declare one ignores it)."""
+    for k, n in list(plan.nodes.items()):
+        plan.nodes[k] = n.model_copy(update={"kernels": n.kernels | settings})
+
+
 def drop_kernels(plan, knobs) -> None:
     """Take kernel knobs away on every node of a plan loaded for a benchmark, in place (e.g. moe_sm90_from, whose
     package, nvidia-cutlass-dsl, the GPU image lacks)."""

@@ -6,8 +6,10 @@ torch.empty. Triton is imported only when it runs on a device.
     graphc::gemv_silu_mul(x, weight, y!)          y = silu(g) * u, [g | u] = x @ weight^T, weight [2I, K]
     graphc::norm_gemv(x, residual?, norm_weight, weight, bias?, total!?, y!, eps, swiglu)
                                                   either of them on h = rms_norm(x (+ residual)), total = the sum
+    graphc::gemm_rows(x, weight, bias, y!)        y = x @ weight^T (+ bias), x [M, K], 1 <= M <= 64
 
-layers.Linear takes gemv where the plan says so (the gemv knob) and the step has one row; layers.SwiGLU
+layers.Linear takes gemv where the plan says so (the gemv knob) and the step has one row, gemm_rows where a step
+has 2 to the gemm_rows knob's rows; layers.SwiGLU
 gemv_silu_mul (the gemv_swiglu knob); both take norm_gemv for a pre-normed input (their after_norm, the
 norm_gemv knob).
 """
@@ -25,6 +27,19 @@ def gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y:
 
 
 @gemv_op.register_fake
+def _(x, weight, bias, y, pdl=False) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::gemm_rows", mutates_args=("y",))
+def gemm_rows_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor, pdl: bool = False
+                 ) -> None:
+    from models.components import gemv_triton as k
+
+    k.gemm_rows(x, weight, bias, y, pdl=pdl)
+
+
+@gemm_rows_op.register_fake
 def _(x, weight, bias, y, pdl=False) -> None:
     return None
 
@@ -71,6 +86,21 @@ def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
     y = torch.empty(1, weight.shape[0] // (2 if swiglu else 1), dtype=x.dtype, device=x.device)
     norm_gemv_op(x, residual, norm_weight, weight, bias, total, y, eps, swiglu, pdl)
     return (x if total is None else total), y
+
+
+def gemm_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pdl: bool = False) -> torch.Tensor:
+    """x [M, K] (rows with contiguous elements), 1 <= M <= 64, @ weight [N, K]^T (+ bias [N]) -> [M, N] on the
+    tensor cores, each weight row read once. pdl: as gemv_silu_mul's."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if not 1 <= m <= 64 or weight.shape[1] != k or not weight.is_contiguous() or x.stride(1) != 1:
+        raise ValueError(f"gemm_rows takes x [M, K], 1 <= M <= 64, with contiguous elements and a contiguous weight "
+                         f"[N, K]; got x {list(x.shape)} strides {list(x.stride())}, weight {list(weight.shape)}")
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"gemm_rows: bias {list(bias.shape)} is not [{n}]")
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    gemm_rows_op(x, weight, bias, y, pdl)
+    return y
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, what: str) -> None:

@@ -84,6 +84,9 @@ class Linear(nn.Linear):
     # the plan's knob: 1 takes a pre-normed one-row input's norm (and the residual add before it) into the
     # one-row kernel's programs (after_norm; for SwiGLU's gate_up_proj, its one-launch product and activation)
     norm_gemv: int = 0
+    # the plan's knob: the most rows (0: none) a bf16 input on a GPU (or meta) of 2 rows or more runs through the
+    # few-rows kernel (gemv_ops.gemm_rows: each weight row read once, the rows on the tensor cores), not cuBLAS
+    gemm_rows: int = 0
 
     def one_row(self, x: torch.Tensor) -> bool:
         """The plan runs this input through the one-row kernel: the gemv knob, one bf16 row on a GPU (or meta)."""
@@ -91,12 +94,23 @@ class Linear(nn.Linear):
         return bool(self.gemv and x.numel() == k == self.in_features and x.dtype == torch.bfloat16 == w.dtype
                     and w.is_contiguous() and x.device.type in ("cuda", "meta"))
 
+    def few_rows(self, x: torch.Tensor) -> bool:
+        """The plan runs this input through the few-rows kernel: 2 to the gemm_rows knob's rows, as one_row's."""
+        k, w = x.shape[-1], self.weight
+        return bool(2 * k <= x.numel() <= min(self.gemm_rows, 64) * k and k == self.in_features
+                    and x.dtype == torch.bfloat16 == w.dtype and w.is_contiguous()
+                    and x.device.type in ("cuda", "meta"))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, w = x.shape[-1], self.weight
         if self.one_row(x):
             from models.components.gemv_ops import gemv
             return gemv(x.reshape(1, k).contiguous(), w, self.bias, bool(self.pdl)).view(*x.shape[:-1],
                                                                                           self.out_features)
+        if self.few_rows(x):
+            from models.components.gemv_ops import gemm_rows
+            y = gemm_rows(x.reshape(-1, k).contiguous(), w, self.bias, bool(self.pdl))
+            return y.view(*x.shape[:-1], self.out_features)
         return F.linear(x, w, self.bias)
 
     def folds(self, norm: nn.Module, x: torch.Tensor, delta: torch.Tensor | None) -> bool:

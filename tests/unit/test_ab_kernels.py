@@ -46,3 +46,20 @@ def test_a_variant_boots_its_knobs_and_the_graphs_it_times(monkeypatch, capture_
         before.pop("moe_sm90_from", None)
         assert node.kernels == before | {"pdl": 1}, name
     assert any("moe_sm90_from" in n.kernels for n in want.nodes.values())
+
+
+def test_a_knob_setting_reads_its_value_and_refuses_what_is_not_one():
+    """--with KNOB[=N] (ab_kernels, bench_speech): KNOB alone is 1, KNOB=N is N; an unknown knob and a value that
+    is not a whole number are refused, naming them."""
+    import argparse
+    import sys
+    sys.path.insert(0, str(ROOT / "examples" / "bench"))
+    from bench_steps import knob_setting
+
+    assert knob_setting("pdl") == ("pdl", 1)
+    assert knob_setting("gemm_rows=16") == ("gemm_rows", 16)
+    assert knob_setting("gemm_rows=0") == ("gemm_rows", 0)
+    for bad, words in (("gemm_row=16", "'gemm_row' is not a kernel knob"), ("gemm_rows=", "whole number"),
+                       ("gemm_rows=-1", "whole number"), ("gemm_rows=1.5", "whole number")):
+        with pytest.raises(argparse.ArgumentTypeError, match=words):
+            knob_setting(bad)

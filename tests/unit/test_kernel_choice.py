@@ -282,6 +282,30 @@ def test_a_one_row_linear_takes_the_gemv_operator_and_more_rows_cublas():
         lin.to(torch.bfloat16)
 
 
+def test_a_few_rows_linear_takes_gemm_rows_up_to_its_knob():
+    """layers.Linear with gemm_rows=4, bf16 on meta: 2 to 4 rows (in any leading shape) are one graphc.gemm_rows
+    writing [.., N]; one row stays gemv's (with gemv on) or cuBLAS's; 5 rows, fp32, or the knob at 0 go to aten's
+    mm/addmm and no graphc operator."""
+    from models.components.layers import Linear
+
+    with torch.device("meta"):
+        lin = Linear(32, 24, bias=True).to(torch.bfloat16)
+        rows = {m: torch.empty(m, 1, 32, dtype=torch.bfloat16) for m in (1, 2, 4, 5)}
+    for m in (2, 4):
+        set_kernels(lin, {"gemm_rows": 4})
+        y, seen = OpNames.of(lambda: lin(rows[m]))
+        assert y.shape == (m, 1, 24) and y.dtype == torch.bfloat16
+        assert graphc_ops(seen) == ["graphc.gemm_rows"], (m, seen)
+        assert not any(s.split(".")[-1] in ("mm", "addmm", "linear") for s in seen), seen
+    set_kernels(lin, {"gemm_rows": 4, "gemv": 1})
+    assert graphc_ops(OpNames.of(lambda: lin(rows[1]))[1]) == ["graphc.gemv"]
+    for x, knob in ((rows[5], 4), (rows[2].float(), 4), (rows[2], 0), (rows[1], 4)):
+        set_kernels(lin.to(x.dtype), {"gemm_rows": knob})
+        _, seen = OpNames.of(lambda: lin(x))
+        assert not graphc_ops(seen) and any(s.split(".")[-1] in ("mm", "addmm") for s in seen), (x.shape, seen)
+        lin.to(torch.bfloat16)
+
+
 def test_a_one_row_swiglu_takes_one_fused_product_and_activation():
     """layers.SwiGLU with gemv and gemv_swiglu (bytes), bf16 on meta: one row is one graphc.gemv_silu_mul writing
     [.., I] then the down product's graphc.gemv; without gemv_swiglu, or with a bound under the gate_up weight's
