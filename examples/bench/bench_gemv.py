@@ -38,10 +38,11 @@ SHAPES = [("cp.qkv", 4096, 1024), ("cp.o", 1024, 2048), ("cp.gate_up", 6144, 102
 SWIGLU = [("cp.mlp", 3072, 1024), ("talker.shared_expert", 768, 1024), ("shared_expert_768x2048", 768, 2048),
           ("qwen3_5_9b.mlp", 12288, 4096), ("qwen3_5_0.8b.mlp", 3584, 1024)]
 SWEEP = list(itertools.product((1, 2, 4, 8, 16), (512, 1024, 2048, 4096), (4, 8)))
-# gemm_rows: (BLOCK_N, BLOCK_K, num_warps, num_stages)
-ROWS_SWEEP = list(itertools.product((16, 32, 64, 128), (64, 128, 256), (4,), (3, 4))) + \
-    [(16, 512, 4, 3), (16, 512, 4, 4), (32, 512, 4, 3), (16, 256, 2, 4), (64, 128, 8, 4), (128, 128, 8, 4),
-     (128, 256, 8, 3)]
+# gemm_rows: (BLOCK_N, BLOCK_K, num_warps, num_stages, swap)
+ROWS_SWEEP = list(itertools.product((16, 32, 64, 128), (64, 128, 256), (4,), (3, 4), (0,))) + \
+    list(itertools.product((64, 128), (64, 128, 256), (4,), (3, 4), (1,))) + \
+    [(16, 512, 4, 3, 0), (16, 512, 4, 4, 0), (32, 512, 4, 3, 0), (16, 256, 2, 4, 0), (64, 128, 8, 4, 0),
+     (128, 128, 8, 4, 0), (128, 256, 8, 3, 0), (64, 512, 4, 3, 1), (128, 128, 8, 4, 1)]
 
 
 def timed(fn, copies: int, replays: int = 20) -> float:

@@ -119,13 +119,15 @@ def _norm_gemv(x_ptr, r_ptr, s_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, N, K, eps, HAS_
 
 @triton.jit
 def _gemm_rows(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, sym, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, PDL: tl.constexpr = False):
+    """SWAP: the product taken as (W x^T)^T, the weight's tile the tensor cores' left operand (its BLOCK_N rows
+    their M), the rows their N."""
     _pdl_start(PDL)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     ks = tl.arange(0, BLOCK_K)
     cm, rm = cols < N, rows < M
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_N, BLOCK_M] if SWAP else [BLOCK_M, BLOCK_N], dtype=tl.float32)
     _pdl_wait(PDL)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + ks
@@ -133,7 +135,9 @@ def _gemm_rows(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, sym, HAS_BIAS: tl.const
         w = tl.load(w_ptr + cols[:, None] * K + k[None, :], mask=cm[:, None] & km[None, :], other=0.0,
                     eviction_policy="evict_first")                                          # [BLOCK_N, BLOCK_K]
         x = tl.load(x_ptr + rows[:, None] * sxm + k[None, :], mask=rm[:, None] & km[None, :], other=0.0)
-        acc = tl.dot(x, tl.trans(w), acc)                                                   # [BLOCK_M, BLOCK_N]
+        acc = tl.dot(w, tl.trans(x), acc) if SWAP else tl.dot(x, tl.trans(w), acc)
+    if SWAP:
+        acc = tl.trans(acc)                                                                 # [BLOCK_M, BLOCK_N]
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * sym + cols[None, :], acc.to(y_ptr.dtype.element_ty),
@@ -190,21 +194,22 @@ def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor,
                                           **pdl_launch(pdl, x))
 
 
-def rows_config(m: int, n: int, k: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps, num_stages) for gemm_rows at m rows of an [n, k] weight."""
-    return 32, min(256, max(16, triton.next_power_of_2(k))), 4, 4
+def rows_config(m: int, n: int, k: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages, swap) for gemm_rows at m rows of an [n, k] weight."""
+    return 32, min(256, max(16, triton.next_power_of_2(k))), 4, 4, 0
 
 
 def gemm_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
-              blocks: tuple[int, int, int, int] | None = None, pdl: bool = False) -> None:
+              blocks: tuple[int, int, int, int, int] | None = None, pdl: bool = False) -> None:
     """y [M, N] = x [M, K] @ weight [N, K]^T (+ bias [N]) for 1 <= M <= 64; weight contiguous, x's and y's rows
-    with unit column stride. blocks: (BLOCK_N, BLOCK_K, num_warps, num_stages) to use (a sweep's). pdl: as gemv's."""
+    with unit column stride. blocks: (BLOCK_N, BLOCK_K, num_warps, num_stages, swap) to use (a sweep's). pdl: as
+    gemv's."""
     m, k = x.shape
     n = weight.shape[0]
     if not 1 <= m <= 64:
         raise ValueError(f"gemm_rows: {m} rows; it takes 1 to 64 (more rows are a GEMM: use torch.mm)")
-    bn, bk, warps, stages = blocks or rows_config(m, n, k)
+    bn, bk, warps, stages, swap = blocks or rows_config(m, n, k)
     bm = max(16, triton.next_power_of_2(m))
     _gemm_rows[(triton.cdiv(n, bn),)](x, weight, weight if bias is None else bias, y, m, n, k, x.stride(0),
                                       y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                                      num_warps=warps, num_stages=stages, **pdl_launch(pdl, x))
+                                      SWAP=bool(swap), num_warps=warps, num_stages=stages, **pdl_launch(pdl, x))

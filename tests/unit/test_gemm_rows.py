@@ -1,7 +1,8 @@
 """The few-rows linear kernel (models/components/gemv_triton.gemm_rows) under Triton's interpreter on CPU
 equals an fp64 product within fp32 summation's rounding: 1 to 37 rows (padded to the tensor cores' 16 and
 past), sizes that are not multiples of its blocks (rows, N and K masked), x and y as column slices of wider
-tensors (their row strides followed), with and without bias, with the configured blocks and with others; it
+tensors (their row strides followed), with and without bias, with the configured blocks and with others, swapped (the weight the left operand) or
+not; it
 refuses more than 64 rows, naming the count. In a fresh process: TRITON_INTERPRET must be set before the
 kernel is defined."""
 import pytest
@@ -16,8 +17,9 @@ from models.components import gemv_triton as g
 
 torch.manual_seed(0)
 out = {}
-for m, n, k, blocks in ((1, 37, 100, None), (3, 130, 1030, None), (16, 64, 48, (16, 16, 4, 2)),
-                        (37, 70, 300, (64, 128, 4, 3))):
+for m, n, k, blocks in ((1, 37, 100, None), (3, 130, 1030, None), (16, 64, 48, (16, 16, 4, 2, 0)),
+                        (37, 70, 300, (64, 128, 4, 3, 0)), (5, 70, 300, (64, 64, 4, 3, 1)),
+                        (20, 33, 40, (16, 32, 4, 2, 1))):
     x = torch.randn(m, k + 5)[:, 5:]                     # rows of a wider tensor
     w, b = torch.randn(n, k), torch.randn(n)
     want = x.double() @ w.double().t()
@@ -39,7 +41,7 @@ print(json.dumps(out))
 def test_few_row_products_equal_fp64_within_fp32_rounding():
     got = interpreted(SCRIPT)
     err = got.pop("error")
-    assert set(got) == {"1x37x100", "3x130x1030", "16x64x48", "37x70x300"}
+    assert set(got) == {"1x37x100", "3x130x1030", "16x64x48", "37x70x300", "5x70x300", "20x33x40"}
     for shape, rel in got.items():
         assert rel < 1e-5, f"{shape}: relative error {rel:.3g} against fp64"
     assert err is not None and "65 rows" in err and "1 to 64" in err
