@@ -196,7 +196,7 @@ def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor,
 
 def rows_config(m: int, n: int, k: int) -> tuple[int, int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages, swap) for gemm_rows at m rows of an [n, k] weight."""
-    return 32, min(256, max(16, triton.next_power_of_2(k))), 4, 4, 0
+    return 16, min(256, max(16, triton.next_power_of_2(k))), 2, 4, 0
 
 
 def gemm_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
