@@ -60,9 +60,17 @@ launch_ops.py --with select_fold); on an H100, captured, that node's decode 2.82
 The same nodes, in steps of at least FRAME_ATTEND_SEQS sequences, run each code predictor layer's q/k norm,
 rotary, frame-cache write and attention in one launch (frame_triton.py, the frame_attend knob; the cp_attn
 resource's attention is then not called, and the frame cache is not zeroed): on an H100, captured, the one-80 GB
-plan's smaller node's decode 5.754 -> 5.225 ms at 16 sequences, but 2.826 -> 2.848 at one (examples/bench/
-ab_kernels.py --with frame_attend --sampled; with the knob at 1, its T2S at 16 streams on the stream lane, RTF
-0.140 -> 0.134).
+plan's smaller node's decode 4.538 -> 4.434 ms at 2 sequences, 5.009 -> 4.876 at 4, 5.756 -> 5.374 at 8, 5.754 ->
+5.225 at 16, but 2.767 -> 2.881 at one (examples/bench/ab_kernels.py --with frame_attend --sampled).
+The same nodes, the delta-rule nodes apart (not measured there), run a linear layer's steps of 2 to GEMM_ROWS rows
+through one Triton launch that reads each weight row once and multiplies the rows on the tensor cores
+(gemv_triton.gemm_rows, the gemm_rows knob), not cuBLAS: on an H100, captured, at 13 decode shapes of the three
+Omni LMs and 2, 4, 8 and 16 rows, faster than cuBLAS in 51 of 52 cells (336.5 -> 304.8 us summed; the thinker's
+qkv at 2 rows +0.7%), the thinker's lm_head 2-3% (examples/bench/bench_gemv.py --rows); the one-80 GB plan's
+smaller node's decode 4.538 -> 4.008 ms at 2 sequences, 5.766 -> 4.942 at 16, 6.453 -> 6.097 at 32; with
+frame_attend from 2 too, 3.769, 4.925 and 6.095 (ab_kernels.py --with frame_attend gemm_rows=32 --sampled). That
+plan's T2S at 16 streams on the stream lane, with both on every node: RTF 0.140 -> 0.130 (examples/bench/
+bench_speech.py --with gemm_rows=32 frame_attend=2, against the shipped plan on the same machine).
 The nodes whose delta rule runs on fla-core also run gdn_fused: the zero-centred RMSNorms (and a residual add
 with one), the Gated DeltaNet's gates, its gated output norm and a decode step's conv on the conv state pool,
 one Triton launch each (models/components/norm_ops.py, gdn_step_triton.py): the 9B's decode on an H100 9.04 -> 6.53 ms at 1 sequence,
@@ -115,9 +123,11 @@ FUSED_MAX_TOKENS = 16384
 SM90_FROM = 2048
 GEMV_SWIGLU_BYTES = 16 * 2**20
 PAIR_TOKENS = 2
-FRAME_ATTEND_SEQS = 16
+FRAME_ATTEND_SEQS = 2
+GEMM_ROWS = 32
 FUSED_ARCHS = ("sm_90",)
-NOT_WITH_GDN = ("norm_gemv", "pdl")     # measured no faster on the delta-rule nodes (module docstring)
+# norm_gemv and pdl measured no faster on the delta-rule nodes, gemm_rows not measured there (module docstring)
+NOT_WITH_GDN = ("gemm_rows", "norm_gemv", "pdl")
 
 
 @dataclass(frozen=True)
@@ -166,8 +176,8 @@ def select_backends(ir: IR) -> Backends:
             why += f"; {prefill} takes no head_dim {head_dim}: runs zero-padded to {runs}"
         chosen[r.name] = Choice(prefill, decode, runs, why)
     knobs = {"frame_attend": FRAME_ATTEND_SEQS, "fused_gelu": 1, "fused_max_tokens": FUSED_MAX_TOKENS,
-             "fused_norms": 1, "fused_rope": 1, "fused_router": 1, "fused_sampler": 1, "gated_rope": 1, "gemv": 1,
-             "gemv_swiglu": GEMV_SWIGLU_BYTES, "moe_pair_tokens": PAIR_TOKENS, "moe_route_group": 1,
+             "fused_norms": 1, "fused_rope": 1, "fused_router": 1, "fused_sampler": 1, "gated_rope": 1,
+             "gemm_rows": GEMM_ROWS, "gemv": 1, "gemv_swiglu": GEMV_SWIGLU_BYTES, "moe_pair_tokens": PAIR_TOKENS, "moe_route_group": 1,
              "moe_shared_sum": 1, "moe_sm90_from": SM90_FROM, "moe_sum_norm": 1, "norm_gemv": 1, "pdl": 1,
              "select_fold": 1}
     kernels = {n.name: dict(knobs) for n in ir.model.nodes if arch in FUSED_ARCHS and n.dtype == "bfloat16"}

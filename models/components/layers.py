@@ -109,7 +109,8 @@ class Linear(nn.Linear):
                                                                                           self.out_features)
         if self.few_rows(x):
             from models.components.gemv_ops import gemm_rows
-            y = gemm_rows(x.reshape(-1, k).contiguous(), w, self.bias, bool(self.pdl))
+            rows = x.reshape(-1, k)                      # a view where x's rows allow: the kernel takes a row stride
+            y = gemm_rows(rows if rows.stride(1) == 1 else rows.contiguous(), w, self.bias, bool(self.pdl))
             return y.view(*x.shape[:-1], self.out_features)
         return F.linear(x, w, self.bias)
 

@@ -41,16 +41,17 @@ def test_shipped_plans_record_the_choice_where_it_acts():
         assert plan.target.arch == "sm_90"
         got = {n: p.kernels for n, p in plan.nodes.items()}
         # the thinker and the talker hold sparse MoE experts, RMSNorms and layers.Linear, the talker its sampler
-        # (with its rows' preparation folded in) and its code predictor's fused frame attention (from 16 sequences)
+        # (with its rows' preparation folded in) and its code predictor's fused frame attention (from 2 sequences)
         # too; Code2Wav RMSNorms and a SwiGLU's Linears only; the audio
         # encoder none of them (LayerNorms, nn.Linear), the vision encoder its fp32 rotary, LayerNorms and MLP's GELU
-        mlp = {"fused_norms": 1, "gemv": 1, "gemv_swiglu": 16 * 2**20,      # SwiGLUs of 16 MiB or less fused
+        mlp = {"fused_norms": 1, "gemm_rows": 32, "gemv": 1, "gemv_swiglu": 16 * 2**20,  # SwiGLUs <= 16 MiB fused
                "norm_gemv": 1, "pdl": 1}
-        both = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1, "gemv": 1, "moe_pair_tokens": 2,
+        both = {"fused_max_tokens": 16384, "fused_norms": 1, "fused_router": 1, "gemm_rows": 32, "gemv": 1,
+                "moe_pair_tokens": 2,
                 "moe_route_group": 1, "moe_shared_sum": 1, "moe_sm90_from": 2048, "moe_sum_norm": 1,
                 "norm_gemv": 1, "pdl": 1}
         # the thinker's MoE has no shared expert (no SwiGLU); the talker's has, and its code predictor MLPs
-        talker = {**both, **mlp, "frame_attend": 16, "fused_sampler": 1, "select_fold": 1}
+        talker = {**both, **mlp, "frame_attend": 2, "fused_sampler": 1, "select_fold": 1}
         assert got == {"thinker": both, "talker": talker, "audio_encoder": {},
                        "vision_encoder": {"fused_gelu": 1, "fused_norms": 1, "fused_rope": 1},
                        "code2wav": mlp}, got
@@ -70,8 +71,9 @@ def test_select_backends_by_arch_and_dtype():
         ir = verify_graph(model, get_target(gpu), 1)
         chosen = select_backends(ir).kernels
         bf16 = {n.name for n in model.nodes if n.dtype == "bfloat16"}
-        knobs = {"frame_attend": 16, "fused_gelu": 1, "fused_max_tokens": 16384, "fused_norms": 1, "fused_rope": 1,
-                 "fused_router": 1, "fused_sampler": 1, "gated_rope": 1, "gemv": 1, "gemv_swiglu": 16 * 2**20,
+        knobs = {"frame_attend": 2, "fused_gelu": 1, "fused_max_tokens": 16384, "fused_norms": 1, "fused_rope": 1,
+                 "fused_router": 1, "fused_sampler": 1, "gated_rope": 1, "gemm_rows": 32, "gemv": 1,
+                 "gemv_swiglu": 16 * 2**20,
                  "moe_pair_tokens": 2, "moe_route_group": 1, "moe_shared_sum": 1, "moe_sm90_from": 2048,
                  "moe_sum_norm": 1, "norm_gemv": 1, "pdl": 1, "select_fold": 1}
         assert chosen == ({n: knobs for n in bf16}
@@ -284,7 +286,7 @@ def test_a_one_row_linear_takes_the_gemv_operator_and_more_rows_cublas():
 
 def test_a_few_rows_linear_takes_gemm_rows_up_to_its_knob():
     """layers.Linear with gemm_rows=4, bf16 on meta: 2 to 4 rows (in any leading shape) are one graphc.gemm_rows
-    writing [.., N]; one row stays gemv's (with gemv on) or cuBLAS's; 5 rows, fp32, or the knob at 0 go to aten's
+    writing [.., N], rows of a wider tensor read where they lie; one row stays gemv's (with gemv on) or cuBLAS's; 5 rows, fp32, or the knob at 0 go to aten's
     mm/addmm and no graphc operator."""
     from models.components.layers import Linear
 
@@ -297,6 +299,10 @@ def test_a_few_rows_linear_takes_gemm_rows_up_to_its_knob():
         assert y.shape == (m, 1, 24) and y.dtype == torch.bfloat16
         assert graphc_ops(seen) == ["graphc.gemm_rows"], (m, seen)
         assert not any(s.split(".")[-1] in ("mm", "addmm", "linear") for s in seen), seen
+    with torch.device("meta"):
+        strided = torch.empty(3, 2, 32, dtype=torch.bfloat16)[:, 1]          # rows 64 apart: read in place, no copy
+    _, seen = OpNames.of(lambda: lin(strided))
+    assert graphc_ops(seen) == ["graphc.gemm_rows"] and not any("clone" in s or "copy" in s for s in seen), seen
     set_kernels(lin, {"gemm_rows": 4, "gemv": 1})
     assert graphc_ops(OpNames.of(lambda: lin(rows[1]))[1]) == ["graphc.gemv"]
     for x, knob in ((rows[5], 4), (rows[2].float(), 4), (rows[2], 0), (rows[1], 4)):
