@@ -25,7 +25,7 @@ ARENA_ALIGN = 256
 KERNEL_KNOBS = ("fla_gdn", "gdn_conv_rows", "gdn_fused", "gdn_slots", "frame_attend", "fused_gelu", "fused_max_tokens",
                 "fused_norms", "fused_rope", "fused_router", "fused_sampler", "gated_rope", "gemm_rows", "gemv",
                 "gemv_swiglu", "moe_pair_tokens", "moe_route_group", "moe_shared_sum", "moe_sm90_from", "moe_sum_norm", "norm_gemv",
-                "pdl", "select_fold")
+                "norm_rows", "pdl", "select_fold")
 
 
 def arrange_weights(module: torch.nn.Module) -> None:

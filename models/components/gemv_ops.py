@@ -7,9 +7,11 @@ torch.empty. Triton is imported only when it runs on a device.
     graphc::norm_gemv(x, residual?, norm_weight, weight, bias?, total!?, y!, eps, swiglu)
                                                   either of them on h = rms_norm(x (+ residual)), total = the sum
     graphc::gemm_rows(x, weight, bias, y!)        y = x @ weight^T (+ bias), x [M, K], 1 <= M <= 64
+    graphc::norm_gemm_rows(x, residual?, norm_weight, weight, bias?, total!?, y!, eps, swiglu)
+                                                  gemm_rows (or a SwiGLU's product and activation) on h as above
 
 layers.Linear takes gemv where the plan says so (the gemv knob) and the step has one row, gemm_rows where a step
-has 2 to the gemm_rows knob's rows; layers.SwiGLU
+has 2 to the gemm_rows knob's rows (norm_gemm_rows for a pre-normed input, the norm_rows knob); layers.SwiGLU
 gemv_silu_mul (the gemv_swiglu knob); both take norm_gemv for a pre-normed input (their after_norm, the
 norm_gemv knob).
 """
@@ -41,6 +43,20 @@ def gemm_rows_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 @gemm_rows_op.register_fake
 def _(x, weight, bias, y, pdl=False) -> None:
+    return None
+
+
+@torch.library.custom_op("graphc::norm_gemm_rows", mutates_args=("total", "y"))
+def norm_gemm_rows_op(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                      weight: torch.Tensor, bias: torch.Tensor | None, total: torch.Tensor | None, y: torch.Tensor,
+                      eps: float, swiglu: bool, pdl: bool = False) -> None:
+    from models.components import gemv_triton as k
+
+    k.norm_gemm_rows(x, residual, norm_weight, eps, weight, bias, total, y, swiglu, pdl)
+
+
+@norm_gemm_rows_op.register_fake
+def _(x, residual, norm_weight, weight, bias, total, y, eps, swiglu, pdl=False) -> None:
     return None
 
 
@@ -101,6 +117,28 @@ def gemm_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     gemm_rows_op(x, weight, bias, y, pdl)
     return y
+
+
+def norm_gemm_rows(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                   weight: torch.Tensor, bias: torch.Tensor | None, swiglu: bool = False, pdl: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(total, y): total = x + residual (x itself without one), h = rms_norm(total) * norm_weight, and y =
+    gemm_rows(h) ([M, N]), or with swiglu silu(g) * u ([M, N / 2], no bias), in one launch; x [M, K] with
+    1 <= M <= 64 rows of contiguous elements."""
+    m, k = x.shape
+    if (not 1 <= m <= 64 or weight.shape[1] != k or not weight.is_contiguous() or x.stride(1) != 1
+            or norm_weight.shape != (k,) or (residual is not None and (residual.shape != x.shape
+                                                                         or residual.stride(1) != 1))):
+        raise ValueError(f"norm_gemm_rows: x {list(x.shape)} strides {list(x.stride())}, residual "
+                         f"{None if residual is None else list(residual.shape)}, norm weight {list(norm_weight.shape)},"
+                         f" weight {list(weight.shape)}: 1 to 64 rows of K contiguous elements, the residual x's "
+                         f"shape, the norm weight [K], a contiguous weight [N, K]")
+    if swiglu and (weight.shape[0] % 2 or bias is not None):
+        raise ValueError(f"norm_gemm_rows: a SwiGLU's weight {list(weight.shape)} holds gate's rows then up's, no bias")
+    total = None if residual is None else torch.empty_like(x)
+    y = torch.empty(m, weight.shape[0] // (2 if swiglu else 1), dtype=x.dtype, device=x.device)
+    norm_gemm_rows_op(x, residual, norm_weight, weight, bias, total, y, eps, swiglu, pdl)
+    return (x if total is None else total), y
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, what: str) -> None:

@@ -14,6 +14,8 @@ accumulate in fp32 and round once to the output dtype). One row only: a first ve
     gemv_silu_mul(x [1, K], weight [2I, K], y [1, I])     a SwiGLU's gate_up product and its activation
 
     gemm_rows(x [M, K], weight [N, K], bias [N] or None, y [M, N])   2 <= M <= 64 rows, on the tensor cores
+    norm_gemm_rows(x, residual, norm_weight, eps, weight, bias, total, y, swiglu)
+                                                  gemm_rows (or its SwiGLU) of rms_norm(x (+ residual)) * norm_weight
 
 gemv_silu_mul streams a SwiGLU's gate and up rows of the same columns in one program and writes
 silu(gate) * up, rounded where the two launches it replaces round (the product's output, silu's, the
@@ -25,6 +27,9 @@ gemm_rows is the few-rows case (a decode step of 2-64 sequences): each program o
 and streams their weight rows once, BLOCK_K columns a step, multiplying the step's rows (padded to 16, the
 tensor cores' least) on the tensor cores with fp32 accumulation; its grid is the columns only, so every
 weight byte is read once whatever the rows. examples/bench/bench_gemv.py --rows measures it against cuBLAS.
+norm_gemm_rows takes the RMSNorm before the product (and the residual add before the norm) into each program,
+as norm_gemv does for one row, summing each row's squares over K in blocks; with swiglu it streams a SwiGLU's gate
+and up rows of the same columns and stores silu(g) * u, rounded as gemv_silu_mul rounds it.
 """
 from __future__ import annotations
 
@@ -144,6 +149,76 @@ def _gemm_rows(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, sym, HAS_BIAS: tl.const
              mask=rm[:, None] & cm[None, :])
 
 
+@triton.jit
+def _w_rows(w_ptr, cols, cm, k, km, K):
+    """Weight rows cols' columns k, [BLOCK_N, BLOCK_K] in their dtype (zeros outside N and K), streamed past the
+    cache."""
+    return tl.load(w_ptr + cols[:, None] * K + k[None, :], mask=cm[:, None] & km[None, :], other=0.0,
+                   eviction_policy="evict_first")
+
+
+@triton.jit
+def _summed_rows(x_ptr, r_ptr, rows, rm, k, km, sxm, srm, HAS_RES: tl.constexpr):
+    """The rows' columns k in fp32: x, or with HAS_RES x + r rounded to x's dtype as torch's add rounds it."""
+    mask = rm[:, None] & km[None, :]
+    x32 = tl.load(x_ptr + rows[:, None] * sxm + k[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        x32 = _round(x32 + tl.load(r_ptr + rows[:, None] * srm + k[None, :], mask=mask, other=0.0).to(tl.float32),
+                     x_ptr.dtype.element_ty == tl.bfloat16)
+    return x32
+
+
+@triton.jit
+def _rows_rstd(x_ptr, r_ptr, rows, rm, K, sxm, srm, eps, HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """1 / rms of each row (of x + r with HAS_RES), summed over K in BLOCK_K steps: [BLOCK_M] fp32."""
+    ks = tl.arange(0, BLOCK_K)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x32 = _summed_rows(x_ptr, r_ptr, rows, rm, k0 + ks, k0 + ks < K, sxm, srm, HAS_RES)
+        ss += tl.sum(x32 * x32, axis=1)
+    return 1.0 / tl.sqrt(ss / K + eps)
+
+
+@triton.jit
+def _norm_gemm_rows(x_ptr, r_ptr, s_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, srm, ssm, sym, eps,
+                    HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+    """gemm_rows (SWIGLU: gate's columns cols and up's cols + N, silu(g) * u stored; N = I) of h = rms_norm(x (+ r))
+    * nw, rounded as the norm's launch rounds it, each program normalising the M rows itself (h is never
+    written); with HAS_RES the sum x + r written to s by the first program."""
+    _pdl_start(PDL)
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    ks = tl.arange(0, BLOCK_K)
+    cm, rm = cols < N, rows < M
+    BF16: tl.constexpr = x_ptr.dtype.element_ty == tl.bfloat16
+    g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    _pdl_wait(PDL)
+    rstd = _rows_rstd(x_ptr, r_ptr, rows, rm, K, sxm, srm, eps, HAS_RES, BLOCK_M, BLOCK_K)[:, None]
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + ks
+        km = k < K
+        x32 = _summed_rows(x_ptr, r_ptr, rows, rm, k, km, sxm, srm, HAS_RES)
+        if HAS_RES:
+            tl.store(s_ptr + rows[:, None] * ssm + k[None, :], x32.to(s_ptr.dtype.element_ty),
+                     mask=(rows < tl.where(pid == 0, M, 0))[:, None] & km[None, :])      # the first program
+        nw = tl.load(nw_ptr + k, mask=km, other=0.0).to(tl.float32)[None, :]
+        h = _round(nw * _round(x32 * rstd, BF16), BF16).to(w_ptr.dtype.element_ty)
+        g = tl.dot(h, tl.trans(_w_rows(w_ptr, cols, cm, k, km, K)), g)
+        if SWIGLU:
+            u = tl.dot(h, tl.trans(_w_rows(w_ptr, cols + N, cm, k, km, K)), u)
+    out, mask = rows[:, None] * sym + cols[None, :], rm[:, None] & cm[None, :]
+    if SWIGLU:
+        _silu_mul_store(g, u, y_ptr, out, mask)
+    else:
+        if HAS_BIAS:
+            g += tl.load(b_ptr + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + out, g.to(y_ptr.dtype.element_ty), mask=mask)
+
+
 def config(n: int, k: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps) for an [n, k] weight, measured on the H200 (examples/bench/bench_gemv.py at 14
     decode shapes: 0.6% above the sum of each shape's best choice of 40, no shape more than 0.9 us above its
@@ -213,3 +288,24 @@ def gemm_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     _gemm_rows[(triton.cdiv(n, bn),)](x, weight, weight if bias is None else bias, y, m, n, k, x.stride(0),
                                       y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                                       SWAP=bool(swap), num_warps=warps, num_stages=stages, **pdl_launch(pdl, x))
+
+
+def norm_gemm_rows(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                   weight: torch.Tensor, bias: torch.Tensor | None, total: torch.Tensor | None, y: torch.Tensor,
+                   swiglu: bool = False, pdl: bool = False) -> None:
+    """gemm_rows (swiglu: silu(g) * u of [g | u] = h @ weight^T, no bias) of h = rms_norm(x (+ residual)) *
+    norm_weight, x [M, K], 1 <= M <= 64: total = x + residual (where given), y [M, N] (swiglu: [M, N / 2]). Each
+    program normalises the rows; h is never written. pdl: as gemv's."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if not 1 <= m <= 64:
+        raise ValueError(f"norm_gemm_rows: {m} rows; it takes 1 to 64")
+    cols = n // 2 if swiglu else n
+    bn, bk, warps, stages, _ = rows_config(m, n, k)
+    r, t = (residual, total) if residual is not None else (x, x)
+    _norm_gemm_rows[(triton.cdiv(cols, bn),)](x, r, t, norm_weight, weight, weight if bias is None else bias, y, m,
+                                              cols, k, x.stride(0), r.stride(0), t.stride(0), y.stride(0), eps,
+                                              HAS_RES=residual is not None, HAS_BIAS=bias is not None,
+                                              SWIGLU=swiglu, BLOCK_M=max(16, triton.next_power_of_2(m)),
+                                              BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+                                              **pdl_launch(pdl, x))

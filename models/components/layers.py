@@ -87,6 +87,9 @@ class Linear(nn.Linear):
     # the plan's knob: the most rows (0: none) a bf16 input on a GPU (or meta) of 2 rows or more runs through the
     # few-rows kernel (gemv_ops.gemm_rows: each weight row read once, the rows on the tensor cores), not cuBLAS
     gemm_rows: int = 0
+    # the plan's knob: 1 takes a pre-normed few-rows input's norm (and the residual add before it; for SwiGLU's
+    # gate_up_proj, the activation too) into the few-rows kernel's programs (after_norm, gemv_ops.norm_gemm_rows)
+    norm_rows: int = 0
 
     def one_row(self, x: torch.Tensor) -> bool:
         """The plan runs this input through the one-row kernel: the gemv knob, one bf16 row on a GPU (or meta)."""
@@ -120,12 +123,20 @@ class Linear(nn.Linear):
         return (bool(self.norm_gemv) and self.one_row(x) and type(norm) is RMSNorm and norm.fused(x)
                 and x.shape[-1] <= 4096 and (delta is None or (delta.shape == x.shape and delta.dtype == x.dtype)))
 
+    def folds_rows(self, norm: nn.Module, x: torch.Tensor, delta: torch.Tensor | None) -> bool:
+        """after_norm runs in one few-rows launch: the norm_rows knob, this input's few-rows kernel, an RMSNorm on
+        its fused kernels and a residual of x's shape and dtype."""
+        return (bool(self.norm_rows) and self.few_rows(x) and type(norm) is RMSNorm and norm.fused(x)
+                and (delta is None or (delta.shape == x.shape and delta.dtype == x.dtype)))
+
     def after_norm(self, x: torch.Tensor, delta: torch.Tensor | None, norm: RMSNorm
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(t, self(norm(t))) for t = x + delta (x where delta is None): one launch where folds(), else the
-        norm's (RMSNorm.add) and this product's."""
+        """(t, self(norm(t))) for t = x + delta (x where delta is None): one launch where folds() or
+        folds_rows(), else the norm's (RMSNorm.add) and this product's."""
         if self.folds(norm, x, delta):
             return _norm_gemv(x, delta, norm, self.weight, self.bias, False, bool(self.pdl), self.out_features)
+        if self.folds_rows(norm, x, delta):
+            return _norm_rows(x, delta, norm, self.weight, self.bias, False, bool(self.pdl), self.out_features)
         total, h = (x, norm(x)) if delta is None else norm.add(x, delta)
         return total, self(h)
 
@@ -137,6 +148,18 @@ def _norm_gemv(x: torch.Tensor, delta: torch.Tensor | None, norm: RMSNorm, w: to
     k = x.shape[-1]
     row = delta.reshape(1, k).contiguous() if delta is not None else None
     total, y = norm_gemv(x.reshape(1, k).contiguous(), row, norm.weight, norm.eps, w, b, swiglu, pdl)
+    return total.view(x.shape), y.view(*x.shape[:-1], width)
+
+
+def _norm_rows(x: torch.Tensor, delta: torch.Tensor | None, norm: RMSNorm, w: torch.Tensor, b: torch.Tensor | None,
+               swiglu: bool, pdl: bool, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """gemv_ops.norm_gemm_rows on x's rows, its outputs in x's leading shape (y `width` wide)."""
+    from models.components.gemv_ops import norm_gemm_rows
+    k = x.shape[-1]
+    rows = [t.reshape(-1, k) for t in (x, delta) if t is not None]
+    rows = [r if r.stride(1) == 1 else r.contiguous() for r in rows]
+    total, y = norm_gemm_rows(rows[0], rows[1] if delta is not None else None, norm.weight, norm.eps, w, b, swiglu,
+                              pdl)
     return total.view(x.shape), y.view(*x.shape[:-1], width)
 
 
@@ -238,10 +261,14 @@ class SwiGLU(nn.Module):
     def after_norm(self, x: torch.Tensor, delta: torch.Tensor | None, norm: RMSNorm
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(t, self(norm(t))) for t = x + delta (x where delta is None); the norm rides in the gate_up launch where
-        that is one launch and gate_up_proj.folds() (Linear.after_norm), else the norm's own launch."""
+        that is one launch and gate_up_proj.folds() (Linear.after_norm), or, with gate_up_proj.folds_rows(), in one
+        few-rows launch of the norm, the gate_up product and the activation; else the norm's own launch."""
         gu = self.gate_up_proj
         if self.one_launch(x) and gu.folds(norm, x, delta):
             total, a = _norm_gemv(x, delta, norm, gu.weight, None, True, bool(self.pdl), gu.out_features // 2)
+            return total, self.down_proj(a)
+        if gu.bias is None and gu.folds_rows(norm, x, delta):
+            total, a = _norm_rows(x, delta, norm, gu.weight, None, True, bool(self.pdl), gu.out_features // 2)
             return total, self.down_proj(a)
         total, h = (x, norm(x)) if delta is None else norm.add(x, delta)
         return total, self(h)

@@ -73,3 +73,33 @@ def test_layers_with_the_knob_equal_the_layers_without():
     for a, b in zip(want, got):
         assert ((a.double() - b.double()).abs().max() / a.double().abs().max()).item() < 2e-2
     print(f"5 code predictor layers, one row: plain {_ms(plain) * 1000:.1f} us, norm_gemv {_ms(folded) * 1000:.1f} us")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [2, 16, 32])
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_norm_gemm_rows_error_is_the_two_launches_error(swiglu, rows):
+    """norm_gemm_rows (the norm_rows knob) at the code predictor's shapes and 2-32 rows against an fp64 forward:
+    its error as the add + norm launch then gemm_rows (or then gemm_rows and silu_mul) it replaces (within 1.25x of
+    their largest error and 1.1x of their mean: the sum of squares is taken in another order), the residual's sum
+    theirs bit for bit."""
+    pytest.importorskip("triton")
+    from models.components.gemv_ops import gemm_rows, norm_gemm_rows
+    from models.components.norm_ops import add_rms_norm, silu_mul
+
+    gen = torch.Generator(device="cuda").manual_seed(11 + rows)
+    bf, k = torch.bfloat16, 1024
+    n = 6144 if swiglu else 4096
+    w = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(bf)
+    x, r = (torch.randn(rows, k, device="cuda", generator=gen).to(bf) for _ in range(2))
+    nw = (1 + 0.1 * torch.randn(k, device="cuda", generator=gen)).to(bf)
+    total, got = norm_gemm_rows(x, r, nw, 1e-6, w, None, swiglu)
+    t2, h = add_rms_norm(x, r, nw, 1e-6)
+    two = silu_mul(gemm_rows(h, w, None)) if swiglu else gemm_rows(h, w, None)
+    s = x.double() + r.double()
+    p = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.double()) @ w.double().t()
+    ref = torch.nn.functional.silu(p[:, :n // 2]) * p[:, n // 2:] if swiglu else p
+    assert torch.equal(total, t2)
+    eg, et = (got.double() - ref).abs(), (two.double() - ref).abs()
+    assert eg.max() <= 1.25 * et.max() + 1e-6, (eg.max().item(), et.max().item())
+    assert eg.mean() <= 1.1 * et.mean() + 1e-7, (eg.mean().item(), et.mean().item())

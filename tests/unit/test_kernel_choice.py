@@ -286,8 +286,8 @@ def test_a_one_row_linear_takes_the_gemv_operator_and_more_rows_cublas():
 
 def test_a_few_rows_linear_takes_gemm_rows_up_to_its_knob():
     """layers.Linear with gemm_rows=4, bf16 on meta: 2 to 4 rows (in any leading shape) are one graphc.gemm_rows
-    writing [.., N], rows of a wider tensor read where they lie; one row stays gemv's (with gemv on) or cuBLAS's; 5 rows, fp32, or the knob at 0 go to aten's
-    mm/addmm and no graphc operator."""
+    writing [.., N], rows of a wider tensor read where they lie; one row stays gemv's (with gemv on) or cuBLAS's;
+    5 rows, fp32, or the knob at 0 go to aten's mm/addmm and no graphc operator."""
     from models.components.layers import Linear
 
     with torch.device("meta"):
@@ -310,6 +310,33 @@ def test_a_few_rows_linear_takes_gemm_rows_up_to_its_knob():
         _, seen = OpNames.of(lambda: lin(x))
         assert not graphc_ops(seen) and any(s.split(".")[-1] in ("mm", "addmm") for s in seen), (x.shape, seen)
         lin.to(torch.bfloat16)
+
+
+def test_with_norm_rows_a_few_rows_norm_rides_in_the_products_launch():
+    """With gemm_rows=8 and norm_rows (fused norms, bf16 on meta), after_norm at 4 rows: a Linear's residual add, norm
+    and product are one graphc.norm_gemm_rows; a SwiGLU's norm, gate_up product and activation one, then its down
+    product's graphc.gemm_rows; the outputs shaped as the unfused path's. Without norm_rows, or at 9 rows (past
+    gemm_rows), the norm launches apart (graphc.add_rms_norm) and no norm_gemm_rows runs."""
+    from models.components.layers import Linear, RMSNorm, SwiGLU
+
+    with torch.device("meta"):
+        norm, lin, mlp = RMSNorm(32), Linear(32, 24, bias=True), SwiGLU(32, 48)
+        for m in (norm, lin, mlp):
+            m.to(torch.bfloat16)
+        x4, d4 = (torch.empty(4, 1, 32, dtype=torch.bfloat16) for _ in range(2))
+        x9, d9 = (torch.empty(9, 32, dtype=torch.bfloat16) for _ in range(2))
+    knobs = {"fused_norms": 1, "gemm_rows": 8, "norm_rows": 1}
+    for mod in (norm, lin, mlp):
+        set_kernels(mod, knobs)
+    (t, y), seen = OpNames.of(lambda: lin.after_norm(x4, d4, norm))
+    assert graphc_ops(seen) == ["graphc.norm_gemm_rows"] and t.shape == x4.shape and y.shape == (4, 1, 24), seen
+    (t, y), seen = OpNames.of(lambda: mlp.after_norm(x4, None, norm))
+    assert graphc_ops(seen) == ["graphc.norm_gemm_rows", "graphc.gemm_rows"] and y.shape == (4, 1, 32), seen
+    for mod, x, d, off in ((lin, x9, d9, {}), (lin, x4, d4, {"norm_rows": 0}), (mlp, x4, d4, {"norm_rows": 0})):
+        for m in (norm, lin, mlp):
+            set_kernels(m, knobs | off)
+        ops = graphc_ops(OpNames.of(lambda: mod.after_norm(x, d, norm))[1])
+        assert ops[0] == "graphc.add_rms_norm" and "graphc.norm_gemm_rows" not in ops, ops
 
 
 def test_a_one_row_swiglu_takes_one_fused_product_and_activation():
