@@ -6,7 +6,7 @@ against an fp32 product.
 
     python examples/bench/bench_gemv.py --json OUT.json [--quick]
     python examples/bench/bench_gemv.py --swiglu --json OUT.json
-    python examples/bench/bench_gemv.py --rows 16 4 --json OUT.json [--quick]
+    python examples/bench/bench_gemv.py --rows 16 4 --json OUT.json [--quick] [--qwen3-5]
 
 Prints per shape: cuBLAS us and TB/s, the configured blocks' us and TB/s, and the sweep's best. --swiglu: at
 the one-row MLPs' shapes, the gate_up gemv then norm_ops.silu_mul (two launches, as the gemv knob runs them)
@@ -34,6 +34,11 @@ SHAPES = [("cp.qkv", 4096, 1024), ("cp.o", 1024, 2048), ("cp.gate_up", 6144, 102
           ("talker.shared_down", 1024, 768), ("talker.codec_head", 3072, 1024),
           ("talker.text_projection.fc1", 2048, 2048), ("thinker.qkv", 5120, 2048), ("thinker.o", 2048, 4096),
           ("thinker.router", 128, 2048), ("thinker.lm_head", 152064, 2048)]
+# --qwen3-5: Qwen3.5-9B's, a Gated DeltaNet layer's stacked in_proj (qkv, z, b, a) and out_proj, a full-attention
+# layer's stacked q (with its gate), k and v, the MLP's stacked gate_up and down
+QWEN3_5_SHAPES = [("qwen3_5_9b.gdn_in", 12352, 4096), ("qwen3_5_9b.gdn_out", 4096, 4096),
+                  ("qwen3_5_9b.attn_qkv", 10240, 4096), ("qwen3_5_9b.gate_up", 24576, 4096),
+                  ("qwen3_5_9b.down", 4096, 12288)]
 # (name, I, K): a SwiGLU's intermediate and hidden sizes (its gate_up weight is [2I, K])
 SWIGLU = [("cp.mlp", 3072, 1024), ("talker.shared_expert", 768, 1024), ("shared_expert_768x2048", 768, 2048),
           ("qwen3_5_9b.mlp", 12288, 4096), ("qwen3_5_0.8b.mlp", 3584, 1024)]
@@ -84,13 +89,13 @@ def _fits(fn, copies: int) -> float | None:
         return None
 
 
-def rows_rows(counts: list[int], quick: bool) -> list[dict]:
+def rows_rows(counts: list[int], quick: bool, shapes: list[tuple[str, int, int]]) -> list[dict]:
     """Per shape and row count: cuBLAS's us, gemm_rows' configured and swept us, and each one's max error
     against an fp32 product."""
     from models.components import gemv_triton as gk
 
     out = []
-    for (name, n, k), m in itertools.product(SHAPES, counts):
+    for (name, n, k), m in itertools.product(shapes, counts):
         nbytes = n * k * 2
         copies = max(2, min(64, -(-200_000_000 // nbytes)))
         ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
@@ -123,14 +128,18 @@ def main() -> None:
     ap.add_argument("--swiglu", action="store_true", help="the fused SwiGLU product against its two launches only")
     ap.add_argument("--rows", type=int, nargs="+", default=None, metavar="M",
                     help="gemm_rows against cuBLAS at these row counts (1-64) only")
+    ap.add_argument("--qwen3-5", dest="qwen3_5", action="store_true",
+                    help="with --rows: Qwen3.5-9B's decode shapes in place of Qwen3-Omni's")
     a = ap.parse_args()
+    if a.qwen3_5 and not a.rows:
+        sys.exit("--qwen3-5 picks the shapes of --rows; give --rows M .. with it")
     if not torch.cuda.is_available():
         sys.exit("bench_gemv needs a CUDA device")
     if a.rows:
         if not all(1 <= m <= 64 for m in a.rows):
             sys.exit(f"--rows {a.rows}: gemm_rows takes 1 to 64 rows")
         torch.manual_seed(0)
-        rows = rows_rows(a.rows, a.quick)
+        rows = rows_rows(a.rows, a.quick, QWEN3_5_SHAPES if a.qwen3_5 else SHAPES)
         if a.json:
             Path(a.json).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                                                 "gemm_rows": rows}, indent=1))
