@@ -1,5 +1,6 @@
-"""The norm_gemv knob on the GPU (gemv_triton.norm_gemv): at the code predictor's shapes (hidden 1,024; q/k/v
-4,096 wide, gate_up 2 x 3,072) the fused launch against an fp64 forward errs as the two launches it replaces
+"""The norm_gemv knob on the GPU (gemv_triton.norm_gemv; norm_rows' norm_gemm_rows at 2-32 rows the same way): at
+the code predictor's shapes (hidden 1,024; q/k/v 4,096 wide, gate_up
+2 x 3,072) the fused launch against an fp64 forward errs as the two launches it replaces
 (the norm's sum of squares may be taken in another order: within 1.25x of their largest error and 1.1x of
 their mean), and the residual's sum is theirs bit for bit. Five code predictor layers (thinker.FoldedLayer)
 captured with and without the knob replay to outputs within bf16 of each other over 20 inputs; both graphs'
@@ -17,22 +18,21 @@ pytestmark = pytest.mark.gpu
 KNOBS = {"fused_norms": 1, "gemv": 1, "gemv_swiglu": 2**30}
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("swiglu", [False, True])
-def test_norm_gemv_error_is_the_two_launches_error(swiglu):
-    pytest.importorskip("triton")
-    from models.components.gemv_ops import gemv, gemv_silu_mul, norm_gemv
+def _errs_as_the_two_launches(rows: int, swiglu: bool, seed: int, fused, unfused) -> None:
+    """fused(x, r, nw, w, swiglu) -> (total, y) against add_rms_norm then unfused(h, w, swiglu), both against an fp64
+    forward at the code predictor's shapes: y's error within 1.25x of the two launches' largest and 1.1x of their
+    mean, total theirs bit for bit."""
     from models.components.norm_ops import add_rms_norm
 
-    gen = torch.Generator(device="cuda").manual_seed(7)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     bf, k = torch.bfloat16, 1024
     n = 6144 if swiglu else 4096
     w = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(bf)
-    x, r = (torch.randn(1, k, device="cuda", generator=gen).to(bf) for _ in range(2))
+    x, r = (torch.randn(rows, k, device="cuda", generator=gen).to(bf) for _ in range(2))
     nw = (1 + 0.1 * torch.randn(k, device="cuda", generator=gen)).to(bf)
-    total, got = norm_gemv(x, r, nw, 1e-6, w, None, swiglu)
+    total, got = fused(x, r, nw, w, swiglu)
     t2, h = add_rms_norm(x, r, nw, 1e-6)
-    two = gemv_silu_mul(h, w) if swiglu else gemv(h, w, None)
+    two = unfused(h, w, swiglu)
     s = x.double() + r.double()
     p = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.double()) @ w.double().t()
     ref = torch.nn.functional.silu(p[:, :n // 2]) * p[:, n // 2:] if swiglu else p
@@ -40,6 +40,16 @@ def test_norm_gemv_error_is_the_two_launches_error(swiglu):
     eg, et = (got.double() - ref).abs(), (two.double() - ref).abs()
     assert eg.max() <= 1.25 * et.max() + 1e-6, (eg.max().item(), et.max().item())
     assert eg.mean() <= 1.1 * et.mean() + 1e-7, (eg.mean().item(), et.mean().item())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_norm_gemv_error_is_the_two_launches_error(swiglu):
+    pytest.importorskip("triton")
+    from models.components.gemv_ops import gemv, gemv_silu_mul, norm_gemv
+
+    _errs_as_the_two_launches(1, swiglu, 7, lambda x, r, nw, w, sw: norm_gemv(x, r, nw, 1e-6, w, None, sw),
+                              lambda h, w, sw: gemv_silu_mul(h, w) if sw else gemv(h, w, None))
 
 
 def _captured(knob: int):
@@ -79,27 +89,12 @@ def test_layers_with_the_knob_equal_the_layers_without():
 @pytest.mark.parametrize("rows", [2, 16, 32])
 @pytest.mark.parametrize("swiglu", [False, True])
 def test_norm_gemm_rows_error_is_the_two_launches_error(swiglu, rows):
-    """norm_gemm_rows (the norm_rows knob) at the code predictor's shapes and 2-32 rows against an fp64 forward:
-    its error as the add + norm launch then gemm_rows (or then gemm_rows and silu_mul) it replaces (within 1.25x of
-    their largest error and 1.1x of their mean: the sum of squares is taken in another order), the residual's sum
-    theirs bit for bit."""
+    """norm_gemm_rows (the norm_rows knob) at 2-32 rows against the add + norm launch then gemm_rows (and silu_mul)
+    it replaces, as norm_gemv against its two (the sum of squares is taken in another order)."""
     pytest.importorskip("triton")
     from models.components.gemv_ops import gemm_rows, norm_gemm_rows
-    from models.components.norm_ops import add_rms_norm, silu_mul
+    from models.components.norm_ops import silu_mul
 
-    gen = torch.Generator(device="cuda").manual_seed(11 + rows)
-    bf, k = torch.bfloat16, 1024
-    n = 6144 if swiglu else 4096
-    w = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(bf)
-    x, r = (torch.randn(rows, k, device="cuda", generator=gen).to(bf) for _ in range(2))
-    nw = (1 + 0.1 * torch.randn(k, device="cuda", generator=gen)).to(bf)
-    total, got = norm_gemm_rows(x, r, nw, 1e-6, w, None, swiglu)
-    t2, h = add_rms_norm(x, r, nw, 1e-6)
-    two = silu_mul(gemm_rows(h, w, None)) if swiglu else gemm_rows(h, w, None)
-    s = x.double() + r.double()
-    p = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.double()) @ w.double().t()
-    ref = torch.nn.functional.silu(p[:, :n // 2]) * p[:, n // 2:] if swiglu else p
-    assert torch.equal(total, t2)
-    eg, et = (got.double() - ref).abs(), (two.double() - ref).abs()
-    assert eg.max() <= 1.25 * et.max() + 1e-6, (eg.max().item(), et.max().item())
-    assert eg.mean() <= 1.1 * et.mean() + 1e-7, (eg.mean().item(), et.mean().item())
+    _errs_as_the_two_launches(rows, swiglu, 11 + rows,
+                              lambda x, r, nw, w, sw: norm_gemm_rows(x, r, nw, 1e-6, w, None, sw),
+                              lambda h, w, sw: silu_mul(gemm_rows(h, w, None)) if sw else gemm_rows(h, w, None))
