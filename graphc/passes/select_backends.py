@@ -64,9 +64,9 @@ plan's smaller node's decode 4.538 -> 4.434 ms at 2 sequences, 5.009 -> 4.876 at
 5.225 at 16, but 2.767 -> 2.881 at one (examples/bench/ab_kernels.py --with frame_attend --sampled).
 The same nodes, the delta-rule nodes apart (not measured there), run a linear layer's steps of 2 to GEMM_ROWS rows
 through one Triton launch that reads each weight row once and multiplies the rows on the tensor cores
-(gemv_triton.gemm_rows, the gemm_rows knob), not cuBLAS: on an H100, captured, at 13 decode shapes of the three
-Omni LMs and 2, 4, 8 and 16 rows, faster than cuBLAS in 51 of 52 cells (336.5 -> 304.8 us summed; the thinker's
-qkv at 2 rows +0.7%), the thinker's lm_head 2-4% (examples/bench/bench_gemv.py --rows); the one-80 GB plan's
+(gemv_triton.gemm_rows, the gemm_rows knob), not cuBLAS: on an H100, captured, at 13 decode shapes of the one-80
+GB plan's nodes and 2, 4, 8 and 16 rows, faster than cuBLAS in 51 of 52 cells (336.5 -> 304.8 us summed; the larger
+node's qkv at 2 rows +0.7%), its lm_head 2-4% (examples/bench/bench_gemv.py --rows); the one-80 GB plan's
 smaller node's decode 4.538 -> 4.008 ms at 2 sequences, 5.766 -> 4.942 at 16, 6.453 -> 6.097 at 32; with
 frame_attend from 2 too, 3.769, 4.925 and 6.095 (ab_kernels.py --with frame_attend gemm_rows=32 --sampled). That
 plan's T2S at 16 streams on the stream lane, with both on every node: RTF 0.140 -> 0.130 (examples/bench/
