@@ -123,33 +123,6 @@ def _norm_gemv(x_ptr, r_ptr, s_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, N, K, eps, HAS_
 
 
 @triton.jit
-def _gemm_rows(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, sym, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, PDL: tl.constexpr = False):
-    """SWAP: the product taken as (W x^T)^T, the weight's tile the tensor cores' left operand (its BLOCK_N rows
-    their M), the rows their N."""
-    _pdl_start(PDL)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.arange(0, BLOCK_M)
-    ks = tl.arange(0, BLOCK_K)
-    cm, rm = cols < N, rows < M
-    acc = tl.zeros([BLOCK_N, BLOCK_M] if SWAP else [BLOCK_M, BLOCK_N], dtype=tl.float32)
-    _pdl_wait(PDL)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + ks
-        km = k < K
-        w = tl.load(w_ptr + cols[:, None] * K + k[None, :], mask=cm[:, None] & km[None, :], other=0.0,
-                    eviction_policy="evict_first")                                          # [BLOCK_N, BLOCK_K]
-        x = tl.load(x_ptr + rows[:, None] * sxm + k[None, :], mask=rm[:, None] & km[None, :], other=0.0)
-        acc = tl.dot(w, tl.trans(x), acc) if SWAP else tl.dot(x, tl.trans(w), acc)
-    if SWAP:
-        acc = tl.trans(acc)                                                                 # [BLOCK_M, BLOCK_N]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rows[:, None] * sym + cols[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=rm[:, None] & cm[None, :])
-
-
-@triton.jit
 def _w_rows(w_ptr, cols, cm, k, km, K):
     """Weight rows cols' columns k, [BLOCK_N, BLOCK_K] in their dtype (zeros outside N and K), streamed past the
     cache."""
@@ -181,32 +154,48 @@ def _rows_rstd(x_ptr, r_ptr, rows, rm, K, sxm, srm, eps, HAS_RES: tl.constexpr, 
 
 
 @triton.jit
-def _norm_gemm_rows(x_ptr, r_ptr, s_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, srm, ssm, sym, eps,
-                    HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
-    """gemm_rows (SWIGLU: gate's columns cols and up's cols + N, silu(g) * u stored; N = I) of h = rms_norm(x (+ r))
-    * nw, rounded as the norm's launch rounds it, each program normalising the M rows itself (h is never
-    written); with HAS_RES the sum x + r written to s by the first program."""
+def _rows_in(x_ptr, r_ptr, s_ptr, nw_ptr, rows, rm, M, k, km, sxm, srm, ssm, rstd, write, NORM: tl.constexpr,
+             HAS_RES: tl.constexpr):
+    """The product's input, the rows' columns k in the weight's dtype: x, or with NORM rms_norm(x (+ r)) * nw rounded
+    as the norm's launch rounds it (with HAS_RES the sum x + r written to s where `write`)."""
+    if NORM:
+        x32 = _summed_rows(x_ptr, r_ptr, rows, rm, k, km, sxm, srm, HAS_RES)
+        if HAS_RES:
+            tl.store(s_ptr + rows[:, None] * ssm + k[None, :], x32.to(s_ptr.dtype.element_ty),
+                     mask=(rows < tl.where(write, M, 0))[:, None] & km[None, :])
+        BF16: tl.constexpr = x_ptr.dtype.element_ty == tl.bfloat16
+        nw = tl.load(nw_ptr + k, mask=km, other=0.0).to(tl.float32)[None, :]
+        h = _round(nw * _round(x32 * rstd, BF16), BF16)
+    else:
+        h = tl.load(x_ptr + rows[:, None] * sxm + k[None, :], mask=rm[:, None] & km[None, :], other=0.0)
+    return h
+
+
+@triton.jit
+def _gemm_rows(x_ptr, r_ptr, s_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, srm, ssm, sym, eps,
+               NORM: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+    """y = h @ w^T (+ b) for h the M rows of x, or with NORM rms_norm(x (+ r)) * nw, each program normalising the
+    rows itself (h is never written; with HAS_RES the first program writes the sum x + r to s). SWIGLU: gate's
+    columns cols and up's cols + N, silu(g) * u stored (N = I)."""
     _pdl_start(PDL)
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     ks = tl.arange(0, BLOCK_K)
     cm, rm = cols < N, rows < M
-    BF16: tl.constexpr = x_ptr.dtype.element_ty == tl.bfloat16
     g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     _pdl_wait(PDL)
-    rstd = _rows_rstd(x_ptr, r_ptr, rows, rm, K, sxm, srm, eps, HAS_RES, BLOCK_M, BLOCK_K)[:, None]
+    if NORM:
+        rstd = _rows_rstd(x_ptr, r_ptr, rows, rm, K, sxm, srm, eps, HAS_RES, BLOCK_M, BLOCK_K)[:, None]
+    else:
+        rstd = g
     for k0 in range(0, K, BLOCK_K):
         k = k0 + ks
         km = k < K
-        x32 = _summed_rows(x_ptr, r_ptr, rows, rm, k, km, sxm, srm, HAS_RES)
-        if HAS_RES:
-            tl.store(s_ptr + rows[:, None] * ssm + k[None, :], x32.to(s_ptr.dtype.element_ty),
-                     mask=(rows < tl.where(pid == 0, M, 0))[:, None] & km[None, :])      # the first program
-        nw = tl.load(nw_ptr + k, mask=km, other=0.0).to(tl.float32)[None, :]
-        h = _round(nw * _round(x32 * rstd, BF16), BF16).to(w_ptr.dtype.element_ty)
+        h = _rows_in(x_ptr, r_ptr, s_ptr, nw_ptr, rows, rm, M, k, km, sxm, srm, ssm, rstd, pid == 0, NORM,
+                     HAS_RES).to(w_ptr.dtype.element_ty)
         g = tl.dot(h, tl.trans(_w_rows(w_ptr, cols, cm, k, km, K)), g)
         if SWIGLU:
             u = tl.dot(h, tl.trans(_w_rows(w_ptr, cols + N, cm, k, km, K)), u)
@@ -217,7 +206,6 @@ def _norm_gemm_rows(x_ptr, r_ptr, s_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, M, N, K, s
         if HAS_BIAS:
             g += tl.load(b_ptr + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
         tl.store(y_ptr + out, g.to(y_ptr.dtype.element_ty), mask=mask)
-
 
 def config(n: int, k: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps) for an [n, k] weight, measured on the H200 (examples/bench/bench_gemv.py at 14
@@ -269,25 +257,17 @@ def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor,
                                           **pdl_launch(pdl, x))
 
 
-def rows_config(m: int, n: int, k: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps, num_stages, swap) for gemm_rows at m rows of an [n, k] weight."""
-    return 16, min(256, max(16, triton.next_power_of_2(k))), 2, 4, 0
+def rows_config(k: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) for gemm_rows over K columns: the best single choice of a sweep on an
+    H100 (examples/bench/bench_gemv.py --rows; docs/benchmarks.md)."""
+    return 16, min(256, max(16, triton.next_power_of_2(k))), 2, 4
 
 
 def gemm_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
-              blocks: tuple[int, int, int, int, int] | None = None, pdl: bool = False) -> None:
+              blocks: tuple[int, int, int, int] | None = None, pdl: bool = False) -> None:
     """y [M, N] = x [M, K] @ weight [N, K]^T (+ bias [N]) for 1 <= M <= 64; weight contiguous, x's and y's rows
-    with unit column stride. blocks: (BLOCK_N, BLOCK_K, num_warps, num_stages, swap) to use (a sweep's). pdl: as
-    gemv's."""
-    m, k = x.shape
-    n = weight.shape[0]
-    if not 1 <= m <= 64:
-        raise ValueError(f"gemm_rows: {m} rows; it takes 1 to 64 (more rows are a GEMM: use torch.mm)")
-    bn, bk, warps, stages, swap = blocks or rows_config(m, n, k)
-    bm = max(16, triton.next_power_of_2(m))
-    _gemm_rows[(triton.cdiv(n, bn),)](x, weight, weight if bias is None else bias, y, m, n, k, x.stride(0),
-                                      y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                                      SWAP=bool(swap), num_warps=warps, num_stages=stages, **pdl_launch(pdl, x))
+    with unit column stride. blocks: (BLOCK_N, BLOCK_K, num_warps, num_stages) to use (a sweep's). pdl: as gemv's."""
+    _launch_rows(x, None, None, None, 0.0, weight, bias, y, False, blocks, pdl, "gemm_rows")
 
 
 def norm_gemm_rows(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -296,16 +276,20 @@ def norm_gemm_rows(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: 
     """gemm_rows (swiglu: silu(g) * u of [g | u] = h @ weight^T, no bias) of h = rms_norm(x (+ residual)) *
     norm_weight, x [M, K], 1 <= M <= 64: total = x + residual (where given), y [M, N] (swiglu: [M, N / 2]). Each
     program normalises the rows; h is never written. pdl: as gemv's."""
+    _launch_rows(x, residual, total, norm_weight, eps, weight, bias, y, swiglu, None, pdl, "norm_gemm_rows")
+
+
+def _launch_rows(x, residual, total, norm_weight, eps, weight, bias, y, swiglu, blocks, pdl, what: str) -> None:
+    """_gemm_rows over the columns (a SwiGLU's half of the weight's rows), normed where norm_weight is given."""
     m, k = x.shape
-    n = weight.shape[0]
     if not 1 <= m <= 64:
-        raise ValueError(f"norm_gemm_rows: {m} rows; it takes 1 to 64")
-    cols = n // 2 if swiglu else n
-    bn, bk, warps, stages, _ = rows_config(m, n, k)
+        raise ValueError(f"{what}: {m} rows; it takes 1 to 64 (more rows are a GEMM: use torch.mm)")
+    cols = weight.shape[0] // (2 if swiglu else 1)
+    bn, bk, warps, stages = blocks or rows_config(k)
     r, t = (residual, total) if residual is not None else (x, x)
-    _norm_gemm_rows[(triton.cdiv(cols, bn),)](x, r, t, norm_weight, weight, weight if bias is None else bias, y, m,
-                                              cols, k, x.stride(0), r.stride(0), t.stride(0), y.stride(0), eps,
-                                              HAS_RES=residual is not None, HAS_BIAS=bias is not None,
-                                              SWIGLU=swiglu, BLOCK_M=max(16, triton.next_power_of_2(m)),
-                                              BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
-                                              **pdl_launch(pdl, x))
+    _gemm_rows[(triton.cdiv(cols, bn),)](x, r, t, x if norm_weight is None else norm_weight, weight,
+                                         weight if bias is None else bias, y, m, cols, k, x.stride(0), r.stride(0),
+                                         t.stride(0), y.stride(0), eps, NORM=norm_weight is not None,
+                                         HAS_RES=residual is not None, HAS_BIAS=bias is not None, SWIGLU=swiglu,
+                                         BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=bn, BLOCK_K=bk,
+                                         num_warps=warps, num_stages=stages, **pdl_launch(pdl, x))

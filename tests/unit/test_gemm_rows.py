@@ -1,9 +1,9 @@
 """The few-rows linear kernel (models/components/gemv_triton.gemm_rows) under Triton's interpreter on CPU
 equals an fp64 product within fp32 summation's rounding: 1 to 37 rows (padded to the tensor cores' 16 and
 past), sizes that are not multiples of its blocks (rows, N and K masked), x and y as column slices of wider
-tensors (their row strides followed), with and without bias, with the configured blocks and with others,
-swapped (the weight the left operand) or not; it refuses more than 64 rows, naming the count. In a fresh
-process: TRITON_INTERPRET must be set before the kernel is defined."""
+tensors (their row strides followed), with and without bias, with the configured blocks and with others; it
+refuses more than 64 rows, naming the count. In a fresh process: TRITON_INTERPRET must be set before the kernel
+is defined."""
 import pytest
 
 pytest.importorskip("triton", reason="the kernels are Triton's; pip install -e '.[test]' brings it")
@@ -16,9 +16,8 @@ from models.components import gemv_triton as g
 
 torch.manual_seed(0)
 out = {}
-for m, n, k, blocks in ((1, 37, 100, None), (3, 130, 1030, None), (16, 64, 48, (16, 16, 4, 2, 0)),
-                        (37, 70, 300, (64, 128, 4, 3, 0)), (5, 70, 300, (64, 64, 4, 3, 1)),
-                        (20, 33, 40, (16, 32, 4, 2, 1))):
+for m, n, k, blocks in ((1, 37, 100, None), (3, 130, 1030, None), (16, 64, 48, (16, 16, 4, 2)),
+                        (37, 70, 300, (64, 128, 4, 3)), (5, 70, 300, (64, 64, 4, 3)), (20, 33, 40, (16, 32, 4, 2))):
     x = torch.randn(m, k + 5)[:, 5:]                     # rows of a wider tensor
     w, b = torch.randn(n, k), torch.randn(n)
     want = x.double() @ w.double().t()
