@@ -115,7 +115,7 @@ def print_profile(what: str, prof: dict, top: int = 15) -> None:
 
 
 def _named(knob: str, value: int) -> str:
-    """A variant's name for a knob set: the knob alone at 1 (the names earlier runs' files hold), else knob=N."""
+    """A variant's name for a knob set: the knob alone at 1, else knob=N."""
     return knob if value == 1 else f"{knob}={value}"
 
 
